@@ -1,0 +1,42 @@
+"""ge2jit: fused GEMM + bias + activation CUDA kernels, compiled just in time with NVRTC.
+
+    >>> y = ge2jit.gemm_bias_act(a, b, bias, act="gelu")   # Y = act(A @ B + bias)
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    CacheWarning,
+    DeviceMismatchError,
+    Ge2jitError,
+    KernelCompileError,
+    KernelLaunchError,
+    NvrtcError,
+)
+from .jit import nvrtc as _nvrtc
+from .jit.nvrtc import nvrtc_info
+from .ops.gemm import GemmSpec, TileConfig, gemm_bias_act
+
+__all__ = [
+    "__version__",
+    "gemm_bias_act",
+    "GemmSpec",
+    "TileConfig",
+    "nvrtc_info",
+    "Ge2jitError",
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "DeviceMismatchError",
+    "KernelCompileError",
+    "KernelLaunchError",
+    "NvrtcError",
+    "CacheWarning",
+]
+
+try:  # choose the NVRTC before CuPy loads one (errors are reported at the first compile)
+    _nvrtc.preload()
+except NvrtcError:
+    pass

@@ -1,0 +1,1 @@
+"""Shared JIT machinery: rendering, NVRTC, the kernel cache, loading. Knows no op."""

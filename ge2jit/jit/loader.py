@@ -1,0 +1,118 @@
+"""From a spec to a launchable kernel: render, look up the disk cache, compile, load.
+
+``build`` needs no GPU (it compiles for a named architecture). ``get_kernel`` keeps a table per
+device, so a repeated call costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from .._version import __version__
+from ..errors import KernelLaunchError
+from . import nvrtc
+from .cache import CacheEntry, cache_key, default_cache, log
+from .device import device_arch
+from .render import render
+from .spec import KernelSpec
+
+
+def key_for(spec: KernelSpec, arch: str) -> tuple[str, str, tuple[str, ...]]:
+    """(cache key, rendered source, options) of ``spec`` compiled for ``arch``."""
+    arch = nvrtc.normalize_arch(arch)
+    source = render(spec)
+    options = nvrtc.compile_options(arch, spec.compile_options())
+    info = nvrtc.nvrtc_info()
+    headers = ""
+    if "#include <cuda" in source:
+        headers = nvrtc.header_checksum(nvrtc.cuda_include_dir())
+    key = cache_key(source=source, options=options, arch=arch,
+                    nvrtc_fingerprint=info.fingerprint, ge2jit_version=__version__,
+                    header_checksum=headers)
+    return key, source, options
+
+
+def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
+    """Compile ``spec`` for ``arch`` unless the cache holds it; returns (entry, was_cached).
+
+    Raises:
+        KernelCompileError: NVRTC rejected the rendered source.
+    """
+    cache = default_cache() if cache is None else cache
+    arch = nvrtc.normalize_arch(arch)
+    key, source, _ = key_for(spec, arch)
+    entry = cache.get(key)
+    if entry is not None:
+        return entry, True
+    result = nvrtc.compile_to_cubin(source, spec.kernel_name, arch, spec.compile_options())
+    info = nvrtc.nvrtc_info()
+    r = result.resources
+    entry = CacheEntry(
+        key=key, kernel_name=spec.kernel_name, arch=arch, cubin=result.cubin,
+        registers=r.registers, shared_bytes=r.shared_bytes, stack_bytes=r.stack_bytes,
+        spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+        compile_seconds=result.compile_seconds,
+        nvrtc_version=f"{info.version[0]}.{info.version[1]}", ge2jit_version=__version__,
+        created=time.time(), log=result.log,
+    )
+    path = cache.put(entry, source)
+    log(f"compiled {spec.kernel_name} for {arch} in {result.compile_seconds:.2f} s -> "
+        f"{path or 'memory'}")
+    return entry, False
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A kernel loaded on one device."""
+
+    spec: KernelSpec
+    device_id: int
+    entry: CacheEntry
+    module: object
+    function: object
+
+
+_tables: dict[int, dict[KernelSpec, LoadedKernel]] = {}
+_lock = threading.Lock()
+
+
+def get_kernel(spec: KernelSpec, device_id: int) -> LoadedKernel:
+    """The loaded kernel of ``spec`` on ``device_id`` (compiled and cached at first use)."""
+    table = _tables.get(device_id)
+    if table is not None:
+        k = table.get(spec)
+        if k is not None:
+            return k
+    return _load(spec, device_id)
+
+
+def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
+    import cupy
+
+    with _lock:
+        table = _tables.setdefault(device_id, {})
+        if spec in table:
+            return table[spec]
+        entry, _ = build(spec, device_arch(device_id))
+        with cupy.cuda.Device(device_id):
+            module = cupy.cuda.function.Module()
+            try:
+                module.load(entry.cubin)
+                function = module.get_function(spec.kernel_name)
+            except Exception as e:  # noqa: BLE001 - driver errors carry the reason
+                raise KernelLaunchError(
+                    f"could not load kernel {spec.kernel_name!r} on device {device_id} "
+                    f"({entry.arch}): {e}"
+                ) from e
+        k = LoadedKernel(spec=spec, device_id=device_id, entry=entry, module=module,
+                         function=function)
+        table[spec] = k
+        return k
+
+
+def clear_loaded() -> None:
+    """Drop every loaded kernel of this process (the disk cache is untouched)."""
+    with _lock:
+        _tables.clear()

@@ -1,0 +1,306 @@
+"""NVRTC: choosing the library, compiling a rendered kernel to a cubin, reading ptxas' report.
+
+CuPy's own compile path needs a live device and cannot target ``sm_90a``, so ge2jit calls NVRTC
+through CuPy's binding (``cupy_backends.cuda.libs.nvrtc``) and handles the cubin itself. That
+works on machines with no GPU, for any architecture NVRTC supports.
+
+Which NVRTC is used: ``GE2JIT_NVRTC`` (a path to ``libnvrtc.so.*``) if set; otherwise the newest
+one shipped in an ``nvidia-cuda-nvrtc`` wheel on ``sys.path``; otherwise whatever CuPy finds.
+The choice must be made before CuPy first touches NVRTC, so it happens at import of ge2jit's
+compile path; ``nvrtc_info()`` reports what was loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import re
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import KernelCompileError, NvrtcError
+from ..settings import get_settings
+
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+
+_BUILTINS_RE = re.compile(r"libnvrtc-builtins\.so\.(\d+)\.(\d+)")
+
+
+def _loaded_nvrtc_paths() -> list[str]:
+    """Paths of libnvrtc objects mapped into this process (Linux), in load order."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return []
+    seen: list[str] = []
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if "/libnvrtc.so" in path and path not in seen:
+            seen.append(path)
+    return seen
+
+
+def _wheel_candidates() -> list[tuple[tuple[int, int], Path]]:
+    """libnvrtc libraries shipped by pip wheels on sys.path, with their (major, minor)."""
+    found: dict[Path, tuple[int, int]] = {}
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        for libdir in glob.glob(os.path.join(entry, "nvidia", "*", "lib")):
+            for builtins in glob.glob(os.path.join(libdir, "libnvrtc-builtins.so.*")):
+                m = _BUILTINS_RE.search(os.path.basename(builtins))
+                libs = sorted(glob.glob(os.path.join(libdir, "libnvrtc.so.*")))
+                if m and libs:
+                    found[Path(libs[0]).resolve()] = (int(m.group(1)), int(m.group(2)))
+    return sorted(((v, p) for p, v in found.items()), reverse=True)
+
+
+def _preload(lib: Path) -> None:
+    libdir = lib.parent
+    for builtins in sorted(libdir.glob("libnvrtc-builtins.so.*")):
+        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
+def _choose_library() -> Path | None:
+    requested = get_settings().nvrtc_path
+    if requested:
+        chosen = Path(requested).expanduser()
+        if not chosen.is_file():
+            raise NvrtcError(
+                f"GE2JIT_NVRTC={requested!r}: expected the path of a libnvrtc.so.* file, "
+                "but no such file exists"
+            )
+        return chosen
+    candidates = _wheel_candidates()
+    return candidates[0][1] if candidates else None
+
+
+def preload() -> None:
+    """Load the chosen NVRTC into the process before CuPy loads one of its own.
+
+    Called at ``import ge2jit``; a failure here is kept and reported at the first compile.
+    """
+    if "preloaded" in _loaded:
+        return
+    with _lock:
+        if "preloaded" in _loaded:
+            return
+        _loaded["preloaded"] = None
+        try:
+            chosen = _choose_library()
+        except NvrtcError as e:
+            _loaded["preload_error"] = e
+            raise
+        if chosen is None:
+            return
+        already = _loaded_nvrtc_paths()
+        if already:
+            if chosen.resolve() not in {Path(p).resolve() for p in already}:
+                warnings.warn(
+                    f"NVRTC was already loaded from {already[0]} before ge2jit could load "
+                    f"{chosen}; using the one already loaded. Import ge2jit before compiling "
+                    "anything with CuPy to choose the NVRTC.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return
+        try:
+            _preload(chosen)
+        except OSError as e:
+            err = NvrtcError(f"could not load NVRTC from {chosen}: {e}")
+            _loaded["preload_error"] = err
+            raise err from e
+
+
+def _ensure_loaded() -> None:
+    if "nvrtc" in _loaded:
+        return
+    preload()
+    if "preload_error" in _loaded:
+        raise _loaded["preload_error"]
+    with _lock:
+        if "nvrtc" in _loaded:
+            return
+        try:
+            from cupy_backends.cuda.libs import nvrtc as _nvrtc
+
+            _nvrtc.getVersion()
+        except Exception as e:  # noqa: BLE001 - any failure here means "no usable NVRTC"
+            raise NvrtcError(
+                "NVRTC could not be loaded. Install it with pip (the 'cuda13' or 'cuda12' extra "
+                "of ge2jit, or nvidia-cuda-nvrtc), or point GE2JIT_NVRTC at a libnvrtc.so.* "
+                f"file. The error was: {e}"
+            ) from e
+        _loaded["nvrtc"] = _nvrtc
+
+
+def _binding():
+    _ensure_loaded()
+    return _loaded["nvrtc"]
+
+
+@dataclass(frozen=True)
+class NvrtcInfo:
+    """Which NVRTC this process uses."""
+
+    version: tuple[int, int]
+    path: str | None
+    fingerprint: str
+    supported_archs: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"NVRTC {self.version[0]}.{self.version[1]} ({self.path or 'path unknown'})"
+
+
+@lru_cache(maxsize=1)
+def nvrtc_info() -> NvrtcInfo:
+    """The NVRTC in use: version, library path, build fingerprint, supported architectures."""
+    nv = _binding()
+    version = tuple(nv.getVersion())
+    paths = _loaded_nvrtc_paths()
+    path = paths[0] if paths else None
+    h = hashlib.sha256(f"nvrtc {version}".encode())
+    if path:
+        # A fingerprint of the build, independent of where it is installed: the size of the
+        # library and of its builtins (a patch release changes them even when the version
+        # numbers agree).
+        lib = Path(path)
+        h.update(str(lib.stat().st_size).encode())
+        for b in sorted(lib.parent.glob("libnvrtc-builtins.so*")):
+            if b.is_file() and not b.is_symlink():
+                h.update(b.name.encode() + str(b.stat().st_size).encode())
+    try:
+        archs = tuple(f"sm_{a}" for a in nv.getSupportedArchs())
+    except Exception:  # noqa: BLE001 - older NVRTC builds lack the call
+        archs = ()
+    return NvrtcInfo(version=version, path=path, fingerprint=h.hexdigest()[:16],
+                     supported_archs=archs)
+
+
+def normalize_arch(arch: str | int) -> str:
+    """'90a', 'sm_90a', 'compute_90a', 90 -> 'sm_90a' / 'sm_90'."""
+    text = str(arch).strip().lower()
+    m = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})([af]?)", text)
+    if not m:
+        raise ValueError(
+            f"arch: expected a CUDA architecture such as 'sm_80', 'sm_90' or 'sm_90a', got {arch!r}"
+        )
+    return f"sm_{m.group(1)}{m.group(2)}"
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dir() -> str | None:
+    """The CUDA headers (cuda_fp16.h, cuda_bf16.h), preferring the nvidia-cuda-runtime wheel."""
+    try:
+        from cuda import pathfinder
+    except ImportError:
+        return None
+    try:
+        return pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - not found is not an error until a kernel needs them
+        return None
+
+
+@lru_cache(maxsize=8)
+def header_checksum(include_dir: str | None) -> str:
+    """A checksum of the CUDA headers a kernel may include (part of the cache key)."""
+    h = hashlib.sha256()
+    if include_dir:
+        for p in sorted(Path(include_dir).glob("*.h*")):
+            if p.is_file():
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+_REG_RE = re.compile(r"Used (\d+) registers")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+_STACK_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """ptxas' report for one kernel."""
+
+    registers: int = -1
+    shared_bytes: int = -1
+    stack_bytes: int = -1
+    spill_stores: int = -1
+    spill_loads: int = -1
+
+    @property
+    def spill_bytes(self) -> int:
+        return max(self.spill_stores, 0) + max(self.spill_loads, 0)
+
+    @classmethod
+    def parse(cls, log: str) -> Resources:
+        regs = _REG_RE.search(log)
+        smem = _SMEM_RE.search(log)
+        stack = _STACK_RE.search(log)
+        return cls(
+            registers=int(regs.group(1)) if regs else -1,
+            shared_bytes=int(smem.group(1)) if smem else 0,
+            stack_bytes=int(stack.group(1)) if stack else -1,
+            spill_stores=int(stack.group(2)) if stack else -1,
+            spill_loads=int(stack.group(3)) if stack else -1,
+        )
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    cubin: bytes
+    log: str
+    resources: Resources
+    compile_seconds: float
+    options: tuple[str, ...] = field(default=())
+
+
+def compile_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The options that define the machine code (part of the cache key; no paths)."""
+    return (f"--gpu-architecture={normalize_arch(arch)}", "-std=c++17",
+            "--ptxas-options=-v", *extra)
+
+
+def compile_to_cubin(source: str, kernel_name: str, arch: str,
+                     extra_options: tuple[str, ...] = ()) -> CompileResult:
+    """Compile ``source`` for ``arch`` and return the cubin with ptxas' resource report.
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source; the error holds the log and the source.
+    """
+    nv = _binding()
+    options = compile_options(arch, extra_options)
+    full = list(options)
+    if "#include <cuda" in source:
+        inc = cuda_include_dir()
+        if inc is None:
+            raise NvrtcError(
+                f"kernel {kernel_name!r} includes CUDA headers, which were not found: install "
+                "nvidia-cuda-runtime (the 'cuda13' or 'cuda12' extra of ge2jit)"
+            )
+        full.append(f"-I{inc}")
+    t0 = time.perf_counter()
+    prog = nv.createProgram(source, f"{kernel_name}.cu", [], [])
+    try:
+        try:
+            nv.compileProgram(prog, full)
+        except nv.NVRTCError as e:
+            log = nv.getProgramLog(prog)
+            raise KernelCompileError(kernel_name, log or str(e), source, tuple(full)) from None
+        log = nv.getProgramLog(prog)
+        cubin = nv.getCUBIN(prog)
+    finally:
+        nv.destroyProgram(prog)
+    seconds = time.perf_counter() - t0
+    return CompileResult(cubin=bytes(cubin), log=log, resources=Resources.parse(log),
+                         compile_seconds=seconds, options=tuple(options))

@@ -1,0 +1,28 @@
+"""The base of every kernel spec: a frozen, hashable description of one kernel variant."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class KernelSpec:
+    """Mixin for frozen dataclasses that name one kernel.
+
+    A subclass sets ``template`` (a path under ``kernel_templates/``) and defines ``kernel_name``,
+    which is also the ``extern "C"`` symbol of the kernel. The template is rendered with the spec
+    as its only variable (``spec``).
+    """
+
+    template: ClassVar[str]
+
+    @property
+    def kernel_name(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def compile_options(self) -> tuple[str, ...]:
+        """Extra NVRTC options this kernel needs (beyond the architecture)."""
+        return ()
+
+    def supports_arch(self, arch: str) -> bool:
+        """Whether this kernel can be compiled for ``arch`` ('sm_80', 'sm_90a', ...)."""
+        return True

@@ -1,0 +1,216 @@
+"""Validation of gemm_bias_act's arguments: every check happens here, before any launch."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ...errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
+from .spec import ACT_NAMES, Act, BiasKind, DType, Layout
+
+SUPPORTED_DTYPES = {np.dtype(np.float32): DType.F32}
+_SUPPORTED_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+BIAS_SHAPES_TEXT = "None, () or (1,) for a scalar, (N,) or (1, N) per column, (M, 1) per row"
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def check_array(x, name: str):
+    """``x`` must be a CuPy ndarray; a NumPy array gets a hint to move it."""
+    cp = _cupy()
+    if isinstance(x, cp.ndarray):
+        return x
+    if isinstance(x, np.ndarray):
+        raise ArgumentTypeError(
+            f"{name}: expected a cupy.ndarray on the GPU, got a numpy.ndarray of shape "
+            f"{x.shape}; move it to the GPU with cupy.asarray({name})"
+        )
+    raise ArgumentTypeError(f"{name}: expected a cupy.ndarray, got {type(x).__name__}")
+
+
+def check_dtype(x, name: str) -> DType:
+    dt = SUPPORTED_DTYPES.get(x.dtype)
+    if dt is None:
+        raise ArgumentValueError(
+            f"{name}: dtype {x.dtype} is not supported; supported dtypes: {_SUPPORTED_TEXT}"
+        )
+    return dt
+
+
+def layout_of(x, name: str):
+    """(Layout, leading dimension in elements, array) of a 2-D operand, used without a copy.
+
+    Row-major means strides (ld, 1) with ld >= columns, column-major (1, ld) with ld >= rows; a
+    slice of a larger array qualifies. Any other strides (negative, both non-unit, not a multiple
+    of the item size) are copied into a C-contiguous array: the result is right, at the cost of
+    one copy.
+    """
+    rows, cols = x.shape
+    if x.size == 0:
+        return Layout.ROW, max(cols, 1), x
+    item = x.itemsize
+    s0, s1 = x.strides
+    if s0 % item == 0 and s1 % item == 0:
+        e0, e1 = s0 // item, s1 // item
+        if (cols == 1 or e1 == 1) and (rows == 1 or e0 >= cols):
+            return Layout.ROW, (e0 if rows > 1 else cols), x
+        if (rows == 1 or e0 == 1) and (cols == 1 or e1 >= rows):
+            return Layout.COL, (e1 if cols > 1 else rows), x
+    cp = _cupy()
+    y = cp.ascontiguousarray(x)
+    return Layout.ROW, max(cols, 1), y
+
+
+def check_act(act) -> Act:
+    if isinstance(act, Act):
+        return act
+    a = ACT_NAMES.get(act) if isinstance(act, str) else None
+    if a is None:
+        raise ArgumentValueError(
+            f"act: unknown activation {act!r}; valid names: {', '.join(ACT_NAMES)}"
+        )
+    return a
+
+
+def check_scalar(x, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise ArgumentTypeError(f"{name}: expected a real number, got {x!r}")
+    return float(x)
+
+
+def bias_kind(bias, m: int, n: int, dtype) -> tuple[BiasKind, int]:
+    """(kind, element stride along the bias' varying dimension) of a bias for an (m, n) output."""
+    if bias is None:
+        return BiasKind.NONE, 0
+    check_array(bias, "bias")
+    if bias.dtype != dtype:
+        raise ArgumentValueError(f"bias: expected dtype {dtype} (the dtype of a and b), "
+                                 f"got {bias.dtype}")
+    shape = bias.shape
+    if bias.ndim <= 2 and bias.size == 1:
+        return BiasKind.SCALAR, 0
+    item = bias.itemsize
+    if shape == (n,):
+        return BiasKind.COL, bias.strides[0] // item
+    if shape == (1, n):
+        return BiasKind.COL, bias.strides[1] // item
+    if shape == (m, 1):
+        return BiasKind.ROW, bias.strides[0] // item
+    raise ArgumentValueError(
+        f"bias: shape {shape} does not broadcast to the output's ({m}, {n}) in a supported way; "
+        f"accepted: {BIAS_SHAPES_TEXT}"
+    )
+
+
+def check_same_device(arrays: dict, device_id: int) -> None:
+    for name, x in arrays.items():
+        if x is not None and x.device.id != device_id:
+            raise DeviceMismatchError(
+                f"{name}: expected an array on the current device (GPU {device_id}), got one on "
+                f"GPU {x.device.id}; move it with cupy.asarray inside "
+                f"`with cupy.cuda.Device({device_id}):` or switch devices"
+            )
+
+
+class Problem:
+    """A validated call: sizes, kinds and the operands as the kernel will read them."""
+
+    __slots__ = ("m", "n", "k", "dtype", "act", "bias_kind", "bias_stride", "alpha", "beta",
+                 "leaky_slope", "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
+                 "layout_b", "ldb", "layout_c", "ldc")
+
+    def __init__(self, **kw):
+        for name in self.__slots__:
+            setattr(self, name, kw.get(name))
+
+    @property
+    def empty(self) -> bool:
+        return self.m == 0 or self.n == 0
+
+
+def check_output(x, name: str, m: int, n: int, dtype) -> None:
+    """An output must be an (m, n) array of ``dtype``, row-major (ld >= n)."""
+    check_array(x, name)
+    if x.shape != (m, n) or x.dtype != dtype:
+        raise ArgumentValueError(
+            f"{name}: expected shape ({m}, {n}) and dtype {dtype}, got shape {x.shape} and "
+            f"dtype {x.dtype}"
+        )
+    item = x.itemsize
+    if m and n and ((n > 1 and x.strides[1] != item) or (m > 1 and x.strides[0] < n * item)):
+        raise ArgumentValueError(
+            f"{name}: expected a row-major array (strides (ld*{item}, {item}) with ld >= {n}), "
+            f"got strides {x.strides}; pass a C-contiguous array"
+        )
+
+
+def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
+             save_preact=False) -> Problem:
+    """Check every argument of gemm_bias_act; raise before anything is launched."""
+    cp = _cupy()
+    a = check_array(a, "a")
+    b = check_array(b, "b")
+    if a.ndim != 2:
+        raise ArgumentValueError(f"a: expected a 2-D (M, K) array, got shape {a.shape}")
+    if b.ndim != 2:
+        raise ArgumentValueError(f"b: expected a 2-D (K, N) array, got shape {b.shape}")
+    dtype = check_dtype(a, "a")
+    if b.dtype != a.dtype:
+        raise ArgumentValueError(f"b: expected dtype {a.dtype} (the dtype of a), got {b.dtype}")
+    m, k = a.shape
+    k2, n = b.shape
+    if k2 != k:
+        raise ArgumentValueError(
+            f"b: expected shape ({k}, N) to match a of shape {a.shape} (a is (M, K), b is "
+            f"(K, N)), got {b.shape}"
+        )
+    for name, size in (("M", m), ("N", n), ("K", k)):
+        if size >= 2**31:
+            raise ArgumentValueError(f"{name} = {size}: sizes up to 2**31 - 1 are supported")
+    act_e = check_act(act)
+    alpha = check_scalar(alpha, "alpha")
+    beta = check_scalar(beta, "beta")
+    slope = check_scalar(leaky_slope, "leaky_slope")
+    kind, bias_stride = bias_kind(bias, m, n, a.dtype)
+    if c is not None:
+        check_array(c, "c")
+        if c.ndim != 2 or c.shape != (m, n):
+            raise ArgumentValueError(f"c: expected shape ({m}, {n}) (M, N), got {c.shape}")
+        if c.dtype != a.dtype:
+            raise ArgumentValueError(f"c: expected dtype {a.dtype} (the dtype of a), "
+                                     f"got {c.dtype}")
+    elif beta != 0.0:
+        raise ArgumentValueError(f"beta: is {beta}, which needs c, but c is None; pass c= or "
+                                 "beta=0")
+    if out is not None:
+        check_output(out, "out", m, n, a.dtype)
+    if preact_out is not None:
+        if not save_preact:
+            raise ArgumentValueError("preact_out: given, but save_preact is False")
+        check_output(preact_out, "preact_out", m, n, a.dtype)
+    device_id = cp.cuda.runtime.getDevice()
+    check_same_device({"a": a, "b": b, "bias": bias, "c": c, "out": out,
+                       "preact_out": preact_out}, device_id)
+    inputs = (("a", a), ("b", b), ("c", c), ("bias", bias))
+    for oname, o in (("out", out), ("preact_out", preact_out)):
+        if o is None:
+            continue
+        others = inputs + ((("out", out),) if oname == "preact_out" else ())
+        for name, x in others:
+            if x is not None and cp.may_share_memory(o, x):
+                raise ArgumentValueError(f"{oname}: overlaps {name}; pass a separate array")
+    use_c = c is not None and beta != 0.0
+    p = Problem(m=m, n=n, k=k, dtype=dtype, act=act_e, bias_kind=kind, bias_stride=bias_stride,
+                alpha=alpha, beta=beta, leaky_slope=slope, device_id=device_id, bias=bias,
+                out=out, preact_out=preact_out, c=c if use_c else None, ldc=0)
+    if not p.empty:
+        p.layout_a, p.lda, p.a = layout_of(a, "a")
+        p.layout_b, p.ldb, p.b = layout_of(b, "b")
+        if use_c:
+            p.layout_c, p.ldc, p.c = layout_of(c, "c")
+    return p

@@ -1,0 +1,68 @@
+"""The float64 NumPy reference of gemm_bias_act, for checking results (tests, demo, notebooks)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def activation(name: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name == "none":
+            return z
+        if name == "relu":
+            return np.where(z < 0, 0.0, z)
+        if name == "leaky_relu":
+            return np.where(z < 0, z * slope, z)
+        if name == "gelu":
+            return 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)).astype(np.float64))
+        if name == "gelu_tanh":
+            return 0.5 * z * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
+        if name == "sigmoid":
+            return 1.0 / (1.0 + np.exp(-z))
+        if name == "tanh":
+            return np.tanh(z)
+        if name == "silu":
+            return z / (1.0 + np.exp(-z))
+    raise ValueError(name)
+
+
+def gemm_bias_act_ref(a, b, bias=None, *, act="none", c=None, alpha=1.0, beta=0.0,
+                      leaky_slope=0.01):
+    """(Y, Z) in float64 from host arrays."""
+    z = alpha * (np.asarray(a, np.float64) @ np.asarray(b, np.float64))
+    if c is not None and beta != 0.0:
+        z = z + beta * np.asarray(c, np.float64)
+    if bias is not None:
+        z = z + np.asarray(bias, np.float64)
+    return activation(act, z, leaky_slope), z
+
+
+def magnitude_scale(a, b, bias=None, *, c=None, alpha=1.0, beta=0.0) -> float:
+    """The norm a result of these operands has when its terms do not cancel, over sqrt(K).
+
+    Float32 rounding errors scale with the magnitudes of the summed terms, not with the result;
+    a tiny output (a 1 x 1 product whose terms cancel) makes ||Y - ref|| / ||ref|| meaningless.
+    For random inputs ||ref|| is about this value, so using it as a floor of the denominator
+    leaves the check unchanged except where cancellation would make it ill-conditioned.
+    """
+    a = np.abs(np.asarray(a, np.float64))
+    b = np.abs(np.asarray(b, np.float64))
+    mag = abs(alpha) * (a @ b)
+    if c is not None and beta != 0.0:
+        mag = mag + abs(beta) * np.abs(np.asarray(c, np.float64))
+    if bias is not None:
+        mag = mag + np.abs(np.asarray(bias, np.float64))
+    return float(np.linalg.norm(mag) / np.sqrt(max(a.shape[1], 1)))
+
+
+def rel_error(got, ref, floor: float = 0.0) -> float:
+    """||got - ref|| / max(||ref||, floor); NaN anywhere gives NaN (which fails any check)."""
+    got = np.asarray(got, np.float64)
+    ref = np.asarray(ref, np.float64)
+    denom = max(float(np.linalg.norm(ref)), floor)
+    return float(np.linalg.norm(got - ref) / (denom if denom > 0 else 1.0))

@@ -1,0 +1,20 @@
+// Activations of the fused epilogue, in float32. Every one propagates NaN: relu(NaN) is NaN
+// (the comparisons below are false for NaN, so x itself is returned).
+__device__ __forceinline__ float act_none(float x, float) { return x; }
+__device__ __forceinline__ float act_relu(float x, float) { return x < 0.0f ? 0.0f : x; }
+__device__ __forceinline__ float act_leaky_relu(float x, float slope) {
+    return x < 0.0f ? x * slope : x;
+}
+// Exact GELU (erf form, PyTorch's default).
+__device__ __forceinline__ float act_gelu(float x, float) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+}
+// tanh approximation of GELU (cuBLASLt's GELU epilogue).
+__device__ __forceinline__ float act_gelu_tanh(float x, float) {
+    const float inner = 0.79788456080286536f * fmaf(0.044715f * x, x * x, x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+__device__ __forceinline__ float act_sigmoid(float x, float) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float act_tanh(float x, float) { return tanhf(x); }
+// x * sigmoid(x), written as a quotient so that large negative x gives -0 rather than NaN.
+__device__ __forceinline__ float act_silu(float x, float) { return x / (1.0f + expf(-x)); }

@@ -1,0 +1,131 @@
+// {{ spec.kernel_name }}
+// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores.
+// A is {{ "row" if spec.layout_a.value == "r" else "column" }}-major, B is {{ "row" if spec.layout_b.value == "r" else "column" }}-major; Y{% if spec.save_z %} and Z are{% else %} is{% endif %} row-major.
+{% include "common/activations.cuh" %}
+
+constexpr int BM = {{ spec.tile.bm }};
+constexpr int BN = {{ spec.tile.bn }};
+constexpr int BK = {{ spec.tile.bk }};
+constexpr int TM = {{ spec.tile.tm }};
+constexpr int TN = {{ spec.tile.tn }};
+constexpr int THREADS_N = BN / TN;
+constexpr int THREADS_M = BM / TM;
+constexpr int THREADS = THREADS_M * THREADS_N;
+// Rows of the shared tiles are padded by 4 floats: a warp that fills a k-major tile then hits
+// 32 distinct banks, and rows stay 16-byte aligned.
+constexpr int PAD = 4;
+
+{% if spec.layout_a.value == "r" %}
+#define A_AT(m, k) A[(long long)(m) * lda + (k)]
+{% else %}
+#define A_AT(m, k) A[(long long)(k) * lda + (m)]
+{% endif %}
+{% if spec.layout_b.value == "r" %}
+#define B_AT(k, n) B[(long long)(k) * ldb + (n)]
+{% else %}
+#define B_AT(k, n) B[(long long)(n) * ldb + (k)]
+{% endif %}
+{% if spec.layout_c and spec.layout_c.value == "r" %}
+#define C_AT(m, n) C[(long long)(m) * ldc + (n)]
+{% elif spec.layout_c %}
+#define C_AT(m, n) C[(long long)(n) * ldc + (m)]
+{% endif %}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+{{ spec.kernel_name }}(const float* __restrict__ A, long long lda,
+                       const float* __restrict__ B, long long ldb,
+                       const float* __restrict__ C, long long ldc,
+                       const float* __restrict__ bias, long long bias_stride,
+                       float* __restrict__ Y, long long ldy,
+                       float* __restrict__ Z, long long ldz,
+                       int M, int N, int K, float alpha, float beta, float leaky_slope)
+{
+    __shared__ float As[BK][BM + PAD];   // As[k][m]
+    __shared__ float Bs[BK][BN + PAD];   // Bs[k][n]
+
+    const int tid = threadIdx.x;
+    const int tx = tid % THREADS_N;      // this thread owns columns tx + j * THREADS_N
+    const int ty = tid / THREADS_N;      // and rows ty + i * THREADS_M of the block tile
+    const int m0 = blockIdx.x * BM;
+    const int n0 = blockIdx.y * BN;
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j)
+            acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        // Load the A and B tiles; consecutive threads walk the operand's contiguous dimension.
+#pragma unroll
+        for (int idx = tid; idx < BM * BK; idx += THREADS) {
+{% if spec.layout_a.value == "r" %}
+            const int kk = idx % BK, mm = idx / BK;
+{% else %}
+            const int mm = idx % BM, kk = idx / BM;
+{% endif %}
+            const int m = m0 + mm, k = k0 + kk;
+            As[kk][mm] = (m < M && k < K) ? A_AT(m, k) : 0.0f;
+        }
+#pragma unroll
+        for (int idx = tid; idx < BK * BN; idx += THREADS) {
+{% if spec.layout_b.value == "r" %}
+            const int nn = idx % BN, kk = idx / BN;
+{% else %}
+            const int kk = idx % BK, nn = idx / BK;
+{% endif %}
+            const int n = n0 + nn, k = k0 + kk;
+            Bs[kk][nn] = (n < N && k < K) ? B_AT(k, n) : 0.0f;
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[TM], b[TN];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = As[kk][ty + i * THREADS_M];
+#pragma unroll
+            for (int j = 0; j < TN; ++j) b[j] = Bs[kk][tx + j * THREADS_N];
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j)
+                    acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    // Fused epilogue, in registers; Y (and Z) are written once.
+{% if spec.bias.value == "scalarbias" %}
+    const float bias_value = bias[0];
+{% endif %}
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int m = m0 + ty + i * THREADS_M;
+        if (m >= M) continue;
+{% if spec.bias.value == "rowbias" %}
+        const float row_bias = bias[(long long)m * bias_stride];
+{% endif %}
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int n = n0 + tx + j * THREADS_N;
+            if (n >= N) continue;
+            float z = alpha * acc[i][j];
+{% if spec.has_c %}
+            z = fmaf(beta, C_AT(m, n), z);
+{% endif %}
+{% if spec.bias.value == "scalarbias" %}
+            z += bias_value;
+{% elif spec.bias.value == "colbias" %}
+            z += bias[(long long)n * bias_stride];
+{% elif spec.bias.value == "rowbias" %}
+            z += row_bias;
+{% endif %}
+{% if spec.save_z %}
+            Z[(long long)m * ldz + n] = z;
+{% endif %}
+            Y[(long long)m * ldy + n] = act_{{ spec.act.value }}(z, leaky_slope);
+        }
+    }
+}

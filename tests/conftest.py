@@ -1,0 +1,24 @@
+"""Test set-up: a private kernel cache, and the `gpu` marker that skips without a GPU."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Tests never touch the user's own cache; the GPU suite shares one cache for the whole session.
+os.environ.setdefault("GE2JIT_CACHE_DIR", tempfile.mkdtemp(prefix="ge2jit-test-cache-"))
+
+import pytest  # noqa: E402
+
+from ge2jit.jit.device import gpu_count  # noqa: E402
+
+HAVE_GPU = gpu_count() > 0
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

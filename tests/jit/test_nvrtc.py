@@ -1,0 +1,93 @@
+"""NVRTC: loading, compiling for named architectures without a GPU, errors, ptxas' report."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ge2jit
+from ge2jit.jit import nvrtc
+
+
+def test_nvrtc_info_reports_version_and_path():
+    info = ge2jit.nvrtc_info()
+    assert info.version[0] >= 12
+    assert info.path and "libnvrtc" in info.path
+    assert len(info.fingerprint) == 16
+    assert "sm_90" in info.supported_archs and "sm_80" in info.supported_archs
+    assert str(info).startswith(f"NVRTC {info.version[0]}.{info.version[1]}")
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("sm_90a", "sm_90a"), ("90a", "sm_90a"), (90, "sm_90"), ("compute_80", "sm_80"),
+    ("SM_86", "sm_86"), ("sm_100f", "sm_100f"),
+])
+def test_normalize_arch(given, expected):
+    assert nvrtc.normalize_arch(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["hopper", "sm_9", "", "sm_90b"])
+def test_normalize_arch_rejects(bad):
+    with pytest.raises(ValueError, match="arch"):
+        nvrtc.normalize_arch(bad)
+
+
+SAXPY = 'extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {\n' \
+        '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = a * x[i] + y[i];\n}\n'
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+def test_compile_without_gpu_gives_cubin_and_report(arch):
+    r = nvrtc.compile_to_cubin(SAXPY, "saxpy", arch)
+    assert r.cubin[:4] == b"\x7fELF"
+    assert r.resources.registers > 0
+    assert r.resources.spill_bytes == 0
+    assert f"for '{arch}'" in r.log
+    assert r.compile_seconds > 0
+
+
+def test_compile_error_carries_name_log_and_source():
+    bad = SAXPY.replace("a * x[i]", "a * undefined_thing[i]")
+    with pytest.raises(ge2jit.KernelCompileError) as info:
+        nvrtc.compile_to_cubin(bad, "saxpy_broken", "sm_80")
+    err = info.value
+    assert str(err).startswith("NVRTC failed to compile kernel 'saxpy_broken'")
+    assert "undefined_thing" in str(err) and "error" in err.log
+    buf = io.StringIO()
+    err.dump(buf)
+    assert "3 |   if (i < n) y[i] = a * undefined_thing[i] + y[i];" in buf.getvalue()
+    assert isinstance(err, ge2jit.Ge2jitError)
+
+
+def test_resource_parse():
+    log = ("ptxas info    : Function properties for k\n"
+           "ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem, 400 bytes cmem[0]\n")
+    r = nvrtc.Resources.parse(log)
+    assert (r.registers, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads) == \
+        (255, 8448, 16, 8, 12)
+    assert r.spill_bytes == 20
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, timeout=120)
+
+
+def test_ge2jit_nvrtc_chooses_the_library():
+    path = ge2jit.nvrtc_info().path
+    r = _run("import ge2jit; print(ge2jit.nvrtc_info().path)", GE2JIT_NVRTC=path)
+    assert r.returncode == 0, r.stderr
+    assert os.path.realpath(r.stdout.strip()) == os.path.realpath(path)
+
+
+def test_ge2jit_nvrtc_bad_path_is_a_clear_error():
+    r = _run("import ge2jit\ntry:\n ge2jit.nvrtc_info()\nexcept ge2jit.NvrtcError as e:\n"
+             " print('ERR', e)", GE2JIT_NVRTC="/nonexistent/libnvrtc.so.13")
+    assert r.returncode == 0, r.stderr
+    assert "ERR GE2JIT_NVRTC='/nonexistent/libnvrtc.so.13'" in r.stdout

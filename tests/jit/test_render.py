@@ -1,0 +1,91 @@
+"""Rendering: every parameter combination renders, names itself, and uses what it was given."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from ge2jit.jit.render import render, template_dir
+from ge2jit.ops.gemm.spec import (
+    SIMT_F32_TILES,
+    Act,
+    BiasKind,
+    DType,
+    GemmSpec,
+    Layout,
+    TileConfig,
+)
+
+ALL_SPECS = [
+    GemmSpec(DType.F32, la, lb, lc, act, bias, z, tile)
+    for la, lb, lc, act, bias, z, tile in itertools.product(
+        Layout, Layout, (None, *Layout), Act, BiasKind, (False, True), SIMT_F32_TILES)
+]
+
+
+def test_template_dir_exists():
+    assert (template_dir() / "gemm" / "simt.cu").is_file()
+
+
+def test_every_combination_renders():
+    names = set()
+    for spec in ALL_SPECS:
+        src = render(spec)
+        name = spec.kernel_name
+        names.add(name)
+        assert re.search(r"extern \"C\" __global__ void __launch_bounds__\(THREADS\)\n" + name
+                         + r"\(", src), name
+        assert "{{" not in src and "{%" not in src
+        assert f"act_{spec.act.value}(z, leaky_slope)" in src
+        assert f"constexpr int BM = {spec.tile.bm};" in src
+        assert f"constexpr int TN = {spec.tile.tn};" in src
+        assert ("Z[(long long)m * ldz + n] = z;" in src) == spec.save_z
+        assert ("C_AT(m, n)" in src) == spec.has_c
+        assert ("bias[" in src) == (spec.bias is not BiasKind.NONE)
+        a_row = "#define A_AT(m, k) A[(long long)(m) * lda + (k)]" in src
+        assert a_row == (spec.layout_a is Layout.ROW)
+        b_row = "#define B_AT(k, n) B[(long long)(k) * ldb + (n)]" in src
+        assert b_row == (spec.layout_b is Layout.ROW)
+    assert len(names) == len(ALL_SPECS), "kernel names must be unique per spec"
+
+
+def test_kernel_name_is_procedural():
+    spec = GemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
+                    TileConfig(128, 64, 8, 8, 4))
+    assert spec.kernel_name == "gemm_f32_rc_128x64x8_8x4_gelu_colbias"
+    spec2 = GemmSpec(DType.F32, Layout.COL, Layout.ROW, Layout.ROW, Act.SILU, BiasKind.ROW, True,
+                     TileConfig(64, 64, 8, 4, 4))
+    assert spec2.kernel_name == "gemm_f32_cr_64x64x8_4x4_silu_rowbias_cr_z"
+
+
+def test_spec_is_hashable_and_frozen():
+    a = ALL_SPECS[5]
+    b = GemmSpec(a.dtype, a.layout_a, a.layout_b, a.layout_c, a.act, a.bias, a.save_z, a.tile)
+    assert a == b and hash(a) == hash(b)
+    with pytest.raises(AttributeError):
+        a.save_z = not a.save_z
+
+
+def test_spec_rejects_wrong_types():
+    with pytest.raises(TypeError, match="act"):
+        GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, "gelu", BiasKind.NONE, False,
+                 SIMT_F32_TILES[0])
+
+
+@pytest.mark.parametrize("args, match", [
+    ((128, 128, 8, 7, 8), "multiple of tm"),
+    ((128, 128, 8, 1, 1), "threads"),
+    ((0, 128, 8, 8, 8), "positive"),
+])
+def test_tile_config_validation(args, match):
+    with pytest.raises(ValueError, match=match):
+        TileConfig(*args)
+
+
+def test_tile_config_parse_round_trip():
+    for t in SIMT_F32_TILES:
+        assert TileConfig.parse(t.name) == t
+    with pytest.raises(ValueError, match="BMxBNxBK_TMxTN"):
+        TileConfig.parse("128-128")

@@ -1,0 +1,191 @@
+"""Every bad argument of gemm_bias_act is refused before a launch, with a message that names the
+argument, what was expected and what came. Runs without a GPU (on stand-in arrays)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.ops.gemm import problem
+from ge2jit.ops.gemm.problem import layout_of, validate
+from ge2jit.ops.gemm.spec import ACT_NAMES, Act, BiasKind, Layout
+
+from .fake_cupy import FakeArray, make_module
+
+M, K, N = 6, 5, 7
+
+
+@pytest.fixture(autouse=True)
+def fake_cupy(monkeypatch):
+    monkeypatch.setattr(problem, "_cupy", lambda: make_module(0))
+
+
+def ok(**kw):
+    args = dict(a=FakeArray((M, K)), b=FakeArray((K, N)), bias=None, act="none", c=None,
+                alpha=1.0, beta=0.0, leaky_slope=0.01, out=None, preact_out=None,
+                save_preact=False)
+    args.update(kw)
+    return validate(**args)
+
+
+def refused(exc, match, **kw):
+    with pytest.raises(exc, match=match) as info:
+        ok(**kw)
+    assert isinstance(info.value, ge2jit.Ge2jitError)
+    return str(info.value)
+
+
+def test_valid_call():
+    p = ok(act="gelu")
+    assert (p.m, p.n, p.k, p.act) == (M, N, K, Act.GELU)
+    assert p.layout_a is Layout.ROW and p.lda == K and p.ldb == N
+
+
+def test_numpy_array_says_to_use_cupy_asarray():
+    msg = refused(TypeError, r"a: expected a cupy.ndarray", a=np.ones((M, K), np.float32))
+    assert "cupy.asarray(a)" in msg
+    msg = refused(TypeError, r"bias: expected a cupy.ndarray", bias=np.ones(N, np.float32))
+    assert "cupy.asarray(bias)" in msg
+
+
+def test_other_types():
+    refused(TypeError, "b: expected a cupy.ndarray, got list", b=[[1.0]])
+    refused(TypeError, "c: expected a cupy.ndarray, got int", c=3, beta=1.0)
+    refused(TypeError, "out: expected a cupy.ndarray", out="y")
+
+
+@pytest.mark.parametrize("name, shape", [("a", (M,)), ("a", (1, M, K)), ("b", (K,))])
+def test_ndim(name, shape):
+    refused(ValueError, f"{name}: expected a 2-D", **{name: FakeArray(shape)})
+
+
+def test_unsupported_dtype_lists_supported():
+    msg = refused(ValueError, "a: dtype float64 is not supported",
+                  a=FakeArray((M, K), np.float64), b=FakeArray((K, N), np.float64))
+    assert "supported dtypes: float32" in msg
+
+
+def test_mixed_dtypes():
+    refused(ValueError, "b: expected dtype float32 .* got float16", b=FakeArray((K, N), np.float16))
+    refused(ValueError, "bias: expected dtype float32", bias=FakeArray((N,), np.float64))
+    refused(ValueError, "c: expected dtype float32", c=FakeArray((M, N), np.float64), beta=1.0)
+    refused(ValueError, r"out: expected shape \(6, 7\) and dtype float32",
+            out=FakeArray((M, N), np.float64))
+
+
+def test_inner_dimension_mismatch():
+    refused(ValueError, r"b: expected shape \(5, N\) to match a of shape \(6, 5\).*got \(4, 7\)",
+            b=FakeArray((K - 1, N)))
+
+
+def test_unknown_activation_lists_valid_names():
+    msg = refused(ValueError, "act: unknown activation 'gleu'", act="gleu")
+    for name in ACT_NAMES:
+        assert name in msg
+    refused(ValueError, "act: unknown activation None", act=None)
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta", "leaky_slope"])
+def test_scalars(name):
+    refused(TypeError, f"{name}: expected a real number, got 'x'", **{name: "x"})
+    refused(TypeError, f"{name}: expected a real number, got True", **{name: True})
+
+
+@pytest.mark.parametrize("shape, kind", [
+    ((), BiasKind.SCALAR), ((1,), BiasKind.SCALAR), ((1, 1), BiasKind.SCALAR),
+    ((N,), BiasKind.COL), ((1, N), BiasKind.COL), ((M, 1), BiasKind.ROW),
+])
+def test_bias_shapes_accepted(shape, kind):
+    assert ok(bias=FakeArray(shape)).bias_kind is kind
+
+
+@pytest.mark.parametrize("shape", [(M,), (N, 1), (M, N), (1, 1, N), (N + 1,), (2, N)])
+def test_bias_shapes_refused_list_accepted_ones(shape):
+    msg = refused(ValueError, r"bias: shape .* does not broadcast", bias=FakeArray(shape))
+    assert "(N,) or (1, N) per column" in msg and "(M, 1) per row" in msg
+
+
+def test_bias_strides_are_passed_not_copied():
+    wide = FakeArray((N,), strides=(12,))
+    p = ok(bias=wide)
+    assert p.bias is wide and p.bias_stride == 3
+    assert ok(bias=FakeArray((M, 1), strides=(8, 4))).bias_stride == 2
+
+
+def test_c_shape_and_beta_without_c():
+    refused(ValueError, r"c: expected shape \(6, 7\) \(M, N\), got \(7, 6\)",
+            c=FakeArray((N, M)), beta=1.0)
+    refused(ValueError, "beta: is 0.5, which needs c, but c is None", beta=0.5)
+
+
+def test_c_with_zero_beta_is_not_read():
+    p = ok(c=FakeArray((M, N)), beta=0.0)
+    assert p.c is None and p.layout_c is None
+
+
+def test_out_checks():
+    refused(ValueError, r"out: expected shape \(6, 7\)", out=FakeArray((M, N + 1)))
+    refused(ValueError, "out: expected a row-major array", out=FakeArray((N, M)).T)
+    a = FakeArray((M, K))
+    refused(ValueError, "out: overlaps a", a=a, out=FakeArray((M, N), base=a.base))
+    bias = FakeArray((N,))
+    refused(ValueError, "out: overlaps bias", bias=bias,
+            out=FakeArray((M, N), base=bias.base))
+    y = FakeArray((M, N))
+    refused(ValueError, "preact_out: overlaps out", out=y, save_preact=True,
+            preact_out=FakeArray((M, N), base=y.base))
+    refused(ValueError, "preact_out: given, but save_preact is False", preact_out=y)
+    refused(ValueError, r"preact_out: expected shape \(6, 7\)", save_preact=True,
+            preact_out=FakeArray((M, 1)))
+    # a row slice of a wider array is a fine output
+    assert ok(out=FakeArray((M, N), strides=(4 * (N + 3), 4))).out is not None
+
+
+def test_arrays_on_other_devices():
+    msg = refused(ValueError, "b: expected an array on the current device",
+                  b=FakeArray((K, N), device=1))
+    assert "got one on GPU 1" in msg
+    refused(ge2jit.DeviceMismatchError, "out:", out=FakeArray((M, N), device=2))
+
+
+def test_too_large_dimension():
+    refused(ValueError, "K = 2147483648", a=FakeArray((M, 2**31)), b=FakeArray((2**31, N)))
+
+
+def test_bad_config_name(monkeypatch):
+    import ge2jit.ops.gemm.op as op
+
+    monkeypatch.setattr(op, "validate", lambda *a, **k: ok())
+    with pytest.raises(ge2jit.ArgumentValueError, match="config: expected a tile name"):
+        ge2jit.gemm_bias_act(None, None, config="big")
+    with pytest.raises(ge2jit.ArgumentTypeError, match="config: expected a TileConfig"):
+        ge2jit.gemm_bias_act(None, None, config=128)
+
+
+# ---- layouts -------------------------------------------------------------------------------
+
+def test_layout_row_col_and_slices():
+    x = FakeArray((M, K))
+    assert layout_of(x, "a")[:2] == (Layout.ROW, K)
+    assert layout_of(FakeArray((K, M)).T, "a")[:2] == (Layout.COL, M)
+    wide = FakeArray((M, K), strides=(4 * 100, 4))           # x[:, :K] of a (M, 100) array
+    assert layout_of(wide, "a")[:2] == (Layout.ROW, 100)
+    tall = FakeArray((M, K), strides=(4, 4 * 50))            # column-major with ld 50
+    assert layout_of(tall, "a")[:2] == (Layout.COL, 50)
+    assert layout_of(FakeArray((1, K), strides=(4, 4)), "a")[:2] == (Layout.ROW, K)
+    assert layout_of(FakeArray((M, 1), strides=(4, 4)), "a")[:2] == (Layout.ROW, 1)
+
+
+@pytest.mark.parametrize("strides", [(8 * K, 8), (-4 * K, 4), (4 * K, -4), (6, 4 * K)])
+def test_other_strides_are_copied(strides):
+    x = FakeArray((M, K), strides=strides)
+    layout, ld, y = layout_of(x, "a")
+    assert y is not x and (layout, ld) == (Layout.ROW, K)
+
+
+def test_empty_and_k0():
+    p = ok(a=FakeArray((0, K)), b=FakeArray((K, N)))
+    assert p.empty
+    p = ok(a=FakeArray((M, 0)), b=FakeArray((0, N)))
+    assert not p.empty and p.k == 0
