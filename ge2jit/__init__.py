@@ -18,12 +18,20 @@ from .errors import (
 )
 from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
-from .ops.gemm import GemmSpec, TileConfig, gemm_bias_act
+from .ops.gemm import (
+    PipelineConfig,
+    TileConfig,
+    explain,
+    gemm_bias_act,
+    tune,
+)
 
 __all__ = [
     "__version__",
     "gemm_bias_act",
-    "GemmSpec",
+    "tune",
+    "explain",
+    "PipelineConfig",
     "TileConfig",
     "nvrtc_info",
     "Ge2jitError",

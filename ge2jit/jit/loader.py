@@ -75,6 +75,7 @@ class LoadedKernel:
 
 
 _tables: dict[int, dict[KernelSpec, LoadedKernel]] = {}
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _lock = threading.Lock()
 
 
@@ -101,6 +102,9 @@ def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
             try:
                 module.load(entry.cubin)
                 function = module.get_function(spec.kernel_name)
+                if spec.smem_bytes > 48 * 1024:
+                    cupy.cuda.driver.funcSetAttribute(
+                        function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes)
             except Exception as e:  # noqa: BLE001 - driver errors carry the reason
                 raise KernelLaunchError(
                     f"could not load kernel {spec.kernel_name!r} on device {device_id} "

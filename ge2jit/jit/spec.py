@@ -14,6 +14,9 @@ class KernelSpec:
     """
 
     template: ClassVar[str]
+    #: Dynamic shared memory the kernel is launched with (bytes); above 48 KiB the loader raises
+    #: the kernel's limit.
+    smem_bytes: ClassVar[int] = 0
 
     @property
     def kernel_name(self) -> str:  # pragma: no cover - abstract

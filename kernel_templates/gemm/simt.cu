@@ -1,6 +1,7 @@
 // {{ spec.kernel_name }}
 // Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores.
 // A is {{ "row" if spec.layout_a.value == "r" else "column" }}-major, B is {{ "row" if spec.layout_b.value == "r" else "column" }}-major; Y{% if spec.save_z %} and Z are{% else %} is{% endif %} row-major.
+{% import "common/epilogue.cuh" as ep %}
 {% include "common/activations.cuh" %}
 
 constexpr int BM = {{ spec.tile.bm }};
@@ -15,22 +16,7 @@ constexpr int THREADS = THREADS_M * THREADS_N;
 // 32 distinct banks, and rows stay 16-byte aligned.
 constexpr int PAD = 4;
 
-{% if spec.layout_a.value == "r" %}
-#define A_AT(m, k) A[(long long)(m) * lda + (k)]
-{% else %}
-#define A_AT(m, k) A[(long long)(k) * lda + (m)]
-{% endif %}
-{% if spec.layout_b.value == "r" %}
-#define B_AT(k, n) B[(long long)(k) * ldb + (n)]
-{% else %}
-#define B_AT(k, n) B[(long long)(n) * ldb + (k)]
-{% endif %}
-{% if spec.layout_c and spec.layout_c.value == "r" %}
-#define C_AT(m, n) C[(long long)(m) * ldc + (n)]
-{% elif spec.layout_c %}
-#define C_AT(m, n) C[(long long)(n) * ldc + (m)]
-{% endif %}
-
+{{ ep.accessors(spec) }}
 extern "C" __global__ void __launch_bounds__(THREADS)
 {{ spec.kernel_name }}(const float* __restrict__ A, long long lda,
                        const float* __restrict__ B, long long ldb,
@@ -38,8 +24,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                        const float* __restrict__ bias, long long bias_stride,
                        float* __restrict__ Y, long long ldy,
                        float* __restrict__ Z, long long ldz,
-                       int M, int N, int K, float alpha, float beta, float leaky_slope)
+                       long long M_, long long N_, long long K_,
+                       double alpha_, double beta_, double leaky_slope_,
+                       long long /* k_tiles_per_split: this family does not split K */)
 {
+    const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
+    const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
+    const float leaky_slope = static_cast<float>(leaky_slope_);
     __shared__ float As[BK][BM + PAD];   // As[k][m]
     __shared__ float Bs[BK][BN + PAD];   // Bs[k][n]
 
@@ -111,17 +102,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         for (int j = 0; j < TN; ++j) {
             const int n = n0 + tx + j * THREADS_N;
             if (n >= N) continue;
-            float z = alpha * acc[i][j];
-{% if spec.has_c %}
-            z = fmaf(beta, C_AT(m, n), z);
-{% endif %}
-{% if spec.bias.value == "scalarbias" %}
-            z += bias_value;
-{% elif spec.bias.value == "colbias" %}
-            z += bias[(long long)n * bias_stride];
-{% elif spec.bias.value == "rowbias" %}
-            z += row_bias;
-{% endif %}
+            {{ ep.compute_z(spec, "z", "acc[i][j]", "m", "n", "bias[(long long)n * bias_stride]", "row_bias") | indent(12) }}
 {% if spec.save_z %}
             Z[(long long)m * ldz + n] = z;
 {% endif %}

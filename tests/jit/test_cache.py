@@ -185,3 +185,17 @@ def test_many_processes_compiling_one_key(tmp_path):
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(files) == 1, files
     assert KernelCache(tmp_path).get(keys.pop()) is not None
+
+
+def test_compile_many_in_processes(tmp_path):
+    from ge2jit.jit.parallel import compile_many
+
+    specs = [GemmSpec(**{**SPEC.__dict__, "act": act}) for act in (Act.RELU, Act.SILU, Act.TANH)]
+    jobs = [(s, "sm_80") for s in specs] + [(specs[0], "sm_80")]     # a duplicate
+    seen = []
+    out = compile_many(jobs, processes=2, cache_root=tmp_path, on_result=seen.append)
+    assert len(out) == 3 and len(seen) == 3
+    assert {o.status for o in out} == {"compiled"}
+    again = compile_many(jobs, processes=2, cache_root=tmp_path)
+    assert {o.status for o in again} == {"cached"}
+    assert all(o.registers > 0 and o.spill_bytes == 0 for o in out)

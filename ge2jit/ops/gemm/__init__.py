@@ -1,7 +1,23 @@
-"""The fused GEMM op: validation (problem), kernel specs (spec) and the launcher (op)."""
+"""The fused GEMM op: validation (problem), kernel specs (spec), kernel choice (select) and the
+launcher with its plans, tuning and explanation (op)."""
 
-from .op import choose_tile, gemm_bias_act
-from .spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout, TileConfig
+from .op import Explanation, TuneResult, clear_plans, explain, gemm_bias_act, tune
+from .select import Choice
+from .spec import (
+    PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
+    Act,
+    BiasKind,
+    DType,
+    GemmSpec,
+    Layout,
+    PipelineConfig,
+    PipelinedGemmSpec,
+    SplitKReduceSpec,
+    TileConfig,
+)
 
-__all__ = ["gemm_bias_act", "choose_tile", "GemmSpec", "TileConfig", "SIMT_F32_TILES", "Act",
-           "BiasKind", "DType", "Layout"]
+__all__ = ["gemm_bias_act", "tune", "explain", "clear_plans", "Explanation", "TuneResult",
+           "Choice", "GemmSpec", "PipelinedGemmSpec", "SplitKReduceSpec", "TileConfig",
+           "PipelineConfig", "SIMT_F32_TILES", "PIPELINED_F32_CONFIGS", "Act", "BiasKind",
+           "DType", "Layout"]

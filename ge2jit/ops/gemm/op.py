@@ -1,43 +1,220 @@
-"""gemm_bias_act: the fused GEMM + bias + activation, and its launcher."""
+"""gemm_bias_act: the fused GEMM + bias + activation, its launch plans, tuning and explanation."""
 
 from __future__ import annotations
 
+import threading
+import warnings
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from ...errors import ArgumentTypeError, ArgumentValueError, KernelLaunchError
-from ...jit.device import sm_count
-from ...jit.loader import get_kernel
-from .problem import validate
-from .spec import SIMT_F32_TILES, GemmSpec, TileConfig
+from ..._version import __version__
+from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
+from ...jit.device import device_arch, device_attributes, device_name, sm_count
+from ...jit.loader import LoadedKernel, get_kernel
+from ...tune.db import default_db
+from ...tune.timing import time_ms
+from .problem import Problem, validate
+from .select import FALLBACK_TILE, Choice, candidates, heuristic, parse_config
+from .spec import (
+    GemmSpec,
+    Layout,
+    PipelineConfig,
+    PipelinedGemmSpec,
+    SplitKReduceSpec,
+)
 
-_NULL = np.uintp(0)
 _GRID_Y_MAX = 65535
+_plans: dict[tuple, Plan] = {}
+_plans_lock = threading.Lock()
+_warned: set[str] = set()
 
 
-def choose_tile(m: int, n: int, device_id: int) -> TileConfig:
-    """The largest tile that still gives every multiprocessor at least one block."""
-    sms = sm_count(device_id)
-    for tile in SIMT_F32_TILES:
-        blocks = -(-m // tile.bm) * -(-n // tile.bn)
-        if blocks >= sms:
-            return tile
-    return SIMT_F32_TILES[-1]
+def _arch_number(device_id: int) -> int:
+    arch = device_arch(device_id)
+    return int("".join(ch for ch in arch if ch.isdigit()))
 
 
-def _tile_from_config(config) -> TileConfig:
-    if isinstance(config, TileConfig):
-        return config
-    if isinstance(config, str):
+@dataclass
+class Plan:
+    """Everything needed to launch one problem class: kernels, grid, split-K and the choice."""
+
+    choice: Choice
+    main: LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    k_tiles_per_split: int
+    reduce: LoadedKernel | None = None
+    reduce_grid: tuple[int, int, int] = (1, 1, 1)
+    kernel_names: tuple[str, ...] = field(default=())
+
+    def launch(self, p: Problem, y, z, stream) -> None:
+        import cupy as cp
+
+        m, n = p.m, p.n
+        ldy = y.strides[0] // 4 if m > 1 else n
+        ldz = (z.strides[0] // 4 if m > 1 else n) if z is not None else 0
+        if self.reduce is None:
+            self.main.function(
+                self.grid, self.block,
+                (p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.bias, p.bias_stride, y, ldy, z, ldz,
+                 m, n, p.k, p.alpha, p.beta, p.leaky_slope, self.k_tiles_per_split),
+                shared_mem=self.smem, stream=stream)
+            return
+        splits = self.grid[2]
+        ldw = (n + 3) // 4 * 4
+        w = cp.empty((splits, m, ldw), dtype=np.float32)
+        self.main.function(
+            self.grid, self.block,
+            (p.a, p.lda, p.b, p.ldb, None, 0, None, 0, w, ldw, None, 0,
+             m, n, p.k, 1.0, 0.0, 0.0, self.k_tiles_per_split),
+            shared_mem=self.smem, stream=stream)
+        self.reduce.function(
+            self.reduce_grid, (256, 1, 1),
+            (w, ldw, splits, p.c, p.ldc, p.bias, p.bias_stride, y, ldy, z, ldz, m, n,
+             p.alpha, p.beta, p.leaky_slope),
+            stream=stream)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which kernels a call uses, and why."""
+
+    choice: Choice
+    kernel_names: tuple[str, ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    registers: tuple[int, ...]
+    spill_bytes: tuple[int, ...]
+
+    @property
+    def reason(self) -> str:
+        return self.choice.reason
+
+    @property
+    def config(self) -> str:
+        return self.choice.name
+
+    def __str__(self) -> str:
+        lines = [f"config {self.choice}"]
+        for name, regs, spill in zip(self.kernel_names, self.registers, self.spill_bytes):
+            lines.append(f"  kernel {name}: {regs} registers, {spill} spill bytes")
+        lines.append(f"  grid {self.grid}, block {self.block}, {self.shared_bytes} B shared")
+        return "\n".join(lines)
+
+
+def _vec_flags(p: Problem, y, z) -> tuple[bool, bool, bool]:
+    vec_a = p.layout_a is Layout.COL and p.a.data.ptr % 16 == 0 and p.lda % 4 == 0
+    vec_b = p.layout_b is Layout.ROW and p.b.data.ptr % 16 == 0 and p.ldb % 4 == 0
+    vec_y = y.data.ptr % 16 == 0 and (p.m == 1 or (y.strides[0] // 4) % 4 == 0)
+    if z is not None:
+        vec_y = vec_y and z.data.ptr % 16 == 0 and (p.m == 1 or (z.strides[0] // 4) % 4 == 0)
+    return vec_a, vec_b, vec_y
+
+
+def _tuning_key(p: Problem, arch: str) -> dict:
+    def bucket(x: int) -> int:
+        return 1 << max(x - 1, 0).bit_length()
+
+    cands = candidates(p.m, p.n, p.k, int("".join(ch for ch in arch if ch.isdigit())))
+    return {
+        "op": "gemm_bias_act", "device": device_name(p.device_id), "arch": arch,
+        "dtype": p.dtype.value,
+        "layouts": p.layout_a.value + p.layout_b.value,
+        "bucket": [bucket(p.m), bucket(p.n), bucket(p.k)],
+        "candidates": sorted(f"{c.name}_k{s}" for c, s in cands),
+        "version": __version__,
+    }
+
+
+def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
+    cfg, split = choice.config, choice.split_k
+    m, n, k = p.m, p.n, p.k
+    grid_m, grid_n = -(-m // cfg.bm), -(-n // cfg.bn)
+    if grid_n > _GRID_Y_MAX:
+        raise ArgumentValueError(
+            f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch "
+            f"allows with config {cfg.name}")
+    if isinstance(cfg, PipelineConfig):
+        if _arch_number(p.device_id) < 80:
+            raise ArgumentValueError(
+                f"config: {cfg.name} is a pipelined (cp.async) config, which needs sm_80 or "
+                f"newer; this GPU is {device_arch(p.device_id)}")
+        k_tiles = -(-k // cfg.bk) if k else 0
+        per_split = max(-(-k_tiles // split), 1)
+        splits = max(-(-k_tiles // per_split), 1) if split > 1 else 1
+        vec_a, vec_b, vec_y = vecs
+        spec = PipelinedGemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act,
+                                 p.bias_kind, save_z, cfg, vec_a, vec_b, vec_y, splits > 1)
+        main = get_kernel(spec, p.device_id)
+        limit = device_attributes(p.device_id).get("MaxSharedMemoryPerBlockOptin", 48 * 1024)
+        if cfg.smem_bytes > limit:
+            raise KernelLaunchError(f"{spec.kernel_name} needs {cfg.smem_bytes} B of shared "
+                                    f"memory; this GPU allows {limit}")
+        reduce = None
+        reduce_grid = (1, 1, 1)
+        names = [spec.kernel_name]
+        if splits > 1:
+            rspec = SplitKReduceSpec(p.dtype, p.layout_c, p.act, p.bias_kind, save_z, vec_y)
+            reduce = get_kernel(rspec, p.device_id)
+            names.append(rspec.kernel_name)
+            work = m * -(-n // 4)
+            reduce_grid = (max(min(-(-work // 256), sm_count(p.device_id) * 16), 1), 1, 1)
+        if choice.split_k != splits:
+            choice = Choice(cfg, splits, choice.reason, choice.detail)
+        plan = Plan(choice, main, (grid_m, grid_n, splits), (cfg.threads, 1, 1),
+                    cfg.smem_bytes, per_split, reduce, reduce_grid, tuple(names))
+    else:
+        spec = GemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
+                        save_z, cfg)
+        main = get_kernel(spec, p.device_id)
+        plan = Plan(choice, main, (grid_m, grid_n, 1), (cfg.threads, 1, 1), 0, 0,
+                    kernel_names=(spec.kernel_name,))
+    threads = plan.block[0]
+    if main.function.max_threads_per_block < threads:
+        raise KernelLaunchError(
+            f"{plan.kernel_names[0]} can run at most {main.function.max_threads_per_block} "
+            f"threads per block (registers), but its config needs {threads}")
+    return plan
+
+
+def _choose(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Choice:
+    if config is not None:
+        cfg, split = parse_config(config)
+        return Choice(cfg, split, "pinned")
+    arch = device_arch(p.device_id)
+    tuned = default_db().get(_tuning_key(p, arch))
+    if tuned is not None:
         try:
-            return TileConfig.parse(config)
-        except ValueError as e:
-            raise ArgumentValueError(str(e)) from None
-    raise ArgumentTypeError(
-        f"config: expected a TileConfig or a name like '128x128x8_8x8', got {config!r}"
-    )
+            cfg, split = parse_config(tuned["config"])
+            return Choice(cfg, split, "tuned", f"{tuned.get('ms', 0):.4g} ms at "
+                          f"{tuple(tuned.get('shape', ()))}")
+        except (ArgumentValueError, KeyError, TypeError):
+            pass  # a record from an incompatible version: ignore it
+    if autotune:
+        return _tune(p, save_z, vecs).best
+    return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id))
 
 
-def _outputs(p, save_preact: bool):
+def _make_plan(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Plan:
+    choice = _choose(p, config, autotune, save_z, vecs)
+    try:
+        return _build_plan(p, choice, save_z, vecs)
+    except (KernelCompileError, KernelLaunchError) as e:
+        if choice.config == FALLBACK_TILE or choice.reason == "pinned":
+            raise
+        first = str(e).splitlines()[0]
+        if choice.name not in _warned:
+            _warned.add(choice.name)
+            warnings.warn(f"ge2jit: config {choice.name} failed ({first}); using the fallback "
+                          f"kernel {FALLBACK_TILE.name} instead", RuntimeWarning, stacklevel=4)
+        return _build_plan(p, Choice(FALLBACK_TILE, 1, "fallback", f"{choice.name}: {first}"),
+                           save_z, vecs)
+
+
+def _outputs(p: Problem, save_preact: bool):
     import cupy as cp
 
     y = p.out if p.out is not None else cp.empty((p.m, p.n), dtype=np.float32)
@@ -47,14 +224,29 @@ def _outputs(p, save_preact: bool):
     return y, z
 
 
+def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Plan:
+    vecs = _vec_flags(p, y, z)
+    key = (p.device_id, p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
+           save_preact, p.m, p.n, p.k, vecs, config, autotune)
+    plan = _plans.get(key)
+    if plan is None:
+        with _plans_lock:
+            plan = _plans.get(key)
+            if plan is None:
+                plan = _make_plan(p, config, autotune, save_preact, vecs)
+                _plans[key] = plan
+    return plan
+
+
 def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
                   beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False,
-                  out=None, preact_out=None, config=None):
+                  out=None, preact_out=None, config=None, autotune: bool = False):
     """Fused ``Y = act(alpha * (A @ B) + beta * C + bias)``, written once to memory.
 
     Products are accumulated in float32 and the epilogue (scaling, C, bias, activation) runs in
     registers, so Y (and Z when ``save_preact``) are written exactly once. Runs on CuPy's current
-    device and stream; never synchronizes; allocates only its outputs.
+    device and stream; never synchronizes; allocates only its outputs (and, for split-K, a
+    float32 workspace of split x M x N from CuPy's memory pool).
 
     Args:
         a: (M, K) ``cupy.ndarray``, float32. Row-major, column-major (a transposed view such as
@@ -74,8 +266,12 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
         out: optional (M, N) float32 array written in place: row-major (C-contiguous, or a slice
             of the rows of a larger array); it must not overlap any input.
         preact_out: optional preallocated Z for ``save_preact``, with the same rules as ``out``.
-        config: pin a kernel configuration, a ``TileConfig`` or its name (``"128x64x8_8x4"``);
-            default: chosen from the problem's shape.
+        config: pin a kernel configuration for experiments: a ``PipelineConfig`` or its name
+            (``"128x128x8_w32x64_s3"``, with ``"_k4"`` appended for a 4-way split of K), or a
+            basic ``TileConfig`` (``"64x64x8_4x4"``). Default: the tuning database's choice for
+            this problem if there is one, else a heuristic on the shape.
+        autotune: when the tuning database has no entry for this problem, time every candidate
+            on these arrays first and store the winner (see ``ge2jit.tune``).
 
     Returns:
         ``Y``, or ``(Y, Z)`` when ``save_preact`` is true. M = 0 or N = 0 give empty results;
@@ -89,38 +285,98 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
     import cupy as cp
 
     p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact)
-    m, n, k = p.m, p.n, p.k
-    pinned = None if config is None else _tile_from_config(config)
-    if p.empty:
-        y, z = _outputs(p, save_preact)
-        return (y, z) if save_preact else y
-
-    tile = choose_tile(m, n, p.device_id) if pinned is None else pinned
-    grid_m = -(-m // tile.bm)
-    grid_n = -(-n // tile.bn)
-    if grid_n > _GRID_Y_MAX:
-        raise ArgumentValueError(
-            f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch allows "
-            f"with tile {tile.name}"
-        )
-    spec = GemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
-                    bool(save_preact), tile)
-    kernel = get_kernel(spec, p.device_id)
+    if config is not None:
+        parse_config(config)  # a bad name is an error before anything is allocated
     y, z = _outputs(p, save_preact)
-    ldy = y.strides[0] // y.itemsize if m > 1 else n
-    ldz = (z.strides[0] // z.itemsize if m > 1 else n) if z is not None else 0
-    args = (
-        p.a, np.int64(p.lda), p.b, np.int64(p.ldb),
-        p.c if p.c is not None else _NULL, np.int64(p.ldc),
-        p.bias if p.bias is not None else _NULL, np.int64(p.bias_stride),
-        y, np.int64(ldy),
-        z if z is not None else _NULL, np.int64(ldz),
-        np.int32(m), np.int32(n), np.int32(k),
-        np.float32(p.alpha), np.float32(p.beta), np.float32(p.leaky_slope),
-    )
-    try:
-        kernel.function((grid_m, grid_n, 1), (tile.threads, 1, 1), args,
-                        stream=cp.cuda.get_current_stream())
-    except Exception as e:  # noqa: BLE001 - the driver's reason is in the message
-        raise KernelLaunchError(f"launch of {spec.kernel_name} failed: {e}") from e
+    if not p.empty:
+        plan = _plan_for(p, y, z, save_preact, config, autotune)
+        plan.launch(p, y, z, cp.cuda.get_current_stream())
     return (y, z) if save_preact else y
+
+
+def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
+            beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False, out=None,
+            preact_out=None, config=None, autotune: bool = False) -> Explanation:
+    """Which configuration and kernels ``gemm_bias_act`` would use for these arguments, and why
+    ("heuristic", "tuned", "pinned" or "fallback"). Compiles the kernels; launches nothing."""
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact)
+    if p.empty:
+        raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches nothing")
+    y, z = _outputs(p, save_preact)
+    plan = _plan_for(p, y, z, save_preact, config, autotune)
+    kernels = [plan.main] + ([plan.reduce] if plan.reduce is not None else [])
+    return Explanation(plan.choice, plan.kernel_names, plan.grid, plan.block, plan.smem,
+                       tuple(k.entry.registers for k in kernels),
+                       tuple(k.entry.spill_bytes for k in kernels))
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The timings of every candidate (fastest first) and the winner stored in the database."""
+
+    best: Choice
+    records: tuple[dict, ...]
+    key: dict
+
+    def __repr__(self) -> str:
+        rows = [f"TuneResult(best={self.best.name!r}, {len(self.records)} candidates)"]
+        for r in self.records:
+            ms = f"{r['ms']:.4f} ms" if r["ms"] is not None else "failed"
+            tf = f"{r['tflops']:.1f} TFLOP/s" if r["tflops"] else ""
+            rows.append(f"  {r['config']:32s} {ms:>14s} {tf:>14s} {r.get('error', '')}")
+        return "\n".join(rows)
+
+
+def _tune(p: Problem, save_z: bool, vecs, reps: int = 20) -> TuneResult:
+    import cupy as cp
+
+    arch = device_arch(p.device_id)
+    y, z = _outputs(p, save_z)
+    stream = cp.cuda.get_current_stream()
+    flops = 2.0 * p.m * p.n * p.k
+    records = []
+    for cfg, split in candidates(p.m, p.n, p.k, _arch_number(p.device_id)):
+        choice = Choice(cfg, split, "tuned")
+        try:
+            plan = _build_plan(p, choice, save_z, vecs)
+            ms = time_ms(lambda: plan.launch(p, y, z, stream), warmup=2, reps=reps)
+            records.append({"config": plan.choice.name, "ms": ms,
+                            "tflops": flops / ms / 1e9 if ms > 0 else 0.0})
+        except (KernelCompileError, KernelLaunchError, ArgumentValueError) as e:
+            records.append({"config": choice.name, "ms": None, "tflops": 0.0,
+                            "error": str(e).splitlines()[0]})
+    ok = sorted((r for r in records if r["ms"] is not None), key=lambda r: r["ms"])
+    if not ok:
+        raise KernelLaunchError("every candidate failed to compile or launch: " +
+                                "; ".join(r.get("error", "") for r in records))
+    best_cfg, best_split = parse_config(ok[0]["config"])
+    key = _tuning_key(p, arch)
+    default_db().put(key, {"config": ok[0]["config"], "ms": ok[0]["ms"],
+                           "shape": [p.m, p.n, p.k],
+                           "table": [[r["config"], r["ms"]] for r in ok]})
+    with _plans_lock:
+        _plans.clear()
+    best = Choice(best_cfg, best_split, "tuned", f"{ok[0]['ms']:.4g} ms, fastest of {len(ok)}")
+    failed = [r for r in records if r["ms"] is None]
+    return TuneResult(best, tuple(ok + failed), key)
+
+
+def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta: float = 0.0,
+         leaky_slope: float = 0.01, save_preact: bool = False, reps: int = 20) -> TuneResult:
+    """Time every candidate configuration on these arrays and store the fastest.
+
+    The winner is written to the persistent tuning database (under the kernel cache directory),
+    keyed by device, architecture, problem bucket (M, N, K rounded up to powers of two), dtype,
+    layouts, the candidate list and ge2jit's version; later calls in any process use it.
+    """
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, None, save_preact)
+    if p.empty:
+        raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
+    y, z = _outputs(p, save_preact)
+    return _tune(p, save_preact, _vec_flags(p, y, z), reps)
+
+
+def clear_plans() -> None:
+    """Forget the launch plans of this process (after changing the tuning database by hand)."""
+    with _plans_lock:
+        _plans.clear()

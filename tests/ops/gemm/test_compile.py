@@ -1,7 +1,7 @@
 """Every kernel variant compiles with NVRTC for sm_80 and sm_90, without spilling (no GPU needed).
 
-CI compiles a pairwise covering set: every value of each parameter meets every value of every
-other parameter at least once. The full product runs with ``-m slow``.
+CI compiles a pairwise covering set of each kernel family: every value of each parameter meets
+every value of every other parameter at least once. The full products run with ``-m slow``.
 """
 
 from __future__ import annotations
@@ -13,40 +13,74 @@ from allpairspy import AllPairs
 
 from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
-from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+from ge2jit.jit.parallel import compile_many
+from ge2jit.ops.gemm.spec import (
+    PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
+    Act,
+    BiasKind,
+    DType,
+    GemmSpec,
+    Layout,
+    PipelinedGemmSpec,
+    SplitKReduceSpec,
+)
 
-ARCHS = ("sm_80", "sm_90")
-PARAMETERS = {
-    "layout_a": list(Layout),
-    "layout_b": list(Layout),
+ARCHS = ["sm_80", "sm_90"]
+EPILOGUE = {
     "layout_c": [None, *Layout],
     "act": list(Act),
     "bias": list(BiasKind),
     "save_z": [False, True],
-    "tile": list(SIMT_F32_TILES),
-    "arch": list(ARCHS),
 }
-NAMES = list(PARAMETERS)
+FAMILIES = {
+    "basic": (
+        {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
+         "tile": list(SIMT_F32_TILES), "arch": ARCHS},
+        lambda p: GemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+                           p["bias"], p["save_z"], p["tile"]),
+    ),
+    "pipelined": (
+        {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
+         "config": list(PIPELINED_F32_CONFIGS), "vec_a": [False, True], "vec_b": [False, True],
+         "vec_y": [False, True], "split_k": [False, True], "arch": ARCHS},
+        lambda p: PipelinedGemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"],
+                                    p["act"], p["bias"], p["save_z"], p["config"], p["vec_a"],
+                                    p["vec_b"], p["vec_y"], p["split_k"]),
+    ),
+    "splitk_reduce": (
+        {**EPILOGUE, "vec_y": [False, True], "arch": ARCHS},
+        lambda p: SplitKReduceSpec(DType.F32, p["layout_c"], p["act"], p["bias"], p["save_z"],
+                                   p["vec_y"]),
+    ),
+}
 
 
-def covering_set() -> list[dict]:
+def covering_set(params: dict) -> list[dict]:
     # The parameter with the most values first gives allpairspy its smallest sets.
-    order = sorted(NAMES, key=lambda k: -len(PARAMETERS[k]))
-    return [dict(zip(order, row)) for row in AllPairs([PARAMETERS[k] for k in order])]
+    order = sorted(params, key=lambda k: -len(params[k]))
+    return [dict(zip(order, row)) for row in AllPairs([params[k] for k in order])]
 
 
-def _spec(p: dict) -> GemmSpec:
-    return GemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"], p["act"], p["bias"],
-                    p["save_z"], p["tile"])
+def full_product(params: dict) -> list[dict]:
+    return [dict(zip(params, row)) for row in itertools.product(*params.values())]
 
 
-COVERING = covering_set()
+COVERING = {family: covering_set(params) for family, (params, _) in FAMILIES.items()}
 
 
-def test_covering_set_covers_every_pair():
-    for x, y in itertools.combinations(NAMES, 2):
-        seen = {(row[x], row[y]) for row in COVERING}
-        for pair in itertools.product(PARAMETERS[x], PARAMETERS[y]):
+def _cases(sets):
+    return [pytest.param(family, p, id=f"{FAMILIES[family][1](p).kernel_name}-{p['arch']}")
+            for family, rows in sets.items() for p in rows]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_covering_set_covers_every_pair(family):
+    params = FAMILIES[family][0]
+    rows = COVERING[family]
+    for x, y in itertools.combinations(params, 2):
+        seen = {(row[x], row[y]) for row in rows}
+        for pair in itertools.product(params[x], params[y]):
             assert pair in seen, (x, y, pair)
 
 
@@ -55,29 +89,31 @@ def cache(tmp_path_factory):
     return KernelCache(tmp_path_factory.mktemp("compile-cache"))
 
 
-def _check(entry, spec, arch):
+def _compile_and_check(family, params, cache):
+    spec = FAMILIES[family][1](params)
+    arch = params["arch"]
+    entry, _ = build(spec, arch, cache=cache)
     assert entry.kernel_name == spec.kernel_name
     assert entry.arch == arch
     assert entry.cubin[:4] == b"\x7fELF"
     assert 0 < entry.registers <= 255
     assert entry.spill_stores == 0 and entry.spill_loads == 0, (spec.kernel_name, entry.log)
     assert entry.stack_bytes == 0, (spec.kernel_name, entry.log)
-    assert entry.shared_bytes > 0
 
 
-@pytest.mark.parametrize("params", COVERING, ids=lambda p: f"{_spec(p).kernel_name}-{p['arch']}")
-def test_covering_set_compiles_without_spills(params, cache):
-    spec = _spec(params)
-    entry, _ = build(spec, params["arch"], cache=cache)
-    _check(entry, spec, params["arch"])
-
-
-FULL = [dict(zip(NAMES, row)) for row in itertools.product(*PARAMETERS.values())]
+@pytest.mark.parametrize("family, params", _cases(COVERING))
+def test_covering_set_compiles_without_spills(family, params, cache):
+    _compile_and_check(family, params, cache)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("params", FULL, ids=lambda p: f"{_spec(p).kernel_name}-{p['arch']}")
-def test_full_product_compiles_without_spills(params, cache):
-    spec = _spec(params)
-    entry, _ = build(spec, params["arch"], cache=cache)
-    _check(entry, spec, params["arch"])
+def test_full_product_compiles_without_spills(tmp_path):
+    """Every distinct kernel of every family (about 50,000 compiles: hours on 2 cores; it uses
+    all cores)."""
+    jobs = []
+    for family, (params, make) in FAMILIES.items():
+        for p in full_product(params):
+            jobs.append((make(p), p["arch"]))
+    outcomes = compile_many(jobs, cache_root=tmp_path)
+    bad = [o for o in outcomes if o.status == "failed" or o.spill_bytes != 0 or o.stack_bytes]
+    assert not bad, [(o.kernel_name, o.arch, o.error or o.spill_bytes) for o in bad[:20]]

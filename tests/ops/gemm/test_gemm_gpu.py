@@ -13,7 +13,7 @@ import pytest
 
 import ge2jit
 from ge2jit.jit.device import gpu_count
-from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act
+from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, SIMT_F32_TILES, Act
 
 from ge2jit.ops.gemm.reference import (
     activation,
@@ -123,15 +123,129 @@ def test_k_sweep(k):
     check(rand(127, k), rand(k, 131), rand(131), act="gelu", save_preact=True)
 
 
-@pytest.mark.parametrize("tile", SIMT_F32_TILES, ids=lambda t: t.name)
+ALL_CONFIGS = ([t.name for t in SIMT_F32_TILES] + [c.name for c in PIPELINED_F32_CONFIGS]
+               + [c.name + "_k3" for c in PIPELINED_F32_CONFIGS])
+
+
+@pytest.mark.parametrize("config", ALL_CONFIGS)
 @pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
-@pytest.mark.parametrize("shape", [(1, 1, 1), (257, 129, 65), (1000, 3, 513)])
-def test_every_tile_config(tile, la, lb, shape):
+@pytest.mark.parametrize("shape", [(1, 1, 1), (256, 128, 64), (257, 129, 65), (1000, 3, 513)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_every_candidate_config(config, la, lb, shape):
     m, n, k = shape
     c = rand(m, n)
     check(rand(m, k, layout=la), rand(k, n, layout=lb), rand(m, 1), act="leaky_relu", c=c,
-          beta=0.5, save_preact=True, config=tile)
-    check(rand(m, k, layout=la), rand(k, n, layout=lb), None, act="sigmoid", config=tile.name)
+          beta=0.5, save_preact=True, config=config)
+    check(rand(m, k, layout=la), rand(k, n, layout=lb), None, act="sigmoid", config=config)
+
+
+@pytest.mark.parametrize("config", [PIPELINED_F32_CONFIGS[0].name,
+                                    PIPELINED_F32_CONFIGS[5].name + "_k4"])
+def test_misaligned_operands_and_outputs(config):
+    """Pointers off 16-byte alignment and odd leading dimensions take the 4-byte paths."""
+    m, n, k = 300, 260, 200
+    a = rand(k, m + 4).T[1:m + 1, :]                      # column-major, ld 304, base off by 4 B
+    b = rand(k, n + 5)[:, 1:n + 1]                         # row-major, base off, ld odd
+    y_big, z_big = poisoned(m, n + 1), poisoned(m, n + 1)
+    bias = rand(n)
+    y, z = ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=y_big[:, 1:], save_preact=True,
+                                preact_out=z_big[:, 1:], config=config)
+    ref_y, ref_z = gemm_bias_act_ref(cp.asnumpy(a), cp.asnumpy(b), cp.asnumpy(bias), act="gelu")
+    assert rel_error(cp.asnumpy(y), ref_y) < TOL and rel_error(cp.asnumpy(z), ref_z) < TOL
+    assert np.isnan(cp.asnumpy(y_big[:, 0])).all()
+    check(a, b, bias, act="gelu", config=config)
+
+
+@pytest.mark.parametrize("shape", [(8192, 64, 4096), (512, 1024, 1024), (64, 64, 8192),
+                                   (3000, 1000, 1500)])
+def test_heuristic_choices_including_split_k(shape):
+    m, n, k = shape
+    a, b, bias = rand(m, k), rand(k, n), rand(n)
+    info = ge2jit.explain(a, b, bias, act="silu")
+    assert info.reason == "heuristic"
+    check(a, b, bias, act="silu", save_preact=True)
+
+
+def test_explain_pinned_and_tuned(tmp_path, monkeypatch):
+    from ge2jit.tune import db
+
+    monkeypatch.setattr(db, "_default", db.TuningDB(tmp_path / "tuning"))
+    ge2jit.ops.gemm.clear_plans()
+    m, n, k = 96, 80, 2048
+    a, b = rand(m, k), rand(k, n)
+    pinned = ge2jit.explain(a, b, config="64x64x8_w32x32_s3_k2")
+    assert pinned.reason == "pinned" and pinned.config == "64x64x8_w32x32_s3_k2"
+    assert len(pinned.kernel_names) == 2 and pinned.grid[2] == 2
+    assert "pinned" in str(pinned)
+    assert ge2jit.explain(a, b).reason == "heuristic"
+    result = ge2jit.tune(a, b, reps=3)
+    assert result.records[0]["ms"] <= result.records[-1]["ms"] or result.records[-1]["ms"] is None
+    assert result.best.name in repr(result)
+    info = ge2jit.explain(a, b, act="relu")
+    assert info.reason == "tuned" and info.config == result.best.name
+    check(a, b, act="relu")
+    ge2jit.ops.gemm.clear_plans()
+
+
+def test_tuning_database_is_used_by_other_processes(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import cupy as cp, ge2jit, sys
+        a = cp.random.standard_normal((64, 4096), dtype=cp.float32)
+        b = cp.random.standard_normal((4096, 48), dtype=cp.float32)
+        if sys.argv[1] == "tune":
+            print(ge2jit.tune(a, b, reps=3).best.name)
+        else:
+            print(ge2jit.explain(a, b).reason, ge2jit.explain(a, b).config)
+    """)
+    env = {**__import__("os").environ, "GE2JIT_CACHE_DIR": str(tmp_path)}
+    tuned = subprocess.run([sys.executable, "-c", code, "tune"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert tuned.returncode == 0, tuned.stderr
+    used = subprocess.run([sys.executable, "-c", code, "use"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.split() == ["tuned", tuned.stdout.strip()]
+
+
+def test_autotune_argument(tmp_path, monkeypatch):
+    from ge2jit.tune import db
+
+    monkeypatch.setattr(db, "_default", db.TuningDB(tmp_path / "tuning"))
+    ge2jit.ops.gemm.clear_plans()
+    a, b = rand(100, 3000), rand(3000, 60)
+    check(a, b, rand(60), act="tanh")
+    y = ge2jit.gemm_bias_act(a, b, act="tanh", autotune=True)
+    assert ge2jit.explain(a, b, act="tanh").reason == "tuned"
+    ref, _ = gemm_bias_act_ref(cp.asnumpy(a), cp.asnumpy(b), act="tanh")
+    assert rel_error(cp.asnumpy(y), ref) < TOL
+    ge2jit.ops.gemm.clear_plans()
+
+
+def test_failing_candidate_falls_back_with_one_warning(monkeypatch):
+    from ge2jit.ops.gemm import op
+
+    real = op.get_kernel
+
+    def broken(spec, device_id):
+        if spec.kernel_name.startswith("gemm_f32") and "_w" in spec.kernel_name:
+            raise ge2jit.KernelCompileError(spec.kernel_name, "simulated failure", "", ())
+        return real(spec, device_id)
+
+    monkeypatch.setattr(op, "get_kernel", broken)
+    op.clear_plans()
+    op._warned.clear()
+    a, b = rand(130, 70), rand(70, 90)
+    with pytest.warns(RuntimeWarning, match="using the fallback kernel"):
+        info = ge2jit.explain(a, b, act="relu")
+    assert info.reason == "fallback" and "simulated failure" in info.choice.detail
+    check(a, b, act="relu")
+    with pytest.raises(ge2jit.KernelCompileError):
+        ge2jit.gemm_bias_act(a, b, config=PIPELINED_F32_CONFIGS[0].name)  # pinned: no fallback
+    op.clear_plans()
 
 
 def test_large_problem_default_choice():
@@ -219,15 +333,18 @@ def test_runs_on_current_stream():
 
 def test_repeated_call_is_a_table_lookup(monkeypatch):
     from ge2jit.jit import loader
+    from ge2jit.ops.gemm import op
 
     a, b = rand(64, 64), rand(64, 64)
     ge2jit.gemm_bias_act(a, b, act="relu")
 
     def no_build(*args, **kwargs):
-        raise AssertionError("a repeated call must not render, hash or compile")
+        raise AssertionError("a repeated call must not choose, render, hash or compile")
 
     monkeypatch.setattr(loader, "build", no_build)
-    ge2jit.gemm_bias_act(a, b, act="relu")
+    monkeypatch.setattr(op, "get_kernel", no_build)
+    monkeypatch.setattr(op, "_make_plan", no_build)
+    ge2jit.gemm_bias_act(a, rand(64, 64), act="relu")
 
 
 def test_errors_with_real_arrays():

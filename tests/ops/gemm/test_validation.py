@@ -157,10 +157,12 @@ def test_bad_config_name(monkeypatch):
     import ge2jit.ops.gemm.op as op
 
     monkeypatch.setattr(op, "validate", lambda *a, **k: ok())
-    with pytest.raises(ge2jit.ArgumentValueError, match="config: expected a tile name"):
+    with pytest.raises(ge2jit.ArgumentValueError, match="config: expected a name like"):
         ge2jit.gemm_bias_act(None, None, config="big")
-    with pytest.raises(ge2jit.ArgumentTypeError, match="config: expected a TileConfig"):
+    with pytest.raises(ge2jit.ArgumentTypeError, match="config: expected a PipelineConfig"):
         ge2jit.gemm_bias_act(None, None, config=128)
+    with pytest.raises(ge2jit.ArgumentValueError, match="split-K needs a pipelined config"):
+        ge2jit.gemm_bias_act(None, None, config="64x64x8_4x4_k2")
 
 
 # ---- layouts -------------------------------------------------------------------------------

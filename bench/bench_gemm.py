@@ -1,0 +1,224 @@
+"""Benchmark of gemm_bias_act against the baselines, measured side by side in one process.
+
+    python bench/bench_gemm.py [--tune] [--quick] [--out bench/results.json]
+
+For each shape and activation (bias per column): ge2jit's fused op; what a CuPy user writes
+today (cupy.matmul, then one elementwise kernel for bias + activation); and, when PyTorch is
+importable, cuBLASLt's fused epilogue (torch._addmm_activation: relu and tanh-GELU only) and
+torch.nn.functional.linear followed by the activation. Times are medians of CUDA-event
+timings after warm-up, with several input sets rotated so that L2 does not hold them.
+Also measured: host time per call on the cached path, cold compile time of one kernel, and
+the time to load one kernel from the disk cache in a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import cupy as cp  # noqa: E402
+
+import ge2jit  # noqa: E402
+
+L2_BYTES = 64 << 20
+
+SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
+MLP = [(m, n, k) for m in (512, 4096, 16384)
+       for (k, n) in ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 16384))]
+SKINNY = [(8192, 64, 4096), (8192, 256, 4096)]
+SMALL_K = [(4096, 4096, 64), (16384, 1024, 64)]
+ODD = [(1000, 3000, 1500)]
+BIG = [(8192, 16384, 4096)]
+ACTS = ("gelu_tanh", "relu", "silu")
+
+_CUPY_ACT = {
+    "gelu_tanh": "0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z)))",
+    "relu": "z < 0.0f ? 0.0f : z",
+    "silu": "z / (1.0f + expf(-z))",
+}
+_cupy_kernels = {
+    act: cp.ElementwiseKernel("float32 x, float32 bias", "float32 y",
+                              f"float z = x + bias; y = {expr};", f"bias_{act}")
+    for act, expr in _CUPY_ACT.items()
+}
+
+
+def cupy_unfused(a, b, bias, act, out):
+    cp.matmul(a, b, out=out)
+    _cupy_kernels[act](out, bias, out)
+
+
+def median_ms(fn, sets, *, min_reps=10, max_seconds=0.3) -> float:
+    """Median of CUDA-event times of fn(*set), rotating through the input sets."""
+    for s in sets[:2]:
+        fn(*s)
+    cp.cuda.Device().synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times, t0, i = [], time.perf_counter(), 0
+    while len(times) < min_reps or (time.perf_counter() - t0 < max_seconds and len(times) < 200):
+        s = sets[i % len(sets)]
+        i += 1
+        start.record()
+        fn(*s)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def make_sets(m, n, k):
+    per_set = 4 * (m * k + k * n + n + m * n)
+    count = max(1, min(8, -(-2 * L2_BYTES // per_set)))
+    rng = cp.random.default_rng(0)
+    return [(rng.standard_normal((m, k), dtype=cp.float32),
+             rng.standard_normal((k, n), dtype=cp.float32) / np.float32(np.sqrt(k)),
+             rng.standard_normal(n, dtype=cp.float32),
+             cp.empty((m, n), dtype=cp.float32)) for _ in range(count)]
+
+
+def bench_shape(m, n, k, act, torch, tune: bool) -> dict:
+    sets = make_sets(m, n, k)
+    flops = 2.0 * m * n * k
+    row = {"m": m, "n": n, "k": k, "act": act}
+    a, b, bias, out = sets[0]
+    if tune:
+        ge2jit.tune(a, b, bias, act=act, reps=5)
+    row["config"] = ge2jit.explain(a, b, bias, act=act).config
+    row["ge2jit"] = median_ms(lambda a, b, bias, out: ge2jit.gemm_bias_act(
+        a, b, bias, act=act, out=out), sets)
+    row["cupy_unfused"] = median_ms(lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out),
+                                    sets)
+    row["cupy_matmul"] = median_ms(lambda a, b, bias, out: cp.matmul(a, b, out=out), sets)
+    if torch is not None:
+        F = torch.nn.functional
+        tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
+        act_fn = {"gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "relu": F.relu,
+                  "silu": F.silu}[act]
+        row["torch_linear_act"] = median_ms(
+            lambda a, b, bias, out: act_fn(F.linear(a, b.t(), bias)), tsets)
+        if act in ("gelu_tanh", "relu"):
+            row["cublaslt_fused"] = median_ms(
+                lambda a, b, bias, out: torch._addmm_activation(
+                    bias, a, b, use_gelu=act == "gelu_tanh"), tsets)
+        row["cublas_gemm"] = median_ms(lambda a, b, bias, out: torch.mm(a, b, out=out), tsets)
+    for key in list(row):
+        if key in ("m", "n", "k", "act", "config"):
+            continue
+        row[f"{key}_tflops"] = flops / row[key] / 1e9
+    return row
+
+
+def host_time_us(calls: int = 20000) -> dict:
+    """Wall time per call of back-to-back tiny launches (the cached, launch-bound path)."""
+    a = cp.random.standard_normal((64, 64), dtype=cp.float32)
+    b = cp.random.standard_normal((64, 64), dtype=cp.float32)
+    bias = cp.random.standard_normal(64, dtype=cp.float32)
+    out = cp.empty((64, 64), dtype=cp.float32)
+    noop = cp.RawKernel('extern "C" __global__ void noop(float* x) {}', "noop")
+    cases = {
+        "ge2jit.gemm_bias_act": lambda: ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out),
+        "ge2jit.gemm_bias_act (new output)": lambda: ge2jit.gemm_bias_act(a, b, bias, act="gelu"),
+        "cupy.matmul": lambda: cp.matmul(a, b, out=out),
+        "cupy.RawKernel (empty kernel)": lambda: noop((1,), (32,), (out,)),
+    }
+    result = {}
+    for name, fn in cases.items():
+        for _ in range(200):
+            fn()
+        cp.cuda.Device().synchronize()
+        best = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls // 5):
+                fn()
+            cp.cuda.Device().synchronize()
+            best.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
+        result[name] = min(best)
+    return result
+
+
+_COLD = textwrap.dedent("""
+    import time, sys
+    t0 = time.perf_counter()
+    import cupy as cp, ge2jit
+    a = cp.ones((256, 256), dtype=cp.float32); b = cp.ones((256, 256), dtype=cp.float32)
+    cp.cuda.Device().synchronize()
+    t1 = time.perf_counter()
+    ge2jit.gemm_bias_act(a, b, act="gelu", config="128x128x8_w32x64_s3")
+    cp.cuda.Device().synchronize()
+    t2 = time.perf_counter()
+    print(t2 - t1)
+""")
+
+
+def compile_and_load_times() -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "GE2JIT_CACHE_DIR": d}
+        run = lambda: float(subprocess.run([sys.executable, "-c", _COLD], env=env, check=True,  # noqa: E731
+                                           capture_output=True, text=True).stdout.split()[-1])
+        cold = run()
+        warm = [run() for _ in range(3)]
+    return {"cold_first_call_s": cold, "disk_cache_first_call_s": min(warm)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    parser.add_argument("--tune", action="store_true", help="autotune each shape first")
+    parser.add_argument("--quick", action="store_true", help="a few shapes only")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            torch = None
+    except ImportError:
+        torch = None
+    shapes = SQUARES + MLP + SKINNY + SMALL_K + ODD + BIG
+    if args.quick:
+        shapes = [(4096, 4096, 4096), (8192, 1024, 1024), (8192, 64, 4096)]
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    meta = {
+        "device": props["name"].decode(), "sms": props["multiProcessorCount"],
+        "date": time.strftime("%Y-%m-%d"), "nvrtc": str(ge2jit.nvrtc_info()),
+        "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
+        "python": platform.python_version(), "tuned": args.tune,
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                 capture_output=True, text=True).stdout.strip() or None,
+    }
+    rows = []
+    for (m, n, k) in shapes:
+        for act in ACTS:
+            row = bench_shape(m, n, k, act, torch, args.tune)
+            rows.append(row)
+            base = row.get("cublaslt_fused", row.get("torch_linear_act"))
+            print(f"{m:6d} {n:6d} {k:6d} {act:9s} ge2jit {row['ge2jit']:8.4f} ms "
+                  f"{row['ge2jit_tflops']:6.1f} TF/s | cupy {row['cupy_unfused']:8.4f} | "
+                  f"torch {base if base is None else round(base, 4)} | cuBLAS gemm "
+                  f"{row.get('cublas_gemm', float('nan')):.4f} | {row['config']}", flush=True)
+    host = host_time_us()
+    print("host time per call (us):", {k: round(v, 2) for k, v in host.items()})
+    compile_times = compile_and_load_times()
+    print("compile/load (s):", compile_times)
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "host_us": host,
+                                          **compile_times}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

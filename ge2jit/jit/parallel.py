@@ -1,0 +1,70 @@
+"""Compiling many kernels at once, in worker processes (NVRTC holds the GIL while it works)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    """What happened to one (spec, arch): compiled, already cached, or failed (with the log)."""
+
+    spec: KernelSpec
+    arch: str
+    kernel_name: str
+    status: str                 # "compiled", "cached" or "failed"
+    registers: int = -1
+    spill_bytes: int = -1
+    stack_bytes: int = -1
+    seconds: float = 0.0
+    error: str = ""
+
+
+def _compile_one(spec: KernelSpec, arch: str, cache_root: str | None) -> CompileOutcome:
+    from ..errors import Ge2jitError
+    from .cache import KernelCache, default_cache
+    from .loader import build
+
+    cache = KernelCache(Path(cache_root)) if cache_root else default_cache()
+    try:
+        entry, cached = build(spec, arch, cache=cache)
+    except Ge2jitError as e:
+        return CompileOutcome(spec, arch, spec.kernel_name, "failed", error=str(e))
+    return CompileOutcome(spec, arch, spec.kernel_name, "cached" if cached else "compiled",
+                          entry.registers, entry.spill_bytes, entry.stack_bytes,
+                          0.0 if cached else entry.compile_seconds)
+
+
+def compile_many(jobs: Iterable[tuple[KernelSpec, str]], *, processes: int | None = None,
+                 cache_root: str | Path | None = None,
+                 on_result: Callable[[CompileOutcome], None] | None = None,
+                 ) -> list[CompileOutcome]:
+    """Compile every (spec, arch) into the disk cache, ``processes`` at a time (default: all
+    cores), skipping what the cache holds. Failures are returned, not raised."""
+    jobs = list(dict.fromkeys(jobs))
+    root = str(cache_root) if cache_root is not None else None
+    processes = processes or os.cpu_count() or 1
+    results: list[CompileOutcome] = []
+    if processes == 1 or len(jobs) <= 1:
+        for spec, arch in jobs:
+            r = _compile_one(spec, arch, root)
+            results.append(r)
+            if on_result:
+                on_result(r)
+        return results
+    # spawn: the parent may hold a CUDA context, which a forked child must not inherit.
+    with ProcessPoolExecutor(max_workers=processes, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_compile_one, spec, arch, root) for spec, arch in jobs]
+        for f in as_completed(futures):
+            r = f.result()
+            results.append(r)
+            if on_result:
+                on_result(r)
+    return results

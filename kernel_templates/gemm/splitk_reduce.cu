@@ -1,0 +1,70 @@
+// {{ spec.kernel_name }}
+// Sums the split-K partial products in a fixed order (deterministic), then applies the fused
+// epilogue once: Y = act(alpha * sum{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}).
+{% import "common/epilogue.cuh" as ep %}
+{% include "common/activations.cuh" %}
+{{ ep.c_accessor(spec) }}
+
+constexpr int THREADS = 256;
+constexpr int MIN_BLOCKS = 4;   // without it ptxas aims at full occupancy (32 registers) and spills
+
+__device__ __forceinline__ float component(const float4& v, int c) {
+    return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+{{ spec.kernel_name }}(const float* __restrict__ W, long long ldw, long long splits,
+                       const float* __restrict__ C, long long ldc,
+                       const float* __restrict__ bias, long long bias_stride,
+                       float* __restrict__ Y, long long ldy,
+                       float* __restrict__ Z, long long ldz,
+                       long long M, long long N,
+                       double alpha_, double beta_, double leaky_slope_)
+{
+    const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
+    const float leaky_slope = static_cast<float>(leaky_slope_);
+    const long long groups = (N + 3) / 4;             // 4 consecutive columns per thread
+    const long long slice = M * ldw;
+{% if spec.bias.value == "scalarbias" %}
+    const float bias_value = bias[0];
+{% endif %}
+    for (long long g = blockIdx.x * static_cast<long long>(THREADS) + threadIdx.x; g < M * groups;
+         g += static_cast<long long>(gridDim.x) * THREADS) {
+        const long long m = g / groups, nb = (g % groups) * 4;
+        const float* w = W + m * ldw + nb;
+        float4 s = *reinterpret_cast<const float4*>(w);
+        for (long long z = 1; z < splits; ++z) {
+            const float4 v = *reinterpret_cast<const float4*>(w + z * slice);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+{% if spec.bias.value == "rowbias" %}
+        const float row_bias = bias[m * bias_stride];
+{% endif %}
+        float zv[4], yv[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const long long n = min(nb + c, N - 1);    // clamped: columns past N are not stored
+            {{ ep.compute_z(spec, "z", "component(s, c)", "m", "n", "bias[n * bias_stride]", "row_bias") | indent(12) }}
+            zv[c] = z;
+            yv[c] = act_{{ spec.act.value }}(z, leaky_slope);
+        }
+{% if spec.vec_y %}
+        if (nb + 3 < N) {
+            *reinterpret_cast<float4*>(&Y[m * ldy + nb]) = make_float4(yv[0], yv[1], yv[2], yv[3]);
+{% if spec.save_z %}
+            *reinterpret_cast<float4*>(&Z[m * ldz + nb]) = make_float4(zv[0], zv[1], zv[2], zv[3]);
+{% endif %}
+            continue;
+        }
+{% endif %}
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            if (nb + c < N) {
+                Y[m * ldy + nb + c] = yv[c];
+{% if spec.save_z %}
+                Z[m * ldz + nb + c] = zv[c];
+{% endif %}
+            }
+        }
+    }
+}
