@@ -72,10 +72,10 @@ class LoadedKernel:
     entry: CacheEntry
     module: object
     function: object
+    max_threads: int = 1024
 
 
 _tables: dict[int, dict[KernelSpec, LoadedKernel]] = {}
-_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _lock = threading.Lock()
 
 
@@ -102,16 +102,20 @@ def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
             try:
                 module.load(entry.cubin)
                 function = module.get_function(spec.kernel_name)
+                driver = cupy.cuda.driver
                 if spec.smem_bytes > 48 * 1024:
-                    cupy.cuda.driver.funcSetAttribute(
-                        function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes)
+                    driver.funcSetAttribute(function.ptr,
+                                            driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            spec.smem_bytes)
+                max_threads = driver.funcGetAttribute(
+                    driver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function.ptr)
             except Exception as e:  # noqa: BLE001 - driver errors carry the reason
                 raise KernelLaunchError(
                     f"could not load kernel {spec.kernel_name!r} on device {device_id} "
                     f"({entry.arch}): {e}"
                 ) from e
         k = LoadedKernel(spec=spec, device_id=device_id, entry=entry, module=module,
-                         function=function)
+                         function=function, max_threads=max_threads)
         table[spec] = k
         return k
 

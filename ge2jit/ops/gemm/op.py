@@ -12,6 +12,7 @@ from ..._version import __version__
 from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
 from ...jit.device import device_arch, device_attributes, device_name, sm_count
 from ...jit.loader import LoadedKernel, get_kernel
+from ...jit.parallel import compile_many
 from ...tune.db import default_db
 from ...tune.timing import time_ms
 from .problem import Problem, validate
@@ -26,7 +27,7 @@ from .spec import (
 
 _GRID_Y_MAX = 65535
 _plans: dict[tuple, Plan] = {}
-_plans_lock = threading.Lock()
+_plans_lock = threading.RLock()  # re-entered when autotuning clears the plans
 _warned: set[str] = set()
 
 
@@ -129,55 +130,67 @@ def _tuning_key(p: Problem, arch: str) -> dict:
     }
 
 
-def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
+@dataclass(frozen=True)
+class _Kernels:
+    """The specs a choice launches for one problem, with its split of K."""
+
+    main: object
+    reduce: SplitKReduceSpec | None
+    splits: int
+    k_tiles_per_split: int
+
+
+def _kernels_for(p: Problem, choice: Choice, save_z: bool, vecs) -> _Kernels:
     cfg, split = choice.config, choice.split_k
-    m, n, k = p.m, p.n, p.k
-    grid_m, grid_n = -(-m // cfg.bm), -(-n // cfg.bn)
-    if grid_n > _GRID_Y_MAX:
-        raise ArgumentValueError(
-            f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch "
-            f"allows with config {cfg.name}")
     if isinstance(cfg, PipelineConfig):
         if _arch_number(p.device_id) < 80:
             raise ArgumentValueError(
                 f"config: {cfg.name} is a pipelined (cp.async) config, which needs sm_80 or "
                 f"newer; this GPU is {device_arch(p.device_id)}")
-        k_tiles = -(-k // cfg.bk) if k else 0
+        k_tiles = -(-p.k // cfg.bk) if p.k else 0
         per_split = max(-(-k_tiles // split), 1)
         splits = max(-(-k_tiles // per_split), 1) if split > 1 else 1
         vec_a, vec_b, vec_y = vecs
-        spec = PipelinedGemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act,
+        main = PipelinedGemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act,
                                  p.bias_kind, save_z, cfg, vec_a, vec_b, vec_y, splits > 1)
-        main = get_kernel(spec, p.device_id)
-        limit = device_attributes(p.device_id).get("MaxSharedMemoryPerBlockOptin", 48 * 1024)
-        if cfg.smem_bytes > limit:
-            raise KernelLaunchError(f"{spec.kernel_name} needs {cfg.smem_bytes} B of shared "
-                                    f"memory; this GPU allows {limit}")
         reduce = None
-        reduce_grid = (1, 1, 1)
-        names = [spec.kernel_name]
         if splits > 1:
-            rspec = SplitKReduceSpec(p.dtype, p.layout_c, p.act, p.bias_kind, save_z, vec_y)
-            reduce = get_kernel(rspec, p.device_id)
-            names.append(rspec.kernel_name)
-            work = m * -(-n // 4)
-            reduce_grid = (max(min(-(-work // 256), sm_count(p.device_id) * 16), 1), 1, 1)
-        if choice.split_k != splits:
-            choice = Choice(cfg, splits, choice.reason, choice.detail)
-        plan = Plan(choice, main, (grid_m, grid_n, splits), (cfg.threads, 1, 1),
-                    cfg.smem_bytes, per_split, reduce, reduce_grid, tuple(names))
-    else:
-        spec = GemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
-                        save_z, cfg)
-        main = get_kernel(spec, p.device_id)
-        plan = Plan(choice, main, (grid_m, grid_n, 1), (cfg.threads, 1, 1), 0, 0,
-                    kernel_names=(spec.kernel_name,))
-    threads = plan.block[0]
-    if main.function.max_threads_per_block < threads:
+            reduce = SplitKReduceSpec(p.dtype, p.layout_c, p.act, p.bias_kind, save_z, vec_y)
+        return _Kernels(main, reduce, splits, per_split)
+    return _Kernels(GemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
+                             save_z, cfg), None, 1, 0)
+
+
+def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
+    cfg = choice.config
+    m, n = p.m, p.n
+    grid_m, grid_n = -(-m // cfg.bm), -(-n // cfg.bn)
+    if grid_n > _GRID_Y_MAX:
+        raise ArgumentValueError(
+            f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch "
+            f"allows with config {cfg.name}")
+    ks = _kernels_for(p, choice, save_z, vecs)
+    smem = ks.main.smem_bytes
+    limit = device_attributes(p.device_id).get("MaxSharedMemoryPerBlockOptin", 48 * 1024)
+    if smem > limit:
+        raise KernelLaunchError(f"{ks.main.kernel_name} needs {smem} B of shared memory; this "
+                                f"GPU allows {limit}")
+    main = get_kernel(ks.main, p.device_id)
+    if main.max_threads < cfg.threads:
         raise KernelLaunchError(
-            f"{plan.kernel_names[0]} can run at most {main.function.max_threads_per_block} "
-            f"threads per block (registers), but its config needs {threads}")
-    return plan
+            f"{ks.main.kernel_name} can run at most {main.max_threads} threads per block "
+            f"(registers), but its config needs {cfg.threads}")
+    names = [ks.main.kernel_name]
+    reduce, reduce_grid = None, (1, 1, 1)
+    if ks.reduce is not None:
+        reduce = get_kernel(ks.reduce, p.device_id)
+        names.append(ks.reduce.kernel_name)
+        work = m * -(-n // 4)
+        reduce_grid = (max(min(-(-work // 256), sm_count(p.device_id) * 16), 1), 1, 1)
+    if choice.split_k != ks.splits:
+        choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
+    return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
+                ks.k_tiles_per_split, reduce, reduce_grid, tuple(names))
 
 
 def _choose(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Choice:
@@ -327,7 +340,8 @@ class TuneResult:
         return "\n".join(rows)
 
 
-def _tune(p: Problem, save_z: bool, vecs, reps: int = 20) -> TuneResult:
+def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None = None
+          ) -> TuneResult:
     import cupy as cp
 
     arch = device_arch(p.device_id)
@@ -335,7 +349,17 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20) -> TuneResult:
     stream = cp.cuda.get_current_stream()
     flops = 2.0 * p.m * p.n * p.k
     records = []
-    for cfg, split in candidates(p.m, p.n, p.k, _arch_number(p.device_id)):
+    cands = candidates(p.m, p.n, p.k, _arch_number(p.device_id))
+    # Compile every candidate first, in parallel processes; timing then only loads them.
+    jobs = []
+    for cfg, split in cands:
+        try:
+            ks = _kernels_for(p, Choice(cfg, split), save_z, vecs)
+        except ArgumentValueError:
+            continue
+        jobs += [(ks.main, arch)] + ([(ks.reduce, arch)] if ks.reduce is not None else [])
+    compile_many(jobs, processes=processes)
+    for cfg, split in cands:
         choice = Choice(cfg, split, "tuned")
         try:
             plan = _build_plan(p, choice, save_z, vecs)
@@ -362,7 +386,8 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20) -> TuneResult:
 
 
 def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta: float = 0.0,
-         leaky_slope: float = 0.01, save_preact: bool = False, reps: int = 20) -> TuneResult:
+         leaky_slope: float = 0.01, save_preact: bool = False, reps: int = 20,
+         processes: int | None = None) -> TuneResult:
     """Time every candidate configuration on these arrays and store the fastest.
 
     The winner is written to the persistent tuning database (under the kernel cache directory),
@@ -373,7 +398,7 @@ def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta
     if p.empty:
         raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
     y, z = _outputs(p, save_preact)
-    return _tune(p, save_preact, _vec_flags(p, y, z), reps)
+    return _tune(p, save_preact, _vec_flags(p, y, z), reps, processes)
 
 
 def clear_plans() -> None:

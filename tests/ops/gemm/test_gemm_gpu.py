@@ -178,7 +178,7 @@ def test_explain_pinned_and_tuned(tmp_path, monkeypatch):
     assert len(pinned.kernel_names) == 2 and pinned.grid[2] == 2
     assert "pinned" in str(pinned)
     assert ge2jit.explain(a, b).reason == "heuristic"
-    result = ge2jit.tune(a, b, reps=3)
+    result = ge2jit.tune(a, b, reps=3, processes=2)
     assert result.records[0]["ms"] <= result.records[-1]["ms"] or result.records[-1]["ms"] is None
     assert result.best.name in repr(result)
     info = ge2jit.explain(a, b, act="relu")
@@ -197,7 +197,7 @@ def test_tuning_database_is_used_by_other_processes(tmp_path):
         a = cp.random.standard_normal((64, 4096), dtype=cp.float32)
         b = cp.random.standard_normal((4096, 48), dtype=cp.float32)
         if sys.argv[1] == "tune":
-            print(ge2jit.tune(a, b, reps=3).best.name)
+            print(ge2jit.tune(a, b, reps=3, processes=4).best.name)
         else:
             print(ge2jit.explain(a, b).reason, ge2jit.explain(a, b).config)
     """)
