@@ -14,9 +14,9 @@ common=(-m gpu -v -p no:cacheprovider -o faulthandler_timeout=${TEST_TIMEOUT:-12
 # The tuning tests time kernels and compile in processes of their own: they run alone.
 xdist=()
 python3 -c "import xdist" 2>/dev/null && xdist=(-n "${JOBS:-8}")
-timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest "${common[@]}" "${xdist[@]}" -k "not tun" > "$log" 2>&1
+timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest "${common[@]}" "${xdist[@]}" -k "not tun" > "$log" 2>&1
 rc1=$?
-timeout "${SUITE_TIMEOUT:-240}" python3 -m pytest "${common[@]}" -k "tun" >> "$log" 2>&1
+timeout "${SUITE_TIMEOUT:-150}" python3 -m pytest "${common[@]}" -k "tun" >> "$log" 2>&1
 rc2=$?
 grep -E "^(FAILED|ERROR)|Timeout|passed|failed" "$log" | tail -n 30
 python3 -m ge2jit.demo 2>&1 | tee "$OUT/demo.log"
