@@ -11,11 +11,12 @@ import numpy as np
 from ..._version import __version__
 from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
 from ...jit.device import device_arch, device_attributes, device_name, sm_count
+from ...jit.launch import Launcher
 from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.parallel import compile_many
 from ...tune.db import default_db
 from ...tune.timing import time_ms
-from .problem import Problem, validate
+from .problem import Problem, check_outputs_do_not_overlap, validate
 from .select import FALLBACK_TILE, Choice, candidates, heuristic, parse_config
 from .spec import (
     GemmSpec,
@@ -36,6 +37,11 @@ def _arch_number(device_id: int) -> int:
     return int("".join(ch for ch in arch if ch.isdigit()))
 
 
+# Parameters of the GEMM kernels (both families) and of the split-K reduction, in order.
+_GEMM_PARAMS = "<QqQqQqQqQqQqqqqdddq"
+_REDUCE_PARAMS = "<QqqQqQqQqQqqqddd"
+
+
 @dataclass
 class Plan:
     """Everything needed to launch one problem class: kernels, grid, split-K and the choice."""
@@ -50,32 +56,45 @@ class Plan:
     reduce_grid: tuple[int, int, int] = (1, 1, 1)
     kernel_names: tuple[str, ...] = field(default=())
 
-    def launch(self, p: Problem, y, z, stream) -> None:
+    def __post_init__(self):
+        self._main = Launcher(self.main.spec.kernel_name, self.main.function.ptr, _GEMM_PARAMS)
+        self._reduce = None
+        if self.reduce is not None:
+            self._reduce = Launcher(self.reduce.spec.kernel_name, self.reduce.function.ptr,
+                                    _REDUCE_PARAMS)
+
+    def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
+        """Launch on raw device pointers (0 for an absent C, bias or Z)."""
+        if self._reduce is None:
+            self._main(self.grid, self.block, self.smem, stream_ptr,
+                       a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+                       z_ptr, ldz, m, n, k, alpha, beta, slope, self.k_tiles_per_split)
+            return
         import cupy as cp
 
+        splits = self.grid[2]
+        ldw = (n + 3) // 4 * 4
+        w = cp.ndarray((splits, m, ldw), dtype=np.float32)
+        w_ptr = w.data.ptr
+        self._main(self.grid, self.block, self.smem, stream_ptr,
+                   a_ptr, lda, b_ptr, ldb, 0, 0, 0, 0, w_ptr, ldw, 0, 0,
+                   m, n, k, 1.0, 0.0, 0.0, self.k_tiles_per_split)
+        self._reduce(self.reduce_grid, (256, 1, 1), 0, stream_ptr,
+                     w_ptr, ldw, splits, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+                     z_ptr, ldz, m, n, alpha, beta, slope)
+
+    def launch(self, p: Problem, y, z, stream) -> None:
         m, n = p.m, p.n
         ldy = y.strides[0] // 4 if m > 1 else n
         ldz = (z.strides[0] // 4 if m > 1 else n) if z is not None else 0
-        if self.reduce is None:
-            self.main.function(
-                self.grid, self.block,
-                (p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.bias, p.bias_stride, y, ldy, z, ldz,
-                 m, n, p.k, p.alpha, p.beta, p.leaky_slope, self.k_tiles_per_split),
-                shared_mem=self.smem, stream=stream)
-            return
-        splits = self.grid[2]
-        ldw = (n + 3) // 4 * 4
-        w = cp.empty((splits, m, ldw), dtype=np.float32)
-        self.main.function(
-            self.grid, self.block,
-            (p.a, p.lda, p.b, p.ldb, None, 0, None, 0, w, ldw, None, 0,
-             m, n, p.k, 1.0, 0.0, 0.0, self.k_tiles_per_split),
-            shared_mem=self.smem, stream=stream)
-        self.reduce.function(
-            self.reduce_grid, (256, 1, 1),
-            (w, ldw, splits, p.c, p.ldc, p.bias, p.bias_stride, y, ldy, z, ldz, m, n,
-             p.alpha, p.beta, p.leaky_slope),
-            stream=stream)
+        self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
+                 p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
+                 p.leaky_slope, stream.ptr)
+
+
+def _ptr(x) -> int:
+    return 0 if x is None else x.data.ptr
 
 
 @dataclass(frozen=True)
@@ -251,6 +270,76 @@ def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Pl
     return plan
 
 
+_fast: dict[tuple, _Prepared] = {}
+_FAST_MAX = 4096
+_cupy = None
+
+
+def _cp():
+    global _cupy
+    if _cupy is None:
+        import cupy
+
+        _cupy = cupy
+    return _cupy
+
+
+def _sig(x):
+    return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
+
+
+def _out_sig(x):
+    return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id,
+                                   x.data.ptr & 15)
+
+
+def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
+               config, autotune, device_id):
+    """Everything validation and the kernel choice depend on, except pointers (only their
+    16-byte alignment). Raises AttributeError or TypeError for non-CuPy arguments."""
+    ad, bd = a.data, b.data
+    return (a.shape, a.strides, a.dtype, ad.device_id, ad.ptr & 15,
+            b.shape, b.strides, b.dtype, bd.device_id, bd.ptr & 15,
+            _sig(bias), _sig(c), _out_sig(out), _out_sig(preact_out),
+            act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
+            config, autotune, device_id)
+
+
+class _Prepared:
+    """A validated argument pattern and its plan: repeated calls skip validation and choice."""
+
+    __slots__ = ("plan", "m", "n", "k", "lda", "ldb", "ldc", "use_c", "bias_stride", "ldy",
+                 "ldz", "save_z", "check_overlap")
+
+    def __init__(self, plan: Plan, p: Problem, save_z: bool, y, z):
+        self.plan = plan
+        self.m, self.n, self.k = p.m, p.n, p.k
+        self.lda, self.ldb, self.ldc = p.lda, p.ldb, p.ldc
+        self.use_c = p.c is not None
+        self.bias_stride = p.bias_stride
+        self.ldy = y.strides[0] // 4 if p.m > 1 else p.n
+        self.ldz = (z.strides[0] // 4 if p.m > 1 else p.n) if z is not None else 0
+        self.save_z = save_z
+        self.check_overlap = p.out is not None or p.preact_out is not None
+
+    def __call__(self, a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):
+        if self.check_overlap:
+            check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
+        cp = _cupy
+        y = out if out is not None else cp.ndarray((self.m, self.n), np.float32)
+        z = None
+        if self.save_z:
+            z = preact_out if preact_out is not None else cp.ndarray((self.m, self.n),
+                                                                      np.float32)
+        self.plan.run(a.data.ptr, self.lda, b.data.ptr, self.ldb,
+                      c.data.ptr if self.use_c else 0, self.ldc,
+                      0 if bias is None else bias.data.ptr, self.bias_stride,
+                      y.data.ptr, self.ldy, 0 if z is None else z.data.ptr, self.ldz,
+                      self.m, self.n, self.k, alpha, beta, leaky_slope,
+                      cp.cuda.get_current_stream().ptr)
+        return (y, z) if self.save_z else y
+
+
 def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
                   beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False,
                   out=None, preact_out=None, config=None, autotune: bool = False):
@@ -295,7 +384,16 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
         ArgumentValueError: bad dtype, shape, activation, bias shape, ``out`` or device.
         KernelCompileError: NVRTC rejected the kernel (the message holds its log).
     """
-    import cupy as cp
+    cp = _cp()
+    device_id = cp.cuda.runtime.getDevice()
+    try:
+        sig = _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                         preact_out, config, autotune, device_id)
+        prepared = _fast.get(sig)
+    except (AttributeError, TypeError):  # not CuPy arrays, or unhashable: validate says why
+        sig = prepared = None
+    if prepared is not None:
+        return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out)
 
     p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact)
     if config is not None:
@@ -304,6 +402,10 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
     if not p.empty:
         plan = _plan_for(p, y, z, save_preact, config, autotune)
         plan.launch(p, y, z, cp.cuda.get_current_stream())
+        if sig is not None and not p.copied:
+            if len(_fast) >= _FAST_MAX:
+                _fast.clear()
+            _fast[sig] = _Prepared(plan, p, bool(save_preact), y, z)
     return (y, z) if save_preact else y
 
 
@@ -378,8 +480,7 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None 
     default_db().put(key, {"config": ok[0]["config"], "ms": ok[0]["ms"],
                            "shape": [p.m, p.n, p.k],
                            "table": [[r["config"], r["ms"]] for r in ok]})
-    with _plans_lock:
-        _plans.clear()
+    clear_plans()
     best = Choice(best_cfg, best_split, "tuned", f"{ok[0]['ms']:.4g} ms, fastest of {len(ok)}")
     failed = [r for r in records if r["ms"] is None]
     return TuneResult(best, tuple(ok + failed), key)
@@ -405,3 +506,4 @@ def clear_plans() -> None:
     """Forget the launch plans of this process (after changing the tuning database by hand)."""
     with _plans_lock:
         _plans.clear()
+        _fast.clear()

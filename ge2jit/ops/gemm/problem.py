@@ -109,12 +109,44 @@ def bias_kind(bias, m: int, n: int, dtype) -> tuple[BiasKind, int]:
 
 def check_same_device(arrays: dict, device_id: int) -> None:
     for name, x in arrays.items():
-        if x is not None and x.device.id != device_id:
+        if x is not None and x.data.device_id != device_id:
             raise DeviceMismatchError(
                 f"{name}: expected an array on the current device (GPU {device_id}), got one on "
-                f"GPU {x.device.id}; move it with cupy.asarray inside "
+                f"GPU {x.data.device_id}; move it with cupy.asarray inside "
                 f"`with cupy.cuda.Device({device_id}):` or switch devices"
             )
+
+
+def _span(x) -> tuple[int, int]:
+    """[first byte, one past the last byte] an array can touch."""
+    lo = hi = x.data.ptr
+    for size, stride in zip(x.shape, x.strides):
+        if size == 0:
+            return lo, lo
+        d = (size - 1) * stride
+        if d < 0:
+            lo += d
+        else:
+            hi += d
+    return lo, hi + x.itemsize
+
+
+def overlaps(x, y) -> bool:
+    """Whether two arrays may share memory (their byte ranges intersect)."""
+    xl, xh = _span(x)
+    yl, yh = _span(y)
+    return xl < yh and yl < xh
+
+
+def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
+    inputs = (("a", a), ("b", b), ("c", c), ("bias", bias))
+    for oname, o in (("out", out), ("preact_out", preact_out)):
+        if o is None:
+            continue
+        others = inputs + ((("out", out),) if oname == "preact_out" else ())
+        for name, x in others:
+            if x is not None and overlaps(o, x):
+                raise ArgumentValueError(f"{oname}: overlaps {name}; pass a separate array")
 
 
 class Problem:
@@ -122,7 +154,7 @@ class Problem:
 
     __slots__ = ("m", "n", "k", "dtype", "act", "bias_kind", "bias_stride", "alpha", "beta",
                  "leaky_slope", "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
-                 "layout_b", "ldb", "layout_c", "ldc")
+                 "layout_b", "ldb", "layout_c", "ldc", "copied")
 
     def __init__(self, **kw):
         for name in self.__slots__:
@@ -196,21 +228,16 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     device_id = cp.cuda.runtime.getDevice()
     check_same_device({"a": a, "b": b, "bias": bias, "c": c, "out": out,
                        "preact_out": preact_out}, device_id)
-    inputs = (("a", a), ("b", b), ("c", c), ("bias", bias))
-    for oname, o in (("out", out), ("preact_out", preact_out)):
-        if o is None:
-            continue
-        others = inputs + ((("out", out),) if oname == "preact_out" else ())
-        for name, x in others:
-            if x is not None and cp.may_share_memory(o, x):
-                raise ArgumentValueError(f"{oname}: overlaps {name}; pass a separate array")
+    check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
     use_c = c is not None and beta != 0.0
     p = Problem(m=m, n=n, k=k, dtype=dtype, act=act_e, bias_kind=kind, bias_stride=bias_stride,
                 alpha=alpha, beta=beta, leaky_slope=slope, device_id=device_id, bias=bias,
                 out=out, preact_out=preact_out, c=c if use_c else None, ldc=0)
+    p.copied = False
     if not p.empty:
         p.layout_a, p.lda, p.a = layout_of(a, "a")
         p.layout_b, p.ldb, p.b = layout_of(b, "b")
         if use_c:
             p.layout_c, p.ldc, p.c = layout_of(c, "c")
+        p.copied = p.a is not a or p.b is not b or (use_c and p.c is not c)
     return p

@@ -3,9 +3,12 @@ check runs on machines without a GPU. The GPU suite repeats the checks with real
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
+
+_addresses = itertools.count(1 << 40, 1 << 32)   # each fresh array gets its own 4 GiB range
 
 
 class FakeArray:
@@ -21,13 +24,13 @@ class FakeArray:
                 strides.insert(0, acc)
                 acc *= max(s, 1)
         self.strides = tuple(strides)
-        self.device = SimpleNamespace(id=device)
-        self.base = base if base is not None else id(self)
+        self.base = base if base is not None else next(_addresses)
         self.offset = offset
+        self.data = SimpleNamespace(ptr=self.base + offset, device_id=device)
 
     @property
     def T(self):
-        return FakeArray(self.shape[::-1], self.dtype, self.strides[::-1], self.device.id,
+        return FakeArray(self.shape[::-1], self.dtype, self.strides[::-1], self.data.device_id,
                          self.base, self.offset)
 
     def __repr__(self):
@@ -35,15 +38,11 @@ class FakeArray:
 
 
 def make_module(device: int = 0):
-    def may_share_memory(x, y):
-        return x.base == y.base
-
     def ascontiguousarray(x):
-        return FakeArray(x.shape, x.dtype, device=x.device.id)
+        return FakeArray(x.shape, x.dtype, device=x.data.device_id)
 
     return SimpleNamespace(
         ndarray=FakeArray,
         cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: device)),
-        may_share_memory=may_share_memory,
         ascontiguousarray=ascontiguousarray,
     )

@@ -242,7 +242,7 @@ def test_failing_candidate_falls_back_with_one_warning(monkeypatch):
     a, b = rand(130, 70), rand(70, 90)
     with pytest.warns(RuntimeWarning, match="using the fallback kernel"):
         info = ge2jit.explain(a, b, act="relu")
-    assert info.reason == "fallback" and "simulated failure" in info.choice.detail
+    assert info.reason == "fallback" and "NVRTC failed to compile" in info.choice.detail
     check(a, b, act="relu")
     with pytest.raises(ge2jit.KernelCompileError):
         ge2jit.gemm_bias_act(a, b, config=PIPELINED_F32_CONFIGS[0].name)  # pinned: no fallback
@@ -370,3 +370,24 @@ def test_arrays_on_two_devices():
         b = cp.ones((4, 6), cp.float32)
     with pytest.raises(ge2jit.DeviceMismatchError, match="b: expected an array on the current"):
         ge2jit.gemm_bias_act(a, b)
+
+
+def test_repeated_calls_on_the_cached_path_stay_right():
+    m, n, k = 77, 150, 300
+    for alpha in (1.0, 2, -0.5):                      # int and float scalars, same signature
+        a, b, bias = rand(m, k, layout="c"), rand(k, n), rand(n)
+        y = poisoned(m, n)
+        ge2jit.gemm_bias_act(a, b, bias, act="silu", alpha=alpha, out=y)
+        ref, _ = gemm_bias_act_ref(cp.asnumpy(a), cp.asnumpy(b), cp.asnumpy(bias), act="silu",
+                                   alpha=alpha)
+        assert rel_error(cp.asnumpy(y), ref) < TOL
+        y2, z2 = ge2jit.gemm_bias_act(a, b, bias, act="silu", alpha=alpha, save_preact=True)
+        assert rel_error(cp.asnumpy(y2), ref) < TOL
+
+
+def test_cached_path_still_refuses_overlapping_out():
+    big, other = rand(8, 10), rand(8, 10)
+    b = rand(4, 6)
+    ge2jit.gemm_bias_act(big[:, :4], b, out=other[:, 4:])          # fine, and now cached
+    with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps a"):
+        ge2jit.gemm_bias_act(big[:, :4], b, out=big[:, 4:])         # same signature

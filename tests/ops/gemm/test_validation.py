@@ -142,6 +142,17 @@ def test_out_checks():
     assert ok(out=FakeArray((M, N), strides=(4 * (N + 3), 4))).out is not None
 
 
+def test_overlap_is_decided_by_byte_ranges():
+    a = FakeArray((M, K))
+    # a second view of a's memory that starts past a's last byte does not overlap
+    after = FakeArray((M, N), base=a.base, offset=4 * M * K)
+    assert ok(a=a, out=after).out is after
+    inside = FakeArray((M, N), base=a.base, offset=4 * (M * K - 1))
+    refused(ValueError, "out: overlaps a", a=a, out=inside)
+    b = FakeArray((K, N))
+    refused(ValueError, "out: overlaps b", b=b, out=FakeArray((M, N), base=b.base, offset=8))
+
+
 def test_arrays_on_other_devices():
     msg = refused(ValueError, "b: expected an array on the current device",
                   b=FakeArray((K, N), device=1))
@@ -157,6 +168,7 @@ def test_bad_config_name(monkeypatch):
     import ge2jit.ops.gemm.op as op
 
     monkeypatch.setattr(op, "validate", lambda *a, **k: ok())
+    monkeypatch.setattr(op, "_cp", lambda: make_module(0))
     with pytest.raises(ge2jit.ArgumentValueError, match="config: expected a name like"):
         ge2jit.gemm_bias_act(None, None, config="big")
     with pytest.raises(ge2jit.ArgumentTypeError, match="config: expected a PipelineConfig"):

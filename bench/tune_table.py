@@ -1,0 +1,38 @@
+"""Print the autotuner's table (every candidate's time) for a few shapes and layouts.
+
+    python bench/tune_table.py [M N K ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import cupy as cp  # noqa: E402
+
+import ge2jit  # noqa: E402
+
+
+def operand(rows, cols, layout):
+    x = cp.random.standard_normal((rows, cols) if layout == "r" else (cols, rows),
+                                  dtype=cp.float32)
+    return x if layout == "r" else x.T
+
+
+def main(argv):
+    nums = [int(x) for x in argv] or [4096, 4096, 4096, 8192, 1024, 1024, 8192, 64, 4096]
+    shapes = [tuple(nums[i:i + 3]) for i in range(0, len(nums), 3)]
+    for m, n, k in shapes:
+        for la, lb in ("rr", "rc", "cr"):
+            a, b = operand(m, k, la), operand(k, n, lb)
+            bias = cp.random.standard_normal(n, dtype=cp.float32)
+            heur = ge2jit.explain(a, b, bias, act="gelu_tanh")
+            result = ge2jit.tune(a, b, bias, act="gelu_tanh", reps=10)
+            print(f"== {m}x{n}x{k} {la}{lb}: heuristic {heur.config}")
+            print(result, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
