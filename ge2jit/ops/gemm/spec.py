@@ -231,6 +231,7 @@ PIPELINED_F32_CONFIGS: tuple[PipelineConfig, ...] = (
     PipelineConfig(128, 128, 8, 32, 64, 3),
     PipelineConfig(128, 128, 8, 32, 64, 4),
     PipelineConfig(128, 128, 16, 32, 64, 3),
+    PipelineConfig(128, 128, 16, 32, 64, 2),
     PipelineConfig(128, 64, 8, 32, 64, 3),
     PipelineConfig(64, 128, 8, 32, 64, 3),
     PipelineConfig(64, 64, 8, 32, 32, 3),
