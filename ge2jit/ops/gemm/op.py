@@ -16,7 +16,7 @@ from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.parallel import compile_many
 from ...tune.db import default_db
 from ...tune.timing import time_ms
-from .problem import Problem, check_outputs_do_not_overlap, validate
+from .problem import Problem, byte_span, check_spans_do_not_overlap, validate
 from .select import FALLBACK_TILE, Choice, candidates, heuristic, parse_config
 from .spec import (
     GemmSpec,
@@ -284,6 +284,11 @@ def _cp():
     return _cupy
 
 
+def _relative_span(x) -> tuple[int, int]:
+    lo, hi = byte_span(x)
+    return lo - x.data.ptr, hi - x.data.ptr
+
+
 def _sig(x):
     return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
 
@@ -309,9 +314,9 @@ class _Prepared:
     """A validated argument pattern and its plan: repeated calls skip validation and choice."""
 
     __slots__ = ("plan", "m", "n", "k", "lda", "ldb", "ldc", "use_c", "bias_stride", "ldy",
-                 "ldz", "save_z", "check_overlap")
+                 "ldz", "save_z", "check_overlap", "offsets")
 
-    def __init__(self, plan: Plan, p: Problem, save_z: bool, y, z):
+    def __init__(self, plan: Plan, p: Problem, save_z: bool, y, z, args):
         self.plan = plan
         self.m, self.n, self.k = p.m, p.n, p.k
         self.lda, self.ldb, self.ldc = p.lda, p.ldb, p.ldc
@@ -321,10 +326,15 @@ class _Prepared:
         self.ldz = (z.strides[0] // 4 if p.m > 1 else p.n) if z is not None else 0
         self.save_z = save_z
         self.check_overlap = p.out is not None or p.preact_out is not None
+        # Byte ranges relative to each array's pointer depend only on shapes and strides, which
+        # the call's signature fixes: computed once here, added to the pointers per call.
+        self.offsets = tuple(None if x is None else _relative_span(x) for x in args)
 
     def __call__(self, a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):
         if self.check_overlap:
-            check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
+            check_spans_do_not_overlap([
+                None if x is None else (x.data.ptr + o[0], x.data.ptr + o[1])
+                for x, o in zip((a, b, c, bias, out, preact_out), self.offsets)])
         cp = _cupy
         y = out if out is not None else cp.ndarray((self.m, self.n), np.float32)
         z = None
@@ -405,7 +415,8 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
         if sig is not None and not p.copied:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
-            _fast[sig] = _Prepared(plan, p, bool(save_preact), y, z)
+            _fast[sig] = _Prepared(plan, p, bool(save_preact), y, z,
+                                   (a, b, c, bias, out, preact_out))
     return (y, z) if save_preact else y
 
 

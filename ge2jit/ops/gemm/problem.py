@@ -117,7 +117,7 @@ def check_same_device(arrays: dict, device_id: int) -> None:
             )
 
 
-def _span(x) -> tuple[int, int]:
+def byte_span(x) -> tuple[int, int]:
     """[first byte, one past the last byte] an array can touch."""
     lo = hi = x.data.ptr
     for size, stride in zip(x.shape, x.strides):
@@ -131,22 +131,30 @@ def _span(x) -> tuple[int, int]:
     return lo, hi + x.itemsize
 
 
-def overlaps(x, y) -> bool:
-    """Whether two arrays may share memory (their byte ranges intersect)."""
-    xl, xh = _span(x)
-    yl, yh = _span(y)
-    return xl < yh and yl < xh
+_SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
+
+
+def check_spans_do_not_overlap(spans) -> None:
+    """Refuse outputs whose byte ranges meet an input's (or each other's).
+
+    ``spans`` holds the (first byte, end) of a, b, c, bias, out, preact_out, or None for each
+    one absent.
+    """
+    for oi in (4, 5):
+        if spans[oi] is None:
+            continue
+        ol, oh = spans[oi]
+        for xi in range(oi):
+            if spans[xi] is not None:
+                xl, xh = spans[xi]
+                if ol < xh and xl < oh:
+                    raise ArgumentValueError(f"{_SPAN_NAMES[oi]}: overlaps {_SPAN_NAMES[xi]}; "
+                                             "pass a separate array")
 
 
 def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
-    inputs = (("a", a), ("b", b), ("c", c), ("bias", bias))
-    for oname, o in (("out", out), ("preact_out", preact_out)):
-        if o is None:
-            continue
-        others = inputs + ((("out", out),) if oname == "preact_out" else ())
-        for name, x in others:
-            if x is not None and overlaps(o, x):
-                raise ArgumentValueError(f"{oname}: overlaps {name}; pass a separate array")
+    check_spans_do_not_overlap([None if x is None else byte_span(x)
+                                for x in (a, b, c, bias, out, preact_out)])
 
 
 class Problem:
