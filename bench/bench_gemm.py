@@ -145,7 +145,8 @@ def host_time_us(calls: int = 20000) -> dict:
         "  part: getDevice()": cp.cuda.runtime.getDevice,
     }
     ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out)
-    plan = next(iter(op._fast.values())).plan
+    plan = op._fast[op._signature(a, b, bias, "gelu", None, 1.0, 0.0, 0.01, False, out, None,
+                                  None, False, dev)].plan
     stream_ptr = cp.cuda.get_current_stream().ptr
     args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
             64, 64, 64, 1.0, 0.0, 0.01, stream_ptr)
@@ -212,8 +213,9 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"), "nvrtc": str(ge2jit.nvrtc_info()),
         "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
         "python": platform.python_version(), "tuned": args.tune,
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                 capture_output=True, text=True).stdout.strip() or None,
+        "commit": os.environ.get("GE2JIT_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+            text=True).stdout.strip() or None,
     }
     rows = []
     for (m, n, k) in shapes:

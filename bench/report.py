@@ -1,0 +1,119 @@
+"""Turn a benchmark JSON (bench_gemm.py) into bench/RESULTS.md and a PNG plot.
+
+    python bench/report.py bench/results.json [--commit abc1234]
+
+Needs matplotlib (``pip install "ge2jit[bench]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SERIES = [("ge2jit", "ge2jit fused"), ("cupy_unfused", "CuPy matmul + elementwise"),
+          ("cublaslt_fused", "cuBLASLt fused epilogue"), ("torch_linear_act", "torch linear + act"),
+          ("cublas_gemm", "cuBLAS GEMM alone (no epilogue)")]
+
+
+def _fmt(x, digits=4):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def table(rows) -> str:
+    head = ("| M×N×K | act | ge2jit ms (TFLOP/s) | config | CuPy unfused ms | ×CuPy | "
+            "cuBLASLt fused ms | ×cuBLASLt | torch linear+act ms | ×torch | cuBLAS GEMM ms | "
+            "×cuBLAS |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        g = r["ge2jit"]
+
+        def ratio(key):
+            return "–" if r.get(key) is None else f"{r[key] / g:.2f}"
+
+        lines.append(
+            f"| {r['m']}×{r['n']}×{r['k']} | {r['act']} | {g:.4f} ({r['ge2jit_tflops']:.1f}) | "
+            f"{r['config']} | {_fmt(r.get('cupy_unfused'))} | {ratio('cupy_unfused')} | "
+            f"{_fmt(r.get('cublaslt_fused'))} | {ratio('cublaslt_fused')} | "
+            f"{_fmt(r.get('torch_linear_act'))} | {ratio('torch_linear_act')} | "
+            f"{_fmt(r.get('cublas_gemm'))} | {ratio('cublas_gemm')} |")
+    return "\n".join(lines)
+
+
+def plot(rows, path: Path, act: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["act"] == act]
+    labels = [f"{r['m']}×{r['n']}×{r['k']}" for r in rows]
+    width = 0.8 / len(SERIES)
+    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.75), 5.5))
+    for i, (key, name) in enumerate(SERIES):
+        ys = [r.get(f"{key}_tflops") or 0.0 for r in rows]
+        ax.bar([x + i * width for x in range(len(rows))], ys, width, label=name)
+    ax.set_xticks([x + width * (len(SERIES) - 1) / 2 for x in range(len(rows))])
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("TFLOP/s (2·M·N·K / time)")
+    ax.set_title(f"float32 Y = {act}(A @ B + bias), bias per column")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--commit", help="commit that was benchmarked (if the JSON lacks it)")
+    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    args = parser.parse_args(argv)
+    data = json.loads(args.results.read_text())
+    meta, rows = data["meta"], data["rows"]
+    commit = meta.get("commit") or args.commit or "unknown"
+    png = args.out.with_name("results.png")
+    plot(rows, png, "gelu_tanh")
+    host = data.get("host_us", {})
+    host_lines = "\n".join(f"| {k.strip()} | {v:.2f} |" for k, v in host.items()
+                           if "Plan.run" not in k)
+    text = f"""# Benchmark results
+
+- Device: {meta['device']} ({meta['sms']} SMs)
+- Date: {meta['date']}
+- Commit: {commit}
+- Software: {meta['nvrtc']}, CuPy {meta['cupy']}, PyTorch {meta.get('torch')}, Python {meta['python']}
+- ge2jit configs: {'autotuned per shape (`--tune`)' if meta.get('tuned') else 'heuristic'}
+- Command: `python bench/bench_gemm.py{' --tune' if meta.get('tuned') else ''}` (all baselines in
+  the same process on the same inputs; median of CUDA-event timings after warm-up, input sets
+  rotated so that L2 does not hold them); this page: `python bench/report.py {args.results.name}`.
+
+Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
+
+![TFLOP/s by shape](results.png)
+
+## float32, bias per column
+
+{table(rows)}
+
+## Host time per call on the cached path (64×64×64, back to back), µs
+
+| what | µs |
+|---|---|
+{host_lines}
+
+## Compile and load
+
+- Cold compile, first call of one kernel in a fresh process with an empty cache:
+  {data.get('cold_first_call_s', float('nan')):.3f} s
+- First call in a fresh process with the kernel in the disk cache:
+  {data.get('disk_cache_first_call_s', float('nan')):.3f} s
+"""
+    args.out.write_text(text)
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
