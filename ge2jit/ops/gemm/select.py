@@ -85,8 +85,10 @@ def _tiles(m: int, n: int, cfg) -> int:
     return -(-m // cfg.bm) * -(-n // cfg.bn)
 
 
-def heuristic(m: int, n: int, k: int, sms: int, arch_number: int) -> Choice:
-    """A good config from the shape alone, with no tuning run.
+def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
+              layouts: str = "rr") -> Choice:
+    """A good config from the shape and operand layouts ("rc": row-major A, column-major B)
+    alone, with no tuning run.
 
     Bigger tiles move fewer bytes per flop, so take the biggest tile that still fills the GPU
     (about one block per multiprocessor); when even the smallest tile leaves most of the
@@ -98,11 +100,15 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int) -> Choice:
                 return Choice(t, 1, "fallback", f"sm_{arch_number} has no cp.async")
         return Choice(FALLBACK_TILE, 1, "fallback", f"sm_{arch_number} has no cp.async")
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
-    # BK = 16 was as fast or faster than BK = 8 in every layout on an H200 (bench/RESULTS.md).
-    big, wide, tall, small = (by_name["128x128x16_w32x64_s3"], by_name["64x128x8_w32x64_s3"],
-                              by_name["128x64x8_w32x64_s3"], by_name["64x64x16_w32x32_s3"])
+    # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
+    # wins; where one is copied 4 bytes at a time BK = 8 does, with a 4th stage for "rc".
+    big = by_name[{"cr": "128x128x16_w32x64_s2", "rc": "128x128x8_w32x64_s4"}.get(
+        layouts, "128x128x8_w32x64_s3")]
+    wide, tall, small = (by_name["64x128x8_w32x64_s3"], by_name["128x64x8_w32x64_s3"],
+                         by_name["64x64x16_w32x32_s3"])
     if _tiles(m, n, big) >= sms:
-        return Choice(big, 1, "heuristic", f"{_tiles(m, n, big)} tiles of 128x128 fill {sms} SMs")
+        return Choice(big, 1, "heuristic",
+                      f"{_tiles(m, n, big)} tiles of 128x128 fill {sms} SMs ({layouts})")
     for cfg in ((wide, tall) if n >= m else (tall, wide)):
         if _tiles(m, n, cfg) >= sms:
             return Choice(cfg, 1, "heuristic",

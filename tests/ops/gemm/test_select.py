@@ -47,7 +47,9 @@ def test_candidates():
 
 
 def test_heuristic():
-    assert heuristic(4096, 4096, 4096, 132, 90).config.name == "128x128x16_w32x64_s3"
+    assert heuristic(4096, 4096, 4096, 132, 90).config.name == "128x128x8_w32x64_s3"
+    assert heuristic(4096, 4096, 4096, 132, 90, "cr").config.name == "128x128x16_w32x64_s2"
+    assert heuristic(4096, 4096, 4096, 132, 90, "rc").config.name == "128x128x8_w32x64_s4"
     mid = heuristic(2048, 1024, 1024, 132, 90)
     assert mid.config.bm * mid.config.bn < 128 * 128 and mid.split_k == 1
     skinny = heuristic(8192, 64, 4096, 132, 90)
