@@ -44,6 +44,18 @@ __all__ = [
     "CacheWarning",
 ]
 
+
+
+def warmup(config, **kwargs):
+    """Compile what a warm-up file lists into the kernel cache (see ``ge2jit.warmup`` module
+    and ``ge2jit warmup --help``); returns a summary."""
+    from .warmup import warmup as _warmup
+
+    return _warmup(config, **kwargs)
+
+
+__all__.append("warmup")
+
 try:  # choose the NVRTC before CuPy loads one (errors are reported at the first compile)
     _nvrtc.preload()
 except NvrtcError:

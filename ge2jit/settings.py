@@ -7,6 +7,7 @@
 | GE2JIT_SAVE_SOURCE     | 1: write each kernel's rendered .cu next to its cache entry     |
 | GE2JIT_NVRTC           | path of the libnvrtc shared library to load                     |
 | GE2JIT_VERBOSE         | 1: log compiles and cache events to stderr                      |
+| GE2JIT_CACHE_MAX_SIZE  | size cap of the kernel cache (e.g. 2GB); least recently used out |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Settings:
     save_source: bool
     nvrtc_path: str | None
     verbose: bool
+    cache_max_size: int | None = None
 
 
 def _default_cache_dir() -> Path:
@@ -49,7 +51,28 @@ def get_settings() -> Settings:
         save_source=_flag("GE2JIT_SAVE_SOURCE"),
         nvrtc_path=os.environ.get("GE2JIT_NVRTC") or None,
         verbose=_flag("GE2JIT_VERBOSE"),
+        cache_max_size=_size("GE2JIT_CACHE_MAX_SIZE"),
     )
+
+
+def parse_size(text: str) -> int:
+    """'2GB', '500M', '1.5GiB', '1024' -> bytes (K, M, G, T are powers of 1024)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.I)
+    if not m:
+        raise ValueError(f"expected a size such as 2GB or 500MB, got {text!r}")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
+
+
+def _size(name: str) -> int | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def reload_settings() -> Settings:

@@ -161,6 +161,9 @@ class KernelCache:
             self._fall_back_to_memory(e)
             return None
         self.writes += 1
+        cap = get_settings().cache_max_size
+        if cap is not None and self.writes % 32 == 1:  # the first write, then every 32nd
+            self.prune(max_bytes=cap)
         return path
 
     def _fall_back_to_memory(self, err: OSError) -> None:
@@ -176,6 +179,62 @@ class KernelCache:
                     stacklevel=4,
                 )
 
+    def clear(self) -> int:
+        """Remove every entry (and leftover temporary file); returns the number of entries."""
+        removed = 0
+        self._memory.clear()
+        if not self.root.is_dir():
+            return 0
+        for shard in self.root.iterdir():
+            if shard.is_dir() and len(shard.name) == 2:
+                for path in shard.iterdir():
+                    try:
+                        path.unlink()
+                        removed += path.suffix == SUFFIX
+                    except OSError:
+                        pass
+        return removed
+
+    def prune(self, *, max_bytes: int | None = None, older_than_s: float | None = None
+              ) -> tuple[int, int]:
+        """Remove entries unused for ``older_than_s`` seconds, then the least recently used
+        ones until the cache holds at most ``max_bytes``; returns (entries removed, bytes freed).
+        Temporary files left by killed writers (older than an hour) go too."""
+        if not self.root.is_dir():
+            return 0, 0
+        now = time.time()
+        files = []
+        for shard in self.root.iterdir():
+            if not (shard.is_dir() and len(shard.name) == 2):
+                continue
+            for path in shard.iterdir():
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                if path.name.startswith(".tmp-"):
+                    if now - st.st_mtime > 3600:
+                        _unlink(path)
+                    continue
+                if path.suffix == SUFFIX:
+                    side = path.with_suffix(".cu")
+                    extra = side.stat().st_size if side.exists() else 0
+                    files.append((st.st_mtime, st.st_size + extra, path))
+        files.sort()
+        total = sum(f[1] for f in files)
+        removed = freed = 0
+        for mtime, size, path in files:
+            too_old = older_than_s is not None and now - mtime > older_than_s
+            too_big = max_bytes is not None and total > max_bytes
+            if not (too_old or too_big):
+                continue
+            if _unlink(path):
+                _unlink(path.with_suffix(".cu"))
+                total -= size
+                freed += size
+                removed += 1
+        return removed, freed
+
     def entries(self):
         """Yield (path, entry-or-None) for every entry file on disk (None if unreadable)."""
         if not self.root.is_dir():
@@ -189,6 +248,14 @@ class KernelCache:
                     yield path, CacheEntry.from_bytes(path.read_bytes(), expected_key=key)
                 except Exception:  # noqa: BLE001
                     yield path, None
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except OSError:
+        return False
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -17,13 +17,18 @@ from ...jit.parallel import compile_many
 from ...tune.db import default_db
 from ...tune.timing import time_ms
 from .problem import Problem, byte_span, check_spans_do_not_overlap, validate
-from .select import FALLBACK_TILE, Choice, candidates, heuristic, parse_config
+from .select import (
+    FALLBACK_TILE,
+    Choice,
+    KernelSet,
+    candidates,
+    heuristic,
+    kernel_set,
+    parse_config,
+)
 from .spec import (
-    GemmSpec,
     Layout,
     PipelineConfig,
-    PipelinedGemmSpec,
-    SplitKReduceSpec,
 )
 
 _GRID_Y_MAX = 65535
@@ -149,35 +154,13 @@ def _tuning_key(p: Problem, arch: str) -> dict:
     }
 
 
-@dataclass(frozen=True)
-class _Kernels:
-    """The specs a choice launches for one problem, with its split of K."""
-
-    main: object
-    reduce: SplitKReduceSpec | None
-    splits: int
-    k_tiles_per_split: int
-
-
-def _kernels_for(p: Problem, choice: Choice, save_z: bool, vecs) -> _Kernels:
-    cfg, split = choice.config, choice.split_k
-    if isinstance(cfg, PipelineConfig):
-        if _arch_number(p.device_id) < 80:
-            raise ArgumentValueError(
-                f"config: {cfg.name} is a pipelined (cp.async) config, which needs sm_80 or "
-                f"newer; this GPU is {device_arch(p.device_id)}")
-        k_tiles = -(-p.k // cfg.bk) if p.k else 0
-        per_split = max(-(-k_tiles // split), 1)
-        splits = max(-(-k_tiles // per_split), 1) if split > 1 else 1
-        vec_a, vec_b, vec_y = vecs
-        main = PipelinedGemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act,
-                                 p.bias_kind, save_z, cfg, vec_a, vec_b, vec_y, splits > 1)
-        reduce = None
-        if splits > 1:
-            reduce = SplitKReduceSpec(p.dtype, p.layout_c, p.act, p.bias_kind, save_z, vec_y)
-        return _Kernels(main, reduce, splits, per_split)
-    return _Kernels(GemmSpec(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
-                             save_z, cfg), None, 1, 0)
+def _kernels_for(p: Problem, choice: Choice, save_z: bool, vecs) -> KernelSet:
+    if isinstance(choice.config, PipelineConfig) and _arch_number(p.device_id) < 80:
+        raise ArgumentValueError(
+            f"config: {choice.config.name} is a pipelined (cp.async) config, which needs sm_80 "
+            f"or newer; this GPU is {device_arch(p.device_id)}")
+    return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
+                      choice.config, choice.split_k, p.k, vecs)
 
 
 def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:

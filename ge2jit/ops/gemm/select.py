@@ -8,7 +8,14 @@ from ...errors import ArgumentTypeError, ArgumentValueError
 from .spec import (
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
+    Act,
+    BiasKind,
+    DType,
+    GemmSpec,
+    Layout,
     PipelineConfig,
+    PipelinedGemmSpec,
+    SplitKReduceSpec,
     TileConfig,
 )
 
@@ -122,3 +129,37 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
             return Choice(small, split, "heuristic",
                           f"{tiles} tiles of 64x64 for {sms} SMs, K = {k} split {split} ways")
     return Choice(small, 1, "heuristic", f"{tiles} tiles of 64x64 for {sms} SMs")
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """The kernels one config launches for a problem, with its split of K."""
+
+    main: GemmSpec | PipelinedGemmSpec
+    reduce: SplitKReduceSpec | None
+    splits: int
+    k_tiles_per_split: int
+
+    @property
+    def specs(self) -> tuple:
+        return (self.main,) if self.reduce is None else (self.main, self.reduce)
+
+
+def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layout | None,
+               act: Act, bias: BiasKind, save_z: bool, config, split_k: int, k: int,
+               vecs: tuple[bool, bool, bool]) -> KernelSet:
+    """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this K
+    and these alignments (vec_a, vec_b, vec_y). Needs no GPU: the warm-up uses it too."""
+    if isinstance(config, PipelineConfig):
+        k_tiles = -(-k // config.bk) if k else 0
+        per_split = max(-(-k_tiles // split_k), 1)
+        splits = max(-(-k_tiles // per_split), 1) if split_k > 1 else 1
+        vec_a, vec_b, vec_y = vecs
+        main = PipelinedGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
+                                 vec_a, vec_b, vec_y, splits > 1)
+        reduce = None
+        if splits > 1:
+            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z, vec_y)
+        return KernelSet(main, reduce, splits, per_split)
+    return KernelSet(GemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config),
+                     None, 1, 0)

@@ -1,0 +1,167 @@
+"""What a warm-up entry for gemm_bias_act compiles: its TOML keys and their expansion to specs."""
+
+from __future__ import annotations
+
+import itertools
+
+from ...errors import ArgumentValueError
+from .problem import SUPPORTED_DTYPES
+from .select import candidates, heuristic, kernel_set, parse_config
+from .spec import (
+    PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
+    ACT_NAMES,
+    BiasKind,
+    Layout,
+)
+
+DTYPES = {str(k): v for k, v in SUPPORTED_DTYPES.items()}
+BIAS = {"none": BiasKind.NONE, "scalar": BiasKind.SCALAR, "col": BiasKind.COL,
+        "row": BiasKind.ROW}
+LAYOUTS = {"rr", "rc", "cr", "cc"}
+C_LAYOUTS = {"none": None, "r": Layout.ROW, "c": Layout.COL}
+
+#: key -> (description of accepted values, default)
+KEYS = {
+    "dtypes": (f"a list of {sorted(DTYPES)}", ["float32"]),
+    "acts": (f"a list of {sorted(ACT_NAMES)}", ["none"]),
+    "bias": (f"a list of {sorted(BIAS)}", ["col"]),
+    "layouts": ("a list of 'rr', 'rc', 'cr', 'cc' (A then B: row- or column-major)", ["rr"]),
+    "c": ("a list of 'none', 'r', 'c' (no C, row-major C, column-major C)", ["none"]),
+    "save_preact": ("a list of booleans", [False]),
+    "configs": ("'all', 'heuristic' or a list of config names such as '128x128x8_w32x64_s3'",
+                "all"),
+    "shapes": ("a list of [M, N, K] lists of positive integers", []),
+    "sms": ("a positive integer: the GPU's multiprocessor count, for 'heuristic' without a GPU",
+            None),
+    "aligned": ("a boolean: also compile the 16-byte paths for aligned operands", True),
+}
+
+
+def _check_list(entry: dict, key: str, allowed) -> list:
+    value = entry.get(key, KEYS[key][1])
+    if not isinstance(value, list) or not value or any(v not in allowed for v in value):
+        raise ArgumentValueError(f"{key}: expected {KEYS[key][0]}, got {value!r}")
+    return value
+
+
+def validate_entry(entry: dict) -> dict:
+    """Check one [[gemm_bias_act]] table; raise ArgumentValueError naming the key."""
+    for key in entry:
+        if key not in KEYS:
+            raise ArgumentValueError(f"{key}: unknown key; accepted keys: {', '.join(KEYS)}")
+    out = {
+        "dtypes": _check_list(entry, "dtypes", DTYPES),
+        "acts": _check_list(entry, "acts", ACT_NAMES),
+        "bias": _check_list(entry, "bias", BIAS),
+        "layouts": _check_list(entry, "layouts", LAYOUTS),
+        "c": _check_list(entry, "c", C_LAYOUTS),
+        "save_preact": _check_list(entry, "save_preact", (True, False)),
+    }
+    configs = entry.get("configs", "all")
+    if configs in ("all", "heuristic"):
+        out["configs"] = configs
+    elif isinstance(configs, list) and configs and all(isinstance(c, str) for c in configs):
+        for name in configs:
+            try:
+                parse_config(name)
+            except ArgumentValueError as e:
+                raise ArgumentValueError(f"configs: {e}") from None
+        out["configs"] = configs
+    else:
+        raise ArgumentValueError(f"configs: expected {KEYS['configs'][0]}, got {configs!r}")
+    shapes = entry.get("shapes", [])
+    if not isinstance(shapes, list) or not all(
+            isinstance(s, list) and len(s) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s)
+            for s in shapes):
+        raise ArgumentValueError(f"shapes: expected {KEYS['shapes'][0]}, got {shapes!r}")
+    out["shapes"] = [tuple(s) for s in shapes]
+    if out["configs"] == "heuristic" and not shapes:
+        raise ArgumentValueError("shapes: configs = 'heuristic' needs the shapes to decide for")
+    sms = entry.get("sms")
+    if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
+        raise ArgumentValueError(f"sms: expected {KEYS['sms'][0]}, got {sms!r}")
+    out["sms"] = sms
+    aligned = entry.get("aligned", True)
+    if not isinstance(aligned, bool):
+        raise ArgumentValueError(f"aligned: expected {KEYS['aligned'][0]}, got {aligned!r}")
+    out["aligned"] = aligned
+    return out
+
+
+def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, la: str):
+    """Alignment variants (vec_a, vec_b, vec_y) to compile: the unaligned one always, the
+    aligned one when asked and the shape allows it (contiguous operands assumed)."""
+    out = [(False, False, False)]
+    if entry["aligned"]:
+        if m is None:
+            out.append((True, True, True))
+        else:
+            lda = k if la == "r" else m
+            out.append((lda % 4 == 0, n % 4 == 0, n % 4 == 0))
+    return list(dict.fromkeys(out))
+
+
+def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) -> list:
+    """The specs to compile for one validated entry on one architecture.
+
+    ``tuned`` holds (layouts, (M, N, K), config name) from the tuning database to add.
+    """
+    arch_number = int("".join(ch for ch in arch if ch.isdigit()))
+    specs = []
+    grid = itertools.product(entry["dtypes"], entry["acts"], entry["bias"], entry["layouts"],
+                             entry["c"], entry["save_preact"])
+    for dtype, act, bias, layouts, c, save_z in grid:
+        base = (DTYPES[dtype], Layout(layouts[0]), Layout(layouts[1]), C_LAYOUTS[c],
+                ACT_NAMES[act], BIAS[bias], save_z)
+        choices = []  # (config, split, k, vec variants)
+        if entry["configs"] == "heuristic":
+            if sms is None:
+                raise ArgumentValueError(
+                    "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
+                    "the GPU, or set sms = <count> in the entry")
+            for m, n, k in entry["shapes"]:
+                ch = heuristic(m, n, k, sms, arch_number, layouts)
+                choices.append((ch.config, ch.split_k, k, _vec_variants(entry, m, n, k,
+                                                                        layouts[0])))
+        else:
+            if entry["configs"] == "all":
+                configs = (PIPELINED_F32_CONFIGS if arch_number >= 80 else SIMT_F32_TILES)
+                named = [(cfg, s) for cfg in configs for s in ((1, 2) if arch_number >= 80
+                                                               else (1,))]
+            else:
+                named = [parse_config(name) for name in entry["configs"]]
+            for cfg, split in named:
+                if entry["shapes"]:
+                    for m, n, k in entry["shapes"]:
+                        choices.append((cfg, split, k, _vec_variants(entry, m, n, k,
+                                                                     layouts[0])))
+                else:  # no shape: K long enough for any split asked
+                    choices.append((cfg, split, 1 << 20, _vec_variants(entry, None, None, None,
+                                                                       layouts[0])))
+        for t_layouts, (m, n, k), name in tuned:
+            if t_layouts == layouts:
+                cfg, split = parse_config(name)
+                choices.append((cfg, split, k, _vec_variants(entry, m, n, k, layouts[0])))
+        for cfg, split, k, variants in choices:
+            if arch_number < 80 and cfg not in SIMT_F32_TILES:
+                continue  # pipelined kernels need sm_80+
+            for vecs in variants:
+                specs.extend(kernel_set(*base, cfg, split, k, vecs).specs)
+    return list(dict.fromkeys(specs))
+
+
+def tuned_entries(records, arch: str) -> list[tuple]:
+    """(layouts, shape, config) of tuning-database records for ``arch``."""
+    out = []
+    for r in records:
+        key, value = r.get("key", {}), r.get("value", {})
+        if key.get("op") == "gemm_bias_act" and key.get("arch") == arch:
+            shape = value.get("shape")
+            if isinstance(shape, list) and len(shape) == 3 and "config" in value:
+                out.append((key.get("layouts"), tuple(shape), value["config"]))
+    return out
+
+
+__all__ = ["KEYS", "validate_entry", "expand", "tuned_entries", "candidates"]

@@ -1,0 +1,233 @@
+"""Cache warm-up: compile, before the first request, every kernel a deployment will use.
+
+A TOML file lists what to compile, one array of tables per op:
+
+    archs = ["sm_90a", "sm_80"]          # optional: default the GPUs present, or --arch
+
+    [[gemm_bias_act]]
+    dtypes = ["float32"]
+    acts = ["gelu_tanh", "silu"]
+    bias = ["col"]
+    layouts = ["rr", "rc"]
+    configs = "heuristic"                # or "all", or a list of config names
+    shapes = [[4096, 4096, 1024]]
+
+Kernels compile in parallel processes into the kernel cache, skipping what it holds already.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ArgumentValueError
+from .jit.nvrtc import normalize_arch
+from .jit.parallel import CompileOutcome, compile_many
+from .ops.gemm import warmup as gemm_warmup
+
+#: Registered ops: the name of their TOML array of tables -> the module that expands it.
+OPS = {"gemm_bias_act": gemm_warmup}
+TOP_KEYS = ("archs", *OPS)
+
+
+class WarmupConfigError(ArgumentValueError):
+    """A warm-up file that cannot be used; the message names the file, the line and the key."""
+
+
+def _line_of(text: str, key: str, table: str | None, index: int) -> int | None:
+    """1-based line of ``key = ...`` inside the index-th [[table]] (or at top level)."""
+    lines = text.splitlines()
+    start, seen = 0, -1
+    if table is not None:
+        header = re.compile(r"^\s*\[\[\s*" + re.escape(table) + r"\s*\]\]")
+        for i, line in enumerate(lines):
+            if header.match(line):
+                seen += 1
+                if seen == index:
+                    start = i
+                    break
+        else:
+            return None
+    pattern = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+    for i in range(start, len(lines)):
+        if i > start and table is not None and lines[i].lstrip().startswith("["):
+            break
+        if table is None and lines[i].lstrip().startswith("["):
+            break
+        if pattern.match(lines[i]):
+            return i + 1
+    return start + 1 if table is not None else None
+
+
+def _error(path: str, line: int | None, msg: str) -> WarmupConfigError:
+    where = f"{path}:{line}" if line else path
+    return WarmupConfigError(f"{where}: {msg}")
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """The (spec, arch) jobs a warm-up file asks for."""
+
+    jobs: tuple
+    archs: tuple[str, ...]
+
+
+def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
+         sms: int | None = None) -> WarmupPlan:
+    """Read and check a warm-up file and expand it into compile jobs.
+
+    Raises:
+        WarmupConfigError: the file is not TOML, or has an unknown key or a bad value; the
+            message names the file, the line and the accepted values.
+    """
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise WarmupConfigError(f"{path}: cannot read the warm-up file: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise _error(path, int(m.group(1)) if m else None, f"not valid TOML: {e}") from None
+    for key in data:
+        if key not in TOP_KEYS:
+            raise _error(path, _line_of(text, key, None, 0),
+                         f"{key}: unknown key; accepted: {', '.join(TOP_KEYS)}")
+    if archs:
+        arch_list = list(archs)
+    elif "archs" in data:
+        arch_list = data["archs"]
+        if not isinstance(arch_list, list) or not arch_list:
+            raise _error(path, _line_of(text, "archs", None, 0),
+                         f"archs: expected a list such as ['sm_90a', 'sm_80'], got {arch_list!r}")
+    else:
+        arch_list = _present_archs()
+        if not arch_list:
+            raise _error(path, None, "archs: no GPU here and no architecture given; set "
+                         "archs = [...] in the file or pass --arch sm_90a")
+    try:
+        arch_list = [normalize_arch(a) for a in arch_list]
+    except ValueError as e:
+        raise _error(path, _line_of(text, "archs", None, 0), str(e)) from None
+    if sms is None and _present_archs():
+        from .jit.device import sm_count
+
+        sms = sm_count(0)
+    records = []
+    if from_tuning_db:
+        from .tune.db import default_db
+
+        records = list(default_db().records())
+    jobs = []
+    for op, module in OPS.items():
+        entries = data.get(op, [])
+        if isinstance(entries, dict) or not isinstance(entries, list):
+            raise _error(path, _line_of(text, op, None, 0),
+                         f"{op}: expected an array of tables, written [[{op}]]")
+        for i, raw in enumerate(entries):
+            try:
+                entry = module.validate_entry(raw)
+            except ArgumentValueError as e:
+                key = str(e).split(":", 1)[0]
+                raise _error(path, _line_of(text, key, op, i), f"[[{op}]] #{i + 1}: {e}") from None
+            for arch in arch_list:
+                tuned = module.tuned_entries(records, arch) if from_tuning_db else []
+                try:
+                    specs = module.expand(entry, arch, sms=entry.get("sms") or sms, tuned=tuned)
+                except ArgumentValueError as e:
+                    key = str(e).split(":", 1)[0]
+                    raise _error(path, _line_of(text, key, op, i),
+                                 f"[[{op}]] #{i + 1}: {e}") from None
+                jobs.extend((spec, arch) for spec in specs)
+    return WarmupPlan(tuple(dict.fromkeys(jobs)), tuple(arch_list))
+
+
+def _check_cache_writable() -> None:
+    """A warm-up whose results cannot be stored is pointless: say so before compiling."""
+    import os
+    import tempfile
+
+    from .jit.cache import default_cache
+
+    cache = default_cache()
+    if not cache.enabled:
+        raise WarmupConfigError("the disk cache is disabled (GE2JIT_DISABLE_CACHE): a warm-up "
+                                "would keep nothing")
+    try:
+        cache.root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=cache.root, prefix=".tmp-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise WarmupConfigError(
+            f"the kernel cache {cache.root} is not writable ({e.strerror or e}); set "
+            "GE2JIT_CACHE_DIR to a writable directory. (Without one ge2jit still works, "
+            "compiling into memory in each process.)") from None
+
+
+def _present_archs() -> list[str]:
+    from .jit.device import device_arch, gpu_count
+
+    return sorted({device_arch(i) for i in range(gpu_count())})
+
+
+@dataclass
+class WarmupSummary:
+    """What a warm-up did."""
+
+    compiled: int = 0
+    cached: int = 0
+    failed: list[CompileOutcome] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def __str__(self) -> str:
+        text = (f"{self.compiled} compiled, {self.cached} already cached, {len(self.failed)} "
+                f"failed, in {self.seconds:.1f} s")
+        for f in self.failed:
+            text += f"\nFAILED {f.kernel_name} ({f.arch}):\n{f.error}"
+        return text
+
+
+def warmup(config: str | Path, *, archs=None, processes: int | None = None,
+           progress: bool = True, from_tuning_db: bool = False,
+           sms: int | None = None) -> WarmupSummary:
+    """Compile everything a warm-up file lists into the kernel cache; see the module doc.
+
+    Works without a GPU when architectures are given (in the file or ``archs``). Returns a
+    summary; failures (with each kernel's name and NVRTC log) are in ``summary.failed``.
+    """
+    plan = load(config, archs=archs, from_tuning_db=from_tuning_db, sms=sms)
+    _check_cache_writable()
+    summary = WarmupSummary()
+    t0 = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(plan.jobs), unit="kernel", desc="ge2jit warmup")
+
+    def on_result(r: CompileOutcome) -> None:
+        if r.status == "compiled":
+            summary.compiled += 1
+        elif r.status == "cached":
+            summary.cached += 1
+        else:
+            summary.failed.append(r)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        compile_many(plan.jobs, processes=processes, on_result=on_result)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary.seconds = time.perf_counter() - t0
+    return summary

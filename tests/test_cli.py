@@ -1,0 +1,195 @@
+"""The ge2jit command: warm-up from a TOML file (no GPU needed with --arch) and the cache tools."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ge2jit.jit.cache import KernelCache
+
+SMALL = textwrap.dedent("""
+    archs = ["sm_80"]
+
+    [[gemm_bias_act]]
+    acts = ["relu", "gelu"]
+    bias = ["col"]
+    layouts = ["rr"]
+    configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]
+    shapes = [[256, 256, 256]]
+""")
+
+
+def ge2jit(args, cache: Path, timeout=600, **kw):
+    env = {**os.environ, "GE2JIT_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-m", "ge2jit", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, **kw)
+
+
+def write(tmp_path, text, name="w.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def valid_entries(cache: Path) -> tuple[int, int]:
+    good = bad = 0
+    for _, e in KernelCache(cache).entries():
+        good += e is not None
+        bad += e is None
+    return good, bad
+
+
+def test_warmup_compiles_then_finds_everything_cached(tmp_path):
+    cfg = write(tmp_path, SMALL)
+    r = ge2jit(["warmup", str(cfg), "-j", "2", "--no-progress"], tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    # 2 acts x (pipelined: aligned and unaligned variants; basic: one) = 6 kernels
+    assert "6 compiled, 0 already cached, 0 failed" in r.stdout
+    assert valid_entries(tmp_path / "c") == (6, 0)
+    again = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
+    assert again.returncode == 0 and "0 compiled, 6 already cached, 0 failed" in again.stdout
+
+
+def test_arch_option_overrides_the_file(tmp_path):
+    cfg = write(tmp_path, SMALL)
+    r = ge2jit(["warmup", str(cfg), "--arch", "sm_90", "--arch", "sm_80", "-j", "2",
+                "--no-progress"], tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "12 compiled" in r.stdout
+    archs = {e.arch for _, e in KernelCache(tmp_path / "c").entries()}
+    assert archs == {"sm_80", "sm_90"}
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("colour = 1\n" + SMALL, 1, ["colour: unknown key", "accepted: archs, gemm_bias_act"]),
+    (SMALL + "colour = 1\n", 10, ["colour: unknown key", "accepted keys: dtypes, acts"]),
+    (SMALL.replace("acts =", "act ="), 5, ["act: unknown key", "acts"]),
+    (SMALL.replace('["col"]', '["colum"]'), 6, ["bias: expected", "'col'", "'row'"]),
+    (SMALL.replace('["rr"]', '["rx"]'), 7, ["layouts: expected", "'rc'"]),
+    (SMALL.replace('"64x64x8_4x4"', '"huge"'), 8, ["configs:", "128x128x8_w32x64_s3"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace('["sm_80"]', '["sm_8"]'), 2, ["arch: expected a CUDA architecture"]),
+    (SMALL.replace("acts = [", "acts = [[", 1), 6, ["not valid TOML"]),
+    (SMALL.replace('configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
+     4, ["sms:", "multiprocessor count"]),
+    (SMALL.replace("shapes = [[256, 256, 256]]\n", "").replace(
+        'configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
+     4, ["shapes: configs = 'heuristic' needs the shapes"]),
+])
+def test_config_errors_name_file_line_and_accepted_values(tmp_path, text, line, words):
+    cfg = write(tmp_path, text)
+    r = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"{cfg}:{line}:" in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    assert not (tmp_path / "c").exists() or valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_heuristic_configs_with_sms_on_a_machine_without_gpu(tmp_path):
+    cfg = write(tmp_path, SMALL.replace('configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]',
+                                        'configs = "heuristic"\nsms = 132'))
+    r = ge2jit(["warmup", str(cfg), "-j", "2", "--no-progress"], tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    names = {e.kernel_name for _, e in KernelCache(tmp_path / "c").entries()}
+    # 256 x 256 on 132 SMs: 64x64 tiles, K = 256 is too short to split
+    assert names and all("64x64x16_w32x32_s3" in n for n in names), names
+
+
+def test_two_overlapping_warmups_at_once(tmp_path):
+    a = write(tmp_path, SMALL, "a.toml")
+    b = write(tmp_path, SMALL.replace('["relu", "gelu"]', '["gelu", "silu"]'), "b.toml")
+    env = {**os.environ, "GE2JIT_CACHE_DIR": str(tmp_path / "c")}
+    procs = [subprocess.Popen([sys.executable, "-m", "ge2jit", "warmup", str(p), "-j", "1",
+                               "--no-progress"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for p in (a, b)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert valid_entries(tmp_path / "c") == (9, 0)
+
+
+def test_warmup_killed_midway_leaves_no_partial_entry(tmp_path):
+    big = SMALL.replace('["relu", "gelu"]', '["relu", "gelu", "silu", "tanh", "sigmoid"]')
+    big = big.replace('configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "all"')
+    cfg = write(tmp_path, big)
+    cache = tmp_path / "c"
+    env = {**os.environ, "GE2JIT_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "ge2jit", "warmup", str(cfg), "-j", "2",
+                             "--no-progress"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and valid_entries(cache)[0] < 3:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)      # the command and its compiler processes
+    proc.wait(timeout=30)
+    good, bad = valid_entries(cache)
+    assert good >= 3 and bad == 0, "every entry on disk is whole"
+    r = ge2jit(["warmup", str(cfg), "-j", "2", "--no-progress"], cache)
+    assert r.returncode == 0, r.stderr
+    assert f"{good} already cached" in r.stdout or "already cached" in r.stdout
+    assert valid_entries(cache)[1] == 0
+
+
+def test_unwritable_cache_is_reported(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "--no-progress"], blocker / "cache")
+    assert r.returncode == 2
+    assert "is not writable" in r.stderr and "GE2JIT_CACHE_DIR" in r.stderr
+
+
+def test_cache_info_list_prune_clear(tmp_path):
+    cache = tmp_path / "c"
+    assert ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "2", "--no-progress"],
+                  cache).returncode == 0
+    info = ge2jit(["cache", "info"], cache)
+    assert info.returncode == 0 and f"location:  {cache}" in info.stdout
+    assert "entries:   6" in info.stdout and "NVRTC:     NVRTC" in info.stdout
+    listing = ge2jit(["cache", "list"], cache).stdout
+    assert "gemm_f32_rr_64x64x8_w32x32_s3" in listing and "sm_80" in listing
+    # make one entry old: --older-than removes it alone
+    oldest = sorted(cache.glob("??/*.cubin"))[0]
+    os.utime(oldest, (time.time() - 40 * 86400,) * 2)
+    r = ge2jit(["cache", "prune", "--older-than", "30d"], cache)
+    assert r.returncode == 0 and "removed 1 entries" in r.stdout
+    r = ge2jit(["cache", "prune", "--max-size", "1"], cache)
+    assert "removed 5 entries" in r.stdout
+    assert ge2jit(["cache", "prune"], cache).returncode == 2
+    assert ge2jit(["warmup", str(write(tmp_path, SMALL)), "--no-progress"],
+                  cache).returncode == 0
+    r = ge2jit(["cache", "clear"], cache)
+    assert "removed 6 entries" in r.stdout and valid_entries(cache) == (0, 0)
+
+
+def test_size_cap_evicts_least_recently_used(tmp_path, monkeypatch):
+    from ge2jit.jit.loader import build
+    from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+    from ge2jit.settings import reload_settings
+
+    monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1")
+    reload_settings()
+    try:
+        c = KernelCache(tmp_path)
+        spec = GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.NONE, False,
+                        SIMT_F32_TILES[-1])
+        build(spec, "sm_80", cache=c)
+        assert valid_entries(tmp_path) == (0, 0), "over the cap at once: evicted"
+    finally:
+        monkeypatch.delenv("GE2JIT_CACHE_MAX_SIZE")
+        reload_settings()
+
+
+def test_version_and_help():
+    r = subprocess.run([sys.executable, "-m", "ge2jit", "--version"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.startswith("ge2jit ")
+    r = subprocess.run([sys.executable, "-m", "ge2jit", "warmup", "--help"],
+                       capture_output=True, text=True)
+    assert "--arch" in r.stdout and "--from-tuning-db" in r.stdout
