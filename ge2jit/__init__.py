@@ -46,15 +46,10 @@ __all__ = [
 
 
 
-def warmup(config, **kwargs):
-    """Compile what a warm-up file lists into the kernel cache (see ``ge2jit.warmup`` module
-    and ``ge2jit warmup --help``); returns a summary."""
-    from .warmup import warmup as _warmup
+from .notebook import benchmark_configs, inspect  # noqa: E402
+from .precompile import warmup  # noqa: E402
 
-    return _warmup(config, **kwargs)
-
-
-__all__.append("warmup")
+__all__ += ["warmup", "inspect", "benchmark_configs"]
 
 try:  # choose the NVRTC before CuPy loads one (errors are reported at the first compile)
     _nvrtc.preload()

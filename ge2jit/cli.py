@@ -41,7 +41,7 @@ def _human(n: float) -> str:
 
 
 def _cmd_warmup(args) -> int:
-    from .warmup import WarmupConfigError, warmup
+    from .precompile import WarmupConfigError, warmup
 
     try:
         summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
@@ -95,6 +95,19 @@ def _cmd_cache(args) -> int:
         removed = cache.clear()
         print(f"removed {removed} entries from {cache.root}")
         return 0
+    if args.action in ("export", "import"):
+        from .bundle import BundleError, export_bundle, import_bundle
+
+        if not args.file:
+            print(f"ge2jit cache {args.action}: give the bundle's FILE", file=sys.stderr)
+            return 2
+        try:
+            done = (export_bundle if args.action == "export" else import_bundle)(args.file)
+        except BundleError as e:
+            print(f"ge2jit cache {args.action}: {e}", file=sys.stderr)
+            return 1
+        print(f"{args.action}ed {done}")
+        return 0
     if args.action == "prune":
         if args.max_size is None and args.older_than is None:
             print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
@@ -125,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=_cmd_warmup)
 
     c = sub.add_parser("cache", help="inspect and manage the kernel cache")
-    c.add_argument("action", choices=("info", "list", "clear", "prune"))
+    c.add_argument("action", choices=("info", "list", "clear", "prune", "export", "import"))
+    c.add_argument("file", nargs="?", help="export/import: the bundle (a zip file)")
     c.add_argument("--max-size", type=parse_size, default=None,
                    help="prune: evict least recently used entries down to this size (2GB)")
     c.add_argument("--older-than", type=parse_age, default=None,

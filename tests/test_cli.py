@@ -193,3 +193,44 @@ def test_version_and_help():
     r = subprocess.run([sys.executable, "-m", "ge2jit", "warmup", "--help"],
                        capture_output=True, text=True)
     assert "--arch" in r.stdout and "--from-tuning-db" in r.stdout
+
+
+def test_export_import_round_trip_and_refusals(tmp_path):
+    import json
+    import zipfile
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    assert ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "2", "--no-progress"],
+                  src).returncode == 0
+    from ge2jit.tune.db import TuningDB
+
+    TuningDB(src / "tuning").put({"op": "gemm_bias_act", "arch": "sm_80"}, {"config": "x"})
+    bundle = tmp_path / "b.zip"
+    r = ge2jit(["cache", "export", str(bundle)], src)
+    assert r.returncode == 0 and "6 kernels, 1 tuning records" in r.stdout, r.stderr
+    r = ge2jit(["cache", "import", str(bundle)], dst)
+    assert r.returncode == 0 and "6 kernels, 1 tuning records" in r.stdout, r.stderr
+    assert valid_entries(dst) == (6, 0)
+    assert TuningDB(dst / "tuning").get({"op": "gemm_bias_act", "arch": "sm_80"}) == {
+        "config": "x"}
+    # the imported cache is used: a warm-up finds everything
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "--no-progress"], dst)
+    assert "0 compiled, 6 already cached" in r.stdout
+
+    def tampered(name, edit):
+        out = tmp_path / name
+        with zipfile.ZipFile(bundle) as zin, zipfile.ZipFile(out, "w") as zout:
+            for item in zin.namelist():
+                zout.writestr(item, edit(item, zin.read(item)))
+        return out
+
+    flipped = tampered("bad.zip", lambda n, d: d[:-1] + bytes([d[-1] ^ 1])
+                       if n.endswith(".cubin") else d)
+    other = tampered("other.zip", lambda n, d: json.dumps({**json.loads(d), "ge2jit": "0.0.1"})
+                     .encode() if n == "manifest.json" else d)
+    for bad, words in ((flipped, "checksum mismatch"), (other, "made with ge2jit '0.0.1'"),
+                       (write(tmp_path, "not a zip", "junk.zip"), "not a readable")):
+        fresh = tmp_path / f"fresh-{bad.stem}"
+        r = ge2jit(["cache", "import", str(bad)], fresh)
+        assert r.returncode == 1 and words in r.stderr, r.stderr
+        assert not fresh.exists() or valid_entries(fresh) == (0, 0), "nothing imported"

@@ -113,6 +113,7 @@ class Explanation:
     shared_bytes: int
     registers: tuple[int, ...]
     spill_bytes: tuple[int, ...]
+    specs: tuple = ()
 
     @property
     def reason(self) -> str:
@@ -417,7 +418,8 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
     kernels = [plan.main] + ([plan.reduce] if plan.reduce is not None else [])
     return Explanation(plan.choice, plan.kernel_names, plan.grid, plan.block, plan.smem,
                        tuple(k.entry.registers for k in kernels),
-                       tuple(k.entry.spill_bytes for k in kernels))
+                       tuple(k.entry.spill_bytes for k in kernels),
+                       tuple(k.spec for k in kernels))
 
 
 @dataclass(frozen=True)

@@ -391,3 +391,18 @@ def test_cached_path_still_refuses_overlapping_out():
     ge2jit.gemm_bias_act(big[:, :4], b, out=other[:, 4:])          # fine, and now cached
     with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps a"):
         ge2jit.gemm_bias_act(big[:, :4], b, out=big[:, 4:])         # same signature
+
+
+def test_inspect_a_call_and_benchmark_configs():
+    a, b, bias = rand(1000, 512), rand(512, 768), rand(768)
+    info = ge2jit.inspect(a, b, bias, act="gelu", config="64x64x8_w32x32_s3_k2")
+    assert info.explanation.reason == "pinned" and len(info.kernels) == 2
+    main = info.kernels[0]
+    assert main.occupancy is not None and 0 < main.occupancy <= 1 and main.blocks_per_sm >= 1
+    assert "theoretical occupancy" in str(info) and "<table>" in info._repr_html_()
+    records = ge2jit.benchmark_configs(["128x128x8_w32x64_s3", "64x64x8_4x4", "nonsense"],
+                                       a, b, bias, act="gelu", reps=3)
+    assert [r["config"] for r in records][-1] == "nonsense" and "error" in records[-1]
+    timed = [r["ms"] for r in records if r["ms"] is not None]
+    assert len(timed) == 2 and timed == sorted(timed)
+    assert "TFLOP/s" in repr(records)
