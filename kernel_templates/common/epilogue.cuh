@@ -37,3 +37,17 @@ float {{ out }} = alpha * ({{ acc }});
 #define C_AT(m, n) C[(long long)(n) * ldc + (m)]
 {% endif %}
 {% endmacro %}
+
+{# The parameter list every GEMM kernel family takes, in the order the launcher packs them
+   (ge2jit/ops/gemm/op.py, _GEMM_PARAMS): every parameter is 8 bytes. #}
+{% macro gemm_params(spec) %}
+{{ spec.kernel_name }}(const float* __restrict__ A, long long lda,
+                       const float* __restrict__ B, long long ldb,
+                       const float* __restrict__ C, long long ldc,
+                       const float* __restrict__ bias, long long bias_stride,
+                       float* __restrict__ Y, long long ldy,
+                       float* __restrict__ Z, long long ldz,
+                       long long M_, long long N_, long long K_,
+                       double alpha_, double beta_, double leaky_slope_,
+                       long long k_tiles_per_split)
+{% endmacro %}

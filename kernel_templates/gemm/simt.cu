@@ -18,15 +18,7 @@ constexpr int PAD = 4;
 
 {{ ep.accessors(spec) }}
 extern "C" __global__ void __launch_bounds__(THREADS)
-{{ spec.kernel_name }}(const float* __restrict__ A, long long lda,
-                       const float* __restrict__ B, long long ldb,
-                       const float* __restrict__ C, long long ldc,
-                       const float* __restrict__ bias, long long bias_stride,
-                       float* __restrict__ Y, long long ldy,
-                       float* __restrict__ Z, long long ldz,
-                       long long M_, long long N_, long long K_,
-                       double alpha_, double beta_, double leaky_slope_,
-                       long long /* k_tiles_per_split: this family does not split K */)
+{{ ep.gemm_params(spec) -}}
 {
     const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
     const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);

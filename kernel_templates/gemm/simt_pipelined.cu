@@ -103,15 +103,7 @@ __device__ __forceinline__ void load_tiles(float* __restrict__ As, float* __rest
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
-{{ spec.kernel_name }}(const float* __restrict__ A, long long lda,
-                       const float* __restrict__ B, long long ldb,
-                       const float* __restrict__ C, long long ldc,
-                       const float* __restrict__ bias, long long bias_stride,
-                       float* __restrict__ Y, long long ldy,
-                       float* __restrict__ Z, long long ldz,
-                       long long M_, long long N_, long long K_,
-                       double alpha_, double beta_, double leaky_slope_,
-                       long long k_tiles_per_split)
+{{ ep.gemm_params(spec) -}}
 {
     extern __shared__ __align__(16) float smem[];
     const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
