@@ -234,3 +234,21 @@ def test_export_import_round_trip_and_refusals(tmp_path):
         r = ge2jit(["cache", "import", str(bad)], fresh)
         assert r.returncode == 1 and words in r.stderr, r.stderr
         assert not fresh.exists() or valid_entries(fresh) == (0, 0), "nothing imported"
+
+
+def test_warmup_from_tuning_db_adds_tuned_configs(tmp_path):
+    from ge2jit.tune.db import TuningDB
+
+    cache = tmp_path / "c"
+    TuningDB(cache / "tuning").put(
+        {"op": "gemm_bias_act", "arch": "sm_80", "layouts": "rr", "bucket": [256, 256, 4096]},
+        {"config": "64x64x8_w32x32_s3_k4", "ms": 0.1, "shape": [256, 256, 4096]})
+    cfg = write(tmp_path, SMALL.replace('["relu", "gelu"]', '["relu"]').replace(
+        'configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = ["64x64x8_4x4"]'))
+    plain = ge2jit(["warmup", str(cfg), "--no-progress"], cache)
+    assert plain.returncode == 0 and "1 compiled" in plain.stdout, plain.stdout
+    r = ge2jit(["warmup", str(cfg), "--from-tuning-db", "-j", "2", "--no-progress"], cache)
+    assert r.returncode == 0, r.stderr
+    names = {e.kernel_name for _, e in KernelCache(cache).entries()}
+    assert any(n.endswith("_splitk") and "64x64x8_w32x32_s3" in n for n in names), names
+    assert any(n.startswith("gemm_splitk_reduce_f32_relu_colbias") for n in names), names
