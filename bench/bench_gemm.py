@@ -196,6 +196,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     parser.add_argument("--tune", action="store_true", help="autotune each shape first")
     parser.add_argument("--quick", action="store_true", help="a few shapes only")
+    parser.add_argument("--host-only", action="store_true",
+                        help="only the host time per call on the cached path")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -203,6 +205,10 @@ def main(argv=None) -> int:
             torch = None
     except ImportError:
         torch = None
+    if args.host_only:
+        for name, us in host_time_us().items():
+            print(f"{name:45s} {us:7.2f} us")
+        return 0
     shapes = SQUARES + MLP + SKINNY + SMALL_K + ODD + BIG
     if args.quick:
         shapes = [(4096, 4096, 4096), (8192, 1024, 1024), (8192, 64, 4096)]

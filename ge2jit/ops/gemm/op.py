@@ -274,23 +274,24 @@ def _relative_span(x) -> tuple[int, int]:
     return lo - x.data.ptr, hi - x.data.ptr
 
 
-def _sig(x):
-    return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
-
-
-def _out_sig(x):
-    return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id,
-                                   x.data.ptr & 15)
-
-
 def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
                config, autotune, device_id):
     """Everything validation and the kernel choice depend on, except pointers (only their
-    16-byte alignment). Raises AttributeError or TypeError for non-CuPy arguments."""
+    16-byte alignment). Raises AttributeError or TypeError for non-CuPy arguments.
+
+    Written out flat: it runs on every call, and each helper call would cost as much as a
+    few of the attribute reads it saves writing."""
     ad, bd = a.data, b.data
     return (a.shape, a.strides, a.dtype, ad.device_id, ad.ptr & 15,
             b.shape, b.strides, b.dtype, bd.device_id, bd.ptr & 15,
-            _sig(bias), _sig(c), _out_sig(out), _out_sig(preact_out),
+            None if bias is None else (bias.shape, bias.strides, bias.dtype,
+                                       bias.data.device_id),
+            None if c is None else (c.shape, c.strides, c.dtype, c.data.device_id),
+            None if out is None else (out.shape, out.strides, out.dtype, out.data.device_id,
+                                      out.data.ptr & 15),
+            None if preact_out is None else (preact_out.shape, preact_out.strides,
+                                             preact_out.dtype, preact_out.data.device_id,
+                                             preact_out.data.ptr & 15),
             act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
             config, autotune, device_id)
 
@@ -298,12 +299,14 @@ def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, p
 class _Prepared:
     """A validated argument pattern and its plan: repeated calls skip validation and choice."""
 
-    __slots__ = ("plan", "m", "n", "k", "lda", "ldb", "ldc", "use_c", "bias_stride", "ldy",
-                 "ldz", "save_z", "check_overlap", "offsets")
+    __slots__ = ("plan", "run", "m", "n", "k", "lda", "ldb", "ldc", "use_c", "bias_stride",
+                 "ldy", "ldz", "save_z", "check_overlap", "offsets", "shape")
 
     def __init__(self, plan: Plan, p: Problem, save_z: bool, y, z, args):
         self.plan = plan
+        self.run = plan.run
         self.m, self.n, self.k = p.m, p.n, p.k
+        self.shape = (p.m, p.n)
         self.lda, self.ldb, self.ldc = p.lda, p.ldb, p.ldc
         self.use_c = p.c is not None
         self.bias_stride = p.bias_stride
@@ -320,18 +323,17 @@ class _Prepared:
             check_spans_do_not_overlap([
                 None if x is None else (x.data.ptr + o[0], x.data.ptr + o[1])
                 for x, o in zip((a, b, c, bias, out, preact_out), self.offsets)])
-        cp = _cupy
-        y = out if out is not None else cp.ndarray((self.m, self.n), np.float32)
+        ndarray = _cupy.ndarray
+        y = out if out is not None else ndarray(self.shape, np.float32)
         z = None
         if self.save_z:
-            z = preact_out if preact_out is not None else cp.ndarray((self.m, self.n),
-                                                                      np.float32)
-        self.plan.run(a.data.ptr, self.lda, b.data.ptr, self.ldb,
-                      c.data.ptr if self.use_c else 0, self.ldc,
-                      0 if bias is None else bias.data.ptr, self.bias_stride,
-                      y.data.ptr, self.ldy, 0 if z is None else z.data.ptr, self.ldz,
-                      self.m, self.n, self.k, alpha, beta, leaky_slope,
-                      cp.cuda.get_current_stream().ptr)
+            z = preact_out if preact_out is not None else ndarray(self.shape, np.float32)
+        self.run(a.data.ptr, self.lda, b.data.ptr, self.ldb,
+                 c.data.ptr if self.use_c else 0, self.ldc,
+                 0 if bias is None else bias.data.ptr, self.bias_stride,
+                 y.data.ptr, self.ldy, 0 if z is None else z.data.ptr, self.ldz,
+                 self.m, self.n, self.k, alpha, beta, leaky_slope,
+                 _cupy.cuda.get_current_stream().ptr)
         return (y, z) if self.save_z else y
 
 
