@@ -64,11 +64,28 @@ def plot(rows, path: Path, act: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _host_log_section(path: Path) -> str:
+    """A later `bench_gemm.py --host-only` run (its log), labelled with its own commit."""
+    import re
+
+    lines = path.read_text().splitlines()
+    head = lines[0] if lines and lines[0].startswith("#") else ""
+    rows = []
+    for line in lines:
+        m = re.match(r"(.+?)\s+([\d.]+) us$", line.strip())
+        if m and "Plan.run" not in m.group(1):
+            rows.append(f"| {m.group(1).strip()} | {float(m.group(2)):.2f} |")
+    return (f"\n## Host time per call, later host-only run {head.lstrip('# ')}\n\n"
+            "| what | µs |\n|---|---|\n" + "\n".join(rows) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--commit", help="commit that was benchmarked (if the JSON lacks it)")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--host-log", type=Path,
+                        help="log of a later `bench_gemm.py --host-only` run to add")
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text())
     meta, rows = data["meta"], data["rows"]
@@ -110,6 +127,8 @@ Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
 - First call in a fresh process with the kernel in the disk cache:
   {data.get('disk_cache_first_call_s', float('nan')):.3f} s
 """
+    if args.host_log:
+        text += _host_log_section(args.host_log)
     args.out.write_text(text)
     print(f"wrote {args.out} and {png}")
     return 0
