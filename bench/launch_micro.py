@@ -1,0 +1,74 @@
+"""Host cost of launch paths for an empty kernel with ge2jit's 19 parameters (8 bytes each).
+
+    python bench/launch_micro.py
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import cupy as cp
+import numpy as np
+
+SRC = r'''
+struct Params { unsigned long long v[19]; };
+extern "C" __global__ void many(const float* a, long long p1, const float* b, long long p3,
+    const float* c, long long p5, const float* d, long long p7, float* y, long long p9,
+    float* z, long long p11, long long m, long long n, long long k, double al, double be,
+    double sl, long long kt) {}
+extern "C" __global__ void one(const Params p) {}
+'''
+
+
+def per_call_us(fn, calls=20000):
+    for _ in range(200):
+        fn()
+    cp.cuda.Device().synchronize()
+    best = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls // 5):
+            fn()
+        cp.cuda.Device().synchronize()
+        best.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
+    return min(best)
+
+
+def main():
+    mod = cp.RawModule(code=SRC)
+    many, one = mod.get_function("many"), mod.get_function("one")
+    x = cp.empty(16, cp.float32)
+    args = (x, 1, x, 2, None, 0, x, 1, x, 3, None, 0, 64, 64, 64, 1.0, 0.0, 0.01, 1)
+    pack = struct.Struct("<QqQqQqQqQqQqqqqdddq")
+    vals = np.zeros(19, np.uint64)
+    ptrs = np.array([vals.ctypes.data + 8 * i for i in range(19)], np.uintp)
+    launch = cp.cuda.driver.launchKernel
+    ptr = x.data.ptr
+    blob = np.zeros(1, dtype=np.dtype((np.void, 152)))
+
+    def driver_path():
+        pack.pack_into(vals, 0, ptr, 1, ptr, 2, 0, 0, ptr, 1, ptr, 3, 0, 0, 64, 64, 64, 1.0, 0.0,
+                       0.01, 1)
+        launch(many.ptr, 1, 1, 1, 128, 1, 1, 0, cp.cuda.get_current_stream().ptr,
+               ptrs.ctypes.data, 0)
+
+    def struct_path():
+        pack.pack_into(blob, 0, ptr, 1, ptr, 2, 0, 0, ptr, 1, ptr, 3, 0, 0, 64, 64, 64, 1.0,
+                       0.0, 0.01, 1)
+        one((1,), (128,), (blob,))
+
+    cases = {
+        "Function.__call__, 19 Python args": lambda: many((1,), (128,), args),
+        "pack + driver.launchKernel, 19 params": driver_path,
+        "pack + Function.__call__, one 152-byte struct": struct_path,
+        "Function.__call__, empty kernel, 1 arg": lambda: one((1,), (128,), (blob,)),
+        "pack_into alone": lambda: pack.pack_into(vals, 0, ptr, 1, ptr, 2, 0, 0, ptr, 1, ptr, 3,
+                                                  0, 0, 64, 64, 64, 1.0, 0.0, 0.01, 1),
+    }
+    for name, fn in cases.items():
+        print(f"{name:50s} {per_call_us(fn):6.2f} us")
+
+
+if __name__ == "__main__":
+    main()
