@@ -45,12 +45,13 @@ def main():
     ptrs = np.array([vals.ctypes.data + 8 * i for i in range(19)], np.uintp)
     launch = cp.cuda.driver.launchKernel
     ptr = x.data.ptr
+    many_ptr = many.kernel.ptr
     blob = np.zeros(1, dtype=np.dtype((np.void, 152)))
 
     def driver_path():
         pack.pack_into(vals, 0, ptr, 1, ptr, 2, 0, 0, ptr, 1, ptr, 3, 0, 0, 64, 64, 64, 1.0, 0.0,
                        0.01, 1)
-        launch(many.ptr, 1, 1, 1, 128, 1, 1, 0, cp.cuda.get_current_stream().ptr,
+        launch(many_ptr, 1, 1, 1, 128, 1, 1, 0, cp.cuda.get_current_stream().ptr,
                ptrs.ctypes.data, 0)
 
     def struct_path():
