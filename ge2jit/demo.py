@@ -19,14 +19,26 @@ from .jit.device import gpu_count
 from .jit.loader import build
 from .jit.nvrtc import nvrtc_info
 from .ops.gemm.reference import gemm_bias_act_ref, rel_error
-from .ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+from .ops.gemm.select import heuristic, kernel_set
+from .ops.gemm.spec import Act, BiasKind, DType, Layout
 
 DEMO_ACTS = ("gelu", "relu", "silu")
 
 
-def _demo_specs() -> list[GemmSpec]:
-    return [GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act(act), BiasKind.COL, False, t)
-            for act in DEMO_ACTS for t in SIMT_F32_TILES]
+def _demo_specs(arch: str, m: int, n: int, k: int) -> list:
+    """The kernels the GPU demo runs on ``arch``: row-major, aligned operands, bias per column.
+
+    The heuristic's choice for this shape is the same on every GPU with fewer multiprocessors
+    than the shape has 128x128 tiles, so it is asked with one multiprocessor.
+    """
+    arch_number = int("".join(ch for ch in arch if ch.isdigit()))
+    choice = heuristic(m, n, k, 1, arch_number, "rr")
+    vecs = (False, n % 4 == 0, n % 4 == 0)
+    specs = []
+    for act in DEMO_ACTS:
+        specs += kernel_set(DType.F32, Layout.ROW, Layout.ROW, None, Act(act), BiasKind.COL,
+                            False, choice.config, choice.split_k, k, vecs).specs
+    return specs
 
 
 def run_on_gpu(m: int, n: int, k: int) -> int:
@@ -68,11 +80,11 @@ def run_on_gpu(m: int, n: int, k: int) -> int:
     return 0 if ok else 1
 
 
-def compile_only(arch: str) -> int:
+def compile_only(arch: str, m: int, n: int, k: int) -> int:
     print(f"No CUDA GPU found: nothing to run. Compiling the demo's kernels for {arch} instead "
           f"(with {nvrtc_info()}).")
     cache = default_cache()
-    for spec in _demo_specs():
+    for spec in _demo_specs(arch, m, n, k):
         entry, cached = build(spec, arch, cache=cache)
         where = cache.path_for(entry.key) if cache.enabled else "memory"
         state = "cached" if cached else f"compiled in {entry.compile_seconds:.2f} s"
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if gpu_count() > 0:
         return run_on_gpu(*args.shape)
-    return compile_only(args.arch)
+    return compile_only(args.arch, *args.shape)
 
 
 if __name__ == "__main__":
