@@ -151,20 +151,22 @@ def host_time_us(calls: int = 20000) -> dict:
     args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
             64, 64, 64, 1.0, 0.0, 0.01, stream_ptr)
     cases["  part: Plan.run (pack + cuLaunchKernel)"] = lambda: plan.run(*args)
-    result = {}
-    for name, fn in cases.items():
-        for _ in range(200):
+    return {name: per_call_us(fn, calls) for name, fn in cases.items()}
+
+
+def per_call_us(fn, calls: int = 20000) -> float:
+    """Wall time per call of ``fn`` called back to back (best of 5 rounds), in microseconds."""
+    for _ in range(200):
+        fn()
+    cp.cuda.Device().synchronize()
+    best = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls // 5):
             fn()
         cp.cuda.Device().synchronize()
-        best = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(calls // 5):
-                fn()
-            cp.cuda.Device().synchronize()
-            best.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
-        result[name] = min(best)
-    return result
+        best.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
+    return min(best)
 
 
 _COLD = textwrap.dedent("""
