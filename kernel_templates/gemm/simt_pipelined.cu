@@ -1,5 +1,4 @@
 {% set cfg = spec.config %}
-{% set a_mmajor = spec.layout_a.value == "r" and spec.vec_a %}
 // {{ spec.kernel_name }}
 {% if spec.split_k %}
 // Split-K partial products: slice blockIdx.z of K, raw float32 sums written to a workspace;
@@ -7,11 +6,10 @@
 {% else %}
 // Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores, fused epilogue.
 {% endif %}
-// A {{ "row" if spec.layout_a.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_a else "4-byte" }} copies{{ ", m-major tile" if a_mmajor else "" }}), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_b else "4-byte" }} copies); {{ cfg.stages }}-stage cp.async pipeline.
+// A {{ "row" if spec.layout_a.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_a else "4-byte" }} copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_b else "4-byte" }} copies); {{ cfg.stages }}-stage cp.async pipeline.
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/activations.cuh" %}
 {% include "common/cp_async.cuh" %}
-{% include "common/vec.cuh" %}
 
 constexpr int BM = {{ cfg.bm }};
 constexpr int BN = {{ cfg.bn }};
@@ -29,20 +27,7 @@ constexpr int TN = WN / LANES_N;           // the warp tile (conflict-free 16-by
 // 4-byte copies hit 32 distinct banks and rows stay 16-byte aligned.
 constexpr int AS_LD = BM + 4;
 constexpr int BS_LD = BN + 4;
-{% if a_mmajor %}
-// Row-major A, aligned: its tile stays m-major (As[m][k], 16-byte copies, no transpose). The
-// 16-byte chunks of row m sit at chunk ^ ((m / 4) % CHUNKS): the 8-byte pairs the compute loop
-// reads from the four rows a warp reads at once (4 apart) then fall in distinct banks.
-constexpr int CHUNKS = BK / 4;
-static_assert((CHUNKS & (CHUNKS - 1)) == 0 && CHUNKS >= 4, "m-major A needs BK = 16, 32, ...");
-constexpr int AS_FLOATS = BM * BK;
-#define AS_MK(m, chunk) ((m) * BK + (((chunk) ^ (((m) >> 2) & (CHUNKS - 1))) * 4))
-// The pair of k-values kp (k = 2 kp, 2 kp + 1) of row m, under the same swizzle.
-#define AS_MK2(m, kp) ((m) * BK + (((kp) ^ ((((m) >> 2) & (CHUNKS - 1)) << 1)) * 2))
-{% else %}
-constexpr int AS_FLOATS = BK * AS_LD;
-{% endif %}
-constexpr int STAGE_FLOATS = AS_FLOATS + BK * BS_LD;
+constexpr int STAGE_FLOATS = BK * AS_LD + BK * BS_LD;
 static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tile must be made of 4 x 4 sub-tiles");
 static_assert(BK % 8 == 0, "BK must be a multiple of 8");
 
@@ -53,20 +38,7 @@ __device__ __forceinline__ void load_tiles(float* __restrict__ As, float* __rest
                                            const float* __restrict__ B, long long ldb,
                                            int M, int N, int K, int m0, int n0, int k0, int tid)
 {
-{% if a_mmajor %}
-    // A: 16-byte copies along k (row-major, aligned) into the swizzled m-major tile.
-    constexpr int A_UNITS = BM * CHUNKS;
-#pragma unroll
-    for (int i = 0; i < (A_UNITS + THREADS - 1) / THREADS; ++i) {
-        const int u = tid + i * THREADS;
-        if (A_UNITS % THREADS == 0 || u < A_UNITS) {
-            const int mm = u / CHUNKS, chunk = u % CHUNKS;
-            const int m = m0 + mm, k = k0 + chunk * 4;
-            const int valid = m < M ? min(max(K - k, 0), 4) : 0;
-            cp_async_16(&As[AS_MK(mm, chunk)], valid ? &A_AT(m, k) : A, valid * 4);
-        }
-    }
-{% elif spec.layout_a.value == "c" and spec.vec_a %}
+{% if spec.layout_a.value == "c" and spec.vec_a %}
     // A: 16-byte copies along m (column-major, aligned).
     constexpr int A_UNITS = BM * BK / 4;
 #pragma unroll
@@ -148,9 +120,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
     const int kt_begin = static_cast<int>(blockIdx.z * k_tiles_per_split);
     const int kt_count = max(min(k_tiles - kt_begin, static_cast<int>(k_tiles_per_split)), 0);
 
-    // Element (i, j) of the thread tile is row m0 + ROW(i), column n0 + COL(j) of the block.
-#define ROW(i) (wm0 + ((i) / 4) * LANES_M * 4 + lm * 4 + (i) % 4)
-#define COL(j) (wn0 + ((j) / 4) * LANES_N * 4 + ln * 4 + (j) % 4)
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -162,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < kt_count)
-            load_tiles(smem + s * STAGE_FLOATS, smem + s * STAGE_FLOATS + AS_FLOATS, A, lda, B,
+            load_tiles(smem + s * STAGE_FLOATS, smem + s * STAGE_FLOATS + BK * AS_LD, A, lda, B,
                        ldb, M, N, K, m0, n0, (kt_begin + s) * BK, tid);
         cp_async_commit();
     }
@@ -173,40 +142,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
         const int next = kt + STAGES - 1;
         if (next < kt_count) {
             float* st = smem + (next % STAGES) * STAGE_FLOATS;
-            load_tiles(st, st + AS_FLOATS, A, lda, B, ldb, M, N, K, m0, n0,
+            load_tiles(st, st + BK * AS_LD, A, lda, B, ldb, M, N, K, m0, n0,
                        (kt_begin + next) * BK, tid);
         }
         cp_async_commit();
 
         const float* As = smem + (kt % STAGES) * STAGE_FLOATS;
-        const float* Bs = As + AS_FLOATS;
-{% if a_mmajor %}
-        // Two k-steps per pass: one 8-byte read gives a row of A for both.
-#pragma unroll
-        for (int kp = 0; kp < BK / 2; ++kp) {
-            float2 a2[TM];
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-                a2[i] = *reinterpret_cast<const float2*>(&As[AS_MK2(ROW(i), kp)]);
-#pragma unroll
-            for (int k2 = 0; k2 < 2; ++k2) {
-                const int kk = kp * 2 + k2;
-                float b[TN];
-#pragma unroll
-                for (int j4 = 0; j4 < TN / 4; ++j4) {
-                    const float4 v = *reinterpret_cast<const float4*>(
-                        &Bs[kk * BS_LD + wn0 + j4 * LANES_N * 4 + ln * 4]);
-                    b[j4 * 4 + 0] = v.x; b[j4 * 4 + 1] = v.y; b[j4 * 4 + 2] = v.z;
-                    b[j4 * 4 + 3] = v.w;
-                }
-#pragma unroll
-                for (int i = 0; i < TM; ++i)
-#pragma unroll
-                    for (int j = 0; j < TN; ++j)
-                        acc[i][j] = fmaf(k2 == 0 ? a2[i].x : a2[i].y, b[j], acc[i][j]);
-            }
-        }
-{% else %}
+        const float* Bs = As + BK * AS_LD;
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
@@ -228,10 +170,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
                 for (int j = 0; j < TN; ++j)
                     acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
-{% endif %}
     }
     cp_async_wait<0>();
 
+    // Element (i, j) of the thread tile is row m0 + ROW(i), column n0 + COL(j).
+#define ROW(i) (wm0 + ((i) / 4) * LANES_M * 4 + lm * 4 + (i) % 4)
+#define COL(j) (wn0 + ((j) / 4) * LANES_N * 4 + ln * 4 + (j) % 4)
 {% if spec.split_k %}
     // Raw partial sums into workspace slice blockIdx.z (ld a multiple of 4, 16-byte aligned).
     float* W = Y + static_cast<long long>(blockIdx.z) * M * ldy;

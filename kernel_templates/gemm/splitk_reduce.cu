@@ -3,11 +3,14 @@
 // epilogue once: Y = act(alpha * sum{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}).
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/activations.cuh" %}
-{% include "common/vec.cuh" %}
 {{ ep.c_accessor(spec) }}
 
 constexpr int THREADS = 256;
 constexpr int MIN_BLOCKS = 4;   // without it ptxas aims at full occupancy (32 registers) and spills
+
+__device__ __forceinline__ float component(const float4& v, int c) {
+    return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 {{ spec.kernel_name }}(const float* __restrict__ W, long long ldw, long long splits,

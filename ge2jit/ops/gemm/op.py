@@ -132,7 +132,7 @@ class Explanation:
 
 
 def _vec_flags(p: Problem, y, z) -> tuple[bool, bool, bool]:
-    vec_a = p.a.data.ptr % 16 == 0 and p.lda % 4 == 0
+    vec_a = p.layout_a is Layout.COL and p.a.data.ptr % 16 == 0 and p.lda % 4 == 0
     vec_b = p.layout_b is Layout.ROW and p.b.data.ptr % 16 == 0 and p.ldb % 4 == 0
     vec_y = y.data.ptr % 16 == 0 and (p.m == 1 or (y.strides[0] // 4) % 4 == 0)
     if z is not None:

@@ -232,7 +232,6 @@ PIPELINED_F32_CONFIGS: tuple[PipelineConfig, ...] = (
     PipelineConfig(128, 128, 8, 32, 64, 4),
     PipelineConfig(128, 128, 16, 32, 64, 3),
     PipelineConfig(128, 128, 16, 32, 64, 2),
-    PipelineConfig(128, 128, 16, 32, 64, 3, min_blocks=2),
     PipelineConfig(128, 64, 8, 32, 64, 3),
     PipelineConfig(64, 128, 8, 32, 64, 3),
     PipelineConfig(64, 64, 8, 32, 32, 3),
@@ -244,10 +243,9 @@ PIPELINED_F32_CONFIGS: tuple[PipelineConfig, ...] = (
 class PipelinedGemmSpec(KernelSpec):
     """The fast float32 GEMM (sm_80+): cp.async pipeline, register-blocked outer products.
 
-    ``vec_a``/``vec_b`` select 16-byte copies of an operand whose pointer and leading dimension
-    are 16-byte aligned: column-major A and row-major B land in k-major shared tiles as they
-    are; row-major A (with BK >= 16) keeps an m-major, swizzled tile; column-major B is always
-    copied 4 bytes at a time. ``vec_y`` selects 16-byte stores of Y and Z. ``split_k`` makes the kernel write raw
+    ``vec_a``/``vec_b`` select 16-byte copies of an operand whose contiguous dimension matches
+    the shared tile's (column-major A, row-major B) and whose pointer and leading dimension are
+    16-byte aligned; ``vec_y`` 16-byte stores of Y and Z. ``split_k`` makes the kernel write raw
     partial sums of one K slice to a workspace (no epilogue); the reduction kernel finishes.
     """
 
@@ -273,15 +271,8 @@ class PipelinedGemmSpec(KernelSpec):
         for name in ("vec_a", "vec_b", "vec_y", "split_k", "save_z"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PipelinedGemmSpec.{name}: expected bool")
-        if self.vec_a and self.layout_a is Layout.ROW and self.config.bk % 16:
-            # 16-byte copies of row-major A keep its tile m-major: that layout needs BK >= 16
-            object.__setattr__(self, "vec_a", False)
-        if self.config.min_blocks > 1 and not (self.vec_b and self.layout_b is Layout.ROW):
-            # Two blocks per SM cap registers at 128: only the 16-byte-B variants fit without
-            # spilling, so the others use this config with the compiler's own register budget.
-            import dataclasses
-
-            object.__setattr__(self, "config", dataclasses.replace(self.config, min_blocks=1))
+        if self.vec_a and self.layout_a is not Layout.COL:
+            object.__setattr__(self, "vec_a", False)  # 16-byte copies need m contiguous
         if self.vec_b and self.layout_b is not Layout.ROW:
             object.__setattr__(self, "vec_b", False)
         if self.split_k:  # the epilogue belongs to the reduction kernel
