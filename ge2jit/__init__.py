@@ -49,7 +49,16 @@ __all__ = [
 from .notebook import benchmark_configs, inspect  # noqa: E402
 from .precompile import warmup  # noqa: E402
 
-__all__ += ["warmup", "inspect", "benchmark_configs"]
+
+
+def cache_info() -> dict:
+    """The kernel cache of this process: location, entries, size, and hit/miss counters."""
+    from .jit.cache import default_cache
+
+    return default_cache().info()
+
+
+__all__ += ["warmup", "inspect", "benchmark_configs", "cache_info"]
 
 try:  # choose the NVRTC before CuPy loads one (errors are reported at the first compile)
     _nvrtc.preload()

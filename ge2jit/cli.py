@@ -63,18 +63,19 @@ def _cmd_cache(args) -> int:
 
     cache = default_cache()
     if args.action == "info":
-        entries = list(cache.entries())
-        size = sum(p.stat().st_size for p, _ in entries)
-        bad = sum(1 for _, e in entries if e is None)
-        print(f"location:  {cache.root}")
-        print(f"entries:   {len(entries)} ({bad} unreadable)" if bad else
-              f"entries:   {len(entries)}")
-        print(f"size:      {_human(size)}")
+        info = cache.info()
+        print(f"location:  {info['location']}")
+        bad = info["unreadable_entries"]
+        print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
+        cap = info["max_size_bytes"]
+        print(f"size:      {_human(info['size_bytes'])}"
+              + (f" (cap {_human(cap)}, GE2JIT_CACHE_MAX_SIZE)" if cap else ""))
         try:
             print(f"NVRTC:     {nvrtc_info()}")
         except Exception as e:  # noqa: BLE001 - info must work without NVRTC
             print(f"NVRTC:     not loadable ({e})")
-        print(f"disk cache {'disabled (GE2JIT_DISABLE_CACHE)' if not cache.enabled else 'enabled'}")
+        print(f"disk cache {info['disk_cache']}")
+        print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
         return 0
     if args.action == "list":
         rows = []

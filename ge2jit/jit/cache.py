@@ -179,6 +179,24 @@ class KernelCache:
                     stacklevel=4,
                 )
 
+    def info(self) -> dict:
+        """Location, entries, size on disk, and this process's hit/miss counters."""
+        entries = list(self.entries())
+        return {
+            "location": str(self.root),
+            "disk_cache": "enabled" if self.enabled else "disabled (GE2JIT_DISABLE_CACHE)",
+            "writable": self._disk_ok,
+            "entries": len(entries),
+            "unreadable_entries": sum(1 for _, e in entries if e is None),
+            "size_bytes": sum(p.stat().st_size for p, _ in entries),
+            "max_size_bytes": get_settings().cache_max_size,
+            "process_hits": self.hits,
+            "process_misses": self.misses,
+            "process_corrupt_entries": self.corrupt,
+            "process_writes": self.writes,
+            "kernels_in_memory": len(self._memory),
+        }
+
     def clear(self) -> int:
         """Remove every entry (and leftover temporary file); returns the number of entries."""
         removed = 0

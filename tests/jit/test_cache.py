@@ -199,3 +199,15 @@ def test_compile_many_in_processes(tmp_path):
     again = compile_many(jobs, processes=2, cache_root=tmp_path)
     assert {o.status for o in again} == {"cached"}
     assert all(o.registers > 0 and o.spill_bytes == 0 for o in out)
+
+
+def test_info_counts_entries_and_this_process_hits(tmp_path):
+    c = KernelCache(tmp_path)
+    build(SPEC, "sm_80", cache=c)
+    KernelCache(tmp_path).get("ff" * 32)                  # a miss in another object
+    fresh = KernelCache(tmp_path)
+    build(SPEC, "sm_80", cache=fresh)                      # a hit from disk
+    info = fresh.info()
+    assert info["entries"] == 1 and info["size_bytes"] > 0 and info["unreadable_entries"] == 0
+    assert (info["process_hits"], info["process_misses"], info["process_writes"]) == (1, 0, 0)
+    assert c.info()["process_writes"] == 1 and c.info()["process_misses"] == 1
