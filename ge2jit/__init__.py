@@ -26,11 +26,26 @@ from .ops.gemm import (
     tune,
 )
 
+from .notebook import benchmark_configs, inspect
+from .precompile import warmup
+
+
+def cache_info() -> dict:
+    """The kernel cache of this process: location, entries, size, and hit/miss counters."""
+    from .jit.cache import default_cache
+
+    return default_cache().info()
+
+
 __all__ = [
     "__version__",
     "gemm_bias_act",
     "tune",
     "explain",
+    "warmup",
+    "inspect",
+    "benchmark_configs",
+    "cache_info",
     "PipelineConfig",
     "TileConfig",
     "nvrtc_info",
@@ -43,22 +58,6 @@ __all__ = [
     "NvrtcError",
     "CacheWarning",
 ]
-
-
-
-from .notebook import benchmark_configs, inspect  # noqa: E402
-from .precompile import warmup  # noqa: E402
-
-
-
-def cache_info() -> dict:
-    """The kernel cache of this process: location, entries, size, and hit/miss counters."""
-    from .jit.cache import default_cache
-
-    return default_cache().info()
-
-
-__all__ += ["warmup", "inspect", "benchmark_configs", "cache_info"]
 
 try:  # choose the NVRTC before CuPy loads one (errors are reported at the first compile)
     _nvrtc.preload()

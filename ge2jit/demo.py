@@ -17,7 +17,7 @@ from . import __version__
 from .jit.cache import default_cache
 from .jit.device import gpu_count
 from .jit.loader import build
-from .jit.nvrtc import nvrtc_info
+from .jit.nvrtc import arch_number, nvrtc_info
 from .ops.gemm.reference import gemm_bias_act_ref, rel_error
 from .ops.gemm.select import heuristic, kernel_set
 from .ops.gemm.spec import Act, BiasKind, DType, Layout
@@ -31,8 +31,8 @@ def _demo_specs(arch: str, m: int, n: int, k: int) -> list:
     The heuristic's choice for this shape is the same on every GPU with fewer multiprocessors
     than the shape has 128x128 tiles, so it is asked with one multiprocessor.
     """
-    arch_number = int("".join(ch for ch in arch if ch.isdigit()))
-    choice = heuristic(m, n, k, 1, arch_number, "rr")
+    number = arch_number(arch)
+    choice = heuristic(m, n, k, 1, number, "rr")
     vecs = (False, n % 4 == 0, n % 4 == 0)
     specs = []
     for act in DEMO_ACTS:

@@ -198,6 +198,11 @@ def normalize_arch(arch: str | int) -> str:
     return f"sm_{m.group(1)}{m.group(2)}"
 
 
+def arch_number(arch: str | int) -> int:
+    """'sm_90a' -> 90, 'sm_80' -> 80: the compute capability, for comparisons."""
+    return int(re.fullmatch(r"sm_(\d+)[af]?", normalize_arch(arch)).group(1))
+
+
 @lru_cache(maxsize=1)
 def cuda_include_dir() -> str | None:
     """The CUDA headers (cuda_fp16.h, cuda_bf16.h), preferring the nvidia-cuda-runtime wheel."""

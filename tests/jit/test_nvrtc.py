@@ -30,6 +30,12 @@ def test_normalize_arch(given, expected):
     assert nvrtc.normalize_arch(given) == expected
 
 
+@pytest.mark.parametrize("given, number", [("sm_90a", 90), ("sm_80", 80), (86, 86),
+                                           ("compute_100f", 100)])
+def test_arch_number(given, number):
+    assert nvrtc.arch_number(given) == number
+
+
 @pytest.mark.parametrize("bad", ["hopper", "sm_9", "", "sm_90b"])
 def test_normalize_arch_rejects(bad):
     with pytest.raises(ValueError, match="arch"):

@@ -13,6 +13,7 @@ from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
 from ...jit.device import device_arch, device_attributes, device_name, sm_count
 from ...jit.launch import Launcher
 from ...jit.loader import LoadedKernel, get_kernel
+from ...jit.nvrtc import arch_number
 from ...jit.parallel import compile_many
 from ...tune.db import default_db
 from ...tune.timing import time_ms
@@ -38,8 +39,7 @@ _warned: set[str] = set()
 
 
 def _arch_number(device_id: int) -> int:
-    arch = device_arch(device_id)
-    return int("".join(ch for ch in arch if ch.isdigit()))
+    return arch_number(device_arch(device_id))
 
 
 # Parameters of the GEMM kernels (both families) and of the split-K reduction, in order.
@@ -144,7 +144,7 @@ def _tuning_key(p: Problem, arch: str) -> dict:
     def bucket(x: int) -> int:
         return 1 << max(x - 1, 0).bit_length()
 
-    cands = candidates(p.m, p.n, p.k, int("".join(ch for ch in arch if ch.isdigit())))
+    cands = candidates(p.m, p.n, p.k, arch_number(arch))
     return {
         "op": "gemm_bias_act", "device": device_name(p.device_id), "arch": arch,
         "dtype": p.dtype.value,

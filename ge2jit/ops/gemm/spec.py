@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ...errors import ArgumentValueError
+from ...jit.nvrtc import arch_number
 from ...jit.spec import KernelSpec
 
 
@@ -139,10 +140,6 @@ class GemmSpec(KernelSpec):
         if self.save_z:
             name += "_z"
         return name
-
-
-def _arch_number(arch: str) -> int:
-    return int("".join(ch for ch in arch.split("_")[-1] if ch.isdigit()))
 
 
 @dataclass(frozen=True)
@@ -299,7 +296,7 @@ class PipelinedGemmSpec(KernelSpec):
         return name
 
     def supports_arch(self, arch: str) -> bool:
-        return _arch_number(arch) >= 80
+        return arch_number(arch) >= 80
 
     @property
     def threads(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from ...errors import ArgumentValueError
+from ...jit.nvrtc import arch_number
 from .problem import SUPPORTED_DTYPES
 from .select import candidates, heuristic, kernel_set, parse_config
 from .spec import (
@@ -108,7 +109,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
 
     ``tuned`` holds (layouts, (M, N, K), config name) from the tuning database to add.
     """
-    arch_number = int("".join(ch for ch in arch if ch.isdigit()))
+    number = arch_number(arch)
     specs = []
     grid = itertools.product(entry["dtypes"], entry["acts"], entry["bias"], entry["layouts"],
                              entry["c"], entry["save_preact"])
@@ -122,13 +123,13 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                     "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
                     "the GPU, or set sms = <count> in the entry")
             for m, n, k in entry["shapes"]:
-                ch = heuristic(m, n, k, sms, arch_number, layouts)
+                ch = heuristic(m, n, k, sms, number, layouts)
                 choices.append((ch.config, ch.split_k, k, _vec_variants(entry, m, n, k,
                                                                         layouts[0])))
         else:
             if entry["configs"] == "all":
-                configs = (PIPELINED_F32_CONFIGS if arch_number >= 80 else SIMT_F32_TILES)
-                named = [(cfg, s) for cfg in configs for s in ((1, 2) if arch_number >= 80
+                configs = (PIPELINED_F32_CONFIGS if number >= 80 else SIMT_F32_TILES)
+                named = [(cfg, s) for cfg in configs for s in ((1, 2) if number >= 80
                                                                else (1,))]
             else:
                 named = [parse_config(name) for name in entry["configs"]]
@@ -145,7 +146,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                 cfg, split = parse_config(name)
                 choices.append((cfg, split, k, _vec_variants(entry, m, n, k, layouts[0])))
         for cfg, split, k, variants in choices:
-            if arch_number < 80 and cfg not in SIMT_F32_TILES:
+            if number < 80 and cfg not in SIMT_F32_TILES:
                 continue  # pipelined kernels need sm_80+
             for vecs in variants:
                 specs.extend(kernel_set(*base, cfg, split, k, vecs).specs)
