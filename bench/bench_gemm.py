@@ -1,8 +1,9 @@
 """Benchmark of gemm_bias_act against the baselines, measured side by side in one process.
 
-    python bench/bench_gemm.py [--tune] [--quick] [--out bench/results.json]
+    python bench/bench_gemm.py [--tune] [--quick] [--dtypes float32,bfloat16,...]
+                               [--out bench/results.json]
 
-For each shape and activation (bias per column): ge2jit's fused op; what a CuPy user writes
+For each dtype, shape and activation (bias per column): ge2jit's fused op; what a CuPy user writes
 today (cupy.matmul, then one elementwise kernel for bias + activation); and, when PyTorch is
 importable, cuBLASLt's fused epilogue (torch._addmm_activation: relu and tanh-GELU only) and
 torch.nn.functional.linear followed by the activation. Times are medians of CUDA-event
@@ -44,17 +45,33 @@ SMALL_K = [(4096, 4096, 64), (16384, 1024, 64)]
 ODD = [(1000, 3000, 1500)]
 BIG = [(8192, 16384, 4096)]
 ACTS = ("gelu_tanh", "relu", "silu")
+#: The tensor-core rows add the epilogues cuBLASLt does not have.
+TC_ACTS = ("gelu_tanh", "relu", "silu", "sigmoid", "tanh")
+#: --dtypes name -> (array dtype, precision)
+DTYPES = {"float32": ("float32", None), "tf32": ("float32", "tf32"),
+          "bfloat16": ("bfloat16", None), "float16": ("float16", None)}
 
 _CUPY_ACT = {
     "gelu_tanh": "0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z)))",
     "relu": "z < 0.0f ? 0.0f : z",
     "silu": "z / (1.0f + expf(-z))",
+    "sigmoid": "1.0f / (1.0f + expf(-z))",
+    "tanh": "tanhf(z)",
 }
 _cupy_kernels = {
-    act: cp.ElementwiseKernel("float32 x, float32 bias", "float32 y",
-                              f"float z = x + bias; y = {expr};", f"bias_{act}")
+    act: cp.ElementwiseKernel("T x, T bias", "T y",
+                              f"float z = (float)x + (float)bias; y = (T)({expr});",
+                              f"bias_{act}")
     for act, expr in _CUPY_ACT.items()
 }
+
+
+def np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def cupy_unfused(a, b, bias, act, out):
@@ -80,34 +97,42 @@ def median_ms(fn, sets, *, min_reps=10, max_seconds=0.25) -> float:
     return statistics.median(times)
 
 
-def make_sets(m, n, k):
-    per_set = 4 * (m * k + k * n + n + m * n)
+def make_sets(m, n, k, dtype="float32"):
+    dt = np_dtype(DTYPES[dtype][0])
+    per_set = dt.itemsize * (m * k + k * n + n + m * n)
     count = max(1, min(8, -(-2 * L2_BYTES // per_set)))
     rng = cp.random.default_rng(0)
-    return [(rng.standard_normal((m, k), dtype=cp.float32),
-             rng.standard_normal((k, n), dtype=cp.float32) / np.float32(np.sqrt(k)),
-             rng.standard_normal(n, dtype=cp.float32),
-             cp.empty((m, n), dtype=cp.float32)) for _ in range(count)]
+    return [(rng.standard_normal((m, k), dtype=cp.float32).astype(dt),
+             (rng.standard_normal((k, n), dtype=cp.float32) / np.float32(np.sqrt(k))).astype(dt),
+             rng.standard_normal(n, dtype=cp.float32).astype(dt),
+             cp.empty((m, n), dtype=dt)) for _ in range(count)]
 
 
-def bench_shape(m, n, k, act, torch, tune: bool) -> dict:
-    sets = make_sets(m, n, k)
+def bench_shape(m, n, k, act, torch, tune: bool, dtype: str = "float32") -> dict:
+    sets = make_sets(m, n, k, dtype)
+    precision = DTYPES[dtype][1]
     flops = 2.0 * m * n * k
-    row = {"m": m, "n": n, "k": k, "act": act}
+    row = {"m": m, "n": n, "k": k, "act": act, "dtype": dtype}
     a, b, bias, out = sets[0]
     if tune and act == ACTS[0]:   # the tuning key holds no activation: once per shape
-        ge2jit.tune(a, b, bias, act=act, reps=5)
-    row["config"] = ge2jit.explain(a, b, bias, act=act).config
+        ge2jit.tune(a, b, bias, act=act, reps=5, precision=precision)
+    row["config"] = ge2jit.explain(a, b, bias, act=act, precision=precision).config
     row["ge2jit"] = median_ms(lambda a, b, bias, out: ge2jit.gemm_bias_act(
-        a, b, bias, act=act, out=out), sets)
-    row["cupy_unfused"] = median_ms(lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out),
-                                    sets)
-    row["cupy_matmul"] = median_ms(lambda a, b, bias, out: cp.matmul(a, b, out=out), sets)
+        a, b, bias, act=act, out=out, precision=precision), sets)
+    if precision is None:   # CuPy's matmul has no per-call tf32 switch
+        try:
+            row["cupy_unfused"] = median_ms(
+                lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out), sets)
+            row["cupy_matmul"] = median_ms(lambda a, b, bias, out: cp.matmul(a, b, out=out),
+                                           sets)
+        except Exception as e:  # noqa: BLE001 - a baseline CuPy cannot run is left out
+            print(f"  (cupy baseline failed for {dtype}: {str(e).splitlines()[0]})")
     if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         F = torch.nn.functional
         tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
         act_fn = {"gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "relu": F.relu,
-                  "silu": F.silu}[act]
+                  "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[act]
         row["torch_linear_act"] = median_ms(
             lambda a, b, bias, out: act_fn(F.linear(a, b.t(), bias)), tsets)
         if act in ("gelu_tanh", "relu"):
@@ -116,7 +141,7 @@ def bench_shape(m, n, k, act, torch, tune: bool) -> dict:
                     bias, a, b, use_gelu=act == "gelu_tanh"), tsets)
         row["cublas_gemm"] = median_ms(lambda a, b, bias, out: torch.mm(a, b, out=out), tsets)
     for key in list(row):
-        if key in ("m", "n", "k", "act", "config"):
+        if key in ("m", "n", "k", "act", "config", "dtype"):
             continue
         row[f"{key}_tflops"] = flops / row[key] / 1e9
     return row
@@ -139,14 +164,15 @@ def host_time_us(calls: int = 20000) -> dict:
         "cupy.RawKernel (empty kernel)": lambda: noop((1,), (32,), (out,)),
         # pieces of ge2jit's cached path, to see where its time goes
         "  part: call signature": lambda: op._signature(a, b, bias, "gelu", None, 1.0, 0.0, 0.01,
-                                                      False, out, None, None, False, dev),
+                                                      False, out, None, None, False, dev, None,
+                                                      None),
         "  part: cupy.ndarray((64, 64))": lambda: cp.ndarray((64, 64), np.float32),
         "  part: get_current_stream().ptr": lambda: cp.cuda.get_current_stream().ptr,
         "  part: getDevice()": cp.cuda.runtime.getDevice,
     }
     ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out)
     plan = op._fast[op._signature(a, b, bias, "gelu", None, 1.0, 0.0, 0.01, False, out, None,
-                                  None, False, dev)].plan
+                                  None, False, dev, None, None)].plan
     stream_ptr = cp.cuda.get_current_stream().ptr
     args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
             64, 64, 64, 1.0, 0.0, 0.01, stream_ptr)
@@ -200,7 +226,15 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few shapes only")
     parser.add_argument("--host-only", action="store_true",
                         help="only the host time per call on the cached path")
+    parser.add_argument("--dtypes", default="float32,tf32,bfloat16,float16",
+                        help=f"comma-separated, of {', '.join(DTYPES)}")
+    parser.add_argument("--shapes", default=None,
+                        help="MxNxK,... instead of the sweep (e.g. 4096x4096x4096)")
     args = parser.parse_args(argv)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in DTYPES:
+            parser.error(f"--dtypes: unknown {d!r}; expected names from {', '.join(DTYPES)}")
     try:
         import torch
         if not torch.cuda.is_available():
@@ -214,6 +248,12 @@ def main(argv=None) -> int:
     shapes = SQUARES + MLP + SKINNY + SMALL_K + ODD + BIG
     if args.quick:
         shapes = [(4096, 4096, 4096), (8192, 1024, 1024), (8192, 64, 4096)]
+    if args.shapes:
+        try:
+            shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+            assert all(len(s) == 3 for s in shapes)
+        except (ValueError, AssertionError):
+            parser.error(f"--shapes: expected MxNxK,... got {args.shapes!r}")
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     meta = {
@@ -226,16 +266,19 @@ def main(argv=None) -> int:
             text=True).stdout.strip() or None,
     }
     rows = []
-    for (m, n, k) in shapes:
-        for act in ACTS:
-            row = bench_shape(m, n, k, act, torch, args.tune)
-            rows.append(row)
-            base = row.get("cublaslt_fused", row.get("torch_linear_act"))
-            Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-            print(f"{m:6d} {n:6d} {k:6d} {act:9s} ge2jit {row['ge2jit']:8.4f} ms "
-                  f"{row['ge2jit_tflops']:6.1f} TF/s | cupy {row['cupy_unfused']:8.4f} | "
-                  f"torch {base if base is None else round(base, 4)} | cuBLAS gemm "
-                  f"{row.get('cublas_gemm', float('nan')):.4f} | {row['config']}", flush=True)
+    for dtype in dtypes:
+        for (m, n, k) in shapes:
+            for act in (ACTS if dtype == "float32" else TC_ACTS):
+                row = bench_shape(m, n, k, act, torch, args.tune, dtype)
+                rows.append(row)
+                base = row.get("cublaslt_fused", row.get("torch_linear_act"))
+                Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                print(f"{dtype:8s} {m:6d} {n:6d} {k:6d} {act:9s} ge2jit {row['ge2jit']:8.4f} ms "
+                      f"{row['ge2jit_tflops']:6.1f} TF/s | cupy "
+                      f"{row.get('cupy_unfused', float('nan')):8.4f} | "
+                      f"torch {base if base is None else round(base, 4)} | cuBLAS gemm "
+                      f"{row.get('cublas_gemm', float('nan')):.4f} | {row['config']}",
+                      flush=True)
     host = host_time_us()
     print("host time per call (us):", {k: round(v, 2) for k, v in host.items()})
     compile_times = compile_and_load_times()

@@ -33,7 +33,7 @@ def _demo_specs(arch: str, m: int, n: int, k: int) -> list:
     """
     number = arch_number(arch)
     choice = heuristic(m, n, k, 1, number, "rr")
-    vecs = (False, n % 4 == 0, n % 4 == 0)
+    vecs = (4, 16 if n % 4 == 0 else 4, 16 if n % 4 == 0 else 4)   # A unaligned, B and Y by N
     specs = []
     for act in DEMO_ACTS:
         specs += kernel_set(DType.F32, Layout.ROW, Layout.ROW, None, Act(act), BiasKind.COL,

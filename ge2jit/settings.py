@@ -8,6 +8,7 @@
 | GE2JIT_NVRTC           | path of the libnvrtc shared library to load                     |
 | GE2JIT_VERBOSE         | 1: log compiles and cache events to stderr                      |
 | GE2JIT_CACHE_MAX_SIZE  | size cap of the kernel cache (e.g. 2GB); least recently used out |
+| GE2JIT_FLOAT32_PRECISION | default ``precision`` of float32 GEMMs: ieee (exact) or tf32  |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Settings:
     nvrtc_path: str | None
     verbose: bool
     cache_max_size: int | None = None
+    float32_precision: str = "ieee"
 
 
 def _default_cache_dir() -> Path:
@@ -52,7 +54,17 @@ def get_settings() -> Settings:
         nvrtc_path=os.environ.get("GE2JIT_NVRTC") or None,
         verbose=_flag("GE2JIT_VERBOSE"),
         cache_max_size=_size("GE2JIT_CACHE_MAX_SIZE"),
+        float32_precision=_choice("GE2JIT_FLOAT32_PRECISION", ("ieee", "tf32"), "ieee"),
     )
+
+
+def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in allowed:
+        raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {text!r}")
+    return text
 
 
 def parse_size(text: str) -> int:

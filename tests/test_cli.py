@@ -69,7 +69,7 @@ def test_arch_option_overrides_the_file(tmp_path):
 
 @pytest.mark.parametrize("text, line, words", [
     ("colour = 1\n" + SMALL, 1, ["colour: unknown key", "accepted: archs, gemm_bias_act"]),
-    (SMALL + "colour = 1\n", 10, ["colour: unknown key", "accepted keys: dtypes, acts"]),
+    (SMALL + "colour = 1\n", 10, ["colour: unknown key", "accepted keys: dtypes, out_dtypes, acts"]),
     (SMALL.replace("acts =", "act ="), 5, ["act: unknown key", "acts"]),
     (SMALL.replace('["col"]', '["colum"]'), 6, ["bias: expected", "'col'", "'row'"]),
     (SMALL.replace('["rr"]', '["rx"]'), 7, ["layouts: expected", "'rc'"]),

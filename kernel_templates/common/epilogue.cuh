@@ -5,7 +5,7 @@
 {% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias") %}
 float {{ out }} = alpha * ({{ acc }});
 {% if spec.layout_c %}
-{{ out }} = fmaf(beta, C_AT({{ m }}, {{ n }}), {{ out }});
+{{ out }} = fmaf(beta, to_f32(C_AT({{ m }}, {{ n }})), {{ out }});
 {% endif %}
 {% if spec.bias.value == "scalarbias" %}
 {{ out }} += bias_value;
@@ -39,15 +39,63 @@ float {{ out }} = alpha * ({{ acc }});
 {% endmacro %}
 
 {# The parameter list every GEMM kernel family takes, in the order the launcher packs them
-   (ge2jit/ops/gemm/op.py, _GEMM_PARAMS): every parameter is 8 bytes. #}
+   (ge2jit/ops/gemm/op.py, _GEMM_PARAMS): every parameter is 8 bytes. The element types are
+   the spec's (common/types.cuh). #}
 {% macro gemm_params(spec) %}
-{{ spec.kernel_name }}(const float* __restrict__ A, long long lda,
-                       const float* __restrict__ B, long long ldb,
-                       const float* __restrict__ C, long long ldc,
-                       const float* __restrict__ bias, long long bias_stride,
-                       float* __restrict__ Y, long long ldy,
-                       float* __restrict__ Z, long long ldz,
+{{ spec.kernel_name }}(const {{ spec.in_ctype }}* __restrict__ A, long long lda,
+                       const {{ spec.in_ctype }}* __restrict__ B, long long ldb,
+                       const {{ spec.c_ctype }}* __restrict__ C, long long ldc,
+                       const {{ spec.bias_ctype }}* __restrict__ bias, long long bias_stride,
+                       {{ spec.y_ctype }}* __restrict__ Y, long long ldy,
+                       {{ spec.y_ctype }}* __restrict__ Z, long long ldz,
                        long long M_, long long N_, long long K_,
                        double alpha_, double beta_, double leaky_slope_,
                        long long k_tiles_per_split)
 {% endmacro %}
+
+{# The float32 locals of the 8-byte kernel parameters (after gemm_params). #}
+{% macro scalars(sizes=True) %}
+{% if sizes %}
+const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
+{% endif %}
+const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
+const float leaky_slope = static_cast<float>(leaky_slope_);
+{% endmacro %}
+
+{# Stores yv[0..width) (and zv) at row m, columns nb.., of Y (and Z): in one vector access
+   when the spec allows it and `vector_ok` holds, else element by element up to column N.
+   Inside a loop: the vector path ends the iteration with `continue`. #}
+{% macro store_yz(spec, width, vector_ok, m="m", nb="nb") %}
+{% if spec.vec_y %}
+if ({{ vector_ok }}) {
+    store_vec(&Y[static_cast<long long>({{ m }}) * ldy + {{ nb }}], yv);
+{% if spec.save_z %}
+    store_vec(&Z[static_cast<long long>({{ m }}) * ldz + {{ nb }}], zv);
+{% endif %}
+    continue;
+}
+{% endif %}
+#pragma unroll
+for (int c = 0; c < {{ width }}; ++c) {
+    if ({{ nb }} + c < N) {
+        store(&Y[static_cast<long long>({{ m }}) * ldy + {{ nb }} + c], yv[c]);
+{% if spec.save_z %}
+        store(&Z[static_cast<long long>({{ m }}) * ldz + {{ nb }} + c], zv[c]);
+{% endif %}
+    }
+}
+{% endmacro %}
+
+{# zv[c], yv[c] for columns nb + c, c < width, of row m: Z and act(Z), from accumulator `acc`
+   (an expression of c), then stored with store_yz. #}
+{% macro finish(spec, width, acc, col_bias, vector_ok, m="m", nb="nb") %}
+float zv[{{ width }}], yv[{{ width }}];
+#pragma unroll
+for (int c = 0; c < {{ width }}; ++c) {
+    const auto n = min({{ nb }} + c, N - 1);   // clamped: columns past N are not stored
+    {{ compute_z(spec, "z", acc, m, "n", col_bias, "row_bias") | indent(4) }}
+    zv[c] = z;
+    yv[c] = act_{{ spec.act.value }}(z, leaky_slope);
+}
+{{ store_yz(spec, width, vector_ok, m, nb) }}
+{%- endmacro %}

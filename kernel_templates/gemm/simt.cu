@@ -1,7 +1,8 @@
 // {{ spec.kernel_name }}
-// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores.
+// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), {{ spec.dtype.numpy_name }} inputs, float32 arithmetic on the CUDA cores.
 // A is {{ "row" if spec.layout_a.value == "r" else "column" }}-major, B is {{ "row" if spec.layout_b.value == "r" else "column" }}-major; Y{% if spec.save_z %} and Z are{% else %} is{% endif %} row-major.
 {% import "common/epilogue.cuh" as ep %}
+{% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 
 constexpr int BM = {{ spec.tile.bm }};
@@ -20,9 +21,7 @@ constexpr int PAD = 4;
 extern "C" __global__ void __launch_bounds__(THREADS)
 {{ ep.gemm_params(spec) -}}
 {
-    const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
-    const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
-    const float leaky_slope = static_cast<float>(leaky_slope_);
+    {{ ep.scalars() | indent(4) }}
     __shared__ float As[BK][BM + PAD];   // As[k][m]
     __shared__ float Bs[BK][BN + PAD];   // Bs[k][n]
 
@@ -49,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             const int mm = idx % BM, kk = idx / BM;
 {% endif %}
             const int m = m0 + mm, k = k0 + kk;
-            As[kk][mm] = (m < M && k < K) ? A_AT(m, k) : 0.0f;
+            As[kk][mm] = (m < M && k < K) ? to_f32(A_AT(m, k)) : 0.0f;
         }
 #pragma unroll
         for (int idx = tid; idx < BK * BN; idx += THREADS) {
@@ -59,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             const int kk = idx % BK, nn = idx / BK;
 {% endif %}
             const int n = n0 + nn, k = k0 + kk;
-            Bs[kk][nn] = (n < N && k < K) ? B_AT(k, n) : 0.0f;
+            Bs[kk][nn] = (n < N && k < K) ? to_f32(B_AT(k, n)) : 0.0f;
         }
         __syncthreads();
 
@@ -81,24 +80,24 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
     // Fused epilogue, in registers; Y (and Z) are written once.
 {% if spec.bias.value == "scalarbias" %}
-    const float bias_value = bias[0];
+    const float bias_value = to_f32(bias[0]);
 {% endif %}
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ty + i * THREADS_M;
         if (m >= M) continue;
 {% if spec.bias.value == "rowbias" %}
-        const float row_bias = bias[(long long)m * bias_stride];
+        const float row_bias = to_f32(bias[(long long)m * bias_stride]);
 {% endif %}
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
             const int n = n0 + tx + j * THREADS_N;
             if (n >= N) continue;
-            {{ ep.compute_z(spec, "z", "acc[i][j]", "m", "n", "bias[(long long)n * bias_stride]", "row_bias") | indent(12) }}
+            {{ ep.compute_z(spec, "z", "acc[i][j]", "m", "n", "to_f32(bias[(long long)n * bias_stride])", "row_bias") | indent(12) }}
 {% if spec.save_z %}
-            Z[(long long)m * ldz + n] = z;
+            store(&Z[(long long)m * ldz + n], z);
 {% endif %}
-            Y[(long long)m * ldy + n] = act_{{ spec.act.value }}(z, leaky_slope);
+            store(&Y[(long long)m * ldy + n], act_{{ spec.act.value }}(z, leaky_slope));
         }
     }
 }

@@ -8,6 +8,7 @@
 {% endif %}
 // A {{ "row" if spec.layout_a.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_a else "4-byte" }} copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_b else "4-byte" }} copies); {{ cfg.stages }}-stage cp.async pipeline.
 {% import "common/epilogue.cuh" as ep %}
+{% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 {% include "common/cp_async.cuh" %}
 
@@ -106,9 +107,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
 {{ ep.gemm_params(spec) -}}
 {
     extern __shared__ __align__(16) float smem[];
-    const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
-    const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
-    const float leaky_slope = static_cast<float>(leaky_slope_);
+    {{ ep.scalars() | indent(4) }}
 
     const int tid = threadIdx.x;
     const int lane = tid % 32, warp = tid / 32;
@@ -215,34 +214,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
         for (int j4 = 0; j4 < TN / 4; ++j4) {
             const int nb = n0 + COL(j4 * 4);
             if (nb >= N) continue;
-            float zv[4], yv[4];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int n = min(nb + c, N - 1);   // clamped: columns past N are not stored
-                {{ ep.compute_z(spec, "z", "acc[i][j4 * 4 + c]", "m", "n", "col_bias[j4 * 4 + c]", "row_bias") | indent(16) }}
-                zv[c] = z;
-                yv[c] = act_{{ spec.act.value }}(z, leaky_slope);
-            }
-{% if spec.vec_y %}
-            if (full_tile || nb + 3 < N) {
-                *reinterpret_cast<float4*>(&Y[static_cast<long long>(m) * ldy + nb]) =
-                    make_float4(yv[0], yv[1], yv[2], yv[3]);
-{% if spec.save_z %}
-                *reinterpret_cast<float4*>(&Z[static_cast<long long>(m) * ldz + nb]) =
-                    make_float4(zv[0], zv[1], zv[2], zv[3]);
-{% endif %}
-                continue;
-            }
-{% endif %}
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                if (nb + c < N) {
-                    Y[static_cast<long long>(m) * ldy + nb + c] = yv[c];
-{% if spec.save_z %}
-                    Z[static_cast<long long>(m) * ldz + nb + c] = zv[c];
-{% endif %}
-                }
-            }
+            {{ ep.finish(spec, 4, "acc[i][j4 * 4 + c]", "col_bias[j4 * 4 + c]", "full_tile || nb + 3 < N") | indent(12) }}
         }
     }
 {% endif %}

@@ -2,6 +2,7 @@
 // Sums the split-K partial products in a fixed order (deterministic), then applies the fused
 // epilogue once: Y = act(alpha * sum{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}).
 {% import "common/epilogue.cuh" as ep %}
+{% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 {{ ep.c_accessor(spec) }}
 
@@ -21,8 +22,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
                        long long M, long long N,
                        double alpha_, double beta_, double leaky_slope_)
 {
-    const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
-    const float leaky_slope = static_cast<float>(leaky_slope_);
+    {{ ep.scalars(sizes=False) | indent(4) }}
     const long long groups = (N + 3) / 4;             // 4 consecutive columns per thread
     const long long slice = M * ldw;
 {% if spec.bias.value == "scalarbias" %}
@@ -40,31 +40,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 {% if spec.bias.value == "rowbias" %}
         const float row_bias = bias[m * bias_stride];
 {% endif %}
-        float zv[4], yv[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const long long n = min(nb + c, N - 1);    // clamped: columns past N are not stored
-            {{ ep.compute_z(spec, "z", "component(s, c)", "m", "n", "bias[n * bias_stride]", "row_bias") | indent(12) }}
-            zv[c] = z;
-            yv[c] = act_{{ spec.act.value }}(z, leaky_slope);
-        }
-{% if spec.vec_y %}
-        if (nb + 3 < N) {
-            *reinterpret_cast<float4*>(&Y[m * ldy + nb]) = make_float4(yv[0], yv[1], yv[2], yv[3]);
-{% if spec.save_z %}
-            *reinterpret_cast<float4*>(&Z[m * ldz + nb]) = make_float4(zv[0], zv[1], zv[2], zv[3]);
-{% endif %}
-            continue;
-        }
-{% endif %}
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            if (nb + c < N) {
-                Y[m * ldy + nb + c] = yv[c];
-{% if spec.save_z %}
-                Z[m * ldz + nb + c] = zv[c];
-{% endif %}
-            }
-        }
+        {{ ep.finish(spec, 4, "component(s, c)", "bias[n * bias_stride]", "nb + 3 < N") | indent(8) }}
     }
 }

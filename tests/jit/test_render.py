@@ -9,7 +9,11 @@ import pytest
 
 from ge2jit.jit.render import render, template_dir
 from ge2jit.ops.gemm.spec import (
+    MMA_16BIT_CONFIGS,
+    MMA_TF32_CONFIGS,
     SIMT_F32_TILES,
+    MmaConfig,
+    MmaGemmSpec,
     Act,
     BiasKind,
     DType,
@@ -41,7 +45,7 @@ def test_every_combination_renders():
         assert f"act_{spec.act.value}(z, leaky_slope)" in src
         assert f"constexpr int BM = {spec.tile.bm};" in src
         assert f"constexpr int TN = {spec.tile.tn};" in src
-        assert ("Z[(long long)m * ldz + n] = z;" in src) == spec.save_z
+        assert ("store(&Z[(long long)m * ldz + n], z);" in src) == spec.save_z
         assert ("C_AT(m, n)" in src) == spec.has_c
         assert ("bias[" in src) == (spec.bias is not BiasKind.NONE)
         a_row = "#define A_AT(m, k) A[(long long)(m) * lda + (k)]" in src
@@ -58,6 +62,44 @@ def test_kernel_name_is_procedural():
     spec2 = GemmSpec(DType.F32, Layout.COL, Layout.ROW, Layout.ROW, Act.SILU, BiasKind.ROW, True,
                      TileConfig(64, 64, 8, 4, 4))
     assert spec2.kernel_name == "gemm_f32_cr_64x64x8_4x4_silu_rowbias_cr_z"
+
+
+def test_element_types_reach_the_kernel_signature():
+    spec = GemmSpec(DType.BF16, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL, True,
+                    SIMT_F32_TILES[0], out_dtype=DType.F32, c_dtype=DType.F32)
+    assert spec.kernel_name == ("gemm_bf16_rc_128x128x8_8x8_gelu_colbias_crf32_of32_z")
+    src = render(spec)
+    for decl in ("const bf16_t* __restrict__ A", "const bf16_t* __restrict__ B",
+                 "const float* __restrict__ C", "const bf16_t* __restrict__ bias",
+                 "float* __restrict__ Y", "float* __restrict__ Z"):
+        assert decl in src
+    # Unused C and bias take the inputs' type: equal kernels have equal specs and names.
+    same = GemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
+                    SIMT_F32_TILES[0], c_dtype=DType.F32, bias_dtype=DType.F32)
+    assert same == GemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE,
+                            False, SIMT_F32_TILES[0])
+
+
+@pytest.mark.parametrize("dtype", list(DType))
+def test_mma_specs_render(dtype):
+    configs = MMA_TF32_CONFIGS if dtype is DType.F32 else MMA_16BIT_CONFIGS
+    instr = {"f32": "m16n8k8.row.col.f32.tf32.tf32.f32", "f16": "m16n8k16.row.col.f32.f16.f16",
+             "bf16": "m16n8k16.row.col.f32.bf16.bf16"}[dtype.value]
+    for la, lb in itertools.product(Layout, Layout):
+        spec = MmaGemmSpec(dtype, la, lb, Layout.COL, Act.SILU, BiasKind.ROW, True, configs[0],
+                           copy_a=8, out_dtype=DType.F32)
+        src = render(spec)
+        assert "{{" not in src and "{%" not in src
+        assert f"mma.sync.aligned.{instr}" in src
+        assert "constexpr int COPY_A = 8;" in src and "constexpr int COPY_B = 16;" in src
+        assert "float* __restrict__ Y" in src
+        # 16-bit operands stored MN-contiguous are read transposed by ldmatrix; tf32 ones
+        # word by word.
+        trans = "ldmatrix_x4_trans(af[mi]" in src
+        assert trans == (la is Layout.COL and dtype is not DType.F32)
+    with pytest.raises(ValueError, match="BK = .* does not fit"):
+        MmaGemmSpec(dtype, la, lb, None, Act.NONE, BiasKind.NONE, False,
+                    MmaConfig(64, 64, 64 if dtype is DType.F32 else 16, 32, 32, 4))
 
 
 def test_spec_is_hashable_and_frozen():

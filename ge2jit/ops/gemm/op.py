@@ -20,16 +20,22 @@ from ...tune.timing import time_ms
 from .problem import Problem, byte_span, check_spans_do_not_overlap, validate
 from .select import (
     FALLBACK_TILE,
+    Aligns,
     Choice,
     KernelSet,
+    alignment,
     candidates,
     heuristic,
     kernel_set,
+    mma_fits,
     parse_config,
+    uses_tensor_cores,
 )
 from .spec import (
-    Layout,
+    DType,
+    MmaConfig,
     PipelineConfig,
+    Precision,
 )
 
 _GRID_Y_MAX = 65535
@@ -91,8 +97,8 @@ class Plan:
 
     def launch(self, p: Problem, y, z, stream) -> None:
         m, n = p.m, p.n
-        ldy = y.strides[0] // 4 if m > 1 else n
-        ldz = (z.strides[0] // 4 if m > 1 else n) if z is not None else 0
+        ldy = _ld(y, m, n)
+        ldz = _ld(z, m, n) if z is not None else 0
         self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
                  p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
                  p.leaky_slope, stream.ptr)
@@ -100,6 +106,11 @@ class Plan:
 
 def _ptr(x) -> int:
     return 0 if x is None else x.data.ptr
+
+
+def _ld(y, m: int, n: int) -> int:
+    """Leading dimension, in elements, of a row-major output."""
+    return y.strides[0] // y.itemsize if m > 1 else n
 
 
 @dataclass(frozen=True)
@@ -131,23 +142,23 @@ class Explanation:
         return "\n".join(lines)
 
 
-def _vec_flags(p: Problem, y, z) -> tuple[bool, bool, bool]:
-    vec_a = p.layout_a is Layout.COL and p.a.data.ptr % 16 == 0 and p.lda % 4 == 0
-    vec_b = p.layout_b is Layout.ROW and p.b.data.ptr % 16 == 0 and p.ldb % 4 == 0
-    vec_y = y.data.ptr % 16 == 0 and (p.m == 1 or (y.strides[0] // 4) % 4 == 0)
+def _aligns(p: Problem, y, z) -> Aligns:
+    item = p.a.itemsize
+    align_y = alignment(y.data.ptr, _ld(y, p.m, p.n) * y.itemsize)
     if z is not None:
-        vec_y = vec_y and z.data.ptr % 16 == 0 and (p.m == 1 or (z.strides[0] // 4) % 4 == 0)
-    return vec_a, vec_b, vec_y
+        align_y = min(align_y, alignment(z.data.ptr, _ld(z, p.m, p.n) * z.itemsize))
+    return (alignment(p.a.data.ptr, p.lda * item), alignment(p.b.data.ptr, p.ldb * item),
+            align_y)
 
 
 def _tuning_key(p: Problem, arch: str) -> dict:
     def bucket(x: int) -> int:
         return 1 << max(x - 1, 0).bit_length()
 
-    cands = candidates(p.m, p.n, p.k, arch_number(arch))
+    cands = candidates(p.m, p.n, p.k, arch_number(arch), p.dtype, p.precision)
     return {
         "op": "gemm_bias_act", "device": device_name(p.device_id), "arch": arch,
-        "dtype": p.dtype.value,
+        "dtype": p.dtype.value, "precision": p.precision.value,
         "layouts": p.layout_a.value + p.layout_b.value,
         "bucket": [bucket(p.m), bucket(p.n), bucket(p.k)],
         "candidates": sorted(f"{c.name}_k{s}" for c, s in cands),
@@ -155,13 +166,18 @@ def _tuning_key(p: Problem, arch: str) -> dict:
     }
 
 
-def _kernels_for(p: Problem, choice: Choice, save_z: bool, vecs) -> KernelSet:
-    if isinstance(choice.config, PipelineConfig) and _arch_number(p.device_id) < 80:
+def _kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> KernelSet:
+    cfg = choice.config
+    if isinstance(cfg, (PipelineConfig, MmaConfig)) and _arch_number(p.device_id) < 80:
         raise ArgumentValueError(
-            f"config: {choice.config.name} is a pipelined (cp.async) config, which needs sm_80 "
+            f"config: {cfg.name} is a {choice.family} (cp.async) config, which needs sm_80 "
             f"or newer; this GPU is {device_arch(p.device_id)}")
+    if isinstance(cfg, MmaConfig) and not uses_tensor_cores(p.dtype, p.precision):
+        raise ArgumentValueError(
+            f"config: {cfg.name} runs on the tensor cores; float32 inputs use them only with "
+            f"precision='tf32'")
     return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
-                      choice.config, choice.split_k, p.k, vecs)
+                      cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype)
 
 
 def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
@@ -212,11 +228,20 @@ def _choose(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Choice:
     if autotune:
         return _tune(p, save_z, vecs).best
     return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id),
-                     p.layout_a.value + p.layout_b.value)
+                     p.layout_a.value + p.layout_b.value, p.dtype, p.precision)
 
 
 def _make_plan(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Plan:
     choice = _choose(p, config, autotune, save_z, vecs)
+    if isinstance(choice.config, MmaConfig) and not mma_fits(vecs):
+        why = (f"a {p.dtype.numpy_name} operand whose pointer or leading dimension is not "
+               f"4-byte aligned cannot be copied by cp.async")
+        if why not in _warned:
+            _warned.add(why)
+            warnings.warn(f"ge2jit: {why}; using the slower fallback kernel "
+                          f"{FALLBACK_TILE.name} (align or copy the operand for the tensor "
+                          f"cores)", RuntimeWarning, stacklevel=4)
+        choice = Choice(FALLBACK_TILE, 1, "fallback", f"{choice.name}: {why}")
     try:
         return _build_plan(p, choice, save_z, vecs)
     except (KernelCompileError, KernelLaunchError) as e:
@@ -234,17 +259,20 @@ def _make_plan(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Plan:
 def _outputs(p: Problem, save_preact: bool):
     import cupy as cp
 
-    y = p.out if p.out is not None else cp.empty((p.m, p.n), dtype=np.float32)
+    dtype = p.y_numpy_dtype
+    y = p.out if p.out is not None else cp.empty((p.m, p.n), dtype=dtype)
     z = None
     if save_preact:
-        z = p.preact_out if p.preact_out is not None else cp.empty((p.m, p.n), dtype=np.float32)
+        z = p.preact_out if p.preact_out is not None else cp.empty((p.m, p.n), dtype=dtype)
     return y, z
 
 
+
 def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Plan:
-    vecs = _vec_flags(p, y, z)
-    key = (p.device_id, p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind,
-           save_preact, p.m, p.n, p.k, vecs, config, autotune)
+    vecs = _aligns(p, y, z)
+    key = (p.device_id, p.dtype, p.out_dtype, p.c_dtype, p.bias_dtype, p.precision, p.layout_a,
+           p.layout_b, p.layout_c, p.act, p.bias_kind, save_preact, p.m, p.n, p.k, vecs, config,
+           autotune)
     plan = _plans.get(key)
     if plan is None:
         with _plans_lock:
@@ -275,7 +303,7 @@ def _relative_span(x) -> tuple[int, int]:
 
 
 def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
-               config, autotune, device_id):
+               config, autotune, device_id, out_dtype, precision):
     """Everything validation and the kernel choice depend on, except pointers (only their
     16-byte alignment). Raises AttributeError or TypeError for non-CuPy arguments.
 
@@ -293,14 +321,14 @@ def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, p
                                              preact_out.dtype, preact_out.data.device_id,
                                              preact_out.data.ptr & 15),
             act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
-            config, autotune, device_id)
+            config, autotune, device_id, out_dtype, precision)
 
 
 class _Prepared:
     """A validated argument pattern and its plan: repeated calls skip validation and choice."""
 
     __slots__ = ("plan", "run", "m", "n", "k", "lda", "ldb", "ldc", "use_c", "bias_stride",
-                 "ldy", "ldz", "save_z", "check_overlap", "offsets", "shape")
+                 "ldy", "ldz", "save_z", "check_overlap", "offsets", "shape", "dtype")
 
     def __init__(self, plan: Plan, p: Problem, save_z: bool, y, z, args):
         self.plan = plan
@@ -310,8 +338,9 @@ class _Prepared:
         self.lda, self.ldb, self.ldc = p.lda, p.ldb, p.ldc
         self.use_c = p.c is not None
         self.bias_stride = p.bias_stride
-        self.ldy = y.strides[0] // 4 if p.m > 1 else p.n
-        self.ldz = (z.strides[0] // 4 if p.m > 1 else p.n) if z is not None else 0
+        self.dtype = y.dtype
+        self.ldy = _ld(y, p.m, p.n)
+        self.ldz = _ld(z, p.m, p.n) if z is not None else 0
         self.save_z = save_z
         self.check_overlap = p.out is not None or p.preact_out is not None
         # Byte ranges relative to each array's pointer depend only on shapes and strides, which
@@ -324,10 +353,10 @@ class _Prepared:
                 None if x is None else (x.data.ptr + o[0], x.data.ptr + o[1])
                 for x, o in zip((a, b, c, bias, out, preact_out), self.offsets)])
         ndarray = _cupy.ndarray
-        y = out if out is not None else ndarray(self.shape, np.float32)
+        y = out if out is not None else ndarray(self.shape, self.dtype)
         z = None
         if self.save_z:
-            z = preact_out if preact_out is not None else ndarray(self.shape, np.float32)
+            z = preact_out if preact_out is not None else ndarray(self.shape, self.dtype)
         self.run(a.data.ptr, self.lda, b.data.ptr, self.ldb,
                  c.data.ptr if self.use_c else 0, self.ldc,
                  0 if bias is None else bias.data.ptr, self.bias_stride,
@@ -339,7 +368,8 @@ class _Prepared:
 
 def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
                   beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False,
-                  out=None, preact_out=None, config=None, autotune: bool = False):
+                  out=None, preact_out=None, out_dtype=None, precision=None, config=None,
+                  autotune: bool = False):
     """Fused ``Y = act(alpha * (A @ B) + beta * C + bias)``, written once to memory.
 
     Products are accumulated in float32 and the epilogue (scaling, C, bias, activation) runs in
@@ -347,28 +377,48 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
     device and stream; never synchronizes; allocates only its outputs (and, for split-K, a
     float32 workspace of split x M x N from CuPy's memory pool).
 
+    Types and accuracy:
+        - float32 inputs, ``precision="ieee"`` (the default): exact float32 products on the CUDA
+          cores; errors are those of float32 summation (about 1e-6 relative).
+        - float32 inputs, ``precision="tf32"``: the tensor cores' tf32 path. Each input is
+          rounded to tf32 (10 mantissa bits, about 3 decimal digits; float32's range), products
+          are accumulated in float32: relative errors around 1e-4 to 1e-3, for up to ~7x the
+          speed on an H100/H200. ``GE2JIT_FLOAT32_PRECISION=tf32`` makes it the default.
+        - float16 / bfloat16 inputs: tensor cores, float32 accumulation; the inputs are what
+          they are (10 or 7 mantissa bits), Y is rounded once to its type at the end.
+
     Args:
-        a: (M, K) ``cupy.ndarray``, float32. Row-major, column-major (a transposed view such as
-            ``w.T``) or a slice of a larger array with a unit stride in one dimension is used as
-            it is; any other strides are copied once into a C-contiguous array.
-        b: (K, N) ``cupy.ndarray``, float32, same layout rules as ``a``.
-        bias: None, or an array that broadcasts to (M, N): shape ``()`` or ``(1,)`` is a scalar,
-            ``(N,)`` or ``(1, N)`` one value per column, ``(M, 1)`` one value per row.
+        a: (M, K) ``cupy.ndarray`` of float32, float16 or bfloat16 (``ml_dtypes.bfloat16``; a
+            PyTorch tensor arrives through ``cupy.from_dlpack``). Row-major, column-major (a
+            transposed view such as ``w.T``) or a slice of a larger array with a unit stride in
+            one dimension is used as it is; any other strides are copied once into a
+            C-contiguous array. 16-bit operands whose pointer or leading dimension is not
+            4-byte aligned run on the slower fallback kernel (with a warning), not an error.
+        b: (K, N) ``cupy.ndarray`` of the same dtype as ``a``, same layout rules.
+        bias: None, or an array (``a``'s dtype or float32) that broadcasts to (M, N): shape
+            ``()`` or ``(1,)`` is a scalar, ``(N,)`` or ``(1, N)`` one value per column,
+            ``(M, 1)`` one value per row.
         act: "none", "relu", "leaky_relu", "gelu" (exact, erf form), "gelu_tanh" (tanh
             approximation), "sigmoid", "tanh" or "silu". NaN propagates through all of them.
-        c: None, or an (M, N) array (any layout ``a`` accepts), added as ``beta * C``. When
-            ``beta == 0`` C is not read (the BLAS convention).
+        c: None, or an (M, N) array (``a``'s dtype or float32; any layout ``a`` accepts), added
+            as ``beta * C``. When ``beta == 0`` C is not read (the BLAS convention).
         alpha: scale of ``A @ B``.
         beta: scale of ``C``; nonzero ``beta`` needs ``c``.
         leaky_slope: slope of "leaky_relu" for negative inputs.
-        save_preact: also return ``Z = alpha * A @ B + beta * C + bias``, the pre-activation.
-        out: optional (M, N) float32 array written in place: row-major (C-contiguous, or a slice
-            of the rows of a larger array); it must not overlap any input.
+        save_preact: also return ``Z = alpha * A @ B + beta * C + bias``, the pre-activation,
+            in Y's dtype.
+        out: optional (M, N) array written in place, of Y's dtype: row-major (C-contiguous, or
+            a slice of the rows of a larger array); it must not overlap any input.
         preact_out: optional preallocated Z for ``save_preact``, with the same rules as ``out``.
-        config: pin a kernel configuration for experiments: a ``PipelineConfig`` or its name
-            (``"128x128x8_w32x64_s3"``, with ``"_k4"`` appended for a 4-way split of K), or a
-            basic ``TileConfig`` (``"64x64x8_4x4"``). Default: the tuning database's choice for
-            this problem if there is one, else a heuristic on the shape.
+        out_dtype: Y's (and Z's) dtype: ``a``'s dtype or float32. Default: ``out``'s dtype if
+            ``out`` is given, else ``a``'s.
+        precision: float32 inputs only: "ieee" (exact, default) or "tf32" (see above); None
+            reads ``GE2JIT_FLOAT32_PRECISION``.
+        config: pin a kernel configuration for experiments: a config object or its name
+            (float32: ``"128x128x8_w32x64_s3"``, with ``"_k4"`` appended for a 4-way split of K;
+            tensor cores: ``"mma_128x128x32_w64x64_s4"``; the plain tiled kernel, any dtype:
+            ``"64x64x8_4x4"``). Default: the tuning database's choice for this problem if
+            there is one, else a heuristic on the shape.
         autotune: when the tuning database has no entry for this problem, time every candidate
             on these arrays first and store the winner (see ``ge2jit.tune``).
 
@@ -378,21 +428,23 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (a NumPy array, say).
-        ArgumentValueError: bad dtype, shape, activation, bias shape, ``out`` or device.
+        ArgumentValueError: bad dtype (or mixed dtypes), shape, activation, bias shape, ``out``,
+            ``out_dtype``, ``precision`` or device.
         KernelCompileError: NVRTC rejected the kernel (the message holds its log).
     """
     cp = _cp()
     device_id = cp.cuda.runtime.getDevice()
     try:
         sig = _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                         preact_out, config, autotune, device_id)
+                         preact_out, config, autotune, device_id, out_dtype, precision)
         prepared = _fast.get(sig)
     except (AttributeError, TypeError):  # not CuPy arrays, or unhashable: validate says why
         sig = prepared = None
     if prepared is not None:
         return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out)
 
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact)
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact,
+                 out_dtype, precision)
     if config is not None:
         parse_config(config)  # a bad name is an error before anything is allocated
     y, z = _outputs(p, save_preact)
@@ -409,10 +461,12 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
 
 def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
             beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False, out=None,
-            preact_out=None, config=None, autotune: bool = False) -> Explanation:
+            preact_out=None, out_dtype=None, precision=None, config=None,
+            autotune: bool = False) -> Explanation:
     """Which configuration and kernels ``gemm_bias_act`` would use for these arguments, and why
     ("heuristic", "tuned", "pinned" or "fallback"). Compiles the kernels; launches nothing."""
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact)
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact,
+                 out_dtype, precision)
     if p.empty:
         raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches nothing")
     y, z = _outputs(p, save_preact)
@@ -450,7 +504,7 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None 
     stream = cp.cuda.get_current_stream()
     flops = 2.0 * p.m * p.n * p.k
     records = []
-    cands = candidates(p.m, p.n, p.k, _arch_number(p.device_id))
+    cands = candidates(p.m, p.n, p.k, _arch_number(p.device_id), p.dtype, p.precision)
     # Compile every candidate first, in parallel processes; timing then only loads them.
     jobs = []
     for cfg, split in cands:
@@ -486,19 +540,20 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None 
 
 
 def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta: float = 0.0,
-         leaky_slope: float = 0.01, save_preact: bool = False, reps: int = 20,
-         processes: int | None = None) -> TuneResult:
+         leaky_slope: float = 0.01, save_preact: bool = False, out_dtype=None, precision=None,
+         reps: int = 20, processes: int | None = None) -> TuneResult:
     """Time every candidate configuration on these arrays and store the fastest.
 
     The winner is written to the persistent tuning database (under the kernel cache directory),
     keyed by device, architecture, problem bucket (M, N, K rounded up to powers of two), dtype,
     layouts, the candidate list and ge2jit's version; later calls in any process use it.
     """
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, None, save_preact)
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, None, save_preact,
+                 out_dtype, precision)
     if p.empty:
         raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
     y, z = _outputs(p, save_preact)
-    return _tune(p, save_preact, _vec_flags(p, y, z), reps, processes)
+    return _tune(p, save_preact, _aligns(p, y, z), reps, processes)
 
 
 def clear_plans() -> None:

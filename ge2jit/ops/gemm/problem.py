@@ -7,10 +7,12 @@ import numbers
 import numpy as np
 
 from ...errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
-from .spec import ACT_NAMES, Act, BiasKind, DType, Layout
+from .spec import ACT_NAMES, Act, BiasKind, DType, Layout, Precision
 
-SUPPORTED_DTYPES = {np.dtype(np.float32): DType.F32}
-_SUPPORTED_TEXT = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+#: numpy dtype name -> DType (bfloat16 is ml_dtypes.bfloat16, which CuPy 14 uses)
+SUPPORTED_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
+_SUPPORTED_TEXT = ", ".join(SUPPORTED_DTYPES)
+PRECISIONS = {p.value: p for p in Precision}
 BIAS_SHAPES_TEXT = "None, () or (1,) for a scalar, (N,) or (1, N) per column, (M, 1) per row"
 
 
@@ -34,11 +36,72 @@ def check_array(x, name: str):
 
 
 def check_dtype(x, name: str) -> DType:
-    dt = SUPPORTED_DTYPES.get(x.dtype)
+    dt = SUPPORTED_DTYPES.get(x.dtype.name)
     if dt is None:
         raise ArgumentValueError(
             f"{name}: dtype {x.dtype} is not supported; supported dtypes: {_SUPPORTED_TEXT}"
         )
+    return dt
+
+
+def _dtype_name(x) -> str | None:
+    """'float32' for 'float32', numpy.float32, cupy.float32, numpy.dtype('float32'), ...;
+    None when ``x`` names no dtype."""
+    if isinstance(x, str):
+        return x
+    name = getattr(x, "name", None)   # a numpy dtype, ml_dtypes.bfloat16's dtype
+    if isinstance(name, str) and not isinstance(x, type):
+        return name
+    try:
+        return np.dtype(x).name
+    except TypeError:
+        return None
+
+
+def check_out_dtype(out_dtype, dtype: DType, out) -> DType:
+    """Y's type: ``out_dtype``, else ``out``'s dtype, else the inputs'. Allowed: the inputs'
+    dtype or float32."""
+    allowed = {dtype.numpy_name, "float32"}
+    text = " or ".join(sorted(allowed))
+    if out_dtype is None:
+        if out is None:
+            return dtype
+        name = out.dtype.name
+        if name not in allowed:
+            raise ArgumentValueError(f"out: expected dtype {text} (a and b are "
+                                     f"{dtype.numpy_name}), got {out.dtype}")
+        return SUPPORTED_DTYPES[name]
+    name = _dtype_name(out_dtype)
+    if name not in allowed:
+        raise ArgumentValueError(f"out_dtype: expected {text} (a and b are {dtype.numpy_name}),"
+                                 f" got {out_dtype!r}")
+    return SUPPORTED_DTYPES[name]
+
+
+def check_precision(precision, dtype: DType) -> Precision:
+    """float32 math mode: 'ieee' (exact float32, the default) or 'tf32' (tensor cores)."""
+    if precision is None:
+        from ...settings import get_settings
+
+        precision = get_settings().float32_precision if dtype is DType.F32 else "ieee"
+    p = PRECISIONS.get(precision) if isinstance(precision, str) else (
+        precision if isinstance(precision, Precision) else None)
+    if p is None:
+        raise ArgumentValueError(f"precision: expected one of {', '.join(PRECISIONS)} or None, "
+                                 f"got {precision!r}")
+    if p is Precision.TF32 and dtype is not DType.F32:
+        raise ArgumentValueError(f"precision: 'tf32' applies to float32 inputs; a and b are "
+                                 f"{dtype.numpy_name}, which run on the tensor cores already")
+    return p
+
+
+def _input_or_f32(x, name: str, dtype: DType) -> DType:
+    """C's and the bias' type: the inputs' dtype or float32."""
+    dt = SUPPORTED_DTYPES.get(x.dtype.name)
+    if dt is not dtype and dt is not DType.F32:
+        allowed = " or ".join(sorted({dtype.numpy_name, "float32"}))
+        raise ArgumentValueError(f"{name}: expected dtype {allowed} (a and b are "
+                                 f"{dtype.numpy_name}), got {x.dtype}")
     return dt
 
 
@@ -83,14 +146,11 @@ def check_scalar(x, name: str) -> float:
     return float(x)
 
 
-def bias_kind(bias, m: int, n: int, dtype) -> tuple[BiasKind, int]:
+def bias_kind(bias, m: int, n: int) -> tuple[BiasKind, int]:
     """(kind, element stride along the bias' varying dimension) of a bias for an (m, n) output."""
     if bias is None:
         return BiasKind.NONE, 0
     check_array(bias, "bias")
-    if bias.dtype != dtype:
-        raise ArgumentValueError(f"bias: expected dtype {dtype} (the dtype of a and b), "
-                                 f"got {bias.dtype}")
     shape = bias.shape
     if bias.ndim <= 2 and bias.size == 1:
         return BiasKind.SCALAR, 0
@@ -160,7 +220,8 @@ def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
 class Problem:
     """A validated call: sizes, kinds and the operands as the kernel will read them."""
 
-    __slots__ = ("m", "n", "k", "dtype", "act", "bias_kind", "bias_stride", "alpha", "beta",
+    __slots__ = ("m", "n", "k", "dtype", "out_dtype", "y_numpy_dtype", "c_dtype", "bias_dtype", "precision",
+                 "act", "bias_kind", "bias_stride", "alpha", "beta",
                  "leaky_slope", "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
                  "layout_b", "ldb", "layout_c", "ldc", "copied")
 
@@ -190,7 +251,7 @@ def check_output(x, name: str, m: int, n: int, dtype) -> None:
 
 
 def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
-             save_preact=False) -> Problem:
+             save_preact=False, out_dtype=None, precision=None) -> Problem:
     """Check every argument of gemm_bias_act; raise before anything is launched."""
     cp = _cupy()
     a = check_array(a, "a")
@@ -216,31 +277,40 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     alpha = check_scalar(alpha, "alpha")
     beta = check_scalar(beta, "beta")
     slope = check_scalar(leaky_slope, "leaky_slope")
-    kind, bias_stride = bias_kind(bias, m, n, a.dtype)
+    kind, bias_stride = bias_kind(bias, m, n)
+    bias_dtype = dtype if bias is None else _input_or_f32(bias, "bias", dtype)
+    c_dtype = dtype
     if c is not None:
         check_array(c, "c")
         if c.ndim != 2 or c.shape != (m, n):
             raise ArgumentValueError(f"c: expected shape ({m}, {n}) (M, N), got {c.shape}")
-        if c.dtype != a.dtype:
-            raise ArgumentValueError(f"c: expected dtype {a.dtype} (the dtype of a), "
-                                     f"got {c.dtype}")
+        c_dtype = _input_or_f32(c, "c", dtype)
     elif beta != 0.0:
         raise ArgumentValueError(f"beta: is {beta}, which needs c, but c is None; pass c= or "
                                  "beta=0")
     if out is not None:
-        check_output(out, "out", m, n, a.dtype)
+        check_array(out, "out")
+    y_dtype = check_out_dtype(out_dtype, dtype, out)
+    np_y = a.dtype if y_dtype is dtype else np.dtype(np.float32)
+    if out is not None:
+        check_output(out, "out", m, n, np_y)
     if preact_out is not None:
         if not save_preact:
             raise ArgumentValueError("preact_out: given, but save_preact is False")
-        check_output(preact_out, "preact_out", m, n, a.dtype)
+        check_output(preact_out, "preact_out", m, n, np_y)
+    prec = check_precision(precision, dtype)
     device_id = cp.cuda.runtime.getDevice()
     check_same_device({"a": a, "b": b, "bias": bias, "c": c, "out": out,
                        "preact_out": preact_out}, device_id)
     check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
     use_c = c is not None and beta != 0.0
-    p = Problem(m=m, n=n, k=k, dtype=dtype, act=act_e, bias_kind=kind, bias_stride=bias_stride,
+    p = Problem(m=m, n=n, k=k, dtype=dtype, out_dtype=y_dtype, y_numpy_dtype=np_y,
+                c_dtype=c_dtype,
+                bias_dtype=bias_dtype, precision=prec, act=act_e, bias_kind=kind, bias_stride=bias_stride,
                 alpha=alpha, beta=beta, leaky_slope=slope, device_id=device_id, bias=bias,
                 out=out, preact_out=preact_out, c=c if use_c else None, ldc=0)
+    if not use_c:
+        p.c_dtype = dtype
     p.copied = False
     if not p.empty:
         p.layout_a, p.lda, p.a = layout_of(a, "a")

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from ...errors import ArgumentTypeError, ArgumentValueError
 from .spec import (
     PIPELINED_F32_CONFIGS,
+    MmaConfig,
+    MmaGemmSpec,
+    Precision,
+    mma_configs,
     SIMT_F32_TILES,
     Act,
     BiasKind,
@@ -28,13 +32,15 @@ FALLBACK_TILE = SIMT_F32_TILES[-1]
 class Choice:
     """A kernel configuration and why it was chosen ("heuristic", "tuned", "pinned", "fallback")."""
 
-    config: PipelineConfig | TileConfig
+    config: PipelineConfig | MmaConfig | TileConfig
     split_k: int = 1
     reason: str = "heuristic"
     detail: str = ""
 
     @property
     def family(self) -> str:
+        if isinstance(self.config, MmaConfig):
+            return "mma"
         return "pipelined" if isinstance(self.config, PipelineConfig) else "basic"
 
     @property
@@ -45,11 +51,11 @@ class Choice:
         return f"{self.name} ({self.reason}{': ' + self.detail if self.detail else ''})"
 
 
-def parse_config(config) -> tuple[PipelineConfig | TileConfig, int]:
+def parse_config(config) -> tuple[PipelineConfig | MmaConfig | TileConfig, int]:
     """A pinned ``config=``: a config object, or a name, optionally with '_k<splits>'."""
     if isinstance(config, Choice):
         return config.config, config.split_k
-    if isinstance(config, (PipelineConfig, TileConfig)):
+    if isinstance(config, (PipelineConfig, MmaConfig, TileConfig)):
         return config, 1
     if not isinstance(config, str):
         raise ArgumentTypeError(
@@ -62,6 +68,11 @@ def parse_config(config) -> tuple[PipelineConfig | TileConfig, int]:
         text, split = head, int(tail)
         if split < 1:
             raise ArgumentValueError(f"config: split-K must be at least 1, got {config!r}")
+    if text.startswith("mma_"):
+        if split != 1:
+            raise ArgumentValueError(f"config: the tensor-core configs have no split-K, got "
+                                     f"{config!r}")
+        return MmaConfig.parse(text), 1
     if "_w" in text:
         return PipelineConfig.parse(text), split
     if split != 1:
@@ -71,14 +82,22 @@ def parse_config(config) -> tuple[PipelineConfig | TileConfig, int]:
     except ValueError:
         raise ArgumentValueError(
             f"config: expected a name like '128x128x8_w32x64_s3' (pipelined, sm_80+), "
-            f"'128x128x8_w32x64_s3_k4' (with split-K) or '64x64x8_4x4' (basic), got {config!r}"
+            f"'128x128x8_w32x64_s3_k4' (with split-K), 'mma_128x128x32_w64x64_s4' (tensor "
+            f"cores, sm_80+) or '64x64x8_4x4' (basic), got {config!r}"
         ) from None
 
 
-def candidates(m: int, n: int, k: int, arch_number: int) -> list[tuple[object, int]]:
+def uses_tensor_cores(dtype: DType, precision: Precision = Precision.IEEE) -> bool:
+    return dtype is not DType.F32 or precision is Precision.TF32
+
+
+def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F32,
+               precision: Precision = Precision.IEEE) -> list[tuple[object, int]]:
     """Every (config, split_k) the autotuner tries for this problem on this architecture."""
     if arch_number < 80:
         return [(t, 1) for t in SIMT_F32_TILES]
+    if uses_tensor_cores(dtype, precision):
+        return [(cfg, 1) for cfg in mma_configs(dtype)]
     out = []
     for cfg in PIPELINED_F32_CONFIGS:
         k_tiles = -(-k // cfg.bk)
@@ -93,19 +112,23 @@ def _tiles(m: int, n: int, cfg) -> int:
 
 
 def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
-              layouts: str = "rr") -> Choice:
-    """A good config from the shape and operand layouts ("rc": row-major A, column-major B)
-    alone, with no tuning run.
+              layouts: str = "rr", dtype: DType = DType.F32,
+              precision: Precision = Precision.IEEE) -> Choice:
+    """A good config from the shape, operand layouts ("rc": row-major A, column-major B) and
+    types alone, with no tuning run.
 
     Bigger tiles move fewer bytes per flop, so take the biggest tile that still fills the GPU
     (about one block per multiprocessor); when even the smallest tile leaves most of the
     multiprocessors idle and K is long, split K so that the slices fill them.
     """
     if arch_number < 80:
+        why = f"sm_{arch_number} has no cp.async"
         for t in SIMT_F32_TILES:
             if _tiles(m, n, t) >= sms:
-                return Choice(t, 1, "fallback", f"sm_{arch_number} has no cp.async")
-        return Choice(FALLBACK_TILE, 1, "fallback", f"sm_{arch_number} has no cp.async")
+                return Choice(t, 1, "fallback", why)
+        return Choice(FALLBACK_TILE, 1, "fallback", why)
+    if uses_tensor_cores(dtype, precision):
+        return _mma_heuristic(m, n, sms, dtype)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
     # wins; where one is copied 4 bytes at a time BK = 8 does, with a 4th stage for "rc".
@@ -131,6 +154,38 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     return Choice(small, 1, "heuristic", f"{tiles} tiles of 64x64 for {sms} SMs")
 
 
+def _mma_heuristic(m: int, n: int, sms: int, dtype: DType) -> Choice:
+    configs = mma_configs(dtype)
+    wide = [c for c in configs if c.bn >= c.bm]
+    tall = [c for c in configs if c.bm > c.bn]
+    # Largest tiles first; of two equal areas the one shaped like the output.
+    order = sorted(wide + tall, key=lambda c: (-(c.bm * c.bn), (c.bn >= c.bm) != (n >= m),
+                                               -c.stages))
+    for cfg in order:
+        if _tiles(m, n, cfg) >= sms:
+            return Choice(cfg, 1, "heuristic",
+                          f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} fill {sms} SMs")
+    cfg = order[-1]
+    return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
+                  f"{sms} SMs")
+
+
+#: Alignment in bytes (a power of two up to 16) of an operand's pointer and leading dimension,
+#: A's, B's and Y's (with Z's): what decides the copy and store widths a kernel can use.
+Aligns = tuple[int, int, int]
+
+
+def alignment(ptr: int, ld_bytes: int) -> int:
+    """The largest power of two up to 16 that divides both ``ptr`` and ``ld_bytes``."""
+    x = (ptr | ld_bytes | 16) & -(ptr | ld_bytes | 16)
+    return min(x, 16)
+
+
+def mma_fits(aligns: Aligns) -> bool:
+    """Whether the tensor-core kernel can copy both operands (4-byte cp.async at least)."""
+    return aligns[0] >= 4 and aligns[1] >= 4
+
+
 @dataclass(frozen=True)
 class KernelSet:
     """The kernels one config launches for a problem, with its split of K."""
@@ -147,19 +202,35 @@ class KernelSet:
 
 def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layout | None,
                act: Act, bias: BiasKind, save_z: bool, config, split_k: int, k: int,
-               vecs: tuple[bool, bool, bool]) -> KernelSet:
+               aligns: Aligns, out_dtype: DType | None = None, c_dtype: DType | None = None,
+               bias_dtype: DType | None = None) -> KernelSet:
     """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this K
-    and these alignments (vec_a, vec_b, vec_y). Needs no GPU: the warm-up uses it too."""
+    and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it too.
+
+    A tensor-core config whose operands cannot be copied (16-bit data at odd addresses or
+    leading dimensions) becomes the fallback kernel, which reads any alignment."""
+    align_a, align_b, align_y = aligns
+    types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype)
+    if isinstance(config, MmaConfig) and mma_fits(aligns):
+        y_item = (out_dtype or dtype).itemsize
+        main = MmaGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
+                           min(align_a, 16), min(align_b, 16), align_y >= 2 * y_item, **types)
+        return KernelSet(main, None, 1, 0)
     if isinstance(config, PipelineConfig):
+        if dtype is not DType.F32:
+            raise ArgumentValueError(
+                f"config: {config.name} is a float32 CUDA-core config; {dtype.numpy_name} "
+                f"inputs run on 'mma_' configs (or a basic tile such as "
+                f"{FALLBACK_TILE.name!r})")
         k_tiles = -(-k // config.bk) if k else 0
         per_split = max(-(-k_tiles // split_k), 1)
         splits = max(-(-k_tiles // per_split), 1) if split_k > 1 else 1
-        vec_a, vec_b, vec_y = vecs
         main = PipelinedGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
-                                 vec_a, vec_b, vec_y, splits > 1)
+                                 align_a >= 16, align_b >= 16, align_y >= 16, splits > 1)
         reduce = None
         if splits > 1:
-            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z, vec_y)
+            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z, align_y >= 16)
         return KernelSet(main, reduce, splits, per_split)
-    return KernelSet(GemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config),
-                     None, 1, 0)
+    tile = config if isinstance(config, TileConfig) else FALLBACK_TILE
+    return KernelSet(GemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, tile,
+                              **types), None, 1, 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from ...errors import ArgumentValueError
@@ -11,7 +11,31 @@ from ...jit.spec import KernelSpec
 
 
 class DType(Enum):
+    """Element type of an operand or output as it is stored in memory."""
+
     F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is DType.F32 else 2
+
+    @property
+    def ctype(self) -> str:
+        """The type the kernel templates use for it (``common/types.cuh``)."""
+        return {"f32": "float", "f16": "f16_t", "bf16": "bf16_t"}[self.value]
+
+    @property
+    def numpy_name(self) -> str:
+        return {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[self.value]
+
+
+class Precision(Enum):
+    """How float32 products are computed: exactly, or on the tf32 tensor-core path."""
+
+    IEEE = "ieee"
+    TF32 = "tf32"
 
 
 class Layout(Enum):
@@ -101,8 +125,13 @@ SIMT_F32_TILES: tuple[TileConfig, ...] = (
 
 
 @dataclass(frozen=True)
-class GemmSpec(KernelSpec):
-    """One fused GEMM kernel: Y = act(alpha * A @ B + beta * C + bias), optionally saving Z."""
+class GemmKernelSpec(KernelSpec):
+    """The fields every fused GEMM kernel has: operand types and layouts, and the epilogue.
+
+    ``out_dtype``, ``c_dtype`` and ``bias_dtype`` (keyword-only) default to ``dtype``; a C or
+    bias that the kernel does not read takes ``dtype`` too, so that equal kernels have equal
+    specs. Subclasses add their tile config after these fields.
+    """
 
     dtype: DType
     layout_a: Layout
@@ -111,39 +140,143 @@ class GemmSpec(KernelSpec):
     act: Act
     bias: BiasKind
     save_z: bool
-    tile: TileConfig
+    out_dtype: DType | None = field(default=None, kw_only=True)
+    c_dtype: DType | None = field(default=None, kw_only=True)
+    bias_dtype: DType | None = field(default=None, kw_only=True)
 
-    template = "gemm/simt.cu"
-
-    def __post_init__(self):
-        checks = (("dtype", DType), ("layout_a", Layout), ("layout_b", Layout),
-                  ("act", Act), ("bias", BiasKind), ("tile", TileConfig))
+    def _normalize_types(self) -> None:
+        cls = type(self).__name__
+        for name in ("layout_a", "layout_b"):
+            if not isinstance(getattr(self, name), Layout):
+                raise TypeError(f"{cls}.{name}: expected Layout, got {getattr(self, name)!r}")
+        checks = (("dtype", DType), ("act", Act), ("bias", BiasKind))
         for name, typ in checks:
             if not isinstance(getattr(self, name), typ):
-                raise TypeError(f"GemmSpec.{name}: expected {typ.__name__}, "
+                raise TypeError(f"{cls}.{name}: expected {typ.__name__}, "
                                 f"got {getattr(self, name)!r}")
         if self.layout_c is not None and not isinstance(self.layout_c, Layout):
-            raise TypeError(f"GemmSpec.layout_c: expected Layout or None, got {self.layout_c!r}")
+            raise TypeError(f"{cls}.layout_c: expected Layout or None, got {self.layout_c!r}")
         if not isinstance(self.save_z, bool):
-            raise TypeError(f"GemmSpec.save_z: expected bool, got {self.save_z!r}")
+            raise TypeError(f"{cls}.save_z: expected bool, got {self.save_z!r}")
+        for name in ("out_dtype", "c_dtype", "bias_dtype"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, DType):
+                raise TypeError(f"{cls}.{name}: expected DType or None, got {value!r}")
+            if value is None:
+                object.__setattr__(self, name, self.dtype)
+        if self.layout_c is None:
+            object.__setattr__(self, "c_dtype", self.dtype)
+        if self.bias is BiasKind.NONE:
+            object.__setattr__(self, "bias_dtype", self.dtype)
 
     @property
     def has_c(self) -> bool:
         return self.layout_c is not None
 
     @property
-    def kernel_name(self) -> str:
-        name = (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
-                f"{self.tile.name}_{self.act.value}_{self.bias.value}")
+    def in_ctype(self) -> str:
+        return self.dtype.ctype
+
+    @property
+    def c_ctype(self) -> str:
+        return self.c_dtype.ctype
+
+    @property
+    def bias_ctype(self) -> str:
+        return self.bias_dtype.ctype
+
+    @property
+    def y_ctype(self) -> str:
+        return self.out_dtype.ctype
+
+    def _epilogue_name(self) -> str:
+        """``_<act>_<bias>[<dtype>][_c<layout>[<dtype>]][_o<dtype>][_z]`` (dtypes only where they
+        differ from the inputs')."""
+        d = self.dtype
+        name = f"_{self.act.value}_{self.bias.value}"
+        if self.bias_dtype is not d:
+            name += self.bias_dtype.value
         if self.layout_c is not None:
-            name += f"_c{self.layout_c.value}"
+            name += f"_c{self.layout_c.value}" + (self.c_dtype.value if self.c_dtype is not d
+                                                  else "")
+        if self.out_dtype is not d:
+            name += f"_o{self.out_dtype.value}"
         if self.save_z:
             name += "_z"
         return name
 
 
 @dataclass(frozen=True)
-class PipelineConfig:
+class GemmSpec(GemmKernelSpec):
+    """One fused GEMM kernel: Y = act(alpha * A @ B + beta * C + bias), optionally saving Z.
+
+    The plain tiled kernel: float32 arithmetic on the CUDA cores for every input type, any
+    architecture, any alignment (the fallback of every family)."""
+
+    tile: TileConfig
+
+    template = "gemm/simt.cu"
+
+    def __post_init__(self):
+        if not isinstance(self.tile, TileConfig):
+            raise TypeError(f"GemmSpec.tile: expected TileConfig, got {self.tile!r}")
+        self._normalize_types()
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
+                f"{self.tile.name}" + self._epilogue_name())
+
+
+@dataclass(frozen=True)
+class WarpTiledConfig:
+    """Block tile BM x BN x BK split into WM x WN warp tiles, with ``stages`` shared-memory
+    buffers fed by cp.async: what the pipelined configs have in common."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int
+
+    def _check(self, problems: list[str]) -> None:
+        """Raise naming every problem: the shared ones, and ``problems`` of the subclass."""
+        shared = []
+        if self.bm % self.wm or self.bn % self.wn:
+            shared.append("bm, bn must be multiples of wm, wn")
+        if self.stages < 2:
+            shared.append("stages must be at least 2")
+        if not 32 <= self.threads <= 1024:
+            shared.append(f"{self.threads} threads (1 to 32 warps allowed)")
+        if shared + problems:
+            raise ArgumentValueError(f"{type(self).__name__} {self.name}: "
+                                     + "; ".join(shared + problems))
+
+    def __post_init__(self):
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ArgumentValueError(f"{type(self).__name__}.{name}: expected a positive "
+                                         f"int, got {v!r}")
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    @staticmethod
+    def _match(pattern: str, text: str, example: str, form: str) -> list[int | None]:
+        import re
+
+        m = re.fullmatch(pattern, text)
+        if not m:
+            raise ArgumentValueError(f"config: expected a name like {example!r} ({form}), "
+                                     f"got {text!r}")
+        return [int(x) if x else None for x in m.groups()]
+
+
+@dataclass(frozen=True)
+class PipelineConfig(WarpTiledConfig):
     """Tile config of the pipelined float32 kernel (sm_80+).
 
     Block tile BM x BN x BK; each warp computes a WM x WN warp tile with its 32 lanes laid out as
@@ -152,40 +285,19 @@ class PipelineConfig:
     occupancy asked of the compiler (``__launch_bounds__``).
     """
 
-    bm: int
-    bn: int
-    bk: int
-    wm: int
-    wn: int
-    stages: int
     lanes_n: int = 8
     min_blocks: int = 1
 
     def __post_init__(self):
-        for name in ("bm", "bn", "bk", "wm", "wn", "stages", "lanes_n", "min_blocks"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ArgumentValueError(f"PipelineConfig.{name}: expected a positive int, "
-                                         f"got {v!r}")
+        super().__post_init__()
         problems = []
-        if self.bm % self.wm or self.bn % self.wn:
-            problems.append("bm, bn must be multiples of wm, wn")
         if self.lanes_n not in (1, 2, 4, 8, 16, 32):
             problems.append("lanes_n must divide 32")
         elif self.tm % 4 or self.tn % 4 or self.tm == 0 or self.tn == 0:
             problems.append(f"thread tile {self.tm}x{self.tn} must be made of 4x4 sub-tiles")
         if self.bk % 8:
             problems.append("bk must be a multiple of 8")
-        if self.stages < 2:
-            problems.append("stages must be at least 2")
-        if not 32 <= self.threads <= 1024:
-            problems.append(f"{self.threads} threads (1 to 32 warps allowed)")
-        if problems:
-            raise ArgumentValueError(f"PipelineConfig {self.name}: " + "; ".join(problems))
-
-    @property
-    def threads(self) -> int:
-        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+        self._check(problems)
 
     @property
     def tm(self) -> int:
@@ -211,15 +323,8 @@ class PipelineConfig:
     @classmethod
     def parse(cls, text: str) -> PipelineConfig:
         """'128x128x8_w32x64_s3' (optionally '_l4', '_b2') -> PipelineConfig."""
-        import re
-
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)(?:_l(\d+))?(?:_b(\d+))?", text)
-        if not m:
-            raise ArgumentValueError(
-                f"config: expected a name like '128x128x8_w32x64_s3' (BMxBNxBK_wWMxWN_sSTAGES), "
-                f"got {text!r}"
-            )
-        g = [int(x) if x else None for x in m.groups()]
+        g = cls._match(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)(?:_l(\d+))?(?:_b(\d+))?", text,
+                       "128x128x8_w32x64_s3", "BMxBNxBK_wWMxWN_sSTAGES")
         return cls(*g[:6], lanes_n=g[6] or 8, min_blocks=g[7] or 1)
 
 
@@ -236,8 +341,20 @@ PIPELINED_F32_CONFIGS: tuple[PipelineConfig, ...] = (
 )
 
 
+class CpAsyncKernel:
+    """Mixin of the kernel families with a cp.async pipeline and a ``config``: sm_80 or newer,
+    one block of ``config.threads`` threads."""
+
+    def supports_arch(self, arch: str) -> bool:
+        return arch_number(arch) >= 80
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+
 @dataclass(frozen=True)
-class PipelinedGemmSpec(KernelSpec):
+class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
     """The fast float32 GEMM (sm_80+): cp.async pipeline, register-blocked outer products.
 
     ``vec_a``/``vec_b`` select 16-byte copies of an operand whose contiguous dimension matches
@@ -246,13 +363,6 @@ class PipelinedGemmSpec(KernelSpec):
     partial sums of one K slice to a workspace (no epilogue); the reduction kernel finishes.
     """
 
-    dtype: DType
-    layout_a: Layout
-    layout_b: Layout
-    layout_c: Layout | None
-    act: Act
-    bias: BiasKind
-    save_z: bool
     config: PipelineConfig
     vec_a: bool = False
     vec_b: bool = False
@@ -265,7 +375,10 @@ class PipelinedGemmSpec(KernelSpec):
         if not isinstance(self.config, PipelineConfig):
             raise TypeError(f"PipelinedGemmSpec.config: expected PipelineConfig, "
                             f"got {self.config!r}")
-        for name in ("vec_a", "vec_b", "vec_y", "split_k", "save_z"):
+        self._normalize_types()
+        if {self.dtype, self.out_dtype, self.c_dtype, self.bias_dtype} != {DType.F32}:
+            raise TypeError("PipelinedGemmSpec: the CUDA-core kernel is float32 only")
+        for name in ("vec_a", "vec_b", "vec_y", "split_k"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PipelinedGemmSpec.{name}: expected bool")
         if self.vec_a and self.layout_a is not Layout.COL:
@@ -278,29 +391,13 @@ class PipelinedGemmSpec(KernelSpec):
                 object.__setattr__(self, name, value)
 
     @property
-    def has_c(self) -> bool:
-        return self.layout_c is not None
-
-    @property
     def kernel_name(self) -> str:
         vec = "".join("4" if v else "1" for v in (self.vec_a, self.vec_b, self.vec_y))
         name = (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
                 f"{self.config.name}_v{vec}")
         if self.split_k:
             return name + "_splitk"
-        name += f"_{self.act.value}_{self.bias.value}"
-        if self.layout_c is not None:
-            name += f"_c{self.layout_c.value}"
-        if self.save_z:
-            name += "_z"
-        return name
-
-    def supports_arch(self, arch: str) -> bool:
-        return arch_number(arch) >= 80
-
-    @property
-    def threads(self) -> int:
-        return self.config.threads
+        return name + self._epilogue_name()
 
     @property
     def smem_bytes(self) -> int:
@@ -321,6 +418,7 @@ class SplitKReduceSpec(KernelSpec):
     template = "gemm/splitk_reduce.cu"
     threads = 256
     smem_bytes = 0
+    c_ctype = bias_ctype = y_ctype = "float"
 
     @property
     def has_c(self) -> bool:
@@ -334,3 +432,111 @@ class SplitKReduceSpec(KernelSpec):
         if self.save_z:
             name += "_z"
         return name + ("_v4" if self.vec_y else "_v1")
+
+
+@dataclass(frozen=True)
+class MmaConfig(WarpTiledConfig):
+    """Tile config of the tensor-core kernel (``mma.sync``, sm_80+).
+
+    Block tile BM x BN x BK (BK in elements: one shared-memory row of a K-contiguous tile is
+    64 or 128 bytes, so BK is 32 or 64 for 16-bit inputs and 16 or 32 for tf32); each warp
+    computes a WM x WN warp tile from m16n8 accumulator fragments; ``stages`` shared-memory
+    buffers fed by cp.async.
+    """
+
+    def __post_init__(self):
+        super().__post_init__()
+        problems = []
+        if self.bm % 64 or self.bn % 64:
+            problems.append("bm, bn must be multiples of 64")
+        if self.wm % 16 or self.wn % 16:
+            problems.append("wm, wn must be multiples of 16")
+        if self.bk not in (16, 32, 64):
+            problems.append("bk must be 16, 32 or 64")
+        self._check(problems)
+
+    def supports(self, dtype: DType) -> bool:
+        """Whether the config's K tile fits ``dtype`` (64- or 128-byte shared rows)."""
+        return self.bk * dtype.itemsize in (64, 128)
+
+    def smem_bytes_for(self, dtype: DType) -> int:
+        return self.stages * self.bk * (self.bm + self.bn) * dtype.itemsize
+
+    @property
+    def name(self) -> str:
+        return f"mma_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> MmaConfig:
+        """'mma_128x128x32_w64x64_s4' -> MmaConfig."""
+        return cls(*cls._match(r"mma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)", text,
+                               "mma_128x128x32_w64x64_s4", "mma_BMxBNxBK_wWMxWN_sSTAGES"))
+
+
+#: Candidates of the tensor-core kernel for 16-bit inputs (BK = 32 or 64 halves).
+MMA_16BIT_CONFIGS: tuple[MmaConfig, ...] = (
+    MmaConfig(128, 256, 32, 64, 64, 3),
+    MmaConfig(256, 128, 32, 64, 64, 3),
+    MmaConfig(128, 128, 32, 64, 64, 4),
+    MmaConfig(128, 128, 64, 64, 64, 3),
+    MmaConfig(128, 64, 32, 64, 32, 4),
+    MmaConfig(64, 128, 32, 32, 64, 4),
+    MmaConfig(64, 64, 64, 32, 32, 4),
+)
+
+#: Candidates of the tensor-core kernel for tf32 (BK = 16 or 32 floats).
+MMA_TF32_CONFIGS: tuple[MmaConfig, ...] = (
+    MmaConfig(128, 256, 16, 64, 64, 4),
+    MmaConfig(128, 128, 16, 64, 64, 4),
+    MmaConfig(128, 128, 32, 64, 64, 3),
+    MmaConfig(128, 64, 16, 64, 32, 4),
+    MmaConfig(64, 128, 16, 32, 64, 4),
+    MmaConfig(64, 64, 32, 32, 32, 4),
+)
+
+
+def mma_configs(dtype: DType) -> tuple[MmaConfig, ...]:
+    return MMA_TF32_CONFIGS if dtype is DType.F32 else MMA_16BIT_CONFIGS
+
+
+@dataclass(frozen=True)
+class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
+    """The tensor-core GEMM (sm_80+): ``mma.sync`` on fragments read by ``ldmatrix`` from
+    swizzled shared tiles, fed by a cp.async pipeline; the fused epilogue on the accumulator
+    fragments. float16/bfloat16 inputs use m16n8k16, float32 inputs the tf32 m16n8k8.
+
+    ``copy_a``/``copy_b`` are the cp.async widths in bytes (16, 8 or 4) that the operand's
+    pointer and leading dimension allow; ``vec_y`` stores Y/Z two elements at a time.
+    """
+
+    config: MmaConfig
+    copy_a: int = 16
+    copy_b: int = 16
+    vec_y: bool = True
+
+    template = "gemm/mma.cu"
+
+    def __post_init__(self):
+        if not isinstance(self.config, MmaConfig):
+            raise TypeError(f"MmaGemmSpec.config: expected MmaConfig, got {self.config!r}")
+        self._normalize_types()
+        if not self.config.supports(self.dtype):
+            raise ArgumentValueError(
+                f"config: {self.config.name} has BK = {self.config.bk}, which does not fit "
+                f"{self.dtype.numpy_name} (64- or 128-byte rows: BK = "
+                f"{64 // self.dtype.itemsize} or {128 // self.dtype.itemsize})")
+        for name in ("copy_a", "copy_b"):
+            if getattr(self, name) not in (4, 8, 16):
+                raise TypeError(f"MmaGemmSpec.{name}: expected 4, 8 or 16 (bytes)")
+        if not isinstance(self.vec_y, bool):
+            raise TypeError("MmaGemmSpec.vec_y: expected bool")
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
+                f"{self.config.name}_a{self.copy_a}b{self.copy_b}{'y2' if self.vec_y else 'y1'}"
+                + self._epilogue_name())
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.config.smem_bytes_for(self.dtype)

@@ -7,16 +7,23 @@ import itertools
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
 from .problem import SUPPORTED_DTYPES
-from .select import candidates, heuristic, kernel_set, parse_config
+from .select import candidates, heuristic, kernel_set, parse_config, uses_tensor_cores
 from .spec import (
+    ACT_NAMES,
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
-    ACT_NAMES,
     BiasKind,
+    DType,
     Layout,
+    MmaConfig,
+    PipelineConfig,
+    Precision,
+    mma_configs,
 )
 
-DTYPES = {str(k): v for k, v in SUPPORTED_DTYPES.items()}
+#: dtype names of a warm-up entry: the input types, and "tf32" for float32 inputs on the tf32
+#: tensor-core path.
+DTYPES = {**SUPPORTED_DTYPES, "tf32": DType.F32}
 BIAS = {"none": BiasKind.NONE, "scalar": BiasKind.SCALAR, "col": BiasKind.COL,
         "row": BiasKind.ROW}
 LAYOUTS = {"rr", "rc", "cr", "cc"}
@@ -24,7 +31,9 @@ C_LAYOUTS = {"none": None, "r": Layout.ROW, "c": Layout.COL}
 
 #: key -> (description of accepted values, default)
 KEYS = {
-    "dtypes": (f"a list of {sorted(DTYPES)}", ["float32"]),
+    "dtypes": (f"a list of {sorted(DTYPES)} (the inputs' type; tf32: float32 inputs with "
+               "precision='tf32')", ["float32"]),
+    "out_dtypes": ("a list of 'input' (Y in the inputs' type) and 'float32'", ["input"]),
     "acts": (f"a list of {sorted(ACT_NAMES)}", ["none"]),
     "bias": (f"a list of {sorted(BIAS)}", ["col"]),
     "layouts": ("a list of 'rr', 'rc', 'cr', 'cc' (A then B: row- or column-major)", ["rr"]),
@@ -53,6 +62,7 @@ def validate_entry(entry: dict) -> dict:
             raise ArgumentValueError(f"{key}: unknown key; accepted keys: {', '.join(KEYS)}")
     out = {
         "dtypes": _check_list(entry, "dtypes", DTYPES),
+        "out_dtypes": _check_list(entry, "out_dtypes", ("input", "float32")),
         "acts": _check_list(entry, "acts", ACT_NAMES),
         "bias": _check_list(entry, "bias", BIAS),
         "layouts": _check_list(entry, "layouts", LAYOUTS),
@@ -91,16 +101,22 @@ def validate_entry(entry: dict) -> dict:
     return out
 
 
-def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, la: str):
-    """Alignment variants (vec_a, vec_b, vec_y) to compile: the unaligned one always, the
-    aligned one when asked and the shape allows it (contiguous operands assumed)."""
-    out = [(False, False, False)]
+def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layouts: str,
+                  item: int, y_item: int):
+    """Alignment variants (bytes: A, B, Y) to compile: the least aligned one the type allows
+    always, the aligned one when asked (for a shape: what contiguous operands of that shape
+    have)."""
+    from .select import alignment
+
+    out = [(item, item, y_item)]
     if entry["aligned"]:
         if m is None:
-            out.append((True, True, True))
+            out.append((16, 16, 16))
         else:
-            lda = k if la == "r" else m
-            out.append((lda % 4 == 0, n % 4 == 0, n % 4 == 0))
+            lda = k if layouts[0] == "r" else m
+            ldb = n if layouts[1] == "r" else k
+            out.append((alignment(256, lda * item), alignment(256, ldb * item),
+                        alignment(256, n * y_item)))
     return list(dict.fromkeys(out))
 
 
@@ -111,45 +127,55 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
     """
     number = arch_number(arch)
     specs = []
-    grid = itertools.product(entry["dtypes"], entry["acts"], entry["bias"], entry["layouts"],
-                             entry["c"], entry["save_preact"])
-    for dtype, act, bias, layouts, c, save_z in grid:
-        base = (DTYPES[dtype], Layout(layouts[0]), Layout(layouts[1]), C_LAYOUTS[c],
-                ACT_NAMES[act], BIAS[bias], save_z)
-        choices = []  # (config, split, k, vec variants)
+    grid = itertools.product(entry["dtypes"], entry["out_dtypes"], entry["acts"],
+                             entry["bias"], entry["layouts"], entry["c"], entry["save_preact"])
+    for dname, oname, act, bias, layouts, c, save_z in grid:
+        dtype = DTYPES[dname]
+        precision = Precision.TF32 if dname == "tf32" else Precision.IEEE
+        out_dtype = dtype if oname == "input" else DType.F32
+        base = (dtype, Layout(layouts[0]), Layout(layouts[1]), C_LAYOUTS[c], ACT_NAMES[act],
+                BIAS[bias], save_z)
+        tc = uses_tensor_cores(dtype, precision)
+
+        def variants(m, n, k):
+            return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize)
+
+        choices = []  # (config, split, k, alignment variants)
         if entry["configs"] == "heuristic":
             if sms is None:
                 raise ArgumentValueError(
                     "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
                     "the GPU, or set sms = <count> in the entry")
             for m, n, k in entry["shapes"]:
-                ch = heuristic(m, n, k, sms, number, layouts)
-                choices.append((ch.config, ch.split_k, k, _vec_variants(entry, m, n, k,
-                                                                        layouts[0])))
+                ch = heuristic(m, n, k, sms, number, layouts, dtype, precision)
+                choices.append((ch.config, ch.split_k, k, variants(m, n, k)))
         else:
             if entry["configs"] == "all":
-                configs = (PIPELINED_F32_CONFIGS if number >= 80 else SIMT_F32_TILES)
-                named = [(cfg, s) for cfg in configs for s in ((1, 2) if number >= 80
-                                                               else (1,))]
+                if number < 80:
+                    named = [(cfg, 1) for cfg in SIMT_F32_TILES]
+                elif tc:
+                    named = [(cfg, 1) for cfg in mma_configs(dtype)]
+                else:
+                    named = [(cfg, s) for cfg in PIPELINED_F32_CONFIGS for s in (1, 2)]
             else:
                 named = [parse_config(name) for name in entry["configs"]]
             for cfg, split in named:
-                if entry["shapes"]:
-                    for m, n, k in entry["shapes"]:
-                        choices.append((cfg, split, k, _vec_variants(entry, m, n, k,
-                                                                     layouts[0])))
-                else:  # no shape: K long enough for any split asked
-                    choices.append((cfg, split, 1 << 20, _vec_variants(entry, None, None, None,
-                                                                       layouts[0])))
+                for m, n, k in entry["shapes"] or [(None, None, 1 << 20)]:
+                    choices.append((cfg, split, k, variants(m, n, k)))
         for t_layouts, (m, n, k), name in tuned:
             if t_layouts == layouts:
                 cfg, split = parse_config(name)
-                choices.append((cfg, split, k, _vec_variants(entry, m, n, k, layouts[0])))
-        for cfg, split, k, variants in choices:
+                choices.append((cfg, split, k, variants(m, n, k)))
+        for cfg, split, k, aligns in choices:
             if number < 80 and cfg not in SIMT_F32_TILES:
-                continue  # pipelined kernels need sm_80+
-            for vecs in variants:
-                specs.extend(kernel_set(*base, cfg, split, k, vecs).specs)
+                continue  # pipelined and tensor-core kernels need sm_80+
+            if isinstance(cfg, MmaConfig) != tc or (
+                    isinstance(cfg, PipelineConfig) and dtype is not DType.F32):
+                continue  # a named config of another family than this dtype's
+            if isinstance(cfg, MmaConfig) and not cfg.supports(dtype):
+                continue
+            for al in aligns:
+                specs.extend(kernel_set(*base, cfg, split, k, al, out_dtype).specs)
     return list(dict.fromkeys(specs))
 
 

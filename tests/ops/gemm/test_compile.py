@@ -15,6 +15,8 @@ from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
 from ge2jit.jit.parallel import compile_many
 from ge2jit.ops.gemm.spec import (
+    MMA_16BIT_CONFIGS,
+    MMA_TF32_CONFIGS,
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
     Act,
@@ -22,6 +24,7 @@ from ge2jit.ops.gemm.spec import (
     DType,
     GemmSpec,
     Layout,
+    MmaGemmSpec,
     PipelinedGemmSpec,
     SplitKReduceSpec,
 )
@@ -33,12 +36,39 @@ EPILOGUE = {
     "bias": list(BiasKind),
     "save_z": [False, True],
 }
+# Types of Y, C and the bias: the inputs' own, or float32.
+TYPES = {"out": ["input", "f32"], "c_type": ["input", "f32"], "bias_type": ["input", "f32"]}
+
+
+def _types(p: dict, dtype: DType) -> dict:
+    pick = {"input": dtype, "f32": DType.F32}
+    return dict(out_dtype=pick[p["out"]], c_dtype=pick[p["c_type"]],
+                bias_dtype=pick[p["bias_type"]])
+
+
+def _mma(p: dict) -> MmaGemmSpec:
+    return MmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+                       p["bias"], p["save_z"], p["config"], p["copy_a"], p["copy_b"],
+                       p["vec_y"], **_types(p, p["dtype"]))
+
+
+MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
+              "copy_a": [4, 8, 16], "copy_b": [4, 8, 16], "vec_y": [False, True],
+              "arch": ARCHS}
 FAMILIES = {
     "basic": (
-        {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
-         "tile": list(SIMT_F32_TILES), "arch": ARCHS},
-        lambda p: GemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                           p["bias"], p["save_z"], p["tile"]),
+        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
+         **TYPES, "tile": list(SIMT_F32_TILES), "arch": ARCHS},
+        lambda p: GemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+                           p["bias"], p["save_z"], p["tile"], **_types(p, p["dtype"])),
+    ),
+    "mma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "config": list(MMA_16BIT_CONFIGS), **MMA_COMMON},
+        _mma,
+    ),
+    "mma_tf32": (
+        {"dtype": [DType.F32], "config": list(MMA_TF32_CONFIGS), **MMA_COMMON},
+        _mma,
     ),
     "pipelined": (
         {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,

@@ -9,7 +9,7 @@ import pytest
 import ge2jit
 from ge2jit.ops.gemm import problem
 from ge2jit.ops.gemm.problem import layout_of, validate
-from ge2jit.ops.gemm.spec import ACT_NAMES, Act, BiasKind, Layout
+from ge2jit.ops.gemm.spec import ACT_NAMES, Act, BiasKind, DType, Layout, Precision
 
 from .fake_cupy import FakeArray, make_module
 
@@ -63,15 +63,90 @@ def test_ndim(name, shape):
 def test_unsupported_dtype_lists_supported():
     msg = refused(ValueError, "a: dtype float64 is not supported",
                   a=FakeArray((M, K), np.float64), b=FakeArray((K, N), np.float64))
-    assert "supported dtypes: float32" in msg
+    assert "supported dtypes: float32, float16, bfloat16" in msg
 
 
 def test_mixed_dtypes():
     refused(ValueError, "b: expected dtype float32 .* got float16", b=FakeArray((K, N), np.float16))
     refused(ValueError, "bias: expected dtype float32", bias=FakeArray((N,), np.float64))
     refused(ValueError, "c: expected dtype float32", c=FakeArray((M, N), np.float64), beta=1.0)
-    refused(ValueError, r"out: expected shape \(6, 7\) and dtype float32",
+    refused(ValueError, r"out: expected dtype float32 \(a and b are float32\), got float64",
             out=FakeArray((M, N), np.float64))
+    refused(ValueError, r"out: expected shape \(6, 7\) and dtype float32",
+            out=FakeArray((M, N + 1), np.float32))
+
+
+def half(*shape):
+    return FakeArray(shape, np.float16)
+
+
+def test_16bit_inputs_types_of_bias_c_and_y():
+    p = ok(a=half(M, K), b=half(K, N))
+    assert p.dtype is DType.F16 and p.out_dtype is DType.F16 and p.precision is Precision.IEEE
+    p = ok(a=half(M, K), b=half(K, N), bias=FakeArray((N,)), c=FakeArray((M, N)), beta=1.0,
+           out_dtype="float32")
+    assert (p.bias_dtype, p.c_dtype, p.out_dtype) == (DType.F32, DType.F32, DType.F32)
+    p = ok(a=half(M, K), b=half(K, N), bias=half(N), out=FakeArray((M, N)))
+    assert p.out_dtype is DType.F32 and p.bias_dtype is DType.F16  # Y's type from out
+    p = ok(a=half(M, K), b=half(K, N), out_dtype=np.float16, out=half(M, N))
+    assert p.out_dtype is DType.F16
+    p = ok(a=half(M, K), b=half(K, N), c=FakeArray((M, N)), beta=0.0)
+    assert p.c is None and p.c_dtype is DType.F16   # C unread: its type does not matter
+
+
+def test_16bit_refusals():
+    h = dict(a=half(M, K), b=half(K, N))
+    refused(ValueError, r"b: expected dtype float16 \(the dtype of a\), got float32",
+            a=half(M, K))
+    refused(ValueError, r"bias: expected dtype float16 or float32 \(a and b are float16\), "
+            r"got float64", bias=FakeArray((N,), np.float64), **h)
+    refused(ValueError, r"c: expected dtype float16 or float32", beta=1.0,
+            c=FakeArray((M, N), np.float64), **h)
+    refused(ValueError, r"out_dtype: expected float16 or float32 \(a and b are float16\), got "
+            r"'float64'", out_dtype="float64", **h)
+    refused(ValueError, r"out_dtype: expected float32 \(a and b are float32\)",
+            out_dtype="float16")
+    refused(ValueError, r"out: expected shape \(6, 7\) and dtype float32",
+            out=half(M, N), out_dtype="float32", **h)
+    refused(ValueError, r"preact_out: expected shape \(6, 7\) and dtype float16",
+            out=half(M, N), preact_out=FakeArray((M, N)), save_preact=True, **h)
+    refused(ValueError, r"out_dtype: expected .* got <object", out_dtype=object(), **h)
+
+
+def test_precision():
+    assert ok(precision="tf32").precision is Precision.TF32
+    assert ok(precision=None).precision is Precision.IEEE
+    refused(ValueError, r"precision: expected one of ieee, tf32 or None, got 'fp8'",
+            precision="fp8")
+    refused(ValueError, r"precision: 'tf32' applies to float32 inputs; a and b are float16",
+            a=half(M, K), b=half(K, N), precision="tf32")
+
+
+def test_precision_default_from_environment(monkeypatch):
+    from ge2jit.settings import reload_settings
+
+    monkeypatch.setenv("GE2JIT_FLOAT32_PRECISION", "tf32")
+    reload_settings()
+    try:
+        assert ok().precision is Precision.TF32
+        assert ok(a=half(M, K), b=half(K, N)).precision is Precision.IEEE
+        monkeypatch.setenv("GE2JIT_FLOAT32_PRECISION", "half")
+        with pytest.raises(ValueError, match="GE2JIT_FLOAT32_PRECISION: expected one of ieee, "
+                                             "tf32, got 'half'"):
+            reload_settings()
+            ok()
+    finally:
+        monkeypatch.delenv("GE2JIT_FLOAT32_PRECISION")
+        reload_settings()
+
+
+def test_bfloat16_by_name():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf = np.dtype(ml_dtypes.bfloat16)
+    p = ok(a=FakeArray((M, K), bf), b=FakeArray((K, N), bf), out_dtype=ml_dtypes.bfloat16)
+    assert p.dtype is DType.BF16 and p.out_dtype is DType.BF16
+    refused(ValueError, r"b: expected dtype bfloat16 \(the dtype of a\), got float16",
+            a=FakeArray((M, K), bf), b=half(K, N))
 
 
 def test_inner_dimension_mismatch():

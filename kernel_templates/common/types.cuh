@@ -1,0 +1,52 @@
+// Storage types of 16-bit floats, as raw bits (no CUDA headers needed), and the conversions the
+// kernels use: every value is read into float32, and rounded to nearest-even when stored.
+struct __align__(2) f16_t { unsigned short x; };    // IEEE binary16
+struct __align__(2) bf16_t { unsigned short x; };   // bfloat16
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(f16_t v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+    return f;
+}
+__device__ __forceinline__ float to_f32(bf16_t v) {
+    return __uint_as_float(static_cast<unsigned>(v.x) << 16);
+}
+
+__device__ __forceinline__ unsigned short f32_to_f16_bits(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float v) {
+#if __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+#else
+    const unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u)                 // NaN stays a (quiet) NaN
+        return static_cast<unsigned short>((u >> 16) | 0x40u);
+    return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
+// store(p, v): *p = v rounded to p's type; store_vec(p, v): p[0..N) in one access (p must be
+// aligned to N elements).
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(f16_t* p, float v) { p->x = f32_to_f16_bits(v); }
+__device__ __forceinline__ void store(bf16_t* p, float v) { p->x = f32_to_bf16_bits(v); }
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[2]) {
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+}
+__device__ __forceinline__ void store_vec(f16_t* p, const float (&v)[2]) {
+    *reinterpret_cast<unsigned*>(p) =
+        f32_to_f16_bits(v[0]) | (static_cast<unsigned>(f32_to_f16_bits(v[1])) << 16);
+}
+__device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[2]) {
+    *reinterpret_cast<unsigned*>(p) =
+        f32_to_bf16_bits(v[0]) | (static_cast<unsigned>(f32_to_bf16_bits(v[1])) << 16);
+}

@@ -1,0 +1,260 @@
+"""gemm_bias_act on the tensor cores (float16, bfloat16, tf32) against a float64 NumPy reference.
+
+The reference is computed from the same rounded inputs the GPU reads. Outputs are poisoned
+with NaN before each call, inputs are fresh random numbers for each check (never zeros), and
+||Y - ref|| / ||ref|| stays below 1e-2 for bfloat16, 5e-3 for float16 and 1e-3 for tf32.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.ops.gemm.reference import gemm_bias_act_ref, magnitude_scale, rel_error
+from ge2jit.ops.gemm.spec import MMA_16BIT_CONFIGS, MMA_TF32_CONFIGS, Act
+
+cp = pytest.importorskip("cupy")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+pytestmark = pytest.mark.gpu
+
+#: name -> (numpy dtype of a and b, precision, tolerance)
+KINDS = {
+    "bf16": (np.dtype(ml_dtypes.bfloat16), None, 1e-2),
+    "f16": (np.dtype(np.float16), None, 5e-3),
+    "tf32": (np.dtype(np.float32), "tf32", 1e-3),
+}
+ACTS = [a.value for a in Act]
+BIAS_KINDS = ["none", "scalar", "col", "col2d", "row"]
+LAYOUTS = list(itertools.product("rc", repeat=2))
+
+_rng = np.random.default_rng(2024)
+
+
+def rand(dtype, *shape, layout="r"):
+    """Random values of ``dtype`` on the GPU ('c': a column-major, transposed view)."""
+    host = _rng.standard_normal(shape).astype(np.float32).astype(dtype)
+    if layout == "c" and len(shape) == 2:
+        return cp.asarray(np.ascontiguousarray(host.T)).T
+    return cp.asarray(host)
+
+
+def poisoned(m, n, dtype):
+    return cp.full((m, n), np.nan, dtype=np.float32).astype(dtype)
+
+
+def host64(x):
+    return None if x is None else cp.asnumpy(x).astype(np.float64)
+
+
+def check(kind, a, b, bias=None, *, act="none", c=None, alpha=1.0, beta=0.0,
+          save_preact=False, leaky_slope=0.01, config=None, out_dtype=None):
+    dtype, precision, tol = KINDS[kind]
+    m, n = a.shape[0], b.shape[1]
+    y_dtype = np.dtype(out_dtype) if out_dtype is not None else dtype
+    y = poisoned(m, n, y_dtype)
+    z = poisoned(m, n, y_dtype) if save_preact else None
+    got = ge2jit.gemm_bias_act(a, b, bias, act=act, c=c, alpha=alpha, beta=beta,
+                               save_preact=save_preact, out=y, preact_out=z,
+                               leaky_slope=leaky_slope, config=config, precision=precision,
+                               out_dtype=out_dtype)
+    assert (got[0] is y and got[1] is z) if save_preact else got is y
+    host = [host64(x) for x in (a, b, bias, c)]
+    ref_y, ref_z = gemm_bias_act_ref(host[0], host[1], host[2], act=act, c=host[3], alpha=alpha,
+                                     beta=beta, leaky_slope=leaky_slope)
+    floor = 0.5 * magnitude_scale(host[0], host[1], host[2], c=host[3], alpha=alpha, beta=beta)
+    y_host = host64(y)
+    assert np.isfinite(y_host).all(), "every element of Y is written"
+    y_floor = floor * (leaky_slope if act == "leaky_relu" else 1.0)
+    err = rel_error(y_host, ref_y, y_floor)
+    assert err < tol, f"Y ({kind}): relative error {err:.3g}"
+    if save_preact:
+        z_host = host64(z)
+        assert np.isfinite(z_host).all()
+        errz = rel_error(z_host, ref_z, floor)
+        assert errz < tol, f"Z ({kind}): relative error {errz:.3g}"
+    return y_host
+
+
+def make_bias(dtype, kind, m, n):
+    return {"none": None, "scalar": rand(dtype, 1), "col": rand(dtype, n),
+            "col2d": rand(dtype, 1, n), "row": rand(dtype, m, 1)}[kind]
+
+
+@pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
+@pytest.mark.parametrize("bias_kind", BIAS_KINDS)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_act_bias_layout(kind, act, bias_kind, la, lb):
+    dtype = KINDS[kind][0]
+    m, n, k = 130, 67, 45
+    a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
+    check(kind, a, b, make_bias(dtype, bias_kind, m, n), act=act, alpha=1.25)
+
+
+@pytest.mark.parametrize("c_type", ["input", "float32"])
+@pytest.mark.parametrize("lc", "rc")
+@pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
+@pytest.mark.parametrize("kind", KINDS)
+def test_alpha_beta_c_and_types_of_c_bias_y(kind, la, lb, lc, c_type):
+    dtype = KINDS[kind][0]
+    other = dtype if c_type == "input" else np.float32
+    m, n, k = 75, 129, 72
+    a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
+    c = rand(other, m, n, layout=lc)
+    check(kind, a, b, rand(other, n), act="silu", c=c, alpha=-1.5, beta=0.75, save_preact=True)
+    check(kind, a, b, rand(dtype, m, 1), act="gelu", c=c, beta=2.0, out_dtype=np.float32)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_preact_in_output_dtype(kind, act):
+    dtype = KINDS[kind][0]
+    m, n, k = 65, 66, 96
+    check(kind, rand(dtype, m, k), rand(dtype, k, n), rand(dtype, n), act=act, save_preact=True,
+          leaky_slope=0.2)
+
+
+SIZES = [1, 3, 17, 127, 1000]
+
+
+@pytest.mark.parametrize("m, n", list(itertools.product(SIZES, SIZES)))
+@pytest.mark.parametrize("kind", KINDS)
+def test_sizes_not_multiple_of_tiles(kind, m, n):
+    dtype = KINDS[kind][0]
+    k = [2, 6, 18, 130, 1002, 4096][(SIZES.index(m) + 2 * SIZES.index(n)) % 6]
+    check(kind, rand(dtype, m, k), rand(dtype, k, n, layout="c"), rand(dtype, n),
+          act="gelu_tanh")
+
+
+@pytest.mark.parametrize("k", [2, 8, 16, 24, 40, 64, 66, 200, 1000, 4098])
+@pytest.mark.parametrize("kind", KINDS)
+def test_k_sweep(kind, k):
+    dtype = KINDS[kind][0]
+    check(kind, rand(dtype, 127, k), rand(dtype, k, 131), rand(dtype, 131), act="gelu",
+          save_preact=True)
+
+
+def _configs(kind):
+    return [c.name for c in (MMA_TF32_CONFIGS if kind == "tf32" else MMA_16BIT_CONFIGS)]
+
+
+@pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
+@pytest.mark.parametrize("shape", [(1, 2, 2), (256, 256, 128), (300, 270, 130)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind, config", [(k, c) for k in KINDS for c in _configs(k)])
+def test_every_candidate_config(kind, config, shape, la, lb):
+    dtype = KINDS[kind][0]
+    m, n, k = shape
+    a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
+    check(kind, a, b, rand(dtype, m, 1), act="leaky_relu", c=rand(dtype, m, n), beta=0.5,
+          save_preact=True, config=config)
+    assert ge2jit.explain(a, b, config=config,
+                          precision=KINDS[kind][1]).kernel_names[0].count("_mma_") == 1
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_narrow_copies_for_partly_aligned_operands(kind):
+    """Leading dimensions that allow 8- or 4-byte copies only take those cp.async widths."""
+    dtype = KINDS[kind][0]
+    m, n, k = 200, 150, 100
+    a8 = rand(dtype, m, k)                         # ld 100: rows of 200 bytes, 8-byte aligned
+    b4 = rand(dtype, k, n)                         # ld 150: rows of 300 bytes, 4-byte aligned
+    info = ge2jit.explain(a8, b4)
+    assert "_a8b4" in info.kernel_names[0], info.kernel_names
+    check(kind, a8, b4, rand(dtype, n), act="relu")
+    a_c = rand(dtype, k, m + 2).T[:, :]            # column-major, ld m + 2
+    check(kind, a_c[:m], b4, None, act="tanh")
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_misaligned_16bit_operands_take_the_fallback(kind):
+    from ge2jit.ops.gemm import op
+
+    dtype = KINDS[kind][0]
+    m, n, k = 90, 70, 61
+    a = rand(dtype, m, k)                          # ld 61: 2-byte aligned rows
+    b = rand(dtype, k + 1, n)[1:]                  # base off by one element
+    op._warned.clear()
+    with pytest.warns(RuntimeWarning, match="not 4-byte aligned"):
+        info = ge2jit.explain(a, b)
+    assert info.reason == "fallback" and "4-byte aligned" in info.choice.detail
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(kind, a, b, rand(dtype, n), act="sigmoid", save_preact=True)
+        y_big = poisoned(m, n + 1, dtype)
+        ge2jit.gemm_bias_act(a, b, act="relu", out=y_big[:, 1:])   # Y at an odd address
+    ref, _ = gemm_bias_act_ref(host64(a), host64(b), act="relu")
+    assert rel_error(host64(y_big[:, 1:]), ref) < KINDS[kind][2]
+    assert np.isnan(host64(y_big[:, 0])).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_default_output_dtype_and_out_dtype(kind):
+    dtype, precision, _ = KINDS[kind]
+    a, b = rand(dtype, 64, 32), rand(dtype, 32, 48)
+    y = ge2jit.gemm_bias_act(a, b, precision=precision)
+    assert y.dtype == dtype and y.shape == (64, 48)
+    y32, z32 = ge2jit.gemm_bias_act(a, b, precision=precision, out_dtype="float32",
+                                    save_preact=True, act="relu")
+    assert y32.dtype == np.float32 and z32.dtype == np.float32
+
+
+def test_tf32_differs_from_ieee_and_both_are_right():
+    a, b = rand(np.float32, 256, 512), rand(np.float32, 512, 256)
+    ieee = host64(ge2jit.gemm_bias_act(a, b))
+    tf32 = host64(ge2jit.gemm_bias_act(a, b, precision="tf32"))
+    ref, _ = gemm_bias_act_ref(host64(a), host64(b))
+    assert rel_error(ieee, ref) < 1e-5
+    assert 1e-5 < rel_error(tf32, ref) < 1e-3, "tf32 rounds its inputs"
+    assert "_mma_" in ge2jit.explain(a, b, precision="tf32").kernel_names[0]
+    assert "_mma_" not in ge2jit.explain(a, b).kernel_names[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_large_problem_default_choice(kind):
+    dtype = KINDS[kind][0]
+    m, n, k = 2048, 1536, 1024
+    a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
+    assert ge2jit.explain(a, b, precision=KINDS[kind][1]).reason == "heuristic"
+    check(kind, a, b, rand(dtype, n), act="gelu_tanh")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nan_propagates(kind):
+    dtype, precision, _ = KINDS[kind]
+    host = _rng.standard_normal((40, 64)).astype(np.float32)
+    host[3, 7] = np.nan
+    a = cp.asarray(host.astype(dtype))
+    y = host64(ge2jit.gemm_bias_act(a, rand(dtype, 64, 50), rand(dtype, 50), act="silu",
+                                    precision=precision))
+    assert np.isnan(y[3]).all() and np.isfinite(np.delete(y, 3, axis=0)).all()
+
+
+def test_bad_mixes_are_refused_with_real_arrays():
+    h, f = rand(np.float16, 8, 4), rand(np.float32, 4, 6)
+    with pytest.raises(ge2jit.ArgumentValueError, match="b: expected dtype float16"):
+        ge2jit.gemm_bias_act(h, f)
+    with pytest.raises(ge2jit.ArgumentValueError, match="precision: 'tf32' applies to float32"):
+        ge2jit.gemm_bias_act(h, rand(np.float16, 4, 6), precision="tf32")
+    with pytest.raises(ge2jit.ArgumentValueError, match="config: mma_.* float32 inputs use"):
+        ge2jit.gemm_bias_act(rand(np.float32, 8, 4), f, config=MMA_TF32_CONFIGS[0].name)
+    with pytest.raises(ge2jit.ArgumentValueError, match="float32 CUDA-core config"):
+        ge2jit.gemm_bias_act(h, rand(np.float16, 4, 6), config="128x128x8_w32x64_s3")
+
+
+def test_pytorch_tensors_through_dlpack():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(96, 80, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(48, 80, device="cuda", dtype=torch.bfloat16)     # a Linear's (out, in)
+    bias = torch.randn(48, device="cuda", dtype=torch.bfloat16)
+    a_c, w_c, bias_c = (cp.from_dlpack(x) for x in (a, w, bias))
+    y = ge2jit.gemm_bias_act(a_c, w_c.T, bias_c, act="gelu_tanh")
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(a.double(), w.double(),
+                                                               bias.double()),
+                                    approximate="tanh")
+    got = torch.from_dlpack(y).double()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
