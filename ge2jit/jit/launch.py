@@ -1,13 +1,15 @@
 """Launching a loaded kernel with little host overhead.
 
-Every parameter of ge2jit's kernels is 8 bytes (pointers, ``long long``, ``double``), so the
-arguments are packed with one ``struct.pack_into`` into a per-thread buffer whose slots a fixed
-array of pointers already addresses, and the kernel is launched with one ``cuLaunchKernel``
-(the driver copies the parameters at launch, so the buffer is free again at once).
+The parameters of ge2jit's kernels are 8 bytes each (pointers, ``long long``, ``double``),
+optionally preceded by 128-byte tensor maps. They are packed with one ``struct.pack_into`` into a
+per-thread buffer whose slots a fixed array of pointers already addresses, and the kernel is
+launched with one ``cuLaunchKernel`` (the driver copies the parameters at launch, so the buffer
+is free again at once).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 
@@ -19,34 +21,53 @@ MAX_PARAMS = 64
 _tls = threading.local()
 
 
-def _buffers():
-    bufs = getattr(_tls, "bufs", None)
+def _buffers(offsets: tuple[int, ...], size: int):
+    """(values, pointers, pointer array address) of this thread for one parameter layout."""
+    table = getattr(_tls, "bufs", None)
+    if table is None:
+        table = _tls.bufs = {}
+    bufs = table.get(offsets)
     if bufs is None:
-        values = np.zeros(MAX_PARAMS, dtype=np.uint64)
+        values = np.zeros(-(-size // 8), dtype=np.uint64)
         base = values.ctypes.data
-        pointers = np.array([base + 8 * i for i in range(MAX_PARAMS)], dtype=np.uintp)
-        bufs = _tls.bufs = (values, pointers, pointers.ctypes.data)
+        pointers = np.array([base + o for o in offsets], dtype=np.uintp)
+        bufs = table[offsets] = (values, pointers, pointers.ctypes.data)
     return bufs
 
 
-class Launcher:
-    """Launches one kernel whose parameters are described by ``fmt`` (struct codes Q, q, d)."""
+def _layout(fmt: str) -> tuple[tuple[int, ...], int]:
+    """Byte offsets of the parameters of ``fmt`` (codes Q, q, d, and 128s for a tensor map)."""
+    codes = re.findall(r"128s|[Qqd]|.", fmt.lstrip("<"))
+    if len(codes) > MAX_PARAMS or set(codes) - {"Q", "q", "d", "128s"}:
+        raise ValueError(f"parameters must be at most {MAX_PARAMS} of Q, q, d or 128s, "
+                         f"got {fmt!r}")
+    offsets, at = [], 0
+    for c in codes:
+        offsets.append(at)
+        at += 128 if c == "128s" else 8
+    return tuple(offsets), at
 
-    __slots__ = ("name", "fptr", "_pack", "_launch")
+
+class Launcher:
+    """Launches one kernel whose parameters are described by ``fmt`` (struct codes Q, q, d;
+    ``128s`` for a 128-byte tensor map passed by value)."""
+
+    __slots__ = ("name", "fptr", "_pack", "_launch", "_offsets", "_size")
 
     def __init__(self, name: str, function_ptr: int, fmt: str):
-        codes = fmt.lstrip("<")
-        if len(codes) > MAX_PARAMS or set(codes) - set("Qqd"):
-            raise ValueError(f"{name}: parameters must be at most {MAX_PARAMS} of Q, q or d")
+        try:
+            self._offsets, self._size = _layout(fmt)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
         import cupy
 
         self.name = name
         self.fptr = function_ptr
-        self._pack = struct.Struct("<" + codes).pack_into
+        self._pack = struct.Struct("<" + fmt.lstrip("<")).pack_into
         self._launch = cupy.cuda.driver.launchKernel
 
     def __call__(self, grid, block, smem: int, stream_ptr: int, *args) -> None:
-        values, _, params = _buffers()
+        values, _, params = _buffers(self._offsets, self._size)
         self._pack(values, 0, *args)
         try:
             self._launch(self.fptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],

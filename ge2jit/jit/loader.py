@@ -96,7 +96,7 @@ def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
         table = _tables.setdefault(device_id, {})
         if spec in table:
             return table[spec]
-        entry, _ = build(spec, device_arch(device_id))
+        entry, _ = build(spec, spec.target_arch(device_arch(device_id)))
         with cupy.cuda.Device(device_id):
             module = cupy.cuda.function.Module()
             try:

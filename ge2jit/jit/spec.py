@@ -29,3 +29,8 @@ class KernelSpec:
     def supports_arch(self, arch: str) -> bool:
         """Whether this kernel can be compiled for ``arch`` ('sm_80', 'sm_90a', ...)."""
         return True
+
+    def target_arch(self, device_arch: str) -> str:
+        """The architecture to compile for on a device of ``device_arch`` ('sm_90' -> 'sm_90a'
+        for kernels that use the architecture-specific instructions)."""
+        return device_arch

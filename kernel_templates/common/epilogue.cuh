@@ -40,9 +40,9 @@ float {{ out }} = alpha * ({{ acc }});
 
 {# The parameter list every GEMM kernel family takes, in the order the launcher packs them
    (ge2jit/ops/gemm/op.py, _GEMM_PARAMS): every parameter is 8 bytes. The element types are
-   the spec's (common/types.cuh). #}
-{% macro gemm_params(spec) %}
-{{ spec.kernel_name }}(const {{ spec.in_ctype }}* __restrict__ A, long long lda,
+   the spec's (common/types.cuh); `prefix` puts parameters of other sizes first. #}
+{% macro gemm_params(spec, prefix="") %}
+{{ spec.kernel_name }}({{ prefix }}const {{ spec.in_ctype }}* __restrict__ A, long long lda,
                        const {{ spec.in_ctype }}* __restrict__ B, long long ldb,
                        const {{ spec.c_ctype }}* __restrict__ C, long long ldc,
                        const {{ spec.bias_ctype }}* __restrict__ bias, long long bias_stride,

@@ -15,6 +15,7 @@ from ...jit.launch import Launcher
 from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.nvrtc import arch_number
 from ...jit.parallel import compile_many
+from ...jit.tma import tensor_map_2d
 from ...tune.db import default_db
 from ...tune.timing import time_ms
 from .problem import Problem, byte_span, check_spans_do_not_overlap, validate
@@ -27,15 +28,16 @@ from .select import (
     candidates,
     heuristic,
     kernel_set,
-    mma_fits,
     parse_config,
+    resolve,
     uses_tensor_cores,
 )
 from .spec import (
-    DType,
+    Layout,
     MmaConfig,
     PipelineConfig,
-    Precision,
+    WgmmaConfig,
+    WgmmaGemmSpec,
 )
 
 _GRID_Y_MAX = 65535
@@ -104,6 +106,36 @@ class Plan:
                  p.leaky_slope, stream.ptr)
 
 
+class TmaPlan(Plan):
+    """A plan of the Hopper kernel: its operands go to the kernel as TMA tensor maps (made per
+    call from the pointers; the maps of recurring buffers come from a table), on a persistent
+    grid."""
+
+    def __post_init__(self):
+        spec = self.main.spec
+        self._main = Launcher(spec.kernel_name, self.main.function.ptr,
+                              "<128s128s" + _GEMM_PARAMS[1:])
+        self._reduce = None
+        es = spec.dtype.itemsize
+        self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
+                      spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
+
+    def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
+        dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
+        if a_kmajor:
+            map_a = tensor_map_2d(dt, a_ptr, k, m, lda * es, bk, bm)
+        else:
+            map_a = tensor_map_2d(dt, a_ptr, m, k, lda * es, 64, bk)
+        if b_kmajor:
+            map_b = tensor_map_2d(dt, b_ptr, k, n, ldb * es, bk, bn)
+        else:
+            map_b = tensor_map_2d(dt, b_ptr, n, k, ldb * es, 64, bk)
+        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b,
+                   a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+                   z_ptr, ldz, m, n, k, alpha, beta, slope, 0)
+
+
 def _ptr(x) -> int:
     return 0 if x is None else x.data.ptr
 
@@ -168,11 +200,16 @@ def _tuning_key(p: Problem, arch: str) -> dict:
 
 def _kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> KernelSet:
     cfg = choice.config
+    if isinstance(cfg, WgmmaConfig) and _arch_number(p.device_id) != 90:
+        raise ArgumentValueError(
+            f"config: {cfg.name} is a Hopper (wgmma, sm_90a) config; this GPU is "
+            f"{device_arch(p.device_id)}")
     if isinstance(cfg, (PipelineConfig, MmaConfig)) and _arch_number(p.device_id) < 80:
         raise ArgumentValueError(
             f"config: {cfg.name} is a {choice.family} (cp.async) config, which needs sm_80 "
             f"or newer; this GPU is {device_arch(p.device_id)}")
-    if isinstance(cfg, MmaConfig) and not uses_tensor_cores(p.dtype, p.precision):
+    if isinstance(cfg, (MmaConfig, WgmmaConfig)) and not uses_tensor_cores(p.dtype,
+                                                                           p.precision):
         raise ArgumentValueError(
             f"config: {cfg.name} runs on the tensor cores; float32 inputs use them only with "
             f"precision='tf32'")
@@ -184,7 +221,7 @@ def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
     cfg = choice.config
     m, n = p.m, p.n
     grid_m, grid_n = -(-m // cfg.bm), -(-n // cfg.bn)
-    if grid_n > _GRID_Y_MAX:
+    if grid_n > _GRID_Y_MAX and not isinstance(cfg, WgmmaConfig):
         raise ArgumentValueError(
             f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch "
             f"allows with config {cfg.name}")
@@ -208,6 +245,10 @@ def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
         reduce_grid = (max(min(-(-work // 256), sm_count(p.device_id) * 16), 1), 1, 1)
     if choice.split_k != ks.splits:
         choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
+    if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM
+        grid = (min(grid_m * grid_n, sm_count(p.device_id)), 1, 1)
+        return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, 0, None, (1, 1, 1),
+                       tuple(names))
     return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
                 ks.k_tiles_per_split, reduce, reduce_grid, tuple(names))
 
@@ -233,15 +274,16 @@ def _choose(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Choice:
 
 def _make_plan(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Plan:
     choice = _choose(p, config, autotune, save_z, vecs)
-    if isinstance(choice.config, MmaConfig) and not mma_fits(vecs):
-        why = (f"a {p.dtype.numpy_name} operand whose pointer or leading dimension is not "
-               f"4-byte aligned cannot be copied by cp.async")
+    chosen = choice
+    choice = resolve(choice, p.dtype, p.layout_a.value + p.layout_b.value, vecs, p.m, p.n,
+                     p.k, sm_count(p.device_id))
+    if choice.reason == "fallback" and chosen.reason != "fallback":
+        why = choice.detail.split(": ", 1)[-1]
         if why not in _warned:
             _warned.add(why)
             warnings.warn(f"ge2jit: {why}; using the slower fallback kernel "
                           f"{FALLBACK_TILE.name} (align or copy the operand for the tensor "
                           f"cores)", RuntimeWarning, stacklevel=4)
-        choice = Choice(FALLBACK_TILE, 1, "fallback", f"{choice.name}: {why}")
     try:
         return _build_plan(p, choice, save_z, vecs)
     except (KernelCompileError, KernelLaunchError) as e:

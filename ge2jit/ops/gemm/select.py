@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from ...errors import ArgumentTypeError, ArgumentValueError
 from .spec import (
     PIPELINED_F32_CONFIGS,
+    WGMMA_CONFIGS,
     MmaConfig,
     MmaGemmSpec,
     Precision,
+    WgmmaConfig,
+    WgmmaGemmSpec,
     mma_configs,
     SIMT_F32_TILES,
     Act,
@@ -32,7 +35,7 @@ FALLBACK_TILE = SIMT_F32_TILES[-1]
 class Choice:
     """A kernel configuration and why it was chosen ("heuristic", "tuned", "pinned", "fallback")."""
 
-    config: PipelineConfig | MmaConfig | TileConfig
+    config: PipelineConfig | MmaConfig | WgmmaConfig | TileConfig
     split_k: int = 1
     reason: str = "heuristic"
     detail: str = ""
@@ -41,6 +44,8 @@ class Choice:
     def family(self) -> str:
         if isinstance(self.config, MmaConfig):
             return "mma"
+        if isinstance(self.config, WgmmaConfig):
+            return "wgmma"
         return "pipelined" if isinstance(self.config, PipelineConfig) else "basic"
 
     @property
@@ -51,11 +56,11 @@ class Choice:
         return f"{self.name} ({self.reason}{': ' + self.detail if self.detail else ''})"
 
 
-def parse_config(config) -> tuple[PipelineConfig | MmaConfig | TileConfig, int]:
+def parse_config(config) -> tuple[PipelineConfig | MmaConfig | WgmmaConfig | TileConfig, int]:
     """A pinned ``config=``: a config object, or a name, optionally with '_k<splits>'."""
     if isinstance(config, Choice):
         return config.config, config.split_k
-    if isinstance(config, (PipelineConfig, MmaConfig, TileConfig)):
+    if isinstance(config, (PipelineConfig, MmaConfig, WgmmaConfig, TileConfig)):
         return config, 1
     if not isinstance(config, str):
         raise ArgumentTypeError(
@@ -68,6 +73,11 @@ def parse_config(config) -> tuple[PipelineConfig | MmaConfig | TileConfig, int]:
         text, split = head, int(tail)
         if split < 1:
             raise ArgumentValueError(f"config: split-K must be at least 1, got {config!r}")
+    if text.startswith("wgmma_"):
+        if split != 1:
+            raise ArgumentValueError(f"config: the tensor-core configs have no split-K, got "
+                                     f"{config!r}")
+        return WgmmaConfig.parse(text), 1
     if text.startswith("mma_"):
         if split != 1:
             raise ArgumentValueError(f"config: the tensor-core configs have no split-K, got "
@@ -83,7 +93,8 @@ def parse_config(config) -> tuple[PipelineConfig | MmaConfig | TileConfig, int]:
         raise ArgumentValueError(
             f"config: expected a name like '128x128x8_w32x64_s3' (pipelined, sm_80+), "
             f"'128x128x8_w32x64_s3_k4' (with split-K), 'mma_128x128x32_w64x64_s4' (tensor "
-            f"cores, sm_80+) or '64x64x8_4x4' (basic), got {config!r}"
+            f"cores, sm_80+), 'wgmma_128x256_s4' (Hopper) or '64x64x8_4x4' (basic), "
+            f"got {config!r}"
         ) from None
 
 
@@ -97,7 +108,8 @@ def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F3
     if arch_number < 80:
         return [(t, 1) for t in SIMT_F32_TILES]
     if uses_tensor_cores(dtype, precision):
-        return [(cfg, 1) for cfg in mma_configs(dtype)]
+        hopper = [(cfg, 1) for cfg in WGMMA_CONFIGS] if arch_number == 90 else []
+        return hopper + [(cfg, 1) for cfg in mma_configs(dtype)]
     out = []
     for cfg in PIPELINED_F32_CONFIGS:
         k_tiles = -(-k // cfg.bk)
@@ -128,6 +140,8 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
                 return Choice(t, 1, "fallback", why)
         return Choice(FALLBACK_TILE, 1, "fallback", why)
     if uses_tensor_cores(dtype, precision):
+        if arch_number == 90:
+            return _wgmma_heuristic(m, n, sms)
         return _mma_heuristic(m, n, sms, dtype)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
@@ -168,6 +182,49 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType) -> Choice:
     cfg = order[-1]
     return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
                   f"{sms} SMs")
+
+
+def _wgmma_heuristic(m: int, n: int, sms: int) -> Choice:
+    """The largest output tile that still gives every SM a tile (the grid is persistent)."""
+    order = sorted(WGMMA_CONFIGS, key=lambda c: (-(c.bm * c.bn), (c.bn >= c.bm) != (n >= m)))
+    for cfg in order:
+        if _tiles(m, n, cfg) >= sms:
+            return Choice(cfg, 1, "heuristic",
+                          f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for {sms} SMs")
+    cfg = order[-1]
+    return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
+                  f"{sms} SMs")
+
+
+def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int) -> str | None:
+    """Why the Hopper kernel cannot take this problem, or None when it can: TMA needs 16-byte
+    aligned pointers and rows, and tf32 wgmma reads only K-major operands."""
+    if aligns[0] < 16 or aligns[1] < 16:
+        return "TMA needs 16-byte aligned operand pointers and leading dimensions"
+    if k == 0:
+        return "K = 0"
+    if dtype is DType.F32 and layouts != "rc":
+        return "tf32 wgmma needs row-major A and column-major B"
+    return None
+
+
+def resolve(choice: Choice, dtype: DType, layouts: str, aligns: "Aligns", m: int, n: int,
+            k: int, sms: int) -> Choice:
+    """``choice``, or the family below it that this problem's layout and alignment allow:
+    wgmma -> mma.sync -> the fallback kernel (each step says why)."""
+    cfg = choice.config
+    if isinstance(cfg, WgmmaConfig):
+        why = tma_fits(aligns, dtype, layouts, k)
+        if why is None:
+            return choice
+        sub = _mma_heuristic(m, n, sms, dtype)
+        choice = Choice(sub.config, 1, choice.reason, f"{cfg.name}: {why}; {sub.detail}")
+        cfg = sub.config
+    if isinstance(cfg, MmaConfig) and not mma_fits(aligns):
+        return Choice(FALLBACK_TILE, 1, "fallback",
+                      f"{choice.name}: a {dtype.numpy_name} operand whose pointer or leading "
+                      f"dimension is not 4-byte aligned cannot be copied by cp.async")
+    return choice
 
 
 #: Alignment in bytes (a power of two up to 16) of an operand's pointer and leading dimension,
@@ -211,8 +268,15 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
     leading dimensions) becomes the fallback kernel, which reads any alignment."""
     align_a, align_b, align_y = aligns
     types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype)
+    y_item = (out_dtype or dtype).itemsize
+    if isinstance(config, WgmmaConfig):
+        why = tma_fits(aligns, dtype, layout_a.value + layout_b.value, k)
+        if why is not None:
+            raise ArgumentValueError(f"config: {config.name}: {why}")
+        main = WgmmaGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
+                             align_y >= 2 * y_item, **types)
+        return KernelSet(main, None, 1, 0)
     if isinstance(config, MmaConfig) and mma_fits(aligns):
-        y_item = (out_dtype or dtype).itemsize
         main = MmaGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
                            min(align_a, 16), min(align_b, 16), align_y >= 2 * y_item, **types)
         return KernelSet(main, None, 1, 0)

@@ -540,3 +540,112 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     @property
     def smem_bytes(self) -> int:
         return self.config.smem_bytes_for(self.dtype)
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """Tile config of the Hopper kernel (``wgmma`` + TMA, sm_90a).
+
+    Output tiles of BM x BN, BM = 64 per consumer warpgroup; K tiles of 128 bytes per row (64
+    16-bit values or 32 floats); ``stages`` TMA buffers in a ring.
+    """
+
+    bm: int
+    bn: int
+    stages: int
+
+    def __post_init__(self):
+        for name in ("bm", "bn", "stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ArgumentValueError(f"WgmmaConfig.{name}: expected a positive int, "
+                                         f"got {v!r}")
+        problems = []
+        if self.bm not in (64, 128, 192):
+            problems.append("bm must be 64, 128 or 192 (64 rows per consumer warpgroup)")
+        if self.bn % 64 or not 64 <= self.bn <= 256:
+            problems.append("bn must be 64, 128, 192 or 256")
+        if self.stages < 2:
+            problems.append("stages must be at least 2")
+        if self.smem_bytes > 227 * 1024:
+            problems.append(f"{self.smem_bytes} B of shared memory (227 KiB allowed)")
+        if problems:
+            raise ArgumentValueError(f"WgmmaConfig {self.name}: " + "; ".join(problems))
+
+    @property
+    def consumers(self) -> int:
+        return self.bm // 64
+
+    @property
+    def threads(self) -> int:
+        return (self.consumers + 1) * 128
+
+    @property
+    def smem_bytes(self) -> int:
+        # the tiles, 16 bytes of mbarriers per stage, and slack to align the tiles to 1 KiB
+        return self.stages * ((self.bm + self.bn) * 128 + 16) + 1024
+
+    @property
+    def name(self) -> str:
+        return f"wgmma_{self.bm}x{self.bn}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> WgmmaConfig:
+        """'wgmma_128x256_s4' -> WgmmaConfig."""
+        g = WarpTiledConfig._match(r"wgmma_(\d+)x(\d+)_s(\d+)", text, "wgmma_128x256_s4",
+                                   "wgmma_BMxBN_sSTAGES")
+        return cls(*g)
+
+
+#: Candidates of the Hopper kernel (any dtype: K tiles are 128 bytes).
+WGMMA_CONFIGS: tuple[WgmmaConfig, ...] = (
+    WgmmaConfig(128, 256, 4),
+    WgmmaConfig(128, 128, 6),
+    WgmmaConfig(128, 64, 8),
+    WgmmaConfig(64, 128, 8),
+)
+
+
+@dataclass(frozen=True)
+class WgmmaGemmSpec(GemmKernelSpec):
+    """The Hopper GEMM (sm_90a): TMA copies into a ring of shared-memory stages guarded by
+    mbarriers, one producer warpgroup and ``config.consumers`` consumer warpgroups issuing
+    ``wgmma`` from shared memory, a persistent grid over the output tiles, and the fused
+    epilogue on the accumulator registers. tf32 needs K-major operands (row-major A,
+    column-major B): wgmma transposes only 16-bit types.
+    """
+
+    config: WgmmaConfig
+    vec_y: bool = True
+
+    template = "gemm/wgmma.cu"
+
+    def __post_init__(self):
+        if not isinstance(self.config, WgmmaConfig):
+            raise TypeError(f"WgmmaGemmSpec.config: expected WgmmaConfig, got {self.config!r}")
+        self._normalize_types()
+        if not isinstance(self.vec_y, bool):
+            raise TypeError("WgmmaGemmSpec.vec_y: expected bool")
+        if self.dtype is DType.F32 and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL):
+            raise ArgumentValueError(
+                "config: the tf32 wgmma kernel needs row-major A and column-major B (K-major "
+                f"operands); got layouts {self.layout_a.value}{self.layout_b.value}")
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
+                f"{self.config.name}_{'y2' if self.vec_y else 'y1'}" + self._epilogue_name())
+
+    def supports_arch(self, arch: str) -> bool:
+        return arch_number(arch) == 90
+
+    def target_arch(self, device_arch: str) -> str:
+        return f"sm_{arch_number(device_arch)}a"
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.config.smem_bytes

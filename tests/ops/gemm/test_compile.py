@@ -18,6 +18,7 @@ from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
     PIPELINED_F32_CONFIGS,
+    WGMMA_CONFIGS,
     SIMT_F32_TILES,
     Act,
     BiasKind,
@@ -25,6 +26,7 @@ from ge2jit.ops.gemm.spec import (
     GemmSpec,
     Layout,
     MmaGemmSpec,
+    WgmmaGemmSpec,
     PipelinedGemmSpec,
     SplitKReduceSpec,
 )
@@ -52,6 +54,12 @@ def _mma(p: dict) -> MmaGemmSpec:
                        p["vec_y"], **_types(p, p["dtype"]))
 
 
+def _wgmma(p: dict) -> WgmmaGemmSpec:
+    return WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+                         p["bias"], p["save_z"], p["config"], p["vec_y"],
+                         **_types(p, p["dtype"]))
+
+
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
               "copy_a": [4, 8, 16], "copy_b": [4, 8, 16], "vec_y": [False, True],
               "arch": ARCHS}
@@ -69,6 +77,19 @@ FAMILIES = {
     "mma_tf32": (
         {"dtype": [DType.F32], "config": list(MMA_TF32_CONFIGS), **MMA_COMMON},
         _mma,
+    ),
+    # The Hopper kernel: sm_90a only; tf32 reads K-major operands only (row-major A,
+    # column-major B).
+    "wgmma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
+         **EPILOGUE, **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True],
+         "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "wgmma_tf32": (
+        {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **EPILOGUE,
+         **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True], "arch": ["sm_90a"]},
+        _wgmma,
     ),
     "pipelined": (
         {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,

@@ -15,7 +15,8 @@ import pytest
 
 import ge2jit
 from ge2jit.ops.gemm.reference import gemm_bias_act_ref, magnitude_scale, rel_error
-from ge2jit.ops.gemm.spec import MMA_16BIT_CONFIGS, MMA_TF32_CONFIGS, Act
+from ge2jit.jit.device import device_arch
+from ge2jit.ops.gemm.spec import MMA_16BIT_CONFIGS, MMA_TF32_CONFIGS, WGMMA_CONFIGS, Act
 
 cp = pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -28,6 +29,9 @@ KINDS = {
     "tf32": (np.dtype(np.float32), "tf32", 1e-3),
 }
 ACTS = [a.value for a in Act]
+#: Shapes whose operands' rows are 16-byte aligned take the Hopper kernel (TMA) on sm_90;
+#: the others the mma.sync kernel.
+ALIGNED, UNALIGNED = (136, 72, 48), (130, 67, 45)
 BIAS_KINDS = ["none", "scalar", "col", "col2d", "row"]
 LAYOUTS = list(itertools.product("rc", repeat=2))
 
@@ -84,25 +88,45 @@ def make_bias(dtype, kind, m, n):
             "col2d": rand(dtype, 1, n), "row": rand(dtype, m, 1)}[kind]
 
 
+def hopper() -> bool:
+    return device_arch(cp.cuda.runtime.getDevice()) == "sm_90"
+
+
+def expected_family(kind, a, b) -> str:
+    """The kernel family a call with the default choice should use on this GPU."""
+    from ge2jit.ops.gemm.problem import layout_of
+
+    aligned = all(x.data.ptr % 16 == 0 and (layout_of(x, "")[1] * x.itemsize) % 16 == 0
+                  for x in (a, b))
+    layouts = layout_of(a, "")[0].value + layout_of(b, "")[0].value
+    if hopper() and aligned and (kind != "tf32" or layouts == "rc"):
+        return "_wgmma_"
+    return "_mma_"
+
+
+@pytest.mark.parametrize("shape", [ALIGNED, UNALIGNED], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
 @pytest.mark.parametrize("bias_kind", BIAS_KINDS)
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_act_bias_layout(kind, act, bias_kind, la, lb):
+def test_act_bias_layout(kind, act, bias_kind, la, lb, shape):
     dtype = KINDS[kind][0]
-    m, n, k = 130, 67, 45
+    m, n, k = shape
     a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
     check(kind, a, b, make_bias(dtype, bias_kind, m, n), act=act, alpha=1.25)
+    name = ge2jit.explain(a, b, act=act, precision=KINDS[kind][1]).kernel_names[0]
+    assert expected_family(kind, a, b) in name, name
 
 
+@pytest.mark.parametrize("shape", [(80, 136, 72), (75, 129, 72)], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("c_type", ["input", "float32"])
 @pytest.mark.parametrize("lc", "rc")
 @pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
 @pytest.mark.parametrize("kind", KINDS)
-def test_alpha_beta_c_and_types_of_c_bias_y(kind, la, lb, lc, c_type):
+def test_alpha_beta_c_and_types_of_c_bias_y(kind, la, lb, lc, c_type, shape):
     dtype = KINDS[kind][0]
     other = dtype if c_type == "input" else np.float32
-    m, n, k = 75, 129, 72
+    m, n, k = shape
     a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
     c = rand(other, m, n, layout=lc)
     check(kind, a, b, rand(other, n), act="silu", c=c, alpha=-1.5, beta=0.75, save_preact=True)
@@ -130,6 +154,17 @@ def test_sizes_not_multiple_of_tiles(kind, m, n):
           act="gelu_tanh")
 
 
+@pytest.mark.parametrize("m, n", list(itertools.product([8, 64, 136, 1000], [8, 72, 256, 1032])))
+@pytest.mark.parametrize("kind", KINDS)
+def test_aligned_sizes_not_multiple_of_tiles(kind, m, n):
+    dtype = KINDS[kind][0]
+    k = {8: 24, 64: 1000, 136: 4096, 1000: 72}[m]
+    a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
+    check(kind, a, b, rand(dtype, n), act="gelu_tanh", save_preact=True)
+    assert expected_family(kind, a, b) in ge2jit.explain(
+        a, b, precision=KINDS[kind][1]).kernel_names[0]
+
+
 @pytest.mark.parametrize("k", [2, 8, 16, 24, 40, 64, 66, 200, 1000, 4098])
 @pytest.mark.parametrize("kind", KINDS)
 def test_k_sweep(kind, k):
@@ -139,21 +174,27 @@ def test_k_sweep(kind, k):
 
 
 def _configs(kind):
-    return [c.name for c in (MMA_TF32_CONFIGS if kind == "tf32" else MMA_16BIT_CONFIGS)]
+    mma = MMA_TF32_CONFIGS if kind == "tf32" else MMA_16BIT_CONFIGS
+    return [c.name for c in (*mma, *WGMMA_CONFIGS)]
 
 
 @pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
-@pytest.mark.parametrize("shape", [(1, 2, 2), (256, 256, 128), (300, 270, 130)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 64, 8), (256, 256, 128), (320, 264, 136),
+                                   (300, 270, 130)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind, config", [(k, c) for k in KINDS for c in _configs(k)])
 def test_every_candidate_config(kind, config, shape, la, lb):
+    if config.startswith("wgmma_") and not hopper():
+        pytest.skip("wgmma configs need sm_90")
     dtype = KINDS[kind][0]
     m, n, k = shape
     a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
     check(kind, a, b, rand(dtype, m, 1), act="leaky_relu", c=rand(dtype, m, n), beta=0.5,
           save_preact=True, config=config)
-    assert ge2jit.explain(a, b, config=config,
-                          precision=KINDS[kind][1]).kernel_names[0].count("_mma_") == 1
+    name = ge2jit.explain(a, b, config=config, precision=KINDS[kind][1]).kernel_names[0]
+    family = "_mma_" if config.startswith("mma_") else expected_family(kind, a, b)
+    assert family in name, name
+    if family == "_wgmma_":
+        assert config in name
 
 
 @pytest.mark.parametrize("kind", ["bf16", "f16"])

@@ -60,3 +60,51 @@ def test_heuristic():
     assert old.reason == "fallback" and old.family == "basic"
     assert heuristic(10, 10, 10, 40, 75).config == FALLBACK_TILE
     assert "heuristic" in str(mid)
+
+
+def test_tensor_core_heuristic_and_candidates():
+    from ge2jit.ops.gemm.spec import DType, MmaConfig, Precision, WgmmaConfig
+
+    big = heuristic(4096, 4096, 4096, 132, 90, "rr", DType.BF16)
+    assert isinstance(big.config, WgmmaConfig) and big.config.name == "wgmma_128x256_s4"
+    a100 = heuristic(4096, 4096, 4096, 108, 80, "rr", DType.F16)
+    assert isinstance(a100.config, MmaConfig)
+    tf32 = heuristic(4096, 4096, 4096, 132, 90, "rc", DType.F32, Precision.TF32)
+    assert isinstance(tf32.config, WgmmaConfig)
+    ieee = heuristic(4096, 4096, 4096, 132, 90, "rc", DType.F32, Precision.IEEE)
+    assert ieee.family == "pipelined"
+    names = [c.name for c, _ in candidates(512, 512, 512, 90, DType.BF16)]
+    assert any(n.startswith("wgmma_") for n in names) and any(n.startswith("mma_") for n in names)
+    assert not any(n.startswith("wgmma_") for n, _ in
+                   ((c.name, s) for c, s in candidates(512, 512, 512, 80, DType.BF16)))
+
+
+def test_resolve_steps_down_by_layout_and_alignment():
+    from ge2jit.ops.gemm.select import Choice, resolve, tma_fits
+    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType
+
+    wg = Choice(WGMMA_CONFIGS[0], 1, "heuristic")
+    assert resolve(wg, DType.BF16, "cr", (16, 16, 16), 512, 512, 512, 132) is wg
+    assert tma_fits((8, 16, 16), DType.BF16, "rr", 64).startswith("TMA needs 16-byte")
+    assert "tf32 wgmma needs" in tma_fits((16, 16, 16), DType.F32, "rr", 64)
+    down = resolve(wg, DType.BF16, "rr", (8, 16, 4), 512, 512, 512, 132)
+    assert down.family == "mma" and "TMA needs 16-byte" in down.detail
+    assert down.reason == "heuristic"
+    fallback = resolve(wg, DType.F16, "rr", (2, 16, 16), 512, 512, 512, 132)
+    assert fallback.family == "basic" and fallback.reason == "fallback"
+    assert "not 4-byte aligned" in fallback.detail
+    tf32 = resolve(wg, DType.F32, "cr", (16, 16, 16), 512, 512, 512, 132)
+    assert tf32.family == "mma" and "tf32 wgmma needs" in tf32.detail
+
+
+def test_config_names_of_every_family_parse():
+    from ge2jit.ops.gemm.spec import MMA_16BIT_CONFIGS, WGMMA_CONFIGS
+
+    for cfg in (*MMA_16BIT_CONFIGS, *WGMMA_CONFIGS):
+        assert parse_config(cfg.name) == (cfg, 1)
+    with pytest.raises(ValueError, match="the tensor-core configs have no split-K"):
+        parse_config("wgmma_128x256_s4_k2")
+    with pytest.raises(ValueError, match="wgmma_BMxBN_sSTAGES"):
+        parse_config("wgmma_128x256")
+    with pytest.raises(ValueError, match="bn must be 64, 128, 192 or 256"):
+        parse_config("wgmma_128x96_s4")

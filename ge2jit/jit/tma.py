@@ -1,0 +1,81 @@
+"""Tensor maps for the Hopper copy engine (TMA), made by the driver's cuTensorMapEncodeTiled.
+
+A tensor map describes a 2-D array in global memory (address, sizes, row stride) and the box a
+kernel copies from it; kernels take it by value (a 128-byte ``__grid_constant__`` parameter).
+The driver call is made through ctypes on ``libcuda`` (CuPy does not expose it). Maps depend on
+the array's address, so they are kept in a small table keyed by everything they encode: a
+training loop that reuses its buffers encodes each map once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from ..errors import KernelLaunchError
+
+#: CUtensorMapDataType of the element types
+DATA_TYPES = {"f16": 6, "f32": 7, "bf16": 9}
+_SWIZZLE_128B = 3
+_L2_PROMOTION_128B = 2
+_TABLE_SIZE = 1024
+
+_lock = threading.Lock()
+_table: OrderedDict[tuple, bytes] = OrderedDict()
+_encode = None
+
+
+def _driver_function():
+    global _encode
+    if _encode is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise KernelLaunchError(f"the CUDA driver library (libcuda.so.1) could not be "
+                                    f"loaded for tensor maps: {e}") from e
+        fn = lib.cuTensorMapEncodeTiled
+        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p,
+                       u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        _encode = fn
+    return _encode
+
+
+def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int,
+                  box_inner: int, box_outer: int) -> bytes:
+    """The 128 bytes of a tensor map of a 2-D array.
+
+    ``inner`` elements are contiguous, ``outer`` rows are ``row_bytes`` apart; boxes of
+    ``box_inner`` x ``box_outer`` elements land in shared memory with the 128-byte swizzle;
+    elements outside the array read as zero.
+    """
+    key = (dtype, ptr, inner, outer, row_bytes, box_inner, box_outer)
+    with _lock:
+        blob = _table.get(key)
+        if blob is not None:
+            _table.move_to_end(key)
+            return blob
+    fn = _driver_function()
+    storage = np.zeros(128 + 64, dtype=np.uint8)            # the map must be 64-byte aligned
+    offset = -storage.ctypes.data % 64
+    dims = (ctypes.c_uint64 * 2)(inner, outer)
+    strides = (ctypes.c_uint64 * 1)(row_bytes)
+    box = (ctypes.c_uint32 * 2)(box_inner, box_outer)
+    ones = (ctypes.c_uint32 * 2)(1, 1)
+    status = fn(storage.ctypes.data + offset, DATA_TYPES[dtype], 2, ctypes.c_void_p(ptr), dims,
+                strides, box, ones, 0, _SWIZZLE_128B, _L2_PROMOTION_128B, 0)
+    if status != 0:
+        raise KernelLaunchError(
+            f"cuTensorMapEncodeTiled failed (CUresult {status}) for a {dtype} array at "
+            f"{ptr:#x} of {outer} x {inner} elements, rows {row_bytes} bytes apart, box "
+            f"{box_outer} x {box_inner}")
+    blob = storage[offset:offset + 128].tobytes()
+    with _lock:
+        _table[key] = blob
+        if len(_table) > _TABLE_SIZE:
+            _table.popitem(last=False)
+    return blob

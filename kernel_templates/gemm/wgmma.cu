@@ -1,0 +1,233 @@
+{% set cfg = spec.config %}
+{% set tf32 = spec.dtype.value == "f32" %}
+{% set a_kcont = spec.layout_a.value == "r" %}
+{% set b_kcont = spec.layout_b.value == "c" %}
+{% set n_acc = cfg.bn // 2 %}
+// {{ spec.kernel_name }}
+// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
+// Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups (64 rows each) run wgmma and the epilogue; the grid is persistent over the output tiles.
+{% import "common/epilogue.cuh" as ep %}
+{% include "common/types.cuh" %}
+{% include "common/activations.cuh" %}
+
+constexpr int BM = {{ cfg.bm }};
+constexpr int BN = {{ cfg.bn }};
+constexpr int ES = {{ spec.dtype.itemsize }};
+constexpr int BK = 128 / ES;                  // one 128-byte swizzle row of K per tile row
+constexpr int KSTEP = 32 / ES;                // k of one wgmma: 16 (16-bit) or 8 (tf32)
+constexpr int STAGES = {{ cfg.stages }};
+constexpr int CONSUMERS = {{ cfg.consumers }};  // warpgroups of 64 output rows
+constexpr int THREADS = (CONSUMERS + 1) * 128;
+constexpr int A_STAGE = BM * BK * ES;         // bytes
+constexpr int B_STAGE = BN * BK * ES;
+constexpr unsigned TX_BYTES = A_STAGE + B_STAGE;
+static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 rows");
+
+// The driver's CUtensorMap: 128 opaque bytes, passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+{{ ep.c_accessor(spec) }}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+// A 2-D box of the tensor `map` at coordinates (inner, outer) into shared memory; completion
+// is counted on `bar` in bytes.
+__device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int inner,
+                                         int outer, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, { %2, %3 }], [%4];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(inner), "r"(outer),
+           "r"(bar) : "memory");
+}
+
+// wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
+// >> 4), 128-byte swizzle. The tiles start on 1024-byte boundaries (base offset 0).
+__device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo,
+                                                         unsigned sbo) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4)
+         | (static_cast<unsigned long long>(lbo >> 4) << 16)
+         | (static_cast<unsigned long long>(sbo >> 4) << 32)
+         | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+
+// D (+)= A @ B for one k-step: 64 x BN, the accumulators in the register layout of wgmma.
+__device__ __forceinline__ void wgmma(float (&d)[{{ n_acc }}], unsigned long long da,
+                                      unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %{{ n_acc + 2 }}, 0;\n"
+{% if tf32 %}
+        "wgmma.mma_async.sync.aligned.m64n{{ cfg.bn }}k8.f32.tf32.tf32 "
+{% else %}
+        "wgmma.mma_async.sync.aligned.m64n{{ cfg.bn }}k16.f32.{{ spec.dtype.value }}.{{ spec.dtype.value }} "
+{% endif %}
+        "{ {% for i in range(n_acc) %}%{{ i }}{{ ", " if not loop.last }}{% endfor %} }, "
+{% if tf32 %}
+        "%{{ n_acc }}, %{{ n_acc + 1 }}, p, 1, 1;\n"
+{% else %}
+        "%{{ n_acc }}, %{{ n_acc + 1 }}, p, 1, 1, {{ 0 if a_kcont else 1 }}, {{ 0 if b_kcont else 1 }};\n"
+{% endif %}
+        "}\n"
+        : {% for i in range(n_acc) %}"+f"(d[{{ i }}]){{ ", " if not loop.last }}{% endfor %}
+
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{{ ep.gemm_params(spec, prefix="const __grid_constant__ TensorMap tma_a, const __grid_constant__ TensorMap tma_b,") -}}
+{
+    extern __shared__ char smem_raw[];
+    {{ ep.scalars() | indent(4) }}
+    // 1024-byte aligned tiles (the 128-byte swizzle repeats every 8 rows of 128 bytes).
+    const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const unsigned sA = base, sB = base + STAGES * A_STAGE;
+    const unsigned full = sB + STAGES * B_STAGE, empty = full + 8 * STAGES;
+
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
+    const int warpgroup = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);                  // the producer's expect_tx
+            mbar_init(empty + 8 * s, CONSUMERS * 4);     // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // Producer: one thread walks the same tiles as the consumers and keeps the ring full.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0 && k_tiles > 0) {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    const int s = it % STAGES;
+                    mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(full + 8 * s, TX_BYTES);
+                    const int k0 = kt * BK;
+{% if a_kcont %}
+                    tma_load(sA + s * A_STAGE, &tma_a, k0, m0, full + 8 * s);
+{% else %}
+#pragma unroll
+                    for (int j = 0; j < BM / 64; ++j)
+                        tma_load(sA + s * A_STAGE + j * (BK * 128), &tma_a, m0 + 64 * j, k0,
+                                 full + 8 * s);
+{% endif %}
+{% if b_kcont %}
+                    tma_load(sB + s * B_STAGE, &tma_b, k0, n0, full + 8 * s);
+{% else %}
+#pragma unroll
+                    for (int j = 0; j < BN / 64; ++j)
+                        tma_load(sB + s * B_STAGE + j * (BK * 128), &tma_b, n0 + 64 * j, k0,
+                                 full + 8 * s);
+{% endif %}
+                }
+            }
+        }
+        return;
+    }
+
+    // Consumers: warpgroup wg + 1 computes rows 64 wg .. 64 wg + 63 of each tile.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int wg = warpgroup - 1;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int g = lane >> 2, t = lane & 3;
+    float acc[{{ n_acc }}];
+#pragma unroll
+    for (int i = 0; i < {{ n_acc }}; ++i) acc[i] = 0.0f;
+{% if spec.bias.value == "scalarbias" %}
+    const float bias_value = to_f32(bias[0]);
+{% endif %}
+
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+        int prev = -1;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            const int s = it % STAGES;
+            mbar_wait(full + 8 * s, (it / STAGES) & 1);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / KSTEP; ++kk) {
+{% if a_kcont %}
+                // K-major: rows of 128 bytes, 8-row groups 1024 bytes apart; k-steps 32 bytes.
+                const unsigned long long da =
+                    descriptor(sA + s * A_STAGE + wg * 64 * 128 + kk * 32, 16, 1024);
+{% else %}
+                // M-major: 64-wide column blocks of BK rows; a k-step is 16 rows (2048 bytes).
+                const unsigned long long da =
+                    descriptor(sA + s * A_STAGE + wg * (BK * 128) + kk * 2048, BK * 128, 1024);
+{% endif %}
+{% if b_kcont %}
+                const unsigned long long db = descriptor(sB + s * B_STAGE + kk * 32, 16, 1024);
+{% else %}
+                const unsigned long long db =
+                    descriptor(sB + s * B_STAGE + kk * 2048, BK * 128, 1024);
+{% endif %}
+                wgmma(acc, da, db, kt > 0 || kk > 0);
+            }
+            wgmma_commit();
+            if (prev >= 0) {
+                wgmma_wait<1>();                 // the previous stage's products are done
+                if (lane == 0) mbar_arrive(empty + 8 * prev);
+            }
+            prev = s;
+        }
+        wgmma_wait<0>();
+        if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+
+        // Fused epilogue on the accumulators: acc[4 j + 2 h + c] is row 16 warp + g + 8 h of
+        // this warpgroup's 64, column 8 j + 2 t + c.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wg * 64 + warp * 16 + g + 8 * h;
+            if (m >= M) continue;
+{% if spec.bias.value == "rowbias" %}
+            const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
+{% endif %}
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int nb = n0 + j * 8 + 2 * t;
+                if (nb >= N) continue;
+                {{ ep.finish(spec, 2, "acc[4 * j + 2 * h + c]", "to_f32(bias[static_cast<long long>(n) * bias_stride])", "nb + 1 < N") | indent(16) }}
+            }
+        }
+    }
+}
