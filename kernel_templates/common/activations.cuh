@@ -18,3 +18,25 @@ __device__ __forceinline__ float act_sigmoid(float x, float) { return 1.0f / (1.
 __device__ __forceinline__ float act_tanh(float x, float) { return tanhf(x); }
 // x * sigmoid(x), written as a quotient so that large negative x gives -0 rather than NaN.
 __device__ __forceinline__ float act_silu(float x, float) { return x / (1.0f + expf(-x)); }
+
+// Fast forms for 16-bit outputs (sm_75+), whose rounding (2^-8 or 2^-11) is larger than these
+// approximations' errors: tanh.approx (relative error about 2^-11) and ex2.approx-based exp.
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float sigmoid_approx(float x) {
+    return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+__device__ __forceinline__ float act_none_fast(float x, float s) { return act_none(x, s); }
+__device__ __forceinline__ float act_relu_fast(float x, float s) { return act_relu(x, s); }
+__device__ __forceinline__ float act_leaky_relu_fast(float x, float s) { return act_leaky_relu(x, s); }
+__device__ __forceinline__ float act_gelu_fast(float x, float s) { return act_gelu(x, s); }
+__device__ __forceinline__ float act_gelu_tanh_fast(float x, float) {
+    const float inner = 0.79788456080286536f * fmaf(0.044715f * x, x * x, x);
+    return 0.5f * x * (1.0f + tanh_approx(inner));
+}
+__device__ __forceinline__ float act_sigmoid_fast(float x, float) { return sigmoid_approx(x); }
+__device__ __forceinline__ float act_tanh_fast(float x, float) { return tanh_approx(x); }
+__device__ __forceinline__ float act_silu_fast(float x, float) { return x * sigmoid_approx(x); }

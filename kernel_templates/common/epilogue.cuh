@@ -95,7 +95,7 @@ for (int c = 0; c < {{ width }}; ++c) {
     const auto n = min({{ nb }} + c, N - 1);   // clamped: columns past N are not stored
     {{ compute_z(spec, "z", acc, m, "n", col_bias, "row_bias") | indent(4) }}
     zv[c] = z;
-    yv[c] = act_{{ spec.act.value }}(z, leaky_slope);
+    yv[c] = act_{{ spec.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
 }
 {{ store_yz(spec, width, vector_ok, m, nb) }}
 {%- endmacro %}

@@ -116,20 +116,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
 }
-__device__ __forceinline__ unsigned to_tf32(unsigned x) {
-{% if tf32 %}
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
-    return r;
-{% else %}
-    return x;
-{% endif %}
-}
 // 32-bit word `col` of row `row` of a SCALAR32 tile.
 template <int ROW_BYTES>
 __device__ __forceinline__ unsigned word_at(const char* tile, int row, int col) {
-    return to_tf32(*reinterpret_cast<const unsigned*>(
-        tile + swizzle<ROW_BYTES, true>(row, col >> 2) + (col & 3) * 4));
+    return *reinterpret_cast<const unsigned*>(
+        tile + swizzle<ROW_BYTES, true>(row, col >> 2) + (col & 3) * 4);
 }
 
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -144,6 +135,8 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// tf32: the fragments hold the float32 bits as they are; the tensor cores read the top 19
+// (sign, exponent, 10 mantissa bits), as wgmma does from shared memory: inputs are truncated.
 // Fragments of k-step `ks` of the warp tile (rows wm0.., columns wn0..), in the register layout
 // of the mma's A (row) and B (col) operands.
 __device__ __forceinline__ void load_fragments(unsigned (&af)[MI][4], unsigned (&bf)[NI][2],
@@ -157,10 +150,6 @@ __device__ __forceinline__ void load_fragments(unsigned (&af)[MI][4], unsigned (
         // 4 8x8 matrices: rows +0/+8 x k-chunks +0/+1 (one chunk is 8 halves or 4 floats).
         ldmatrix_x4(af[mi], As + swizzle<A_ROW_BYTES, false>(wm0 + mi * 16 + (lane & 15),
                                                                ks * 2 + (lane >> 4)));
-{% if tf32 %}
-#pragma unroll
-        for (int r = 0; r < 4; ++r) af[mi][r] = to_tf32(af[mi][r]);
-{% endif %}
 {% elif not tf32 %}
         // Transposed reads of the k-major tile: k-rows +0/+8 x m-chunks +0/+1.
         ldmatrix_x4_trans(af[mi], As + swizzle<A_ROW_BYTES, false>(
@@ -179,8 +168,8 @@ __device__ __forceinline__ void load_fragments(unsigned (&af)[MI][4], unsigned (
         unsigned r[4];
         ldmatrix_x4(r, Bs + swizzle<B_ROW_BYTES, false>(
             wn0 + p * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
-        bf[2 * p][0] = to_tf32(r[0]); bf[2 * p][1] = to_tf32(r[1]);
-        bf[2 * p + 1][0] = to_tf32(r[2]); bf[2 * p + 1][1] = to_tf32(r[3]);
+        bf[2 * p][0] = r[0]; bf[2 * p][1] = r[1];
+        bf[2 * p + 1][0] = r[2]; bf[2 * p + 1][1] = r[3];
 {% elif not tf32 %}
         unsigned r[4];
         ldmatrix_x4_trans(r, Bs + swizzle<B_ROW_BYTES, false>(

@@ -216,17 +216,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // Fused epilogue on the accumulators: acc[4 j + 2 h + c] is row 16 warp + g + 8 h of
         // this warpgroup's 64, column 8 j + 2 t + c.
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int m = m0 + wg * 64 + warp * 16 + g + 8 * h;
-            if (m >= M) continue;
-{% if spec.bias.value == "rowbias" %}
-            const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
+        for (int j = 0; j < BN / 8; ++j) {
+            const int nb = n0 + j * 8 + 2 * t;
+            if (nb >= N) continue;
+{% if spec.bias.value == "colbias" %}
+            float col_bias[2];                   // this thread's two columns, for both rows
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                col_bias[e] = to_f32(bias[static_cast<long long>(min(nb + e, N - 1)) * bias_stride]);
 {% endif %}
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const int nb = n0 + j * 8 + 2 * t;
-                if (nb >= N) continue;
-                {{ ep.finish(spec, 2, "acc[4 * j + 2 * h + c]", "to_f32(bias[static_cast<long long>(n) * bias_stride])", "nb + 1 < N") | indent(16) }}
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wg * 64 + warp * 16 + g + 8 * h;
+                if (m >= M) continue;
+{% if spec.bias.value == "rowbias" %}
+                const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
+{% endif %}
+                {{ ep.finish(spec, 2, "acc[4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
             }
         }
     }

@@ -423,9 +423,10 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
         - float32 inputs, ``precision="ieee"`` (the default): exact float32 products on the CUDA
           cores; errors are those of float32 summation (about 1e-6 relative).
         - float32 inputs, ``precision="tf32"``: the tensor cores' tf32 path. Each input is
-          rounded to tf32 (10 mantissa bits, about 3 decimal digits; float32's range), products
-          are accumulated in float32: relative errors around 1e-4 to 1e-3, for up to ~7x the
-          speed on an H100/H200. ``GE2JIT_FLOAT32_PRECISION=tf32`` makes it the default.
+          truncated to tf32 (its top 19 bits: float32's range, 10 mantissa bits, about 3
+          decimal digits), the products are exact and summed in float32: relative errors
+          around 1e-4 to 1e-3 on random data, for 5-7x the speed on an H100/H200.
+          ``GE2JIT_FLOAT32_PRECISION=tf32`` makes it the default.
         - float16 / bfloat16 inputs: tensor cores, float32 accumulation; the inputs are what
           they are (10 or 7 mantissa bits), Y is rounded once to its type at the end.
 

@@ -177,6 +177,14 @@ class GemmKernelSpec(KernelSpec):
     def in_ctype(self) -> str:
         return self.dtype.ctype
 
+    #: Whether the epilogue may use the fast (approximate) activations: the tensor-core
+    #: families do when Y is 16-bit, whose rounding is coarser than the approximations.
+    fast_activations = False
+
+    @property
+    def fast_act(self) -> bool:
+        return self.fast_activations and self.out_dtype is not DType.F32
+
     @property
     def c_ctype(self) -> str:
         return self.c_dtype.ctype
@@ -419,6 +427,7 @@ class SplitKReduceSpec(KernelSpec):
     threads = 256
     smem_bytes = 0
     c_ctype = bias_ctype = y_ctype = "float"
+    fast_act = False
 
     @property
     def has_c(self) -> bool:
@@ -515,6 +524,7 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     vec_y: bool = True
 
     template = "gemm/mma.cu"
+    fast_activations = True
 
     def __post_init__(self):
         if not isinstance(self.config, MmaConfig):
@@ -619,6 +629,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
     vec_y: bool = True
 
     template = "gemm/wgmma.cu"
+    fast_activations = True
 
     def __post_init__(self):
         if not isinstance(self.config, WgmmaConfig):

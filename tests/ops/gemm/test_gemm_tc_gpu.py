@@ -54,6 +54,12 @@ def host64(x):
     return None if x is None else cp.asnumpy(x).astype(np.float64)
 
 
+def tf32(x):
+    """float32 values as the tensor cores read them: the low 13 mantissa bits cut off."""
+    h = np.ascontiguousarray(cp.asnumpy(x), dtype=np.float32)
+    return (h.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
 def check(kind, a, b, bias=None, *, act="none", c=None, alpha=1.0, beta=0.0,
           save_preact=False, leaky_slope=0.01, config=None, out_dtype=None):
     dtype, precision, tol = KINDS[kind]
@@ -67,6 +73,8 @@ def check(kind, a, b, bias=None, *, act="none", c=None, alpha=1.0, beta=0.0,
                                out_dtype=out_dtype)
     assert (got[0] is y and got[1] is z) if save_preact else got is y
     host = [host64(x) for x in (a, b, bias, c)]
+    if kind == "tf32":   # the reference reads the inputs as the tensor cores do
+        host[0], host[1] = tf32(a), tf32(b)
     ref_y, ref_z = gemm_bias_act_ref(host[0], host[1], host[2], act=act, c=host[3], alpha=alpha,
                                      beta=beta, leaky_slope=leaky_slope)
     floor = 0.5 * magnitude_scale(host[0], host[1], host[2], c=host[3], alpha=alpha, beta=beta)
@@ -247,15 +255,18 @@ def test_default_output_dtype_and_out_dtype(kind):
     assert y32.dtype == np.float32 and z32.dtype == np.float32
 
 
-def test_tf32_differs_from_ieee_and_both_are_right():
-    a, b = rand(np.float32, 256, 512), rand(np.float32, 512, 256)
+@pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
+def test_tf32_truncates_inputs_and_ieee_does_not(la, lb):
+    a, b = rand(np.float32, 256, 512, layout=la), rand(np.float32, 512, 264, layout=lb)
     ieee = host64(ge2jit.gemm_bias_act(a, b))
-    tf32 = host64(ge2jit.gemm_bias_act(a, b, precision="tf32"))
+    fast = host64(ge2jit.gemm_bias_act(a, b, precision="tf32"))
     ref, _ = gemm_bias_act_ref(host64(a), host64(b))
+    ref_tf32, _ = gemm_bias_act_ref(tf32(a), tf32(b))
     assert rel_error(ieee, ref) < 1e-5
-    assert 1e-5 < rel_error(tf32, ref) < 1e-3, "tf32 rounds its inputs"
-    assert "_mma_" in ge2jit.explain(a, b, precision="tf32").kernel_names[0]
-    assert "_mma_" not in ge2jit.explain(a, b).kernel_names[0]
+    assert 1e-5 < rel_error(fast, ref) < 1e-3, "tf32 cuts its inputs' mantissas"
+    assert rel_error(fast, ref_tf32) < 1e-5, "products of truncated inputs, summed in float32"
+    assert "mma_" in ge2jit.explain(a, b, precision="tf32").kernel_names[0]
+    assert "mma_" not in ge2jit.explain(a, b).kernel_names[0]
 
 
 @pytest.mark.parametrize("kind", KINDS)
