@@ -5,7 +5,7 @@
 {% set n_acc = cfg.bn // 2 %}
 // {{ spec.kernel_name }}
 // Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
-// Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups (64 rows each) run wgmma and the epilogue; the grid is persistent over the output tiles.
+// Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
@@ -16,12 +16,15 @@ constexpr int ES = {{ spec.dtype.itemsize }};
 constexpr int BK = 128 / ES;                  // one 128-byte swizzle row of K per tile row
 constexpr int KSTEP = 32 / ES;                // k of one wgmma: 16 (16-bit) or 8 (tf32)
 constexpr int STAGES = {{ cfg.stages }};
-constexpr int CONSUMERS = {{ cfg.consumers }};  // warpgroups of 64 output rows
+constexpr int CONSUMERS = {{ cfg.consumers }};  // consumer warpgroups
+constexpr bool PINGPONG = {{ "true" if cfg.pingpong else "false" }};   // alternate whole tiles
+constexpr int WG_M = {{ cfg.wg_m }};              // rows of a tile one consumer computes
+constexpr int MI = WG_M / 64;                 // wgmma (m64) per k-step and consumer
 constexpr int THREADS = (CONSUMERS + 1) * 128;
 constexpr int A_STAGE = BM * BK * ES;         // bytes
 constexpr int B_STAGE = BN * BK * ES;
 constexpr unsigned TX_BYTES = A_STAGE + B_STAGE;
-static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 rows");
+static_assert(PINGPONG ? BM == WG_M : BM == WG_M * CONSUMERS, "rows per consumer");
 
 // The driver's CUtensorMap: 128 opaque bytes, passed by value.
 struct __align__(64) TensorMap { unsigned long long opaque[16]; };
@@ -116,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned sA = base, sB = base + STAGES * A_STAGE;
     const unsigned full = sB + STAGES * B_STAGE, empty = full + 8 * STAGES;
+    const unsigned order = empty + 8 * STAGES;   // ping-pong turns of the two consumers
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
@@ -124,8 +128,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full + 8 * s, 1);                  // the producer's expect_tx
-            mbar_init(empty + 8 * s, CONSUMERS * 4);     // one arrival per consumer warp
+            mbar_init(empty + 8 * s, (PINGPONG ? 1 : CONSUMERS) * 4);  // per consumer warp
         }
+        mbar_init(order, 4);
+        mbar_init(order + 8, 4);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -164,44 +170,60 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    // Consumers: warpgroup wg + 1 computes rows 64 wg .. 64 wg + 63 of each tile.
+    // Consumers. Cooperative: warpgroup wg + 1 computes rows WG_M wg .. of every tile. Ping-pong:
+    // it computes whole tiles, every other one of this block's, in turns with the other
+    // consumer: its main loop starts when the other's has finished, so that each waits on ring
+    // positions at most one phase ahead of the barriers, and one's epilogue overlaps the other's
+    // main loop.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int wg = warpgroup - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
-    float acc[{{ n_acc }}];
+    const int row0 = PINGPONG ? 0 : wg * WG_M;    // this consumer's first row in a tile
+    float acc[MI][{{ n_acc }}];
 #pragma unroll
-    for (int i = 0; i < {{ n_acc }}; ++i) acc[i] = 0.0f;
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int i = 0; i < {{ n_acc }}; ++i) acc[mi][i] = 0.0f;
 {% if spec.bias.value == "scalarbias" %}
     const float bias_value = to_f32(bias[0]);
 {% endif %}
 
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int turn = 0;
+    for (int tile = blockIdx.x, i = 0; tile < tiles; tile += gridDim.x, ++i) {
+        if (PINGPONG && (i & 1) != wg) continue;
         const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+        if (PINGPONG && (wg == 1 || turn > 0))
+            mbar_wait(order + 8 * wg, (wg == 1 ? turn : turn - 1) & 1);
         int prev = -1;
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            const int it = i * k_tiles + kt;      // this k-tile's position in the ring
             const int s = it % STAGES;
             mbar_wait(full + 8 * s, (it / STAGES) & 1);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / KSTEP; ++kk) {
-{% if a_kcont %}
-                // K-major: rows of 128 bytes, 8-row groups 1024 bytes apart; k-steps 32 bytes.
-                const unsigned long long da =
-                    descriptor(sA + s * A_STAGE + wg * 64 * 128 + kk * 32, 16, 1024);
-{% else %}
-                // M-major: 64-wide column blocks of BK rows; a k-step is 16 rows (2048 bytes).
-                const unsigned long long da =
-                    descriptor(sA + s * A_STAGE + wg * (BK * 128) + kk * 2048, BK * 128, 1024);
-{% endif %}
 {% if b_kcont %}
                 const unsigned long long db = descriptor(sB + s * B_STAGE + kk * 32, 16, 1024);
 {% else %}
                 const unsigned long long db =
                     descriptor(sB + s * B_STAGE + kk * 2048, BK * 128, 1024);
 {% endif %}
-                wgmma(acc, da, db, kt > 0 || kk > 0);
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi) {
+{% if a_kcont %}
+                    // K-major: rows of 128 bytes, 8-row groups 1024 bytes apart; k-steps of
+                    // 32 bytes.
+                    const unsigned long long da = descriptor(
+                        sA + s * A_STAGE + (row0 + mi * 64) * 128 + kk * 32, 16, 1024);
+{% else %}
+                    // M-major: 64-wide column blocks of BK rows; a k-step is 16 rows.
+                    const unsigned long long da = descriptor(
+                        sA + s * A_STAGE + ((row0 + mi * 64) / 64) * (BK * 128) + kk * 2048,
+                        BK * 128, 1024);
+{% endif %}
+                    wgmma(acc[mi], da, db, kt > 0 || kk > 0);
+                }
             }
             wgmma_commit();
             if (prev >= 0) {
@@ -212,27 +234,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         wgmma_wait<0>();
         if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+        if (PINGPONG) {
+            if (lane == 0) mbar_arrive(order + 8 * (1 - wg));   // the other consumer's turn
+            ++turn;
+        }
 
-        // Fused epilogue on the accumulators: acc[4 j + 2 h + c] is row 16 warp + g + 8 h of
-        // this warpgroup's 64, column 8 j + 2 t + c.
+        // Fused epilogue on the accumulators: acc[mi][4 j + 2 h + c] is row
+        // row0 + 64 mi + 16 warp + g + 8 h of the tile, column 8 j + 2 t + c.
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int nb = n0 + j * 8 + 2 * t;
             if (nb >= N) continue;
 {% if spec.bias.value == "colbias" %}
-            float col_bias[2];                   // this thread's two columns, for both rows
+            float col_bias[2];                   // this thread's two columns, for all its rows
 #pragma unroll
             for (int e = 0; e < 2; ++e)
                 col_bias[e] = to_f32(bias[static_cast<long long>(min(nb + e, N - 1)) * bias_stride]);
 {% endif %}
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int m = m0 + wg * 64 + warp * 16 + g + 8 * h;
+            for (int r = 0; r < 2 * MI; ++r) {
+                const int mi = r / 2, h = r % 2;
+                const int m = m0 + row0 + mi * 64 + warp * 16 + g + 8 * h;
                 if (m >= M) continue;
 {% if spec.bias.value == "rowbias" %}
                 const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
 {% endif %}
-                {{ ep.finish(spec, 2, "acc[4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
+                {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
             }
         }
     }

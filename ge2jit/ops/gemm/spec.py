@@ -556,13 +556,16 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
 class WgmmaConfig:
     """Tile config of the Hopper kernel (``wgmma`` + TMA, sm_90a).
 
-    Output tiles of BM x BN, BM = 64 per consumer warpgroup; K tiles of 128 bytes per row (64
-    16-bit values or 32 floats); ``stages`` TMA buffers in a ring.
+    Output tiles of BM x BN; K tiles of 128 bytes per row (64 16-bit values or 32 floats);
+    ``stages`` TMA buffers in a ring. Cooperative (default): BM / 64 consumer warpgroups split
+    each tile's rows. ``pingpong``: two consumer warpgroups take turns on whole tiles (BM = 64
+    or 128 rows each), so that one's epilogue overlaps the other's main loop.
     """
 
     bm: int
     bn: int
     stages: int
+    pingpong: bool = False
 
     def __post_init__(self):
         for name in ("bm", "bn", "stages"):
@@ -570,11 +573,19 @@ class WgmmaConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ArgumentValueError(f"WgmmaConfig.{name}: expected a positive int, "
                                          f"got {v!r}")
+        if not isinstance(self.pingpong, bool):
+            raise ArgumentValueError(f"WgmmaConfig.pingpong: expected a bool, "
+                                     f"got {self.pingpong!r}")
         problems = []
-        if self.bm not in (64, 128, 192):
+        if self.pingpong and self.bm not in (64, 128):
+            problems.append("bm must be 64 or 128 rows per ping-pong consumer")
+        if not self.pingpong and self.bm not in (64, 128, 192):
             problems.append("bm must be 64, 128 or 192 (64 rows per consumer warpgroup)")
         if self.bn % 64 or not 64 <= self.bn <= 256:
             problems.append("bn must be 64, 128, 192 or 256")
+        if self.wg_m // 64 * self.bn // 2 > 128:
+            problems.append(f"{self.wg_m}x{self.bn} accumulators per warpgroup (at most 128 "
+                            "registers a thread)")
         if self.stages < 2:
             problems.append("stages must be at least 2")
         if self.smem_bytes > 227 * 1024:
@@ -584,7 +595,12 @@ class WgmmaConfig:
 
     @property
     def consumers(self) -> int:
-        return self.bm // 64
+        return 2 if self.pingpong else self.bm // 64
+
+    @property
+    def wg_m(self) -> int:
+        """Rows of a tile one consumer warpgroup computes."""
+        return self.bm if self.pingpong else 64
 
     @property
     def threads(self) -> int:
@@ -592,24 +608,27 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:
-        # the tiles, 16 bytes of mbarriers per stage, and slack to align the tiles to 1 KiB
-        return self.stages * ((self.bm + self.bn) * 128 + 16) + 1024
+        # the tiles, 16 bytes of mbarriers per stage and 16 for the turns, and slack to align
+        # the tiles to 1 KiB
+        return self.stages * ((self.bm + self.bn) * 128 + 16) + 16 + 1024
 
     @property
     def name(self) -> str:
-        return f"wgmma_{self.bm}x{self.bn}_s{self.stages}"
+        return f"wgmma_{self.bm}x{self.bn}_s{self.stages}" + ("_pp" if self.pingpong else "")
 
     @classmethod
     def parse(cls, text: str) -> WgmmaConfig:
-        """'wgmma_128x256_s4' -> WgmmaConfig."""
-        g = WarpTiledConfig._match(r"wgmma_(\d+)x(\d+)_s(\d+)", text, "wgmma_128x256_s4",
-                                   "wgmma_BMxBN_sSTAGES")
-        return cls(*g)
+        """'wgmma_128x256_s4' (or '..._pp' for ping-pong) -> WgmmaConfig."""
+        g = WarpTiledConfig._match(r"wgmma_(\d+)x(\d+)_s(\d+)(?:_pp)?", text,
+                                   "wgmma_128x256_s4", "wgmma_BMxBN_sSTAGES[_pp]")
+        return cls(g[0], g[1], g[2], pingpong=text.endswith("_pp"))
 
 
 #: Candidates of the Hopper kernel (any dtype: K tiles are 128 bytes).
 WGMMA_CONFIGS: tuple[WgmmaConfig, ...] = (
     WgmmaConfig(128, 256, 4),
+    WgmmaConfig(128, 128, 6, pingpong=True),
+    WgmmaConfig(64, 256, 5, pingpong=True),
     WgmmaConfig(128, 128, 6),
     WgmmaConfig(128, 64, 8),
     WgmmaConfig(64, 128, 8),
