@@ -44,6 +44,10 @@ SKINNY = [(8192, 64, 4096), (8192, 256, 4096)]
 SMALL_K = [(4096, 4096, 64), (16384, 1024, 64)]
 ODD = [(1000, 3000, 1500)]
 BIG = [(8192, 16384, 4096)]
+#: The tensor-core dtypes run on the shapes of their targets and a spread of others.
+TC_SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 16384, 4096),
+             (8192, 1024, 1024), (16384, 4096, 1024), (16384, 1024, 4096), (512, 1024, 4096),
+             (8192, 256, 4096), (4096, 4096, 64), (1000, 3000, 1500)]
 ACTS = ("gelu_tanh", "relu", "silu")
 #: The tensor-core rows add the epilogues cuBLASLt does not have.
 TC_ACTS = ("gelu_tanh", "relu", "silu", "sigmoid", "tanh")
@@ -267,7 +271,8 @@ def main(argv=None) -> int:
     }
     rows = []
     for dtype in dtypes:
-        for (m, n, k) in shapes:
+        sweep = shapes if (dtype == "float32" or args.shapes or args.quick) else TC_SHAPES
+        for (m, n, k) in sweep:
             for act in (ACTS if dtype == "float32" else TC_ACTS):
                 row = bench_shape(m, n, k, act, torch, args.tune, dtype)
                 rows.append(row)

@@ -41,27 +41,37 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def _dtypes(rows) -> list[str]:
+    return list(dict.fromkeys(r.get("dtype", "float32") for r in rows))
+
+
 def plot(rows, path: Path, act: str) -> None:
+    """One panel per dtype: TFLOP/s by shape, one bar series per implementation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r["act"] == act]
-    labels = [f"{r['m']}×{r['n']}×{r['k']}" for r in rows]
+    dtypes = _dtypes(rows)
+    panels = [[r for r in rows if r["act"] == act and r.get("dtype", "float32") == d]
+              for d in dtypes]
     width = 0.8 / len(SERIES)
-    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.75), 5.5))
-    for i, (key, name) in enumerate(SERIES):
-        ys = [r.get(f"{key}_tflops") or 0.0 for r in rows]
-        ax.bar([x + i * width for x in range(len(rows))], ys, width, label=name)
-    ax.set_xticks([x + width * (len(SERIES) - 1) / 2 for x in range(len(rows))])
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("TFLOP/s (2·M·N·K / time)")
-    ax.set_title(f"float32 Y = {act}(A @ B + bias), bias per column")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    most = max(len(p) for p in panels)
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(max(10, most * 0.8), 4.8 * len(dtypes)),
+                             squeeze=False)
+    for ax, dtype, panel in zip(axes[:, 0], dtypes, panels):
+        labels = [f"{r['m']}×{r['n']}×{r['k']}" for r in panel]
+        for i, (key, name) in enumerate(SERIES):
+            ys = [r.get(f"{key}_tflops") or 0.0 for r in panel]
+            ax.bar([x + i * width for x in range(len(panel))], ys, width, label=name)
+        ax.set_xticks([x + width * (len(SERIES) - 1) / 2 for x in range(len(panel))])
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel("TFLOP/s (2·M·N·K / time)")
+        ax.set_title(f"{dtype}: Y = {act}(A @ B + bias), bias per column")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def _host_log_section(path: Path) -> str:
@@ -92,6 +102,12 @@ def main(argv=None) -> int:
     commit = meta.get("commit") or args.commit or "unknown"
     png = args.out.with_name("results.png")
     plot(rows, png, "gelu_tanh")
+    notes = {"tf32": " (float32 inputs, `precision=\"tf32\"`; the CuPy baselines have no tf32 "
+                     "switch, PyTorch's run with `allow_tf32`)"}
+    sections = "\n".join(
+        f"## {d}{notes.get(d, '')}, bias per column\n\n"
+        + table([r for r in rows if r.get("dtype", "float32") == d]) + "\n"
+        for d in _dtypes(rows))
     host = data.get("host_us", {})
     host_lines = "\n".join(f"| {k.strip()} | {v:.2f} |" for k, v in host.items()
                            if "Plan.run" not in k)
@@ -110,9 +126,7 @@ Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
 
 ![TFLOP/s by shape](results.png)
 
-## float32, bias per column
-
-{table(rows)}
+{sections}
 
 ## Host time per call on the cached path (64×64×64, back to back), µs
 

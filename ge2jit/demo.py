@@ -85,7 +85,7 @@ def compile_only(arch: str, m: int, n: int, k: int) -> int:
           f"(with {nvrtc_info()}).")
     cache = default_cache()
     for spec in _demo_specs(arch, m, n, k):
-        entry, cached = build(spec, arch, cache=cache)
+        entry, cached = build(spec, spec.target_arch(arch), cache=cache)
         where = cache.path_for(entry.key) if cache.enabled else "memory"
         state = "cached" if cached else f"compiled in {entry.compile_seconds:.2f} s"
         print(f"  {spec.kernel_name:48s} {state:20s} {entry.registers:3d} regs, "

@@ -70,7 +70,7 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
         import cupy
 
         arch = device_arch(cupy.cuda.runtime.getDevice())
-    entry, _ = build(spec, arch)
+    entry, _ = build(spec, spec.target_arch(arch))
     cache = default_cache()
     path = cache.path_for(entry.key)
     threads = getattr(spec, "threads", None) or getattr(getattr(spec, "tile", None), "threads",

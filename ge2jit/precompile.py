@@ -142,7 +142,7 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
                     key = str(e).split(":", 1)[0]
                     raise _error(path, _line_of(text, key, op, i),
                                  f"[[{op}]] #{i + 1}: {e}") from None
-                jobs.extend((spec, arch) for spec in specs)
+                jobs.extend((spec, spec.target_arch(arch)) for spec in specs)
     return WarmupPlan(tuple(dict.fromkeys(jobs)), tuple(arch_list))
 
 

@@ -31,6 +31,9 @@ class KernelSpec:
         return True
 
     def target_arch(self, device_arch: str) -> str:
-        """The architecture to compile for on a device of ``device_arch`` ('sm_90' -> 'sm_90a'
-        for kernels that use the architecture-specific instructions)."""
-        return device_arch
+        """The architecture to compile for on a device of ``device_arch``: the plain one
+        ('sm_90a' -> 'sm_90'), except for kernels that use architecture-specific instructions,
+        which override this ('sm_90' -> 'sm_90a')."""
+        from .nvrtc import arch_number
+
+        return f"sm_{arch_number(device_arch)}"

@@ -106,23 +106,54 @@ class Plan:
                  p.leaky_slope, stream.ptr)
 
 
+_TRANSPOSE_PARAMS = "<QqQqqq"
+
+
+@dataclass
 class TmaPlan(Plan):
     """A plan of the Hopper kernel: its operands go to the kernel as TMA tensor maps (made per
     call from the pointers; the maps of recurring buffers come from a table), on a persistent
-    grid."""
+    grid. Operands in ``stage`` are first copied into K-major layout by ``transpose`` (into a
+    workspace from CuPy's memory pool)."""
+
+    transpose: LoadedKernel | None = None
+    stage: tuple[bool, bool] = (False, False)
 
     def __post_init__(self):
         spec = self.main.spec
         self._main = Launcher(spec.kernel_name, self.main.function.ptr,
                               "<128s128s" + _GEMM_PARAMS[1:])
         self._reduce = None
+        self._transpose = None
+        if self.transpose is not None:
+            self._transpose = Launcher(self.transpose.spec.kernel_name,
+                                       self.transpose.function.ptr, _TRANSPOSE_PARAMS)
         es = spec.dtype.itemsize
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
 
+    def _staged(self, ptr: int, ld: int, rows: int, cols: int, stream_ptr: int):
+        """A K-major copy of the rows x cols row-major matrix at ``ptr`` (its transpose):
+        (workspace, leading dimension). The workspace must live until the launch is queued."""
+        import cupy as cp
+
+        es = self._maps[6]
+        ld_out = -(-rows * es // 16) * 16 // es           # 16-byte rows for TMA
+        ws = cp.cuda.alloc(max(cols * ld_out * es, 16))
+        grid = (-(-cols // 32), min(-(-rows // 32), 65535), 1)
+        self._transpose(grid, (32, 8, 1), 0, stream_ptr, ptr, ld, ws.ptr, ld_out, rows, cols)
+        return ws, ld_out
+
     def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
             z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
+        stage_a, stage_b = self.stage
+        if stage_a:   # column-major A: K rows of M -> M rows of K
+            wa, lda = self._staged(a_ptr, lda, k, m, stream_ptr)
+            a_ptr = wa.ptr
+        if stage_b:   # row-major B: K rows of N -> N rows of K
+            wb, ldb = self._staged(b_ptr, ldb, k, n, stream_ptr)
+            b_ptr = wb.ptr
         if a_kmajor:
             map_a = tensor_map_2d(dt, a_ptr, k, m, lda * es, bk, bm)
         else:
@@ -247,8 +278,12 @@ def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
         choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
     if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM
         grid = (min(grid_m * grid_n, sm_count(p.device_id)), 1, 1)
+        transpose = None
+        if ks.transpose is not None:
+            transpose = get_kernel(ks.transpose, p.device_id)
+            names.append(ks.transpose.kernel_name)
         return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, 0, None, (1, 1, 1),
-                       tuple(names))
+                       tuple(names), transpose, ks.stage)
     return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
                 ks.k_tiles_per_split, reduce, reduce_grid, tuple(names))
 
@@ -514,7 +549,8 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
         raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches nothing")
     y, z = _outputs(p, save_preact)
     plan = _plan_for(p, y, z, save_preact, config, autotune)
-    kernels = [plan.main] + ([plan.reduce] if plan.reduce is not None else [])
+    kernels = [k for k in (plan.main, plan.reduce, getattr(plan, "transpose", None))
+               if k is not None]
     return Explanation(plan.choice, plan.kernel_names, plan.grid, plan.block, plan.smem,
                        tuple(k.entry.registers for k in kernels),
                        tuple(k.entry.spill_bytes for k in kernels),
@@ -555,7 +591,7 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None 
             ks = _kernels_for(p, Choice(cfg, split), save_z, vecs)
         except ArgumentValueError:
             continue
-        jobs += [(ks.main, arch)] + ([(ks.reduce, arch)] if ks.reduce is not None else [])
+        jobs += [(spec, spec.target_arch(arch)) for spec in ks.specs]
     compile_many(jobs, processes=processes)
     for cfg, split in cands:
         choice = Choice(cfg, split, "tuned")

@@ -24,6 +24,7 @@ from .spec import (
     PipelinedGemmSpec,
     SplitKReduceSpec,
     TileConfig,
+    TransposeSpec,
 )
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -141,7 +142,7 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
         return Choice(FALLBACK_TILE, 1, "fallback", why)
     if uses_tensor_cores(dtype, precision):
         if arch_number == 90:
-            return _wgmma_heuristic(m, n, sms)
+            return _wgmma_heuristic(m, n, k, sms)
         return _mma_heuristic(m, n, sms, dtype)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
@@ -184,27 +185,41 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType) -> Choice:
                   f"{sms} SMs")
 
 
-def _wgmma_heuristic(m: int, n: int, sms: int) -> Choice:
-    """The largest output tile that still gives every SM a tile (the grid is persistent)."""
-    order = sorted(WGMMA_CONFIGS, key=lambda c: (-(c.bm * c.bn), (c.bn >= c.bm) != (n >= m)))
-    for cfg in order:
-        if _tiles(m, n, cfg) >= sms:
-            return Choice(cfg, 1, "heuristic",
-                          f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for {sms} SMs")
-    cfg = order[-1]
-    return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
-                  f"{sms} SMs")
+def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
+    """Measured on an H200 (bench/NOTES.md): the cooperative 128x256 tile when there are many
+    waves of tiles; else ping-pong tiles (one consumer's epilogue hides under the other's main
+    loop), 64x256 for long K, 128x128 otherwise; small problems take 64x128 or 128x64 tiles."""
+    by_name = {c.name: c for c in WGMMA_CONFIGS}
+
+    def pick(name: str, why: str) -> Choice:
+        cfg = by_name[name]
+        return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} "
+                      f"for {sms} SMs: {why}")
+
+    if _tiles(m, n, by_name["wgmma_128x256_s4"]) >= 8 * sms:
+        return pick("wgmma_128x256_s4", "8 or more waves")
+    if _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
+        if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s5_pp"]) >= 2 * sms:
+            return pick("wgmma_64x256_s5_pp", "ping-pong, long K")
+        return pick("wgmma_128x128_s6_pp", "ping-pong")
+    return pick("wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8", "few tiles")
+
+
+def staged(dtype: DType, layouts: str) -> tuple[bool, bool]:
+    """Which operands the Hopper kernel reads through a K-major copy: tf32 wgmma reads K-major
+    operands only (row-major A, column-major B); 16-bit ones it transposes itself."""
+    tf32 = dtype is DType.F32
+    return tf32 and layouts[0] == "c", tf32 and layouts[1] == "r"
 
 
 def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int) -> str | None:
     """Why the Hopper kernel cannot take this problem, or None when it can: TMA needs 16-byte
-    aligned pointers and rows, and tf32 wgmma reads only K-major operands."""
-    if aligns[0] < 16 or aligns[1] < 16:
+    aligned pointers and rows (a staged copy is aligned by construction)."""
+    stage_a, stage_b = staged(dtype, layouts)
+    if (aligns[0] < 16 and not stage_a) or (aligns[1] < 16 and not stage_b):
         return "TMA needs 16-byte aligned operand pointers and leading dimensions"
     if k == 0:
         return "K = 0"
-    if dtype is DType.F32 and layouts != "rc":
-        return "tf32 wgmma needs row-major A and column-major B"
     return None
 
 
@@ -247,14 +262,17 @@ def mma_fits(aligns: Aligns) -> bool:
 class KernelSet:
     """The kernels one config launches for a problem, with its split of K."""
 
-    main: GemmSpec | PipelinedGemmSpec
+    main: GemmSpec | PipelinedGemmSpec | MmaGemmSpec | WgmmaGemmSpec
     reduce: SplitKReduceSpec | None
     splits: int
     k_tiles_per_split: int
+    #: operands (A, B) copied into K-major layout first, by ``transpose``
+    stage: tuple[bool, bool] = (False, False)
+    transpose: TransposeSpec | None = None
 
     @property
     def specs(self) -> tuple:
-        return (self.main,) if self.reduce is None else (self.main, self.reduce)
+        return tuple(s for s in (self.main, self.reduce, self.transpose) if s is not None)
 
 
 def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layout | None,
@@ -270,12 +288,17 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
     types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype)
     y_item = (out_dtype or dtype).itemsize
     if isinstance(config, WgmmaConfig):
-        why = tma_fits(aligns, dtype, layout_a.value + layout_b.value, k)
+        layouts = layout_a.value + layout_b.value
+        why = tma_fits(aligns, dtype, layouts, k)
         if why is not None:
             raise ArgumentValueError(f"config: {config.name}: {why}")
-        main = WgmmaGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
+        stage = staged(dtype, layouts)
+        la = Layout.ROW if stage[0] else layout_a
+        lb = Layout.COL if stage[1] else layout_b
+        main = WgmmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config,
                              align_y >= 2 * y_item, **types)
-        return KernelSet(main, None, 1, 0)
+        return KernelSet(main, None, 1, 0, stage,
+                         TransposeSpec(dtype) if any(stage) else None)
     if isinstance(config, MmaConfig) and mma_fits(aligns):
         main = MmaGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
                            min(align_a, 16), min(align_b, 16), align_y >= 2 * y_item, **types)

@@ -679,3 +679,19 @@ class WgmmaGemmSpec(GemmKernelSpec):
     @property
     def smem_bytes(self) -> int:
         return self.config.smem_bytes
+
+
+@dataclass(frozen=True)
+class TransposeSpec(KernelSpec):
+    """Copies an R x C row-major matrix into its C x R transpose (row-major): stages an operand
+    into the K-major layout the tf32 wgmma kernel reads."""
+
+    dtype: DType
+
+    template = "gemm/transpose.cu"
+    threads = 256
+    smem_bytes = 0
+
+    @property
+    def kernel_name(self) -> str:
+        return f"transpose_{self.dtype.value}"

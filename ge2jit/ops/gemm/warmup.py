@@ -7,17 +7,27 @@ import itertools
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
 from .problem import SUPPORTED_DTYPES
-from .select import candidates, heuristic, kernel_set, parse_config, uses_tensor_cores
+from .select import (
+    Choice,
+    candidates,
+    heuristic,
+    kernel_set,
+    parse_config,
+    resolve,
+    uses_tensor_cores,
+)
 from .spec import (
     ACT_NAMES,
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
+    WGMMA_CONFIGS,
     BiasKind,
     DType,
     Layout,
     MmaConfig,
     PipelineConfig,
     Precision,
+    WgmmaConfig,
     mma_configs,
 )
 
@@ -140,7 +150,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
         def variants(m, n, k):
             return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize)
 
-        choices = []  # (config, split, k, alignment variants)
+        choices = []  # (config, split, (m, n, k), alignment variants)
         if entry["configs"] == "heuristic":
             if sms is None:
                 raise ArgumentValueError(
@@ -148,34 +158,40 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                     "the GPU, or set sms = <count> in the entry")
             for m, n, k in entry["shapes"]:
                 ch = heuristic(m, n, k, sms, number, layouts, dtype, precision)
-                choices.append((ch.config, ch.split_k, k, variants(m, n, k)))
+                choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k)))
         else:
             if entry["configs"] == "all":
                 if number < 80:
                     named = [(cfg, 1) for cfg in SIMT_F32_TILES]
                 elif tc:
-                    named = [(cfg, 1) for cfg in mma_configs(dtype)]
+                    hopper = WGMMA_CONFIGS if number == 90 else ()
+                    named = [(cfg, 1) for cfg in (*hopper, *mma_configs(dtype))]
                 else:
                     named = [(cfg, s) for cfg in PIPELINED_F32_CONFIGS for s in (1, 2)]
             else:
                 named = [parse_config(name) for name in entry["configs"]]
             for cfg, split in named:
                 for m, n, k in entry["shapes"] or [(None, None, 1 << 20)]:
-                    choices.append((cfg, split, k, variants(m, n, k)))
+                    choices.append((cfg, split, (m, n, k), variants(m, n, k)))
         for t_layouts, (m, n, k), name in tuned:
             if t_layouts == layouts:
                 cfg, split = parse_config(name)
-                choices.append((cfg, split, k, variants(m, n, k)))
-        for cfg, split, k, aligns in choices:
+                choices.append((cfg, split, (m, n, k), variants(m, n, k)))
+        for cfg, split, (m, n, k), aligns in choices:
             if number < 80 and cfg not in SIMT_F32_TILES:
                 continue  # pipelined and tensor-core kernels need sm_80+
-            if isinstance(cfg, MmaConfig) != tc or (
+            if isinstance(cfg, WgmmaConfig) and number != 90:
+                continue
+            if isinstance(cfg, (MmaConfig, WgmmaConfig)) != tc or (
                     isinstance(cfg, PipelineConfig) and dtype is not DType.F32):
                 continue  # a named config of another family than this dtype's
             if isinstance(cfg, MmaConfig) and not cfg.supports(dtype):
                 continue
             for al in aligns:
-                specs.extend(kernel_set(*base, cfg, split, k, al, out_dtype).specs)
+                # the family below when this alignment rules the config out (as at run time)
+                ch = resolve(Choice(cfg, split), dtype, layouts, al, m or 4096, n or 4096, k,
+                             sms or 132)
+                specs.extend(kernel_set(*base, ch.config, ch.split_k, k, al, out_dtype).specs)
     return list(dict.fromkeys(specs))
 
 

@@ -26,6 +26,7 @@ from ge2jit.ops.gemm.spec import (
     GemmSpec,
     Layout,
     MmaGemmSpec,
+    TransposeSpec,
     WgmmaGemmSpec,
     PipelinedGemmSpec,
     SplitKReduceSpec,
@@ -98,6 +99,10 @@ FAMILIES = {
         lambda p: PipelinedGemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"],
                                     p["act"], p["bias"], p["save_z"], p["config"], p["vec_a"],
                                     p["vec_b"], p["vec_y"], p["split_k"]),
+    ),
+    "transpose": (
+        {"dtype": list(DType), "arch": ARCHS},
+        lambda p: TransposeSpec(p["dtype"]),
     ),
     "splitk_reduce": (
         {**EPILOGUE, "vec_y": [False, True], "arch": ARCHS},

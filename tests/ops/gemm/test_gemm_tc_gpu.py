@@ -108,7 +108,9 @@ def expected_family(kind, a, b) -> str:
         return x.data.ptr % to == 0 and (layout_of(x, "")[1] * x.itemsize) % to == 0
 
     layouts = layout_of(a, "")[0].value + layout_of(b, "")[0].value
-    if hopper() and aligned(a, 16) and aligned(b, 16) and (kind != "tf32" or layouts == "rc"):
+    # tf32 operands that are not K-major are read through an aligned K-major copy
+    stage_a, stage_b = kind == "tf32" and layouts[0] == "c", kind == "tf32" and layouts[1] == "r"
+    if hopper() and (stage_a or aligned(a, 16)) and (stage_b or aligned(b, 16)):
         return "_wgmma_"
     if aligned(a, 4) and aligned(b, 4):
         return "_mma_"

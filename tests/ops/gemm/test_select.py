@@ -66,7 +66,13 @@ def test_tensor_core_heuristic_and_candidates():
     from ge2jit.ops.gemm.spec import DType, MmaConfig, Precision, WgmmaConfig
 
     big = heuristic(4096, 4096, 4096, 132, 90, "rr", DType.BF16)
-    assert isinstance(big.config, WgmmaConfig) and big.config.name == "wgmma_128x256_s4"
+    assert isinstance(big.config, WgmmaConfig) and big.config.name == "wgmma_64x256_s5_pp"
+    assert heuristic(8192, 16384, 4096, 132, 90, "rr", DType.BF16).config.name == \
+        "wgmma_128x256_s4"
+    assert heuristic(8192, 1024, 1024, 132, 90, "rr", DType.F16).config.name == \
+        "wgmma_128x128_s6_pp"
+    assert heuristic(512, 1024, 4096, 132, 90, "rr", DType.F16).config.name == \
+        "wgmma_64x128_s8"
     a100 = heuristic(4096, 4096, 4096, 108, 80, "rr", DType.F16)
     assert isinstance(a100.config, MmaConfig)
     tf32 = heuristic(4096, 4096, 4096, 132, 90, "rc", DType.F32, Precision.TF32)
@@ -80,21 +86,27 @@ def test_tensor_core_heuristic_and_candidates():
 
 
 def test_resolve_steps_down_by_layout_and_alignment():
-    from ge2jit.ops.gemm.select import Choice, resolve, tma_fits
-    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType
+    from ge2jit.ops.gemm.select import Choice, kernel_set, resolve, tma_fits
+    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, Act, BiasKind, DType, Layout
 
     wg = Choice(WGMMA_CONFIGS[0], 1, "heuristic")
     assert resolve(wg, DType.BF16, "cr", (16, 16, 16), 512, 512, 512, 132) is wg
     assert tma_fits((8, 16, 16), DType.BF16, "rr", 64).startswith("TMA needs 16-byte")
-    assert "tf32 wgmma needs" in tma_fits((16, 16, 16), DType.F32, "rr", 64)
+    # tf32 operands that are not K-major go through an aligned K-major copy
+    assert tma_fits((16, 4, 16), DType.F32, "rr", 64) is None
+    assert tma_fits((4, 16, 16), DType.F32, "rr", 64).startswith("TMA needs")
     down = resolve(wg, DType.BF16, "rr", (8, 16, 4), 512, 512, 512, 132)
     assert down.family == "mma" and "TMA needs 16-byte" in down.detail
     assert down.reason == "heuristic"
     fallback = resolve(wg, DType.F16, "rr", (2, 16, 16), 512, 512, 512, 132)
     assert fallback.family == "basic" and fallback.reason == "fallback"
     assert "not 4-byte aligned" in fallback.detail
-    tf32 = resolve(wg, DType.F32, "cr", (16, 16, 16), 512, 512, 512, 132)
-    assert tf32.family == "mma" and "tf32 wgmma needs" in tf32.detail
+    assert resolve(wg, DType.F32, "cr", (4, 4, 16), 512, 512, 512, 132) is wg
+    ks = kernel_set(DType.F32, Layout.COL, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
+                    WGMMA_CONFIGS[0], 1, 512, (4, 4, 16))
+    assert ks.stage == (True, True) and ks.transpose.kernel_name == "transpose_f32"
+    assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
+    assert ks.specs == (ks.main, ks.transpose)
 
 
 def test_config_names_of_every_family_parse():
