@@ -49,8 +49,9 @@ TC_SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 
              (8192, 1024, 1024), (16384, 4096, 1024), (16384, 1024, 4096), (512, 1024, 4096),
              (8192, 256, 4096), (4096, 4096, 64), (1000, 3000, 1500)]
 ACTS = ("gelu_tanh", "relu", "silu")
-#: The tensor-core rows add the epilogues cuBLASLt does not have.
+#: The tensor-core rows add the epilogues cuBLASLt does not have, on the target shapes.
 TC_ACTS = ("gelu_tanh", "relu", "silu", "sigmoid", "tanh")
+TC_TARGETS = {(4096, 4096, 4096), (8192, 8192, 8192), (8192, 16384, 4096), (8192, 1024, 1024)}
 #: --dtypes name -> (array dtype, precision)
 DTYPES = {"float32": ("float32", None), "tf32": ("float32", "tf32"),
           "bfloat16": ("bfloat16", None), "float16": ("float16", None)}
@@ -273,7 +274,8 @@ def main(argv=None) -> int:
     for dtype in dtypes:
         sweep = shapes if (dtype == "float32" or args.shapes or args.quick) else TC_SHAPES
         for (m, n, k) in sweep:
-            for act in (ACTS if dtype == "float32" else TC_ACTS):
+            tc_row = dtype != "float32" and ((m, n, k) in TC_TARGETS or args.shapes)
+            for act in (TC_ACTS if tc_row else ACTS):
                 row = bench_shape(m, n, k, act, torch, args.tune, dtype)
                 rows.append(row)
                 base = row.get("cublaslt_fused", row.get("torch_linear_act"))

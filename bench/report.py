@@ -1,6 +1,9 @@
 """Turn a benchmark JSON (bench_gemm.py) into bench/RESULTS.md and a PNG plot.
 
-    python bench/report.py bench/results.json [--commit abc1234]
+    python bench/report.py bench/results.json [more.json ...] [--commit abc1234]
+
+Several JSON files (runs of different dtypes, say) make one page; each section names the run it
+comes from.
 
 Needs matplotlib (``pip install "ge2jit[bench]"``).
 """
@@ -91,22 +94,32 @@ def _host_log_section(path: Path) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("results", type=Path)
+    parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--commit", help="commit that was benchmarked (if the JSON lacks it)")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--host-log", type=Path,
                         help="log of a later `bench_gemm.py --host-only` run to add")
     args = parser.parse_args(argv)
-    data = json.loads(args.results.read_text())
-    meta, rows = data["meta"], data["rows"]
-    commit = meta.get("commit") or args.commit or "unknown"
+    runs = [json.loads(p.read_text()) for p in args.results]
+    data = runs[0]
+    meta = data["meta"]
+    rows = []
+    for run in runs:
+        for r in run["rows"]:
+            r.setdefault("dtype", "float32")
+            r["_run"] = (f"{run['meta']['date']}, commit {run['meta'].get('commit')}, "
+                         f"{'autotuned' if run['meta'].get('tuned') else 'heuristic'} configs")
+            rows.append(r)
+    commit = ", ".join(dict.fromkeys(str(run["meta"].get("commit") or args.commit)
+                                     for run in runs))
     png = args.out.with_name("results.png")
     plot(rows, png, "gelu_tanh")
     notes = {"tf32": " (float32 inputs, `precision=\"tf32\"`; the CuPy baselines have no tf32 "
                      "switch, PyTorch's run with `allow_tf32`)"}
     sections = "\n".join(
         f"## {d}{notes.get(d, '')}, bias per column\n\n"
-        + table([r for r in rows if r.get("dtype", "float32") == d]) + "\n"
+        f"Run: {next(r['_run'] for r in rows if r['dtype'] == d)}.\n\n"
+        + table([r for r in rows if r["dtype"] == d]) + "\n"
         for d in _dtypes(rows))
     host = data.get("host_us", {})
     host_lines = "\n".join(f"| {k.strip()} | {v:.2f} |" for k, v in host.items()
@@ -120,7 +133,7 @@ def main(argv=None) -> int:
 - ge2jit configs: {'autotuned per shape (`--tune`)' if meta.get('tuned') else 'heuristic'}
 - Command: `python bench/bench_gemm.py{' --tune' if meta.get('tuned') else ''}` (all baselines in
   the same process on the same inputs; median of CUDA-event timings after warm-up, input sets
-  rotated so that L2 does not hold them); this page: `python bench/report.py {args.results.name}`.
+  rotated so that L2 does not hold them); this page: `python bench/report.py {' '.join(p.name for p in args.results)}`.
 
 Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
 
