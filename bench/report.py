@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     for run in runs:
         for r in run["rows"]:
             r.setdefault("dtype", "float32")
-            r["_run"] = (f"{run['meta']['date']}, commit {run['meta'].get('commit')}, "
+            r["_run"] = (f"{run['meta']['date']}, commit {run['meta'].get('commit') or args.commit}, "
                          f"{'autotuned' if run['meta'].get('tuned') else 'heuristic'} configs")
             rows.append(r)
     commit = ", ".join(dict.fromkeys(str(run["meta"].get("commit") or args.commit)
