@@ -69,7 +69,7 @@ def test_arch_option_overrides_the_file(tmp_path):
 
 @pytest.mark.parametrize("text, line, words", [
     ("colour = 1\n" + SMALL, 1, ["colour: unknown key", "accepted: archs, gemm_bias_act"]),
-    (SMALL + "colour = 1\n", 10, ["colour: unknown key", "accepted keys: dtypes, out_dtypes, acts"]),
+    (SMALL + "colour = 1\n", 10, ["colour: unknown key", "accepted keys: dtypes, out_dtypes, bias_dtypes, c_dtypes, acts"]),
     (SMALL.replace("acts =", "act ="), 5, ["act: unknown key", "acts"]),
     (SMALL.replace('["col"]', '["colum"]'), 6, ["bias: expected", "'col'", "'row'"]),
     (SMALL.replace('["rr"]', '["rx"]'), 7, ["layouts: expected", "'rc'"]),
@@ -101,6 +101,44 @@ def test_heuristic_configs_with_sms_on_a_machine_without_gpu(tmp_path):
     names = {e.kernel_name for _, e in KernelCache(tmp_path / "c").entries()}
     # 256 x 256 on 132 SMs: 64x64 tiles, K = 256 is too short to split
     assert names and all("64x64x16_w32x32_s3" in n for n in names), names
+
+
+def test_tensor_core_warmup_for_hopper_without_gpu(tmp_path):
+    cfg = write(tmp_path, textwrap.dedent("""
+        archs = ["sm_90"]
+
+        [[gemm_bias_act]]
+        dtypes = ["bfloat16", "tf32"]
+        bias_dtypes = ["float32"]
+        acts = ["gelu_tanh"]
+        bias = ["col"]
+        layouts = ["rc"]
+        configs = "heuristic"
+        sms = 132
+        shapes = [[4096, 4096, 4096]]
+    """))
+    r = ge2jit(["warmup", str(cfg), "-j", "2", "--no-progress"], tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    entries = [e for _, e in KernelCache(tmp_path / "c").entries()]
+    by_name = {e.kernel_name: e.arch for e in entries}
+    # aligned: the Hopper kernel, compiled for sm_90a; the least aligned variant steps down
+    # (bfloat16 at 2-byte alignment: the plain kernel; tf32: mma.sync)
+    hopper = {n: a for n, a in by_name.items() if "_wgmma_" in n}
+    assert {n.split("_")[1] for n in hopper} == {"bf16", "f32"}, by_name
+    assert set(hopper.values()) == {"sm_90a"}
+    assert all(n.endswith("colbiasf32") for n in hopper if n.startswith("gemm_bf16"))
+    assert any("_64x64x8_4x4_" in n and a == "sm_90" for n, a in by_name.items()), by_name
+    assert any(n.startswith("gemm_f32_rc_mma_") for n in by_name), by_name
+
+
+def test_example_warmup_file_expands(tmp_path):
+    from ge2jit.precompile import load
+
+    plan = load(Path(__file__).resolve().parent.parent / "examples" / "warmup.toml",
+                archs=["sm_90"], sms=132)
+    names = {spec.kernel_name for spec, _ in plan.jobs}
+    assert any(n.startswith("gemm_bf16_") and "_wgmma_" in n for n in names)
+    assert any(n.startswith("gemm_f16_") and n.endswith("_of32") for n in names)
 
 
 def test_two_overlapping_warmups_at_once(tmp_path):

@@ -44,6 +44,8 @@ KEYS = {
     "dtypes": (f"a list of {sorted(DTYPES)} (the inputs' type; tf32: float32 inputs with "
                "precision='tf32')", ["float32"]),
     "out_dtypes": ("a list of 'input' (Y in the inputs' type) and 'float32'", ["input"]),
+    "bias_dtypes": ("a list of 'input' (the inputs' type) and 'float32'", ["input"]),
+    "c_dtypes": ("a list of 'input' (the inputs' type) and 'float32'", ["input"]),
     "acts": (f"a list of {sorted(ACT_NAMES)}", ["none"]),
     "bias": (f"a list of {sorted(BIAS)}", ["col"]),
     "layouts": ("a list of 'rr', 'rc', 'cr', 'cc' (A then B: row- or column-major)", ["rr"]),
@@ -73,6 +75,8 @@ def validate_entry(entry: dict) -> dict:
     out = {
         "dtypes": _check_list(entry, "dtypes", DTYPES),
         "out_dtypes": _check_list(entry, "out_dtypes", ("input", "float32")),
+        "bias_dtypes": _check_list(entry, "bias_dtypes", ("input", "float32")),
+        "c_dtypes": _check_list(entry, "c_dtypes", ("input", "float32")),
         "acts": _check_list(entry, "acts", ACT_NAMES),
         "bias": _check_list(entry, "bias", BIAS),
         "layouts": _check_list(entry, "layouts", LAYOUTS),
@@ -137,12 +141,14 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
     """
     number = arch_number(arch)
     specs = []
-    grid = itertools.product(entry["dtypes"], entry["out_dtypes"], entry["acts"],
-                             entry["bias"], entry["layouts"], entry["c"], entry["save_preact"])
-    for dname, oname, act, bias, layouts, c, save_z in grid:
+    grid = itertools.product(entry["dtypes"], entry["out_dtypes"], entry["bias_dtypes"],
+                             entry["c_dtypes"], entry["acts"], entry["bias"], entry["layouts"],
+                             entry["c"], entry["save_preact"])
+    for dname, oname, bname, cname, act, bias, layouts, c, save_z in grid:
         dtype = DTYPES[dname]
         precision = Precision.TF32 if dname == "tf32" else Precision.IEEE
-        out_dtype = dtype if oname == "input" else DType.F32
+        out_dtype, bias_dtype, c_dtype = (dtype if x == "input" else DType.F32
+                                          for x in (oname, bname, cname))
         base = (dtype, Layout(layouts[0]), Layout(layouts[1]), C_LAYOUTS[c], ACT_NAMES[act],
                 BIAS[bias], save_z)
         tc = uses_tensor_cores(dtype, precision)
@@ -191,7 +197,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                 # the family below when this alignment rules the config out (as at run time)
                 ch = resolve(Choice(cfg, split), dtype, layouts, al, m or 4096, n or 4096, k,
                              sms or 132)
-                specs.extend(kernel_set(*base, ch.config, ch.split_k, k, al, out_dtype).specs)
+                specs.extend(kernel_set(*base, ch.config, ch.split_k, k, al, out_dtype, c_dtype,
+                                        bias_dtype).specs)
     return list(dict.fromkeys(specs))
 
 
