@@ -144,6 +144,13 @@ class GemmKernelSpec(KernelSpec):
     c_dtype: DType | None = field(default=None, kw_only=True)
     bias_dtype: DType | None = field(default=None, kw_only=True)
 
+    def _check(self, name: str, typ: type) -> None:
+        """TypeError unless field ``name`` is a ``typ``."""
+        value = getattr(self, name)
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise TypeError(f"{type(self).__name__}.{name}: expected {typ.__name__}, "
+                            f"got {value!r}")
+
     def _normalize_types(self) -> None:
         cls = type(self).__name__
         for name in ("layout_a", "layout_b"):
@@ -226,8 +233,7 @@ class GemmSpec(GemmKernelSpec):
     template = "gemm/simt.cu"
 
     def __post_init__(self):
-        if not isinstance(self.tile, TileConfig):
-            raise TypeError(f"GemmSpec.tile: expected TileConfig, got {self.tile!r}")
+        self._check("tile", TileConfig)
         self._normalize_types()
 
     @property
@@ -380,15 +386,12 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
     template = "gemm/simt_pipelined.cu"
 
     def __post_init__(self):
-        if not isinstance(self.config, PipelineConfig):
-            raise TypeError(f"PipelinedGemmSpec.config: expected PipelineConfig, "
-                            f"got {self.config!r}")
+        self._check("config", PipelineConfig)
         self._normalize_types()
         if {self.dtype, self.out_dtype, self.c_dtype, self.bias_dtype} != {DType.F32}:
             raise TypeError("PipelinedGemmSpec: the CUDA-core kernel is float32 only")
         for name in ("vec_a", "vec_b", "vec_y", "split_k"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"PipelinedGemmSpec.{name}: expected bool")
+            self._check(name, bool)
         if self.vec_a and self.layout_a is not Layout.COL:
             object.__setattr__(self, "vec_a", False)  # 16-byte copies need m contiguous
         if self.vec_b and self.layout_b is not Layout.ROW:
@@ -527,8 +530,8 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     fast_activations = True
 
     def __post_init__(self):
-        if not isinstance(self.config, MmaConfig):
-            raise TypeError(f"MmaGemmSpec.config: expected MmaConfig, got {self.config!r}")
+        self._check("config", MmaConfig)
+        self._check("vec_y", bool)
         self._normalize_types()
         if not self.config.supports(self.dtype):
             raise ArgumentValueError(
@@ -538,8 +541,6 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
         for name in ("copy_a", "copy_b"):
             if getattr(self, name) not in (4, 8, 16):
                 raise TypeError(f"MmaGemmSpec.{name}: expected 4, 8 or 16 (bytes)")
-        if not isinstance(self.vec_y, bool):
-            raise TypeError("MmaGemmSpec.vec_y: expected bool")
 
     @property
     def kernel_name(self) -> str:
@@ -651,11 +652,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
     fast_activations = True
 
     def __post_init__(self):
-        if not isinstance(self.config, WgmmaConfig):
-            raise TypeError(f"WgmmaGemmSpec.config: expected WgmmaConfig, got {self.config!r}")
+        self._check("config", WgmmaConfig)
+        self._check("vec_y", bool)
         self._normalize_types()
-        if not isinstance(self.vec_y, bool):
-            raise TypeError("WgmmaGemmSpec.vec_y: expected bool")
         if self.dtype is DType.F32 and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL):
             raise ArgumentValueError(
                 "config: the tf32 wgmma kernel needs row-major A and column-major B (K-major "
