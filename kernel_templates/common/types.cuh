@@ -46,6 +46,17 @@ __device__ __forceinline__ void store_vec(f16_t* p, const float (&v)[2]) {
     *reinterpret_cast<unsigned*>(p) =
         f32_to_f16_bits(v[0]) | (static_cast<unsigned>(f32_to_f16_bits(v[1])) << 16);
 }
+__device__ __forceinline__ unsigned pack2(f16_t*, float a, float b) {
+    return f32_to_f16_bits(a) | (static_cast<unsigned>(f32_to_f16_bits(b)) << 16);
+}
+__device__ __forceinline__ unsigned pack2(bf16_t*, float a, float b) {
+    return f32_to_bf16_bits(a) | (static_cast<unsigned>(f32_to_bf16_bits(b)) << 16);
+}
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[8]) {   // 8 16-bit values
+    *reinterpret_cast<uint4*>(p) = make_uint4(pack2(p, v[0], v[1]), pack2(p, v[2], v[3]),
+                                              pack2(p, v[4], v[5]), pack2(p, v[6], v[7]));
+}
 __device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[2]) {
     *reinterpret_cast<unsigned*>(p) =
         f32_to_bf16_bits(v[0]) | (static_cast<unsigned>(f32_to_bf16_bits(v[1])) << 16);

@@ -120,6 +120,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned sA = base, sB = base + STAGES * A_STAGE;
     const unsigned full = sB + STAGES * B_STAGE, empty = full + 8 * STAGES;
     const unsigned order = empty + 8 * STAGES;   // ping-pong turns of the two consumers
+{% if spec.store16 %}
+    // Epilogue staging: 16 x 64 floats per consumer warp (16-byte chunks XOR-swizzled by row).
+    float* const staging = reinterpret_cast<float*>(smem_raw + (order + 16 - smem_u32(smem_raw)));
+{% endif %}
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
@@ -239,6 +243,87 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             ++turn;
         }
 
+{% if spec.store16 %}
+        // Fused epilogue through shared memory: each warp computes Z (or Y) for its 16 rows,
+        // 64 columns at a time, into its staging block, then writes whole 16-byte segments:
+        // every row of the block goes out in full 128-byte lines.
+        constexpr int EPC = 16 / {{ spec.out_dtype.itemsize }};   // outputs per 16-byte segment
+        constexpr int SEGS = 64 / EPC;                  // segments per staged row
+        constexpr int RPP = 32 / SEGS;                  // rows per pass of the warp
+        float* const st = staging + (wg * 4 + warp) * (16 * 64);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+            const int mw = m0 + row0 + mi * 64 + warp * 16;    // this warp's first row
+#pragma unroll
+            for (int jc = 0; jc < BN / 64; ++jc) {
+                const int nc = n0 + jc * 64;
+                if (nc >= N) break;
+{% for what in (["Z", "Y"] if spec.save_z else ["Y"]) %}
+#pragma unroll
+                for (int j8 = 0; j8 < 8; ++j8) {
+                    const int nb = nc + j8 * 8 + 2 * t;
+{% if spec.bias.value == "colbias" %}
+                    float col_bias[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        col_bias[e] = to_f32(bias[static_cast<long long>(min(nb + e, N - 1)) * bias_stride]);
+{% endif %}
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = g + 8 * h;
+                        const int m = min(mw + r, M - 1);   // clamped: rows past M are not stored
+{% if spec.bias.value == "rowbias" %}
+                        const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
+{% endif %}
+                        float v[2];
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            const int n = min(nb + c, N - 1);
+                            {{ ep.compute_z(spec, "z", "acc[mi][4 * (jc * 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias") | indent(28) }}
+{% if what == "Z" %}
+                            v[c] = z;
+{% else %}
+                            v[c] = act_{{ spec.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
+{% endif %}
+                        }
+                        const int col = j8 * 8 + 2 * t;
+                        *reinterpret_cast<float2*>(
+                            &st[r * 64 + (((col >> 2) ^ (r & 7)) << 2) + (col & 3)]) =
+                            make_float2(v[0], v[1]);
+                    }
+                }
+                __syncwarp();
+#pragma unroll 1
+                for (int p = 0; p < 16 / RPP; ++p) {
+                    const int r = p * RPP + lane / SEGS, seg = lane % SEGS;
+                    const int m = mw + r, n = nc + seg * EPC;
+                    if (m < M && n < N) {
+                        float vals[EPC];
+#pragma unroll
+                        for (int q = 0; q < EPC / 4; ++q) {
+                            const int col = seg * EPC + 4 * q;
+                            const float4 f = *reinterpret_cast<const float4*>(
+                                &st[r * 64 + (((col >> 2) ^ (r & 7)) << 2)]);
+                            vals[4 * q] = f.x; vals[4 * q + 1] = f.y;
+                            vals[4 * q + 2] = f.z; vals[4 * q + 3] = f.w;
+                        }
+                        auto* dst = &{{ what }}[static_cast<long long>(m) * ld{{ what | lower }} + n];
+                        if (n + EPC <= N) {
+                            store_vec(dst, vals);
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < EPC; ++e)
+                                if (n + e < N) store(dst + e, vals[e]);
+                        }
+                    }
+                }
+                __syncwarp();
+{% endfor %}
+            }
+        }
+    }
+}
+{% else %}
         // Fused epilogue on the accumulators: acc[mi][4 j + 2 h + c] is row
         // row0 + 64 mi + 16 warp + g + 8 h of the tile, column 8 j + 2 t + c.
 #pragma unroll
@@ -264,3 +349,4 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
     }
 }
+{% endif %}

@@ -199,8 +199,8 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
     if _tiles(m, n, by_name["wgmma_128x256_s4"]) >= 8 * sms:
         return pick("wgmma_128x256_s4", "8 or more waves")
     if _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
-        if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s5_pp"]) >= 2 * sms:
-            return pick("wgmma_64x256_s5_pp", "ping-pong, long K")
+        if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
+            return pick("wgmma_64x256_s4_pp", "ping-pong, long K")
         return pick("wgmma_128x128_s6_pp", "ping-pong")
     return pick("wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8", "few tiles")
 
@@ -296,7 +296,7 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         la = Layout.ROW if stage[0] else layout_a
         lb = Layout.COL if stage[1] else layout_b
         main = WgmmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config,
-                             align_y >= 2 * y_item, **types)
+                             align_y >= 2 * y_item, align_y >= 16, **types)
         return KernelSet(main, None, 1, 0, stage,
                          TransposeSpec(dtype) if any(stage) else None)
     if isinstance(config, MmaConfig) and mma_fits(aligns):

@@ -609,9 +609,10 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:
-        # the tiles, 16 bytes of mbarriers per stage and 16 for the turns, and slack to align
-        # the tiles to 1 KiB
-        return self.stages * ((self.bm + self.bn) * 128 + 16) + 16 + 1024
+        # the tiles, 16 bytes of mbarriers per stage and 16 for the turns, slack to align the
+        # tiles to 1 KiB, and the epilogue's staging: 16 x 64 floats per consumer warp
+        return (self.stages * ((self.bm + self.bn) * 128 + 16) + 16 + 1024
+                + self.consumers * 4 * 16 * 64 * 4)
 
     @property
     def name(self) -> str:
@@ -629,7 +630,7 @@ class WgmmaConfig:
 WGMMA_CONFIGS: tuple[WgmmaConfig, ...] = (
     WgmmaConfig(128, 256, 4),
     WgmmaConfig(128, 128, 6, pingpong=True),
-    WgmmaConfig(64, 256, 5, pingpong=True),
+    WgmmaConfig(64, 256, 4, pingpong=True),
     WgmmaConfig(128, 128, 6),
     WgmmaConfig(128, 64, 8),
     WgmmaConfig(64, 128, 8),
@@ -641,12 +642,16 @@ class WgmmaGemmSpec(GemmKernelSpec):
     """The Hopper GEMM (sm_90a): TMA copies into a ring of shared-memory stages guarded by
     mbarriers, one producer warpgroup and ``config.consumers`` consumer warpgroups issuing
     ``wgmma`` from shared memory, a persistent grid over the output tiles, and the fused
-    epilogue on the accumulator registers. tf32 needs K-major operands (row-major A,
+    epilogue on the accumulator registers. ``store16`` (Y and Z rows 16-byte aligned; not with
+    a C term, whose reads need the registers): each warp stages 16 x 64 blocks of results in shared memory and writes
+    whole 16-byte segments, so rows go out in full lines; else pairs (``vec_y``) or single
+    elements go straight from the registers. tf32 needs K-major operands (row-major A,
     column-major B): wgmma transposes only 16-bit types.
     """
 
     config: WgmmaConfig
     vec_y: bool = True
+    store16: bool = True
 
     template = "gemm/wgmma.cu"
     fast_activations = True
@@ -654,7 +659,12 @@ class WgmmaGemmSpec(GemmKernelSpec):
     def __post_init__(self):
         self._check("config", WgmmaConfig)
         self._check("vec_y", bool)
+        self._check("store16", bool)
         self._normalize_types()
+        if self.layout_c is not None:   # reading C leaves too few registers for the staging
+            object.__setattr__(self, "store16", False)
+        if self.store16:
+            object.__setattr__(self, "vec_y", True)
         if self.dtype is DType.F32 and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL):
             raise ArgumentValueError(
                 "config: the tf32 wgmma kernel needs row-major A and column-major B (K-major "
@@ -663,7 +673,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
     @property
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
-                f"{self.config.name}_{'y2' if self.vec_y else 'y1'}" + self._epilogue_name())
+                f"{self.config.name}_{'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
+                + self._epilogue_name())
 
     def supports_arch(self, arch: str) -> bool:
         return arch_number(arch) == 90

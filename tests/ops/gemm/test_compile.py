@@ -57,7 +57,7 @@ def _mma(p: dict) -> MmaGemmSpec:
 
 def _wgmma(p: dict) -> WgmmaGemmSpec:
     return WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                         p["bias"], p["save_z"], p["config"], p["vec_y"],
+                         p["bias"], p["save_z"], p["config"], p["vec_y"], p["store16"],
                          **_types(p, p["dtype"]))
 
 
@@ -84,12 +84,13 @@ FAMILIES = {
     "wgmma_16bit": (
         {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
          **EPILOGUE, **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True],
-         "arch": ["sm_90a"]},
+         "store16": [False, True], "arch": ["sm_90a"]},
         _wgmma,
     ),
     "wgmma_tf32": (
         {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **EPILOGUE,
-         **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True], "arch": ["sm_90a"]},
+         **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True],
+         "store16": [False, True], "arch": ["sm_90a"]},
         _wgmma,
     ),
     "pipelined": (
