@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--commit", help="commit that was benchmarked (if the JSON lacks it)")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a paragraph to add under the header (repeatable)")
     parser.add_argument("--host-log", type=Path,
                         help="log of a later `bench_gemm.py --host-only` run to add")
     args = parser.parse_args(argv)
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
   rotated so that L2 does not hold them); this page: `python bench/report.py {' '.join(p.name for p in args.results)}`.
 
 Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
-
+{"".join(chr(10) + n + chr(10) for n in args.note)}
 ![TFLOP/s by shape](results.png)
 
 {sections}
