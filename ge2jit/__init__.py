@@ -19,8 +19,10 @@ from .errors import (
 from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
 from .ops.gemm import (
+    MmaConfig,
     PipelineConfig,
     TileConfig,
+    WgmmaConfig,
     explain,
     gemm_bias_act,
     tune,
@@ -47,6 +49,8 @@ __all__ = [
     "benchmark_configs",
     "cache_info",
     "PipelineConfig",
+    "MmaConfig",
+    "WgmmaConfig",
     "TileConfig",
     "nvrtc_info",
     "Ge2jitError",

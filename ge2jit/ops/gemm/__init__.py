@@ -4,20 +4,31 @@ launcher with its plans, tuning and explanation (op)."""
 from .op import Explanation, TuneResult, clear_plans, explain, gemm_bias_act, tune
 from .select import Choice
 from .spec import (
+    MMA_16BIT_CONFIGS,
+    MMA_TF32_CONFIGS,
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
+    WGMMA_CONFIGS,
     Act,
     BiasKind,
     DType,
     GemmSpec,
     Layout,
+    MmaConfig,
+    MmaGemmSpec,
     PipelineConfig,
     PipelinedGemmSpec,
+    Precision,
     SplitKReduceSpec,
     TileConfig,
+    TransposeSpec,
+    WgmmaConfig,
+    WgmmaGemmSpec,
 )
 
 __all__ = ["gemm_bias_act", "tune", "explain", "clear_plans", "Explanation", "TuneResult",
            "Choice", "GemmSpec", "PipelinedGemmSpec", "SplitKReduceSpec", "TileConfig",
            "PipelineConfig", "SIMT_F32_TILES", "PIPELINED_F32_CONFIGS", "Act", "BiasKind",
-           "DType", "Layout"]
+           "DType", "Layout", "Precision", "MmaConfig", "MmaGemmSpec", "WgmmaConfig",
+           "WgmmaGemmSpec", "TransposeSpec", "MMA_16BIT_CONFIGS", "MMA_TF32_CONFIGS",
+           "WGMMA_CONFIGS"]
