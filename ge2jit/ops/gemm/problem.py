@@ -45,13 +45,10 @@ def check_dtype(x, name: str) -> DType:
 
 
 def _dtype_name(x) -> str | None:
-    """'float32' for 'float32', numpy.float32, cupy.float32, numpy.dtype('float32'), ...;
-    None when ``x`` names no dtype."""
+    """'float32' for 'float32', numpy.float32, cupy.float32, numpy.dtype('float32'),
+    ml_dtypes.bfloat16, ...; None when ``x`` names no dtype."""
     if isinstance(x, str):
         return x
-    name = getattr(x, "name", None)   # a numpy dtype, ml_dtypes.bfloat16's dtype
-    if isinstance(name, str) and not isinstance(x, type):
-        return name
     try:
         return np.dtype(x).name
     except TypeError:

@@ -144,32 +144,23 @@ class GemmKernelSpec(KernelSpec):
     c_dtype: DType | None = field(default=None, kw_only=True)
     bias_dtype: DType | None = field(default=None, kw_only=True)
 
-    def _check(self, name: str, typ: type) -> None:
-        """TypeError unless field ``name`` is a ``typ``."""
+    def _check(self, name: str, typ: type, optional: bool = False) -> None:
+        """TypeError unless field ``name`` is a ``typ`` (or None, when ``optional``)."""
         value = getattr(self, name)
+        if optional and value is None:
+            return
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise TypeError(f"{type(self).__name__}.{name}: expected {typ.__name__}, "
-                            f"got {value!r}")
+            raise TypeError(f"{type(self).__name__}.{name}: expected {typ.__name__}"
+                            f"{' or None' if optional else ''}, got {value!r}")
 
     def _normalize_types(self) -> None:
-        cls = type(self).__name__
-        for name in ("layout_a", "layout_b"):
-            if not isinstance(getattr(self, name), Layout):
-                raise TypeError(f"{cls}.{name}: expected Layout, got {getattr(self, name)!r}")
-        checks = (("dtype", DType), ("act", Act), ("bias", BiasKind))
-        for name, typ in checks:
-            if not isinstance(getattr(self, name), typ):
-                raise TypeError(f"{cls}.{name}: expected {typ.__name__}, "
-                                f"got {getattr(self, name)!r}")
-        if self.layout_c is not None and not isinstance(self.layout_c, Layout):
-            raise TypeError(f"{cls}.layout_c: expected Layout or None, got {self.layout_c!r}")
-        if not isinstance(self.save_z, bool):
-            raise TypeError(f"{cls}.save_z: expected bool, got {self.save_z!r}")
+        for name, typ in (("dtype", DType), ("layout_a", Layout), ("layout_b", Layout),
+                          ("act", Act), ("bias", BiasKind), ("save_z", bool)):
+            self._check(name, typ)
+        self._check("layout_c", Layout, optional=True)
         for name in ("out_dtype", "c_dtype", "bias_dtype"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, DType):
-                raise TypeError(f"{cls}.{name}: expected DType or None, got {value!r}")
-            if value is None:
+            self._check(name, DType, optional=True)
+            if getattr(self, name) is None:
                 object.__setattr__(self, name, self.dtype)
         if self.layout_c is None:
             object.__setattr__(self, "c_dtype", self.dtype)
@@ -242,6 +233,31 @@ class GemmSpec(GemmKernelSpec):
                 f"{self.tile.name}" + self._epilogue_name())
 
 
+def _check_positive_ints(cfg, names) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ArgumentValueError(f"{type(cfg).__name__}.{name}: expected a positive int, "
+                                     f"got {v!r}")
+
+
+def _refuse(cfg, problems: list[str]) -> None:
+    """Raise naming every problem of a config, if it has any."""
+    if problems:
+        raise ArgumentValueError(f"{type(cfg).__name__} {cfg.name}: " + "; ".join(problems))
+
+
+def _parse_name(pattern: str, text: str, example: str, form: str) -> list[int | None]:
+    """The integer groups of a config name, or an error that shows the expected form."""
+    import re
+
+    m = re.fullmatch(pattern, text)
+    if not m:
+        raise ArgumentValueError(f"config: expected a name like {example!r} ({form}), "
+                                 f"got {text!r}")
+    return [int(x) if x else None for x in m.groups()]
+
+
 @dataclass(frozen=True)
 class WarpTiledConfig:
     """Block tile BM x BN x BK split into WM x WN warp tiles, with ``stages`` shared-memory
@@ -263,30 +279,14 @@ class WarpTiledConfig:
             shared.append("stages must be at least 2")
         if not 32 <= self.threads <= 1024:
             shared.append(f"{self.threads} threads (1 to 32 warps allowed)")
-        if shared + problems:
-            raise ArgumentValueError(f"{type(self).__name__} {self.name}: "
-                                     + "; ".join(shared + problems))
+        _refuse(self, shared + problems)
 
     def __post_init__(self):
-        for name in self.__dataclass_fields__:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ArgumentValueError(f"{type(self).__name__}.{name}: expected a positive "
-                                         f"int, got {v!r}")
+        _check_positive_ints(self, self.__dataclass_fields__)
 
     @property
     def threads(self) -> int:
         return (self.bm // self.wm) * (self.bn // self.wn) * 32
-
-    @staticmethod
-    def _match(pattern: str, text: str, example: str, form: str) -> list[int | None]:
-        import re
-
-        m = re.fullmatch(pattern, text)
-        if not m:
-            raise ArgumentValueError(f"config: expected a name like {example!r} ({form}), "
-                                     f"got {text!r}")
-        return [int(x) if x else None for x in m.groups()]
 
 
 @dataclass(frozen=True)
@@ -337,8 +337,8 @@ class PipelineConfig(WarpTiledConfig):
     @classmethod
     def parse(cls, text: str) -> PipelineConfig:
         """'128x128x8_w32x64_s3' (optionally '_l4', '_b2') -> PipelineConfig."""
-        g = cls._match(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)(?:_l(\d+))?(?:_b(\d+))?", text,
-                       "128x128x8_w32x64_s3", "BMxBNxBK_wWMxWN_sSTAGES")
+        g = _parse_name(r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)(?:_l(\d+))?(?:_b(\d+))?",
+                        text, "128x128x8_w32x64_s3", "BMxBNxBK_wWMxWN_sSTAGES")
         return cls(*g[:6], lanes_n=g[6] or 8, min_blocks=g[7] or 1)
 
 
@@ -481,8 +481,8 @@ class MmaConfig(WarpTiledConfig):
     @classmethod
     def parse(cls, text: str) -> MmaConfig:
         """'mma_128x128x32_w64x64_s4' -> MmaConfig."""
-        return cls(*cls._match(r"mma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)", text,
-                               "mma_128x128x32_w64x64_s4", "mma_BMxBNxBK_wWMxWN_sSTAGES"))
+        return cls(*_parse_name(r"mma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)", text,
+                                "mma_128x128x32_w64x64_s4", "mma_BMxBNxBK_wWMxWN_sSTAGES"))
 
 
 #: Candidates of the tensor-core kernel for 16-bit inputs (BK = 32 or 64 halves).
@@ -569,11 +569,7 @@ class WgmmaConfig:
     pingpong: bool = False
 
     def __post_init__(self):
-        for name in ("bm", "bn", "stages"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ArgumentValueError(f"WgmmaConfig.{name}: expected a positive int, "
-                                         f"got {v!r}")
+        _check_positive_ints(self, ("bm", "bn", "stages"))
         if not isinstance(self.pingpong, bool):
             raise ArgumentValueError(f"WgmmaConfig.pingpong: expected a bool, "
                                      f"got {self.pingpong!r}")
@@ -591,8 +587,7 @@ class WgmmaConfig:
             problems.append("stages must be at least 2")
         if self.smem_bytes > 227 * 1024:
             problems.append(f"{self.smem_bytes} B of shared memory (227 KiB allowed)")
-        if problems:
-            raise ArgumentValueError(f"WgmmaConfig {self.name}: " + "; ".join(problems))
+        _refuse(self, problems)
 
     @property
     def consumers(self) -> int:
@@ -621,8 +616,8 @@ class WgmmaConfig:
     @classmethod
     def parse(cls, text: str) -> WgmmaConfig:
         """'wgmma_128x256_s4' (or '..._pp' for ping-pong) -> WgmmaConfig."""
-        g = WarpTiledConfig._match(r"wgmma_(\d+)x(\d+)_s(\d+)(?:_pp)?", text,
-                                   "wgmma_128x256_s4", "wgmma_BMxBN_sSTAGES[_pp]")
+        g = _parse_name(r"wgmma_(\d+)x(\d+)_s(\d+)(?:_pp)?", text, "wgmma_128x256_s4",
+                        "wgmma_BMxBN_sSTAGES[_pp]")
         return cls(g[0], g[1], g[2], pingpong=text.endswith("_pp"))
 
 
