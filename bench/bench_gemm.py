@@ -10,8 +10,9 @@ torch.nn.functional.linear followed by the activation. Times are medians of CUDA
 timings after warm-up, with several input sets rotated so that L2 does not hold them; short
 kernels are timed in batches of back-to-back calls (about 0.5 ms), so that the host's enqueue
 time does not land between the events.
-Also measured: host time per call on the cached path, cold compile time of one kernel, and
-the time to load one kernel from the disk cache in a fresh process.
+Also measured: host time per call on the cached path (back to back, and the host's own time),
+the accuracy of each float32 mode against a float64 product, cold compile time of one kernel,
+and the time to load one kernel from the disk cache in a fresh process.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ TC_ACTS = ("gelu_tanh", "relu", "silu", "sigmoid", "tanh")
 TC_TARGETS = {(4096, 4096, 4096), (8192, 8192, 8192), (8192, 16384, 4096), (8192, 1024, 1024)}
 #: --dtypes name -> (array dtype, precision)
 DTYPES = {"float32": ("float32", None), "tf32": ("float32", "tf32"),
-          "bfloat16": ("bfloat16", None), "float16": ("float16", None)}
+          "tf32x3": ("float32", "tf32x3"), "bfloat16": ("bfloat16", None),
+          "float16": ("float16", None)}
+#: float32-input kinds that answer to the float32 baselines (exact cuBLAS, CuPy) and sweep
+F32_SWEEP = ("float32", "tf32x3")
 
 _CUPY_ACT = {
     "gelu_tanh": "0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z)))",
@@ -138,7 +142,7 @@ def bench_shape(m, n, k, act, torch, tune: bool, dtype: str = "float32") -> dict
     row["config"] = ge2jit.explain(a, b, bias, act=act, precision=precision).config
     row["ge2jit"] = median_ms(lambda a, b, bias, out: ge2jit.gemm_bias_act(
         a, b, bias, act=act, out=out, precision=precision), sets)
-    if precision is None:   # CuPy's matmul has no per-call tf32 switch
+    if precision != "tf32":   # CuPy's matmul has no per-call tf32 switch
         try:
             row["cupy_unfused"] = median_ms(
                 lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out), sets)
@@ -196,7 +200,52 @@ def host_time_us(calls: int = 20000) -> dict:
     args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
             64, 64, 64, 1.0, 0.0, 0.01, stream_ptr)
     cases["  part: Plan.run (pack + cuLaunchKernel)"] = lambda: plan.run(*args)
-    return {name: per_call_us(fn, calls) for name, fn in cases.items()}
+    times = {name: per_call_us(fn, calls) for name, fn in cases.items()}
+    for name in ("ge2jit.gemm_bias_act", "ge2jit.gemm_bias_act (new output)", "cupy.matmul",
+                 "cupy.RawKernel (empty kernel)", "  part: Plan.run (pack + cuLaunchKernel)"):
+        times[f"{name}, host only"] = enqueue_us(cases[name])
+    return times
+
+
+def accuracy(torch, m: int = 2048, n: int = 2048, k: int = 4096) -> dict:
+    """||Y - ref|| / ||ref|| of A @ B for float32 inputs against a float64 product on the GPU,
+    for each float32 mode of ge2jit and of the baselines (the same random inputs)."""
+    rng = cp.random.default_rng(1)
+    a = rng.standard_normal((m, k), dtype=cp.float32)
+    b = rng.standard_normal((k, n), dtype=cp.float32)
+    ref = a.astype(cp.float64) @ b.astype(cp.float64)
+    norm = float(cp.linalg.norm(ref))
+
+    def err(y):
+        return float(cp.linalg.norm(y.astype(cp.float64) - ref)) / norm
+
+    out = {f"ge2jit precision={p!r}": err(ge2jit.gemm_bias_act(a, b, precision=p))
+           for p in ("ieee", "tf32x3", "tf32")}
+    out["cupy.matmul float32"] = err(cp.matmul(a, b))
+    if torch is not None:
+        ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
+        for tf32 in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            out[f"torch.mm float32 (allow_tf32={tf32})"] = err(cp.from_dlpack(ta @ tb))
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return {"shape": [m, n, k], "rel_error": out}
+
+
+def enqueue_us(fn, calls: int = 200, rounds: int = 50) -> float:
+    """Host time per call: the wall time of ``calls`` calls queued right after a
+    synchronization (a queue that short never fills, so the GPU's time to run them is not in
+    it), median of ``rounds``."""
+    for _ in range(calls):
+        fn()
+    times = []
+    for _ in range(rounds):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    cp.cuda.Device().synchronize()
+    return statistics.median(times)
 
 
 def per_call_us(fn, calls: int = 20000) -> float:
@@ -286,9 +335,9 @@ def main(argv=None) -> int:
     }
     rows = []
     for dtype in dtypes:
-        sweep = shapes if (dtype == "float32" or args.shapes or args.quick) else TC_SHAPES
+        sweep = shapes if (dtype in F32_SWEEP or args.shapes or args.quick) else TC_SHAPES
         for (m, n, k) in sweep:
-            tc_row = dtype != "float32" and ((m, n, k) in TC_TARGETS or args.shapes)
+            tc_row = dtype not in F32_SWEEP and ((m, n, k) in TC_TARGETS or args.shapes)
             for act in (TC_ACTS if tc_row else ACTS):
                 row = bench_shape(m, n, k, act, torch, args.tune, dtype)
                 rows.append(row)
@@ -300,12 +349,16 @@ def main(argv=None) -> int:
                       f"torch {base if base is None else round(base, 4)} | cuBLAS gemm "
                       f"{row.get('cublas_gemm', float('nan')):.4f} | {row['config']}",
                       flush=True)
+    extra = {}
+    if {"float32", "tf32", "tf32x3"} & set(dtypes):
+        extra["accuracy"] = accuracy(torch)
+        print("accuracy:", extra["accuracy"])
     host = host_time_us()
     print("host time per call (us):", {k: round(v, 2) for k, v in host.items()})
     compile_times = compile_and_load_times()
     print("compile/load (s):", compile_times)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "host_us": host,
-                                          **compile_times}, indent=1))
+                                          **extra, **compile_times}, indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -117,15 +117,26 @@ def main(argv=None) -> int:
     png = args.out.with_name("results.png")
     plot(rows, png, "gelu_tanh")
     notes = {"tf32": " (float32 inputs, `precision=\"tf32\"`; the CuPy baselines have no tf32 "
-                     "switch, PyTorch's run with `allow_tf32`)"}
+                     "switch, PyTorch's run with `allow_tf32`)",
+             "tf32x3": " (float32 inputs, `precision=\"tf32x3\"`: float32 accuracy on the tf32 "
+                       "tensor cores; baselines in exact float32 as in the float32 section)"}
     sections = "\n".join(
         f"## {d}{notes.get(d, '')}, bias per column\n\n"
         f"Run: {next(r['_run'] for r in rows if r['dtype'] == d)}.\n\n"
         + table([r for r in rows if r["dtype"] == d]) + "\n"
         for d in _dtypes(rows))
+    acc = next((run["accuracy"] for run in runs if "accuracy" in run), None)
+    acc_section = ""
+    if acc:
+        acc_lines = "\n".join(f"| {k} | {v:.2e} |" for k, v in acc["rel_error"].items())
+        m, n, k = acc["shape"]
+        acc_section = (f"\n## Accuracy of the float32 modes ({m}×{n}×{k}, A @ B of standard "
+                       f"normal float32 inputs)\n\n||Y − ref|| / ||ref|| against the float64 "
+                       f"product of the same inputs.\n\n| what | relative error |\n|---|---|\n"
+                       f"{acc_lines}\n")
     host = data.get("host_us", {})
     host_lines = "\n".join(f"| {k.strip()} | {v:.2f} |" for k, v in host.items()
-                           if "Plan.run" not in k)
+                           if "Plan.run" not in k or "host only" in k)
     text = f"""# Benchmark results
 
 - Device: {meta['device']} ({meta['sms']} SMs)
@@ -143,7 +154,12 @@ Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
 
 {sections}
 
-## Host time per call on the cached path (64×64×64, back to back), µs
+{acc_section}
+## Host time per call on the cached path (64×64×64), µs
+
+Back to back: wall time per call of 20,000 calls in a row, which includes the GPU's time per
+call once the launch queue is full. "host only": the calls of a 200-call batch queued right
+after a synchronization (the queue never fills), i.e. the host's own time per call.
 
 | what | µs |
 |---|---|

@@ -1,10 +1,11 @@
 """Print the autotuner's table (every candidate's time) for a few shapes and layouts.
 
-    python bench/tune_table.py [M N K ...]
+    python bench/tune_table.py [M N K ...] [--precision tf32x3] [--layouts rr,rc,cr]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -22,15 +23,23 @@ def operand(rows, cols, layout):
 
 
 def main(argv):
-    nums = [int(x) for x in argv] or [4096, 4096, 4096, 8192, 1024, 1024, 8192, 64, 4096]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("sizes", nargs="*", type=int, help="M N K, repeated")
+    parser.add_argument("--precision", default=None, help="float32 mode: ieee, tf32, tf32x3")
+    parser.add_argument("--layouts", default="rr,rc,cr", help="comma-separated, of rr rc cr cc")
+    args = parser.parse_args(argv)
+    nums = args.sizes or [4096, 4096, 4096, 8192, 1024, 1024, 8192, 64, 4096]
+    if len(nums) % 3:
+        parser.error("sizes: expected M N K triples")
     shapes = [tuple(nums[i:i + 3]) for i in range(0, len(nums), 3)]
     for m, n, k in shapes:
-        for la, lb in ("rr", "rc", "cr"):
+        for la, lb in args.layouts.split(","):
             a, b = operand(m, k, la), operand(k, n, lb)
             bias = cp.random.standard_normal(n, dtype=cp.float32)
-            heur = ge2jit.explain(a, b, bias, act="gelu_tanh")
-            result = ge2jit.tune(a, b, bias, act="gelu_tanh", reps=10)
-            print(f"== {m}x{n}x{k} {la}{lb}: heuristic {heur.config}")
+            heur = ge2jit.explain(a, b, bias, act="gelu_tanh", precision=args.precision)
+            result = ge2jit.tune(a, b, bias, act="gelu_tanh", reps=10,
+                                 precision=args.precision)
+            print(f"== {m}x{n}x{k} {la}{lb} {args.precision or ''}: heuristic {heur.config}")
             print(result, flush=True)
 
 

@@ -8,7 +8,7 @@
 | GE2JIT_NVRTC           | path of the libnvrtc shared library to load                     |
 | GE2JIT_VERBOSE         | 1: log compiles and cache events to stderr                      |
 | GE2JIT_CACHE_MAX_SIZE  | size cap of the kernel cache (e.g. 2GB); least recently used out |
-| GE2JIT_FLOAT32_PRECISION | default ``precision`` of float32 GEMMs: ieee (exact) or tf32  |
+| GE2JIT_FLOAT32_PRECISION | default ``precision`` of float32 GEMMs: ieee, tf32 or tf32x3 |
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def get_settings() -> Settings:
         nvrtc_path=os.environ.get("GE2JIT_NVRTC") or None,
         verbose=_flag("GE2JIT_VERBOSE"),
         cache_max_size=_size("GE2JIT_CACHE_MAX_SIZE"),
-        float32_precision=_choice("GE2JIT_FLOAT32_PRECISION", ("ieee", "tf32"), "ieee"),
+        float32_precision=_choice("GE2JIT_FLOAT32_PRECISION", ("ieee", "tf32", "tf32x3"),
+                                   "ieee"),
     )
 
 

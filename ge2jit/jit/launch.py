@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import struct
 import threading
+from threading import get_ident
 
 import numpy as np
 
@@ -50,9 +51,13 @@ def _layout(fmt: str) -> tuple[tuple[int, ...], int]:
 
 class Launcher:
     """Launches one kernel whose parameters are described by ``fmt`` (struct codes Q, q, d;
-    ``128s`` for a 128-byte tensor map passed by value)."""
+    ``128s`` for a 128-byte tensor map passed by value).
 
-    __slots__ = ("name", "fptr", "_pack", "_launch", "_offsets", "_size")
+    The parameter buffers of the last thread that launched it are kept as one tuple
+    ``(thread id, values, pointer array address)``, read once per call (so a thread never uses
+    another's buffers); another thread takes its own from thread-local storage."""
+
+    __slots__ = ("name", "fptr", "_pack", "_launch", "_offsets", "_size", "_owner")
 
     def __init__(self, name: str, function_ptr: int, fmt: str):
         try:
@@ -65,9 +70,38 @@ class Launcher:
         self.fptr = function_ptr
         self._pack = struct.Struct("<" + fmt.lstrip("<")).pack_into
         self._launch = cupy.cuda.driver.launchKernel
+        self._owner = (None, None, 0)
+
+    def _take_buffers(self, thread: int):
+        values, _, params = _buffers(self._offsets, self._size)
+        self._owner = owner = (thread, values, params)
+        return owner
+
+    def bind(self, grid, block, smem: int):
+        """``launch(stream_ptr, *args)``: this kernel with a fixed launch shape."""
+        gx, gy, gz = grid
+        bx, by, bz = block
+        pack, driver, fptr, name = self._pack, self._launch, self.fptr, self.name
+
+        def launch(stream_ptr, *args):
+            owner = self._owner
+            thread = get_ident()
+            if owner[0] != thread:
+                owner = self._take_buffers(thread)
+            pack(owner[1], 0, *args)
+            try:
+                driver(fptr, gx, gy, gz, bx, by, bz, smem, stream_ptr, owner[2], 0)
+            except Exception as e:  # noqa: BLE001 - the driver's reason is in the message
+                raise KernelLaunchError(f"launch of {name} failed: {e}") from e
+
+        return launch
 
     def __call__(self, grid, block, smem: int, stream_ptr: int, *args) -> None:
-        values, _, params = _buffers(self._offsets, self._size)
+        owner = self._owner
+        thread = get_ident()
+        if owner[0] != thread:
+            owner = self._take_buffers(thread)
+        _, values, params = owner
         self._pack(values, 0, *args)
         try:
             self._launch(self.fptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],

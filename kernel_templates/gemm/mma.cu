@@ -235,8 +235,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < NI; ++ni)
+                for (int ni = 0; ni < NI; ++ni) {
+{% if spec.promote %}
+                    // Each product block into fresh registers, then a rounded float32 add:
+                    // the tensor cores' own accumulation truncates, which over a long K
+                    // drifts past float32's rounding (3xTF32 is after float32 accuracy).
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma(d, af[mi], bf[ni]);
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[mi][ni][r] += d[r];
+{% else %}
                     mma(acc[mi][ni], af[mi], bf[ni]);
+{% endif %}
+                }
         }
     }
     cp_async_wait<0>();

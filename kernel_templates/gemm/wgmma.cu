@@ -189,6 +189,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int i = 0; i < {{ n_acc }}; ++i) acc[mi][i] = 0.0f;
+{% if spec.promote %}
+    // The tensor cores add into their accumulators with truncation, which over a long K
+    // drifts well past float32's rounding (for 3xTF32, whose point is float32 accuracy). So
+    // each chunk of CHUNK k-tiles starts from fresh accumulators, and its sum is added to
+    // `total` by ordinary, rounded float32 additions.
+    constexpr int CHUNK = 4;
+    float total[MI][{{ n_acc }}];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int i = 0; i < {{ n_acc }}; ++i) total[mi][i] = 0.0f;
+{% endif %}
 {% if spec.bias.value == "scalarbias" %}
     const float bias_value = to_f32(bias[0]);
 {% endif %}
@@ -226,7 +238,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         sA + s * A_STAGE + ((row0 + mi * 64) / 64) * (BK * 128) + kk * 2048,
                         BK * 128, 1024);
 {% endif %}
+{% if spec.promote %}
+                    wgmma(acc[mi], da, db, kt % CHUNK > 0 || kk > 0);
+{% else %}
                     wgmma(acc[mi], da, db, kt > 0 || kk > 0);
+{% endif %}
                 }
             }
             wgmma_commit();
@@ -235,9 +251,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 if (lane == 0) mbar_arrive(empty + 8 * prev);
             }
             prev = s;
+{% if spec.promote %}
+            if (kt % CHUNK == CHUNK - 1 || kt == k_tiles - 1) {
+                wgmma_wait<0>();
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                    for (int i = 0; i < {{ n_acc }}; ++i) total[mi][i] += acc[mi][i];
+            }
+{% endif %}
         }
         wgmma_wait<0>();
         if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+{% if spec.promote %}
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int i = 0; i < {{ n_acc }}; ++i) {
+                acc[mi][i] = total[mi][i];
+                total[mi][i] = 0.0f;
+            }
+{% endif %}
         if (PINGPONG) {
             if (lane == 0) mbar_arrive(order + 8 * (1 - wg));   // the other consumer's turn
             ++turn;

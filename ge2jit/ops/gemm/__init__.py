@@ -6,9 +6,11 @@ from .select import Choice
 from .spec import (
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
+    MMA_X3_CONFIGS,
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
     WGMMA_CONFIGS,
+    WGMMA_X3_CONFIGS,
     Act,
     BiasKind,
     DType,
@@ -21,6 +23,7 @@ from .spec import (
     Precision,
     SplitKReduceSpec,
     TileConfig,
+    Tf32SplitSpec,
     TransposeSpec,
     WgmmaConfig,
     WgmmaGemmSpec,
@@ -30,5 +33,5 @@ __all__ = ["gemm_bias_act", "tune", "explain", "clear_plans", "Explanation", "Tu
            "Choice", "GemmSpec", "PipelinedGemmSpec", "SplitKReduceSpec", "TileConfig",
            "PipelineConfig", "SIMT_F32_TILES", "PIPELINED_F32_CONFIGS", "Act", "BiasKind",
            "DType", "Layout", "Precision", "MmaConfig", "MmaGemmSpec", "WgmmaConfig",
-           "WgmmaGemmSpec", "TransposeSpec", "MMA_16BIT_CONFIGS", "MMA_TF32_CONFIGS",
-           "WGMMA_CONFIGS"]
+           "WgmmaGemmSpec", "TransposeSpec", "Tf32SplitSpec", "MMA_16BIT_CONFIGS", "MMA_TF32_CONFIGS",
+           "WGMMA_CONFIGS", "WGMMA_X3_CONFIGS", "MMA_X3_CONFIGS"]

@@ -76,7 +76,8 @@ def check_out_dtype(out_dtype, dtype: DType, out) -> DType:
 
 
 def check_precision(precision, dtype: DType) -> Precision:
-    """float32 math mode: 'ieee' (exact float32, the default) or 'tf32' (tensor cores)."""
+    """float32 math mode: 'ieee' (exact float32, the default), 'tf32' (tensor cores, tf32
+    inputs) or 'tf32x3' (tensor cores, float32 accuracy from three tf32 products)."""
     if precision is None:
         from ...settings import get_settings
 
@@ -86,9 +87,10 @@ def check_precision(precision, dtype: DType) -> Precision:
     if p is None:
         raise ArgumentValueError(f"precision: expected one of {', '.join(PRECISIONS)} or None, "
                                  f"got {precision!r}")
-    if p is Precision.TF32 and dtype is not DType.F32:
-        raise ArgumentValueError(f"precision: 'tf32' applies to float32 inputs; a and b are "
-                                 f"{dtype.numpy_name}, which run on the tensor cores already")
+    if p is not Precision.IEEE and dtype is not DType.F32:
+        raise ArgumentValueError(f"precision: {p.value!r} applies to float32 inputs; a and b "
+                                 f"are {dtype.numpy_name}, which run on the tensor cores "
+                                 f"already")
     return p
 
 

@@ -8,6 +8,7 @@ from ...errors import ArgumentTypeError, ArgumentValueError
 from .spec import (
     PIPELINED_F32_CONFIGS,
     WGMMA_CONFIGS,
+    WGMMA_X3_CONFIGS,
     MmaConfig,
     MmaGemmSpec,
     Precision,
@@ -24,6 +25,7 @@ from .spec import (
     PipelinedGemmSpec,
     SplitKReduceSpec,
     TileConfig,
+    Tf32SplitSpec,
     TransposeSpec,
 )
 
@@ -100,7 +102,19 @@ def parse_config(config) -> tuple[PipelineConfig | MmaConfig | WgmmaConfig | Til
 
 
 def uses_tensor_cores(dtype: DType, precision: Precision = Precision.IEEE) -> bool:
-    return dtype is not DType.F32 or precision is Precision.TF32
+    return dtype is not DType.F32 or precision is not Precision.IEEE
+
+
+def wgmma_configs(precision: Precision) -> tuple[WgmmaConfig, ...]:
+    """The Hopper kernel's candidates: those with room for a second set of accumulators for
+    3xTF32, all of them otherwise."""
+    return WGMMA_X3_CONFIGS if precision is Precision.TF32X3 else WGMMA_CONFIGS
+
+
+def k_parts(precision: Precision) -> int:
+    """How many times the tensor-core GEMM runs over K: 3 for 3xTF32 (hi*hi + hi*lo + lo*hi,
+    over operands split into K-major copies three segments long), else 1."""
+    return 3 if precision is Precision.TF32X3 else 1
 
 
 def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F32,
@@ -109,8 +123,8 @@ def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F3
     if arch_number < 80:
         return [(t, 1) for t in SIMT_F32_TILES]
     if uses_tensor_cores(dtype, precision):
-        hopper = [(cfg, 1) for cfg in WGMMA_CONFIGS] if arch_number == 90 else []
-        return hopper + [(cfg, 1) for cfg in mma_configs(dtype)]
+        hopper = [(cfg, 1) for cfg in wgmma_configs(precision)] if arch_number == 90 else []
+        return hopper + [(cfg, 1) for cfg in mma_configs(dtype, precision)]
     out = []
     for cfg in PIPELINED_F32_CONFIGS:
         k_tiles = -(-k // cfg.bk)
@@ -142,8 +156,10 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
         return Choice(FALLBACK_TILE, 1, "fallback", why)
     if uses_tensor_cores(dtype, precision):
         if arch_number == 90:
+            if precision is Precision.TF32X3:
+                return _wgmma_x3_heuristic(m, n, sms)
             return _wgmma_heuristic(m, n, k, sms)
-        return _mma_heuristic(m, n, sms, dtype)
+        return _mma_heuristic(m, n, sms, dtype, precision)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
     # wins; where one is copied 4 bytes at a time BK = 8 does, with a 4th stage for "rc".
@@ -169,8 +185,9 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     return Choice(small, 1, "heuristic", f"{tiles} tiles of 64x64 for {sms} SMs")
 
 
-def _mma_heuristic(m: int, n: int, sms: int, dtype: DType) -> Choice:
-    configs = mma_configs(dtype)
+def _mma_heuristic(m: int, n: int, sms: int, dtype: DType,
+                   precision: Precision = Precision.IEEE) -> Choice:
+    configs = mma_configs(dtype, precision)
     wide = [c for c in configs if c.bn >= c.bm]
     tall = [c for c in configs if c.bm > c.bn]
     # Largest tiles first; of two equal areas the one shaped like the output.
@@ -205,17 +222,33 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
     return pick("wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8", "few tiles")
 
 
-def staged(dtype: DType, layouts: str) -> tuple[bool, bool]:
-    """Which operands the Hopper kernel reads through a K-major copy: tf32 wgmma reads K-major
-    operands only (row-major A, column-major B); 16-bit ones it transposes itself."""
+def _wgmma_x3_heuristic(m: int, n: int, sms: int) -> Choice:
+    """3xTF32 on Hopper: the cooperative 128x128 tile when it fills the GPU, else a 64-row or
+    64-column one (at most 64 accumulators a thread for the rounded second set)."""
+    by_name = {c.name: c for c in WGMMA_X3_CONFIGS}
+    cfg = by_name["wgmma_128x128_s6"]
+    if _tiles(m, n, cfg) < sms:
+        cfg = by_name["wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8"]
+    return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
+                  f"{sms} SMs (3xTF32)")
+
+
+def staged(dtype: DType, layouts: str, precision: Precision = Precision.IEEE
+           ) -> tuple[bool, bool]:
+    """Which operands the tensor-core kernels read through a K-major copy: for 3xTF32 both
+    (split into hi and lo parts); on Hopper, tf32 wgmma reads K-major operands only (row-major
+    A, column-major B; 16-bit ones it transposes itself)."""
+    if precision is Precision.TF32X3:
+        return True, True
     tf32 = dtype is DType.F32
     return tf32 and layouts[0] == "c", tf32 and layouts[1] == "r"
 
 
-def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int) -> str | None:
+def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int,
+             precision: Precision = Precision.IEEE) -> str | None:
     """Why the Hopper kernel cannot take this problem, or None when it can: TMA needs 16-byte
     aligned pointers and rows (a staged copy is aligned by construction)."""
-    stage_a, stage_b = staged(dtype, layouts)
+    stage_a, stage_b = staged(dtype, layouts, precision)
     if (aligns[0] < 16 and not stage_a) or (aligns[1] < 16 and not stage_b):
         return "TMA needs 16-byte aligned operand pointers and leading dimensions"
     if k == 0:
@@ -224,18 +257,18 @@ def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int) -> str | None
 
 
 def resolve(choice: Choice, dtype: DType, layouts: str, aligns: "Aligns", m: int, n: int,
-            k: int, sms: int) -> Choice:
+            k: int, sms: int, precision: Precision = Precision.IEEE) -> Choice:
     """``choice``, or the family below it that this problem's layout and alignment allow:
     wgmma -> mma.sync -> the fallback kernel (each step says why)."""
     cfg = choice.config
     if isinstance(cfg, WgmmaConfig):
-        why = tma_fits(aligns, dtype, layouts, k)
+        why = tma_fits(aligns, dtype, layouts, k, precision)
         if why is None:
             return choice
-        sub = _mma_heuristic(m, n, sms, dtype)
+        sub = _mma_heuristic(m, n, sms, dtype, precision)
         choice = Choice(sub.config, 1, choice.reason, f"{cfg.name}: {why}; {sub.detail}")
         cfg = sub.config
-    if isinstance(cfg, MmaConfig) and not mma_fits(aligns):
+    if isinstance(cfg, MmaConfig) and not mma_fits(aligns, precision):
         return Choice(FALLBACK_TILE, 1, "fallback",
                       f"{choice.name}: a {dtype.numpy_name} operand whose pointer or leading "
                       f"dimension is not 4-byte aligned cannot be copied by cp.async")
@@ -253,9 +286,10 @@ def alignment(ptr: int, ld_bytes: int) -> int:
     return min(x, 16)
 
 
-def mma_fits(aligns: Aligns) -> bool:
-    """Whether the tensor-core kernel can copy both operands (4-byte cp.async at least)."""
-    return aligns[0] >= 4 and aligns[1] >= 4
+def mma_fits(aligns: Aligns, precision: Precision = Precision.IEEE) -> bool:
+    """Whether the tensor-core kernel can copy both operands (4-byte cp.async at least; the
+    split copies of 3xTF32 are aligned by construction)."""
+    return precision is Precision.TF32X3 or (aligns[0] >= 4 and aligns[1] >= 4)
 
 
 @dataclass(frozen=True)
@@ -266,43 +300,71 @@ class KernelSet:
     reduce: SplitKReduceSpec | None
     splits: int
     k_tiles_per_split: int
-    #: operands (A, B) copied into K-major layout first, by ``transpose``
-    stage: tuple[bool, bool] = (False, False)
-    transpose: TransposeSpec | None = None
+    #: the kernels that first copy A and B into the K-major layout ``main`` reads (a
+    #: transposition, or the 3xTF32 split), or None for an operand read as it is
+    prep_a: TransposeSpec | Tf32SplitSpec | None = None
+    prep_b: TransposeSpec | Tf32SplitSpec | None = None
 
     @property
     def specs(self) -> tuple:
-        return tuple(s for s in (self.main, self.reduce, self.transpose) if s is not None)
+        return tuple(dict.fromkeys(s for s in (self.main, self.reduce, self.prep_a, self.prep_b)
+                                   if s is not None))
+
+
+def _preps(dtype: DType, layout_a: Layout, layout_b: Layout, stage: tuple[bool, bool],
+           precision: Precision):
+    """The copy kernels of the staged operands: the 3xTF32 split (A's rows hi, hi, lo; B's
+    columns hi, lo, hi), or a plain transposition into K-major layout."""
+    if precision is Precision.TF32X3:
+        preps = (Tf32SplitSpec(layout_a is Layout.COL, "hhl"),
+                 Tf32SplitSpec(layout_b is Layout.ROW, "hlh"))
+    else:
+        preps = (TransposeSpec(dtype), TransposeSpec(dtype))
+    return tuple(spec if s else None for spec, s in zip(preps, stage))
 
 
 def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layout | None,
                act: Act, bias: BiasKind, save_z: bool, config, split_k: int, k: int,
                aligns: Aligns, out_dtype: DType | None = None, c_dtype: DType | None = None,
-               bias_dtype: DType | None = None) -> KernelSet:
+               bias_dtype: DType | None = None,
+               precision: Precision = Precision.IEEE) -> KernelSet:
     """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this K
     and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it too.
 
     A tensor-core config whose operands cannot be copied (16-bit data at odd addresses or
-    leading dimensions) becomes the fallback kernel, which reads any alignment."""
+    leading dimensions) becomes the fallback kernel, which reads any alignment. With 3xTF32
+    (float32 inputs), the tensor-core configs read both operands through split K-major
+    copies; the CUDA-core configs compute exact float32."""
     align_a, align_b, align_y = aligns
     types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype)
     y_item = (out_dtype or dtype).itemsize
+    if precision is Precision.TF32X3 and dtype is not DType.F32:
+        raise ArgumentValueError(f"precision: 'tf32x3' applies to float32 inputs, not "
+                                 f"{dtype.numpy_name}")
+    layouts = layout_a.value + layout_b.value
+    x3 = precision is Precision.TF32X3
+    if isinstance(config, (WgmmaConfig, MmaConfig)) and k > 0 and x3:
+        stage = staged(dtype, layouts, precision)
+    elif isinstance(config, WgmmaConfig):
+        stage = staged(dtype, layouts)
+    else:
+        stage = (False, False)
+    la = Layout.ROW if stage[0] else layout_a
+    lb = Layout.COL if stage[1] else layout_b
+    prep_a, prep_b = _preps(dtype, layout_a, layout_b, stage, precision)
     if isinstance(config, WgmmaConfig):
-        layouts = layout_a.value + layout_b.value
-        why = tma_fits(aligns, dtype, layouts, k)
+        why = tma_fits(aligns, dtype, layouts, k, precision)
         if why is not None:
             raise ArgumentValueError(f"config: {config.name}: {why}")
-        stage = staged(dtype, layouts)
-        la = Layout.ROW if stage[0] else layout_a
-        lb = Layout.COL if stage[1] else layout_b
         main = WgmmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config,
-                             align_y >= 2 * y_item, align_y >= 16, **types)
-        return KernelSet(main, None, 1, 0, stage,
-                         TransposeSpec(dtype) if any(stage) else None)
-    if isinstance(config, MmaConfig) and mma_fits(aligns):
-        main = MmaGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
-                           min(align_a, 16), min(align_b, 16), align_y >= 2 * y_item, **types)
-        return KernelSet(main, None, 1, 0)
+                             align_y >= 2 * y_item, align_y >= 16, promote=x3, **types)
+        return KernelSet(main, None, 1, 0, prep_a, prep_b)
+    if isinstance(config, MmaConfig) and mma_fits(aligns, precision):
+        copy_a = 16 if stage[0] else min(align_a, 16)
+        copy_b = 16 if stage[1] else min(align_b, 16)
+        main = MmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config, copy_a, copy_b,
+                           align_y >= 2 * y_item, promote=x3, **types)
+        return KernelSet(main, None, 1, 0, prep_a, prep_b)
     if isinstance(config, PipelineConfig):
         if dtype is not DType.F32:
             raise ArgumentValueError(

@@ -32,10 +32,13 @@ class DType(Enum):
 
 
 class Precision(Enum):
-    """How float32 products are computed: exactly, or on the tf32 tensor-core path."""
+    """How float32 products are computed: exactly on the CUDA cores (IEEE), on the tf32
+    tensor-core path (TF32), or on it three times over split operands (TF32X3: float32
+    accuracy at tensor-core speed)."""
 
     IEEE = "ieee"
     TF32 = "tf32"
+    TF32X3 = "tf32x3"
 
 
 class Layout(Enum):
@@ -467,6 +470,11 @@ class MmaConfig(WarpTiledConfig):
             problems.append("bk must be 16, 32 or 64")
         self._check(problems)
 
+    @property
+    def can_promote(self) -> bool:
+        """Whether ``MmaGemmSpec.promote`` fits: at most 64 accumulators a thread."""
+        return self.wm * self.wn <= 2048
+
     def supports(self, dtype: DType) -> bool:
         """Whether the config's K tile fits ``dtype`` (64- or 128-byte shared rows)."""
         return self.bk * dtype.itemsize in (64, 128)
@@ -507,7 +515,14 @@ MMA_TF32_CONFIGS: tuple[MmaConfig, ...] = (
 )
 
 
-def mma_configs(dtype: DType) -> tuple[MmaConfig, ...]:
+#: Candidates for 3xTF32: warp tiles of at most 2048 outputs (64 accumulators a thread), so
+#: that the products of each mma have registers of their own before they are added.
+MMA_X3_CONFIGS: tuple[MmaConfig, ...] = tuple(c for c in MMA_TF32_CONFIGS if c.can_promote)
+
+
+def mma_configs(dtype: DType, precision: Precision = Precision.IEEE) -> tuple[MmaConfig, ...]:
+    if precision is Precision.TF32X3:
+        return MMA_X3_CONFIGS
     return MMA_TF32_CONFIGS if dtype is DType.F32 else MMA_16BIT_CONFIGS
 
 
@@ -525,6 +540,9 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     copy_a: int = 16
     copy_b: int = 16
     vec_y: bool = True
+    #: each mma's products go to fresh registers and are added to the accumulators with
+    #: rounded float32 adds (3xTF32: the tensor cores' accumulation truncates)
+    promote: bool = False
 
     template = "gemm/mma.cu"
     fast_activations = True
@@ -532,6 +550,7 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     def __post_init__(self):
         self._check("config", MmaConfig)
         self._check("vec_y", bool)
+        self._check("promote", bool)
         self._normalize_types()
         if not self.config.supports(self.dtype):
             raise ArgumentValueError(
@@ -541,12 +560,17 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
         for name in ("copy_a", "copy_b"):
             if getattr(self, name) not in (4, 8, 16):
                 raise TypeError(f"MmaGemmSpec.{name}: expected 4, 8 or 16 (bytes)")
+        if self.promote and not self.config.can_promote:
+            raise ArgumentValueError(
+                f"config: {self.config.name} has {self.config.wm}x{self.config.wn} warp tiles, "
+                f"too large for the separate product registers that precision='tf32x3' needs "
+                f"(at most 2048 outputs a warp: {', '.join(c.name for c in MMA_X3_CONFIGS)})")
 
     @property
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
                 f"{self.config.name}_a{self.copy_a}b{self.copy_b}{'y2' if self.vec_y else 'y1'}"
-                + self._epilogue_name())
+                + ("_p" if self.promote else "") + self._epilogue_name())
 
     @property
     def smem_bytes(self) -> int:
@@ -580,7 +604,7 @@ class WgmmaConfig:
             problems.append("bm must be 64, 128 or 192 (64 rows per consumer warpgroup)")
         if self.bn % 64 or not 64 <= self.bn <= 256:
             problems.append("bn must be 64, 128, 192 or 256")
-        if self.wg_m // 64 * self.bn // 2 > 128:
+        if self.accumulators > 128:
             problems.append(f"{self.wg_m}x{self.bn} accumulators per warpgroup (at most 128 "
                             "registers a thread)")
         if self.stages < 2:
@@ -592,6 +616,16 @@ class WgmmaConfig:
     @property
     def consumers(self) -> int:
         return 2 if self.pingpong else self.bm // 64
+
+    @property
+    def accumulators(self) -> int:
+        """float32 accumulator registers a consumer thread holds."""
+        return self.wg_m // 64 * self.bn // 2
+
+    @property
+    def can_promote(self) -> bool:
+        """Whether a second set of accumulators fits (``WgmmaGemmSpec.promote``)."""
+        return self.accumulators <= 64
 
     @property
     def wg_m(self) -> int:
@@ -631,6 +665,15 @@ WGMMA_CONFIGS: tuple[WgmmaConfig, ...] = (
     WgmmaConfig(64, 128, 8),
 )
 
+#: Candidates of the Hopper kernel for 3xTF32: at most 64 accumulators a thread, so that the
+#: second, rounded set fits.
+WGMMA_X3_CONFIGS: tuple[WgmmaConfig, ...] = (
+    WgmmaConfig(128, 128, 6),
+    WgmmaConfig(64, 128, 7, pingpong=True),
+    WgmmaConfig(128, 64, 8),
+    WgmmaConfig(64, 128, 8),
+)
+
 
 @dataclass(frozen=True)
 class WgmmaGemmSpec(GemmKernelSpec):
@@ -647,6 +690,10 @@ class WgmmaGemmSpec(GemmKernelSpec):
     config: WgmmaConfig
     vec_y: bool = True
     store16: bool = True
+    #: chunks of K go to fresh accumulators, added to a second set with rounded float32 adds
+    #: (3xTF32: the tensor cores' accumulation truncates); needs a config with at most 64
+    #: accumulators a thread (``WgmmaConfig.can_promote``)
+    promote: bool = False
 
     template = "gemm/wgmma.cu"
     fast_activations = True
@@ -655,6 +702,12 @@ class WgmmaGemmSpec(GemmKernelSpec):
         self._check("config", WgmmaConfig)
         self._check("vec_y", bool)
         self._check("store16", bool)
+        self._check("promote", bool)
+        if self.promote and not self.config.can_promote:
+            raise ArgumentValueError(
+                f"config: {self.config.name} keeps {self.config.accumulators} accumulators a "
+                f"thread, too many for the second set that precision='tf32x3' needs (at most "
+                f"64: {', '.join(c.name for c in WGMMA_X3_CONFIGS)})")
         self._normalize_types()
         if self.layout_c is not None:   # reading C leaves too few registers for the staging
             object.__setattr__(self, "store16", False)
@@ -669,7 +722,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
                 f"{self.config.name}_{'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
-                + self._epilogue_name())
+                + ("_p" if self.promote else "") + self._epilogue_name())
 
     def supports_arch(self, arch: str) -> bool:
         return arch_number(arch) == 90
@@ -693,10 +746,46 @@ class TransposeSpec(KernelSpec):
 
     dtype: DType
 
-    template = "gemm/transpose.cu"
+    template = "gemm/stage.cu"
     threads = 256
     smem_bytes = 0
+    #: what the copy does to an operand: transposes it; 1 segment of K per row
+    transpose = True
+    parts = 1
+
+    @property
+    def ctype(self) -> str:
+        return self.dtype.ctype
 
     @property
     def kernel_name(self) -> str:
         return f"transpose_{self.dtype.value}"
+
+
+@dataclass(frozen=True)
+class Tf32SplitSpec(KernelSpec):
+    """Splits a float32 operand for the 3xTF32 GEMM into a K-major copy whose rows hold three
+    segments of K: ``order`` "hhl" (A: hi, hi, lo) or "hlh" (B: hi, lo, hi), where hi is the
+    value rounded to tf32 and lo the rest rounded to tf32. ``transpose``: the operand's R x C
+    row-major view has K as its rows (column-major A, row-major B)."""
+
+    transpose: bool
+    order: str
+
+    template = "gemm/stage.cu"
+    threads = 256
+    smem_bytes = 0
+    parts = 3
+    ctype = "float"
+
+    def __post_init__(self):
+        if not isinstance(self.transpose, bool):
+            raise ArgumentValueError(f"Tf32SplitSpec.transpose: expected a bool, got "
+                                     f"{self.transpose!r}")
+        if self.order not in ("hhl", "hlh"):
+            raise ArgumentValueError(f"Tf32SplitSpec.order: expected 'hhl' or 'hlh', got "
+                                     f"{self.order!r}")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"tf32x3_split_{self.order}{'_t' if self.transpose else ''}"

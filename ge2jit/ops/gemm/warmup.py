@@ -6,7 +6,7 @@ import itertools
 
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
-from .problem import SUPPORTED_DTYPES
+from .problem import PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
     candidates,
@@ -15,12 +15,12 @@ from .select import (
     parse_config,
     resolve,
     uses_tensor_cores,
+    wgmma_configs,
 )
 from .spec import (
     ACT_NAMES,
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
-    WGMMA_CONFIGS,
     BiasKind,
     DType,
     Layout,
@@ -31,9 +31,9 @@ from .spec import (
     mma_configs,
 )
 
-#: dtype names of a warm-up entry: the input types, and "tf32" for float32 inputs on the tf32
-#: tensor-core path.
-DTYPES = {**SUPPORTED_DTYPES, "tf32": DType.F32}
+#: dtype names of a warm-up entry: the input types, and "tf32" / "tf32x3" for float32 inputs
+#: with that ``precision``.
+DTYPES = {**SUPPORTED_DTYPES, "tf32": DType.F32, "tf32x3": DType.F32}
 BIAS = {"none": BiasKind.NONE, "scalar": BiasKind.SCALAR, "col": BiasKind.COL,
         "row": BiasKind.ROW}
 LAYOUTS = {"rr", "rc", "cr", "cc"}
@@ -41,8 +41,8 @@ C_LAYOUTS = {"none": None, "r": Layout.ROW, "c": Layout.COL}
 
 #: key -> (description of accepted values, default)
 KEYS = {
-    "dtypes": (f"a list of {sorted(DTYPES)} (the inputs' type; tf32: float32 inputs with "
-               "precision='tf32')", ["float32"]),
+    "dtypes": (f"a list of {sorted(DTYPES)} (the inputs' type; tf32, tf32x3: float32 inputs "
+               "with that precision)", ["float32"]),
     "out_dtypes": ("a list of 'input' (Y in the inputs' type) and 'float32'", ["input"]),
     "bias_dtypes": ("a list of 'input' (the inputs' type) and 'float32'", ["input"]),
     "c_dtypes": ("a list of 'input' (the inputs' type) and 'float32'", ["input"]),
@@ -146,7 +146,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                              entry["c"], entry["save_preact"])
     for dname, oname, bname, cname, act, bias, layouts, c, save_z in grid:
         dtype = DTYPES[dname]
-        precision = Precision.TF32 if dname == "tf32" else Precision.IEEE
+        precision = PRECISIONS.get(dname, Precision.IEEE)
         out_dtype, bias_dtype, c_dtype = (dtype if x == "input" else DType.F32
                                           for x in (oname, bname, cname))
         base = (dtype, Layout(layouts[0]), Layout(layouts[1]), C_LAYOUTS[c], ACT_NAMES[act],
@@ -170,8 +170,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                 if number < 80:
                     named = [(cfg, 1) for cfg in SIMT_F32_TILES]
                 elif tc:
-                    hopper = WGMMA_CONFIGS if number == 90 else ()
-                    named = [(cfg, 1) for cfg in (*hopper, *mma_configs(dtype))]
+                    hopper = wgmma_configs(precision) if number == 90 else ()
+                    named = [(cfg, 1) for cfg in (*hopper, *mma_configs(dtype, precision))]
                 else:
                     named = [(cfg, s) for cfg in PIPELINED_F32_CONFIGS for s in (1, 2)]
             else:
@@ -196,9 +196,9 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
             for al in aligns:
                 # the family below when this alignment rules the config out (as at run time)
                 ch = resolve(Choice(cfg, split), dtype, layouts, al, m or 4096, n or 4096, k,
-                             sms or 132)
+                             sms or 132, precision)
                 specs.extend(kernel_set(*base, ch.config, ch.split_k, k, al, out_dtype, c_dtype,
-                                        bias_dtype).specs)
+                                        bias_dtype, precision).specs)
     return list(dict.fromkeys(specs))
 
 

@@ -17,8 +17,10 @@ from ge2jit.jit.parallel import compile_many
 from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
+    MMA_X3_CONFIGS,
     PIPELINED_F32_CONFIGS,
     WGMMA_CONFIGS,
+    WGMMA_X3_CONFIGS,
     SIMT_F32_TILES,
     Act,
     BiasKind,
@@ -26,6 +28,7 @@ from ge2jit.ops.gemm.spec import (
     GemmSpec,
     Layout,
     MmaGemmSpec,
+    Tf32SplitSpec,
     TransposeSpec,
     WgmmaGemmSpec,
     PipelinedGemmSpec,
@@ -52,13 +55,13 @@ def _types(p: dict, dtype: DType) -> dict:
 def _mma(p: dict) -> MmaGemmSpec:
     return MmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
                        p["bias"], p["save_z"], p["config"], p["copy_a"], p["copy_b"],
-                       p["vec_y"], **_types(p, p["dtype"]))
+                       p["vec_y"], promote=p.get("promote", False), **_types(p, p["dtype"]))
 
 
 def _wgmma(p: dict) -> WgmmaGemmSpec:
     return WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
                          p["bias"], p["save_z"], p["config"], p["vec_y"], p["store16"],
-                         **_types(p, p["dtype"]))
+                         promote=p.get("promote", False), **_types(p, p["dtype"]))
 
 
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
@@ -93,6 +96,21 @@ FAMILIES = {
          "store16": [False, True], "arch": ["sm_90a"]},
         _wgmma,
     ),
+    # 3xTF32: split K-major operands, products added to the accumulators in rounded float32
+    "mma_tf32x3": (
+        {"dtype": [DType.F32], "config": list(MMA_X3_CONFIGS), "layout_a": [Layout.ROW],
+         "layout_b": [Layout.COL], **EPILOGUE, "out": ["input"], "c_type": ["input"],
+         "bias_type": ["input"], "copy_a": [16], "copy_b": [16], "vec_y": [False, True],
+         "promote": [True], "arch": ARCHS},
+        _mma,
+    ),
+    "wgmma_tf32x3": (
+        {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **EPILOGUE,
+         "out": ["input"], "c_type": ["input"], "bias_type": ["input"],
+         "config": list(WGMMA_X3_CONFIGS), "vec_y": [False, True], "store16": [False, True],
+         "promote": [True], "arch": ["sm_90a"]},
+        _wgmma,
+    ),
     "pipelined": (
         {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
          "config": list(PIPELINED_F32_CONFIGS), "vec_a": [False, True], "vec_b": [False, True],
@@ -104,6 +122,10 @@ FAMILIES = {
     "transpose": (
         {"dtype": list(DType), "arch": ARCHS},
         lambda p: TransposeSpec(p["dtype"]),
+    ),
+    "tf32x3_split": (
+        {"transpose": [False, True], "order": ["hhl", "hlh"], "arch": ARCHS},
+        lambda p: Tf32SplitSpec(p["transpose"], p["order"]),
     ),
     "splitk_reduce": (
         {**EPILOGUE, "vec_y": [False, True], "arch": ARCHS},

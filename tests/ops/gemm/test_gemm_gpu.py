@@ -391,6 +391,18 @@ def test_cached_path_still_refuses_overlapping_out():
     ge2jit.gemm_bias_act(big[:, :4], b, out=other[:, 4:])          # fine, and now cached
     with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps a"):
         ge2jit.gemm_bias_act(big[:, :4], b, out=big[:, 4:])         # same signature
+    bias, buf = rand(6), rand(2 * 48)
+    ge2jit.gemm_bias_act(big[:, :4], b, bias, out=buf[:48].reshape(8, 6),
+                         preact_out=buf[48:].reshape(8, 6), save_preact=True)    # cached
+    with pytest.raises(ge2jit.ArgumentValueError, match="preact_out: overlaps out"):
+        ge2jit.gemm_bias_act(big[:, :4], b, bias, out=buf[:48].reshape(8, 6),
+                             preact_out=buf[24:72].reshape(8, 6), save_preact=True)
+    flat, z = rand(8 * 6 + 8), rand(8, 6)
+    ge2jit.gemm_bias_act(big[:, :4], b, flat[:6], out=flat[8:].reshape(8, 6), preact_out=z,
+                         save_preact=True)                                      # cached
+    with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps bias"):
+        ge2jit.gemm_bias_act(big[:, :4], b, flat[:6], out=flat[:48].reshape(8, 6),
+                             preact_out=z, save_preact=True)
 
 
 def test_inspect_a_call_and_benchmark_configs():

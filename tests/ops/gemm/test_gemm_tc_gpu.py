@@ -1,8 +1,10 @@
-"""gemm_bias_act on the tensor cores (float16, bfloat16, tf32) against a float64 NumPy reference.
+"""gemm_bias_act on the tensor cores (float16, bfloat16, tf32, 3xTF32) against a float64 NumPy
+reference.
 
 The reference is computed from the same rounded inputs the GPU reads. Outputs are poisoned
 with NaN before each call, inputs are fresh random numbers for each check (never zeros), and
-||Y - ref|| / ||ref|| stays below 1e-2 for bfloat16, 5e-3 for float16 and 1e-3 for tf32.
+||Y - ref|| / ||ref|| stays below 1e-2 for bfloat16, 5e-3 for float16, 1e-3 for tf32 and 1e-5
+for 3xTF32 (float32 inputs, ``precision="tf32x3"``, compared with the exact float32 inputs).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import pytest
 import ge2jit
 from ge2jit.ops.gemm.reference import gemm_bias_act_ref, magnitude_scale, rel_error
 from ge2jit.jit.device import device_arch
-from ge2jit.ops.gemm.spec import MMA_16BIT_CONFIGS, MMA_TF32_CONFIGS, WGMMA_CONFIGS, Act
+from ge2jit.ops.gemm.spec import (MMA_16BIT_CONFIGS, MMA_TF32_CONFIGS, MMA_X3_CONFIGS,
+                                  WGMMA_CONFIGS, WGMMA_X3_CONFIGS, Act)
 
 cp = pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -27,6 +30,7 @@ KINDS = {
     "bf16": (np.dtype(ml_dtypes.bfloat16), None, 1e-2),
     "f16": (np.dtype(np.float16), None, 5e-3),
     "tf32": (np.dtype(np.float32), "tf32", 1e-3),
+    "tf32x3": (np.dtype(np.float32), "tf32x3", 1e-5),
 }
 ACTS = [a.value for a in Act]
 #: Shapes whose operands' rows are 16-byte aligned take the Hopper kernel (TMA) on sm_90;
@@ -108,8 +112,10 @@ def expected_family(kind, a, b) -> str:
         return x.data.ptr % to == 0 and (layout_of(x, "")[1] * x.itemsize) % to == 0
 
     layouts = layout_of(a, "")[0].value + layout_of(b, "")[0].value
-    # tf32 operands that are not K-major are read through an aligned K-major copy
-    stage_a, stage_b = kind == "tf32" and layouts[0] == "c", kind == "tf32" and layouts[1] == "r"
+    # tf32 operands that are not K-major are read through an aligned K-major copy; 3xTF32
+    # reads both through split copies
+    stage_a = kind == "tf32x3" or (kind == "tf32" and layouts[0] == "c")
+    stage_b = kind == "tf32x3" or (kind == "tf32" and layouts[1] == "r")
     if hopper() and (stage_a or aligned(a, 16)) and (stage_b or aligned(b, 16)):
         return "_wgmma_"
     if aligned(a, 4) and aligned(b, 4):
@@ -187,6 +193,8 @@ def test_k_sweep(kind, k):
 
 
 def _configs(kind):
+    if kind == "tf32x3":
+        return [c.name for c in (*MMA_X3_CONFIGS, *WGMMA_X3_CONFIGS)]
     mma = MMA_TF32_CONFIGS if kind == "tf32" else MMA_16BIT_CONFIGS
     return [c.name for c in (*mma, *WGMMA_CONFIGS)]
 
@@ -262,13 +270,59 @@ def test_tf32_truncates_inputs_and_ieee_does_not(la, lb):
     a, b = rand(np.float32, 256, 512, layout=la), rand(np.float32, 512, 264, layout=lb)
     ieee = host64(ge2jit.gemm_bias_act(a, b))
     fast = host64(ge2jit.gemm_bias_act(a, b, precision="tf32"))
+    x3 = host64(ge2jit.gemm_bias_act(a, b, precision="tf32x3"))
     ref, _ = gemm_bias_act_ref(host64(a), host64(b))
     ref_tf32, _ = gemm_bias_act_ref(tf32(a), tf32(b))
-    assert rel_error(ieee, ref) < 1e-5
+    assert rel_error(ieee, ref) < 1e-6
     assert 1e-5 < rel_error(fast, ref) < 1e-3, "tf32 cuts its inputs' mantissas"
     assert rel_error(fast, ref_tf32) < 1e-5, "products of truncated inputs, summed in float32"
+    assert rel_error(x3, ref) < 2e-6, "3xTF32: about float32's accuracy"
+    assert rel_error(x3, ref) < rel_error(fast, ref) / 50
     assert "mma_" in ge2jit.explain(a, b, precision="tf32").kernel_names[0]
+    assert "mma_" in ge2jit.explain(a, b, precision="tf32x3").kernel_names[0]
     assert "mma_" not in ge2jit.explain(a, b).kernel_names[0]
+
+
+@pytest.mark.parametrize("k", [1000, 8192])
+def test_tf32x3_error_is_of_float32_size_over_long_k(k):
+    """Against float64, 3xTF32 stays within a small factor of the exact float32 kernel's own
+    rounding error, while plain tf32 is hundreds of times off."""
+    m, n = 192, 200
+    a, b = rand(np.float32, m, k), rand(np.float32, k, n, layout="c")
+    ref, _ = gemm_bias_act_ref(host64(a), host64(b))
+    err = {p: rel_error(host64(ge2jit.gemm_bias_act(a, b, precision=p)), ref)
+           for p in ("ieee", "tf32", "tf32x3")}
+    assert err["tf32x3"] < max(4 * err["ieee"], 1e-6), err
+    assert err["tf32x3"] < err["tf32"] / 50, err
+
+
+def test_tf32x3_special_values_behave_as_in_float32():
+    """inf and NaN go through as in float32 arithmetic (inf * 0 = NaN, inf - inf = NaN, inf * x
+    = inf), and values near float32's maximum are split without overflowing."""
+    m, n, k = 64, 80, 96
+    big = np.finfo(np.float32).max
+    ha = _rng.standard_normal((m, k)).astype(np.float32)
+    hb = _rng.standard_normal((k, n)).astype(np.float32)
+    ha[3, 7], ha[5, 9], ha[6, 9], ha[8, 11] = np.inf, -np.inf, np.nan, big
+    ha[8, :11] = ha[8, 12:] = 0.0                   # row 8 is big * B[11]: finite
+    hb[11, :] = 0.25
+    hb[9, 4] = 0.0                                  # -inf * 0 = NaN at (5, 4); row 6 NaN
+    hb[20, 30] = np.inf                             # column 30: +-inf, or NaN in row 8
+    hb[7, 31] = 1.0                                 # exactly tf32: hi = 1, lo = 0
+    a, b = cp.asarray(ha), cp.asarray(hb)
+    ref = ha.astype(np.float64) @ hb.astype(np.float64)
+    for la in "rc":
+        a_l = a if la == "r" else cp.asarray(np.asfortranarray(ha))
+        y = host64(ge2jit.gemm_bias_act(a_l, b, precision="tf32x3"))
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+        np.testing.assert_array_equal(np.isposinf(y), np.isposinf(ref))
+        np.testing.assert_array_equal(np.isneginf(y), np.isneginf(ref))
+        fin = np.isfinite(ref)
+        cols = np.arange(n) != 30
+        assert np.isposinf(y[3, 31]) and np.isnan(y[5, 4]) and np.isnan(y[6]).all()
+        assert np.isfinite(y[8, cols]).all()
+        np.testing.assert_allclose(y[8, cols], ref[8, cols], rtol=1e-6)
+        assert rel_error(y[fin], ref[fin]) < 1e-5
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ge2jit.errors import ArgumentValueError
 from ge2jit.ops.gemm.select import FALLBACK_TILE, Choice, candidates, heuristic, parse_config
 from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, SIMT_F32_TILES, PipelineConfig, TileConfig
 
@@ -104,9 +105,70 @@ def test_resolve_steps_down_by_layout_and_alignment():
     assert resolve(wg, DType.F32, "cr", (4, 4, 16), 512, 512, 512, 132) is wg
     ks = kernel_set(DType.F32, Layout.COL, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
                     WGMMA_CONFIGS[0], 1, 512, (4, 4, 16))
-    assert ks.stage == (True, True) and ks.transpose.kernel_name == "transpose_f32"
+    assert ks.prep_a == ks.prep_b and ks.prep_a.kernel_name == "transpose_f32"
     assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
-    assert ks.specs == (ks.main, ks.transpose)
+    assert ks.specs == (ks.main, ks.prep_a)
+    ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
+                    WGMMA_CONFIGS[0], 1, 512, (16, 16, 16))
+    assert ks.prep_a is None and ks.prep_b is None and ks.specs == (ks.main,)
+
+
+@pytest.mark.parametrize("layouts", ["rr", "rc", "cr", "cc"])
+@pytest.mark.parametrize("family", ["wgmma", "mma"])
+def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
+    from ge2jit.ops.gemm.select import Choice, k_parts, kernel_set, resolve
+    from ge2jit.ops.gemm.spec import (MMA_TF32_CONFIGS, WGMMA_CONFIGS, Act, BiasKind, DType,
+                                      Layout, Precision)
+
+    cfg = WGMMA_CONFIGS[3] if family == "wgmma" else MMA_TF32_CONFIGS[3]
+    x3 = Precision.TF32X3
+    assert k_parts(x3) == 3 and k_parts(Precision.TF32) == 1
+    # any alignment: the split copies are aligned by construction
+    ch = Choice(cfg, 1, "heuristic")
+    assert resolve(ch, DType.F32, layouts, (4, 4, 4), 300, 500, 70, 132, x3) is ch
+    la, lb = Layout(layouts[0]), Layout(layouts[1])
+    ks = kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False, cfg, 1, 70,
+                    (4, 4, 4), precision=x3)
+    assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
+    assert ks.prep_a.kernel_name == "tf32x3_split_hhl" + ("_t" if layouts[0] == "c" else "")
+    assert ks.prep_b.kernel_name == "tf32x3_split_hlh" + ("_t" if layouts[1] == "r" else "")
+    assert ks.main.promote and "_p_" in ks.main.kernel_name
+    if family == "mma":
+        assert (ks.main.copy_a, ks.main.copy_b) == (16, 16)
+        with pytest.raises(ArgumentValueError, match="too large for the separate product"):
+            kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False,
+                       MMA_TF32_CONFIGS[0], 1, 70, (4, 4, 4), precision=x3)
+    else:   # a config without room for the rounded second set of accumulators is refused
+        with pytest.raises(ArgumentValueError, match="too many for the second set"):
+            kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False,
+                       WGMMA_CONFIGS[0], 1, 70, (4, 4, 4), precision=x3)
+    # K = 0 reads no operand: nothing to split
+    ks0 = kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False,
+                     MMA_TF32_CONFIGS[3], 1, 0, (4, 4, 4), precision=x3)
+    assert ks0.prep_a is None and ks0.prep_b is None
+    # the CUDA-core configs stay exact float32
+    from ge2jit.ops.gemm.select import FALLBACK_TILE
+
+    ks = kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False, FALLBACK_TILE, 1,
+                    70, (4, 4, 4), precision=x3)
+    assert ks.prep_a is None and ks.specs == (ks.main,)
+
+
+def test_tf32x3_heuristic_and_candidates():
+    from ge2jit.ops.gemm.spec import DType, Precision
+
+    from ge2jit.ops.gemm.spec import WGMMA_X3_CONFIGS, WgmmaConfig
+
+    x3 = Precision.TF32X3
+    assert heuristic(8192, 4096, 1024, 132, 90, "rr", DType.F32, x3).config.name == \
+        "wgmma_128x128_s6"
+    assert heuristic(1024, 2048, 4096, 132, 90, "rr", DType.F32, x3).config.name == \
+        "wgmma_64x128_s8"
+    # only configs with room for the second, rounded set of accumulators
+    assert [c for c, _ in candidates(4096, 4096, 4096, 90, DType.F32, x3)
+            if isinstance(c, WgmmaConfig)] == list(WGMMA_X3_CONFIGS)
+    assert all(c.can_promote for c in WGMMA_X3_CONFIGS)
+    assert not WgmmaConfig(128, 256, 4).can_promote
 
 
 def test_config_names_of_every_family_parse():

@@ -115,11 +115,15 @@ def test_16bit_refusals():
 
 def test_precision():
     assert ok(precision="tf32").precision is Precision.TF32
+    assert ok(precision="tf32x3").precision is Precision.TF32X3
+    assert ok(precision=Precision.TF32X3).precision is Precision.TF32X3
     assert ok(precision=None).precision is Precision.IEEE
-    refused(ValueError, r"precision: expected one of ieee, tf32 or None, got 'fp8'",
+    refused(ValueError, r"precision: expected one of ieee, tf32, tf32x3 or None, got 'fp8'",
             precision="fp8")
     refused(ValueError, r"precision: 'tf32' applies to float32 inputs; a and b are float16",
             a=half(M, K), b=half(K, N), precision="tf32")
+    refused(ValueError, r"precision: 'tf32x3' applies to float32 inputs; a and b are float16",
+            a=half(M, K), b=half(K, N), precision="tf32x3")
 
 
 def test_precision_default_from_environment(monkeypatch):
@@ -130,9 +134,12 @@ def test_precision_default_from_environment(monkeypatch):
     try:
         assert ok().precision is Precision.TF32
         assert ok(a=half(M, K), b=half(K, N)).precision is Precision.IEEE
+        monkeypatch.setenv("GE2JIT_FLOAT32_PRECISION", "tf32x3")
+        reload_settings()
+        assert ok().precision is Precision.TF32X3
         monkeypatch.setenv("GE2JIT_FLOAT32_PRECISION", "half")
         with pytest.raises(ValueError, match="GE2JIT_FLOAT32_PRECISION: expected one of ieee, "
-                                             "tf32, got 'half'"):
+                                             "tf32, tf32x3, got 'half'"):
             reload_settings()
             ok()
     finally:
