@@ -333,6 +333,13 @@ def main(argv=None) -> int:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
             text=True).stdout.strip() or None,
     }
+    # first, so that a sweep cut short still has them
+    extra = {}
+    if {"float32", "tf32", "tf32x3"} & set(dtypes):
+        extra["accuracy"] = accuracy(torch)
+        print("accuracy:", extra["accuracy"])
+    host = host_time_us()
+    print("host time per call (us):", {k: round(v, 2) for k, v in host.items()})
     rows = []
     for dtype in dtypes:
         sweep = shapes if (dtype in F32_SWEEP or args.shapes or args.quick) else TC_SHAPES
@@ -342,19 +349,14 @@ def main(argv=None) -> int:
                 row = bench_shape(m, n, k, act, torch, args.tune, dtype)
                 rows.append(row)
                 base = row.get("cublaslt_fused", row.get("torch_linear_act"))
-                Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows,
+                                                      "host_us": host, **extra}, indent=1))
                 print(f"{dtype:8s} {m:6d} {n:6d} {k:6d} {act:9s} ge2jit {row['ge2jit']:8.4f} ms "
                       f"{row['ge2jit_tflops']:6.1f} TF/s | cupy "
                       f"{row.get('cupy_unfused', float('nan')):8.4f} | "
                       f"torch {base if base is None else round(base, 4)} | cuBLAS gemm "
                       f"{row.get('cublas_gemm', float('nan')):.4f} | {row['config']}",
                       flush=True)
-    extra = {}
-    if {"float32", "tf32", "tf32x3"} & set(dtypes):
-        extra["accuracy"] = accuracy(torch)
-        print("accuracy:", extra["accuracy"])
-    host = host_time_us()
-    print("host time per call (us):", {k: round(v, 2) for k, v in host.items()})
     compile_times = compile_and_load_times()
     print("compile/load (s):", compile_times)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "host_us": host,
