@@ -12,6 +12,7 @@ from .jit.cache import default_cache
 from .jit.device import device_arch, gpu_count
 from .jit.loader import build, get_kernel
 from .jit.render import render
+from .jit.sass import dump_sass, instruction_mix
 from .jit.spec import KernelSpec
 
 
@@ -33,6 +34,17 @@ class KernelInfo:
     compile_seconds: float
     cache_path: str | None
     extra: dict = field(default_factory=dict)
+    cubin: bytes = field(default=b"", repr=False)
+
+    def sass(self) -> str:
+        """The kernel's machine code (``cuobjdump --dump-sass``; needs cuobjdump, from the
+        nvidia-cuda-cuobjdump wheel or a CUDA toolkit)."""
+        return dump_sass(self.cubin)
+
+    def instruction_mix(self) -> dict[str, int]:
+        """How many of each SASS opcode the kernel has (HGMMA, HMMA, FFMA, LDL, ...), most
+        frequent first."""
+        return dict(instruction_mix(self.sass()).most_common())
 
     def rows(self) -> list[tuple[str, str]]:
         occ = ("–" if self.occupancy is None else
@@ -70,7 +82,9 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
         import cupy
 
         arch = device_arch(cupy.cuda.runtime.getDevice())
-    entry, _ = build(spec, spec.target_arch(arch))
+    given_arch = arch
+    arch = spec.target_arch(arch)          # what it compiles for: sm_90a for the Hopper kernel
+    entry, _ = build(spec, arch)
     cache = default_cache()
     path = cache.path_for(entry.key)
     threads = getattr(spec, "threads", None) or getattr(getattr(spec, "tile", None), "threads",
@@ -80,7 +94,7 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
         import cupy
 
         dev = cupy.cuda.runtime.getDevice()
-        if device_arch(dev) == arch:
+        if device_arch(dev) == given_arch:
             loaded = get_kernel(spec, dev)
             blocks = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
                 loaded.function.ptr, threads, spec.smem_bytes)
@@ -91,7 +105,7 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
         registers=entry.registers, shared_bytes=entry.shared_bytes,
         dynamic_shared_bytes=spec.smem_bytes, spill_bytes=entry.spill_bytes, threads=threads,
         occupancy=occupancy, blocks_per_sm=blocks, compile_seconds=entry.compile_seconds,
-        cache_path=str(path) if path.exists() else None)
+        cache_path=str(path) if path.exists() else None, cubin=entry.cubin)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,19 @@ def test_inspect_a_spec_without_gpu():
     assert "&lt;Layout.ROW" in page, "reprs and source are escaped"
 
 
+def test_sass_of_an_inspected_kernel():
+    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, WgmmaGemmSpec
+
+    info = ge2jit.inspect(SPEC, arch="sm_90")
+    mix = info.instruction_mix()
+    assert mix["FFMA"] > 1000 and "LDL" not in mix and "HMMA" not in mix
+    assert "FFMA" in info.sass()
+    hopper = WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL,
+                           False, WGMMA_CONFIGS[0])
+    info = ge2jit.inspect(hopper, arch="sm_90")
+    assert info.arch == "sm_90a" and info.instruction_mix()["HGMMA"] > 0
+
+
 def test_inspect_needs_an_arch_without_gpu():
     if ge2jit.jit.device.gpu_count():
         pytest.skip("a GPU is present")

@@ -276,6 +276,34 @@ def compile_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
             "--ptxas-options=-v", *extra)
 
 
+def _whole_cubin(prog: int, from_cupy: bytes) -> bytes:
+    """The cubin with its last byte: CuPy's ``getCUBIN`` drops it, taking it for a string's
+    terminating NUL. The driver loads the short file, but ``cuobjdump`` and ``nvdisasm``
+    refuse it (its program headers run past the end). Read again through the libnvrtc that
+    CuPy uses (when the process has exactly one, it is that one), keeping CuPy's bytes if
+    anything disagrees."""
+    paths = _loaded_nvrtc_paths()
+    if len(paths) != 1:
+        return bytes(from_cupy)
+    try:
+        if "cdll" not in _loaded:
+            lib = ctypes.CDLL(paths[0])
+            lib.nvrtcGetCUBINSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+            lib.nvrtcGetCUBIN.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+            _loaded["cdll"] = lib
+        lib = _loaded["cdll"]
+        size = ctypes.c_size_t()
+        if lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)) != 0:
+            return bytes(from_cupy)
+        buf = ctypes.create_string_buffer(size.value)
+        if lib.nvrtcGetCUBIN(prog, buf) != 0:
+            return bytes(from_cupy)
+    except (OSError, AttributeError):
+        return bytes(from_cupy)
+    whole = buf.raw
+    return whole if whole[:len(from_cupy)] == bytes(from_cupy) else bytes(from_cupy)
+
+
 def compile_to_cubin(source: str, kernel_name: str, arch: str,
                      extra_options: tuple[str, ...] = ()) -> CompileResult:
     """Compile ``source`` for ``arch`` and return the cubin with ptxas' resource report.
@@ -303,9 +331,9 @@ def compile_to_cubin(source: str, kernel_name: str, arch: str,
             log = nv.getProgramLog(prog)
             raise KernelCompileError(kernel_name, log or str(e), source, tuple(full)) from None
         log = nv.getProgramLog(prog)
-        cubin = nv.getCUBIN(prog)
+        cubin = _whole_cubin(prog, nv.getCUBIN(prog))
     finally:
         nv.destroyProgram(prog)
     seconds = time.perf_counter() - t0
-    return CompileResult(cubin=bytes(cubin), log=log, resources=Resources.parse(log),
+    return CompileResult(cubin=cubin, log=log, resources=Resources.parse(log),
                          compile_seconds=seconds, options=tuple(options))

@@ -1,0 +1,78 @@
+"""The compiled kernels run on the instructions they are written for: SASS read with cuobjdump
+(from the test extra's nvidia-cuda-cuobjdump wheel), no GPU needed."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from ge2jit.jit.cache import KernelCache
+from ge2jit.jit.loader import build
+from ge2jit.jit.sass import dump_sass, find_cuobjdump, instruction_mix
+from ge2jit.ops.gemm.spec import (
+    MMA_16BIT_CONFIGS,
+    MMA_X3_CONFIGS,
+    WGMMA_CONFIGS,
+    WGMMA_X3_CONFIGS,
+    Act,
+    BiasKind,
+    DType,
+    Layout,
+    MmaGemmSpec,
+    WgmmaGemmSpec,
+)
+
+CASES = {
+    "wgmma_bf16": (WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, None, Act.GELU_TANH,
+                                 BiasKind.COL, False, WGMMA_CONFIGS[0]), "sm_90a",
+                   "HGMMA.64x256x16.F32.BF16"),
+    "wgmma_f16_mn_major": (WgmmaGemmSpec(DType.F16, Layout.COL, Layout.ROW, None, Act.SILU,
+                                         BiasKind.COL, True, WGMMA_CONFIGS[1]), "sm_90a",
+                           "HGMMA.64x128x16.F32"),
+    "wgmma_tf32x3": (WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU,
+                                   BiasKind.ROW, False, WGMMA_X3_CONFIGS[0], promote=True),
+                     "sm_90a", "HGMMA.64x128x8.F32.TF32"),
+    "mma_bf16": (MmaGemmSpec(DType.BF16, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.COL,
+                             False, MMA_16BIT_CONFIGS[0]), "sm_80", "HMMA.16816.F32.BF16"),
+    "mma_tf32x3": (MmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE,
+                               BiasKind.NONE, False, MMA_X3_CONFIGS[0], promote=True), "sm_80",
+                   "HMMA.1688.F32.TF32"),
+}
+
+
+@pytest.fixture(scope="module")
+def tool():
+    found = find_cuobjdump()
+    assert found, "cuobjdump not found: install the test extra (nvidia-cuda-cuobjdump)"
+    return found
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return KernelCache(tmp_path_factory.mktemp("sass-cache"))
+
+
+def _elf_end(cubin: bytes) -> int:
+    """Where the ELF's program and section header tables end: the least length of the file."""
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", cubin, 0x36)
+    return max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernels_run_on_the_matrix_units(case, tool, cache):
+    spec, arch, mma_op = CASES[case]
+    entry, _ = build(spec, arch, cache=cache)
+    assert entry.cubin[:4] == b"\x7fELF" and len(entry.cubin) >= _elf_end(entry.cubin), \
+        "the whole cubin, with its last byte"
+    sass = dump_sass(entry.cubin, tool)
+    ops = instruction_mix(sass)
+    assert mma_op in sass, (mma_op, ops.most_common(12))
+    assert ops["LDL"] == 0 and ops["STL"] == 0, "no local-memory traffic"
+    if isinstance(spec, WgmmaGemmSpec):
+        assert ops["HGMMA"] > 0 and ops["UTMALDG"] > 0 and ops["HMMA"] == 0
+    else:
+        assert ops["HMMA"] > 0 and ops["LDSM"] > 0 and ops["HGMMA"] == 0
+    if spec.promote:   # chunks of products added with rounded float32 adds
+        assert ops["FADD"] > 0
