@@ -16,9 +16,9 @@ import cupy as cp  # noqa: E402
 import ge2jit  # noqa: E402
 
 
-def operand(rows, cols, layout):
+def operand(rows, cols, layout, dtype):
     x = cp.random.standard_normal((rows, cols) if layout == "r" else (cols, rows),
-                                  dtype=cp.float32)
+                                  dtype=cp.float32).astype(dtype)
     return x if layout == "r" else x.T
 
 
@@ -27,6 +27,7 @@ def main(argv):
     parser.add_argument("sizes", nargs="*", type=int, help="M N K, repeated")
     parser.add_argument("--precision", default=None, help="float32 mode: ieee, tf32, tf32x3")
     parser.add_argument("--layouts", default="rr,rc,cr", help="comma-separated, of rr rc cr cc")
+    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
     args = parser.parse_args(argv)
     nums = args.sizes or [4096, 4096, 4096, 8192, 1024, 1024, 8192, 64, 4096]
     if len(nums) % 3:
@@ -34,12 +35,18 @@ def main(argv):
     shapes = [tuple(nums[i:i + 3]) for i in range(0, len(nums), 3)]
     for m, n, k in shapes:
         for la, lb in args.layouts.split(","):
-            a, b = operand(m, k, la), operand(k, n, lb)
-            bias = cp.random.standard_normal(n, dtype=cp.float32)
+            dtype = args.dtype
+            if dtype == "bfloat16":
+                import ml_dtypes
+
+                dtype = ml_dtypes.bfloat16
+            a, b = operand(m, k, la, dtype), operand(k, n, lb, dtype)
+            bias = cp.random.standard_normal(n, dtype=cp.float32).astype(dtype)
             heur = ge2jit.explain(a, b, bias, act="gelu_tanh", precision=args.precision)
             result = ge2jit.tune(a, b, bias, act="gelu_tanh", reps=10,
                                  precision=args.precision)
-            print(f"== {m}x{n}x{k} {la}{lb} {args.precision or ''}: heuristic {heur.config}")
+            print(f"== {m}x{n}x{k} {la}{lb} {args.dtype} {args.precision or ''}: heuristic "
+                  f"{heur.config}")
             print(result, flush=True)
 
 

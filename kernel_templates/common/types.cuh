@@ -53,6 +53,10 @@ __device__ __forceinline__ unsigned pack2(bf16_t*, float a, float b) {
     return f32_to_bf16_bits(a) | (static_cast<unsigned>(f32_to_bf16_bits(b)) << 16);
 }
 template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[4]) {   // 4 16-bit values
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack2(p, v[0], v[1]), pack2(p, v[2], v[3]));
+}
+template <typename T>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[8]) {   // 8 16-bit values
     *reinterpret_cast<uint4*>(p) = make_uint4(pack2(p, v[0], v[1]), pack2(p, v[2], v[3]),
                                               pack2(p, v[4], v[5]), pack2(p, v[6], v[7]));

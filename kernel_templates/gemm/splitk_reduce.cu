@@ -15,10 +15,10 @@ __device__ __forceinline__ float component(const float4& v, int c) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 {{ spec.kernel_name }}(const float* __restrict__ W, long long ldw, long long splits,
-                       const float* __restrict__ C, long long ldc,
-                       const float* __restrict__ bias, long long bias_stride,
-                       float* __restrict__ Y, long long ldy,
-                       float* __restrict__ Z, long long ldz,
+                       const {{ spec.c_ctype }}* __restrict__ C, long long ldc,
+                       const {{ spec.bias_ctype }}* __restrict__ bias, long long bias_stride,
+                       {{ spec.y_ctype }}* __restrict__ Y, long long ldy,
+                       {{ spec.y_ctype }}* __restrict__ Z, long long ldz,
                        long long M, long long N,
                        double alpha_, double beta_, double leaky_slope_)
 {
@@ -26,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     const long long groups = (N + 3) / 4;             // 4 consecutive columns per thread
     const long long slice = M * ldw;
 {% if spec.bias.value == "scalarbias" %}
-    const float bias_value = bias[0];
+    const float bias_value = to_f32(bias[0]);
 {% endif %}
     for (long long g = blockIdx.x * static_cast<long long>(THREADS) + threadIdx.x; g < M * groups;
          g += static_cast<long long>(gridDim.x) * THREADS) {
@@ -38,8 +38,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
 {% if spec.bias.value == "rowbias" %}
-        const float row_bias = bias[m * bias_stride];
+        const float row_bias = to_f32(bias[m * bias_stride]);
 {% endif %}
-        {{ ep.finish(spec, 4, "component(s, c)", "bias[n * bias_stride]", "nb + 3 < N") | indent(8) }}
+        {{ ep.finish(spec, 4, "component(s, c)", "to_f32(bias[n * bias_stride])", "nb + 3 < N") | indent(8) }}
     }
 }

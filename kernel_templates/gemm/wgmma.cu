@@ -127,6 +127,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
+{% if spec.split_k %}
+    // Split K: work unit u is K slice u / tiles of tile u % tiles; each writes its raw float32
+    // partial products to slice u / tiles of the workspace Y (splits x M x ldy), and the
+    // reduction kernel (gemm/splitk_reduce.cu) sums them and applies the epilogue once.
+    const int per_split = static_cast<int>(k_tiles_per_split);
+    const int units = tiles * ((k_tiles + per_split - 1) / per_split);
+{% else %}
+    const int per_split = k_tiles, units = tiles;
+{% endif %}
     const int warpgroup = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
@@ -145,9 +154,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0 && k_tiles > 0) {
             int it = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+                const int tile = unit % tiles, kt0 = (unit / tiles) * per_split;
                 const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                for (int kt = kt0; kt < min(kt0 + per_split, k_tiles); ++kt, ++it) {
                     const int s = it % STAGES;
                     mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
                     mbar_expect_tx(full + 8 * s, TX_BYTES);
@@ -206,14 +216,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 
     int turn = 0;
-    for (int tile = blockIdx.x, i = 0; tile < tiles; tile += gridDim.x, ++i) {
+{% if spec.split_k %}
+    int ring = 0;   // ring position of the unit's first k-tile: k-tiles of earlier units
+    {{ spec.y_ctype }}* const Y_slices = Y;
+{% endif %}
+    for (int unit = blockIdx.x, i = 0; unit < units; unit += gridDim.x, ++i) {
+{% if spec.split_k %}
+        const int tile = unit % tiles, kt0 = (unit / tiles) * per_split;
+        const int kt_end = min(kt0 + per_split, k_tiles);
+        const int first = ring;
+        ring += kt_end - kt0;
+{% else %}
+        constexpr int kt0 = 0;
+        const int tile = unit, kt_end = k_tiles, first = i * k_tiles;
+{% endif %}
         if (PINGPONG && (i & 1) != wg) continue;
         const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+{% if spec.split_k %}
+        {{ spec.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
+{% endif %}
         if (PINGPONG && (wg == 1 || turn > 0))
             mbar_wait(order + 8 * wg, (wg == 1 ? turn : turn - 1) & 1);
         int prev = -1;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            const int it = i * k_tiles + kt;      // this k-tile's position in the ring
+        for (int kt = kt0; kt < kt_end; ++kt) {
+            const int it = first + kt - kt0;      // this k-tile's position in the ring
             const int s = it % STAGES;
             mbar_wait(full + 8 * s, (it / STAGES) & 1);
             wgmma_fence();
@@ -239,9 +265,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         BK * 128, 1024);
 {% endif %}
 {% if spec.promote %}
-                    wgmma(acc[mi], da, db, kt % CHUNK > 0 || kk > 0);
+                    wgmma(acc[mi], da, db, (kt - kt0) % CHUNK > 0 || kk > 0);
 {% else %}
-                    wgmma(acc[mi], da, db, kt > 0 || kk > 0);
+                    wgmma(acc[mi], da, db, kt > kt0 || kk > 0);
 {% endif %}
                 }
             }
@@ -252,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
             prev = s;
 {% if spec.promote %}
-            if (kt % CHUNK == CHUNK - 1 || kt == k_tiles - 1) {
+            if ((kt - kt0) % CHUNK == CHUNK - 1 || kt == kt_end - 1) {
                 wgmma_wait<0>();
 #pragma unroll
                 for (int mi = 0; mi < MI; ++mi)

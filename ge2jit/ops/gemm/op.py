@@ -117,6 +117,8 @@ class Plan:
     kernel_names: tuple[str, ...] = field(default=())
     #: copies of A and B made before the GEMM (see ``_Staging``), or None
     prep: tuple[LoadedKernel | None, LoadedKernel | None] = (None, None)
+    #: slices of K (with ``reduce``: partial products to a workspace, then the epilogue)
+    splits: int = 1
 
     def __post_init__(self):
         self._main = Launcher(self.main.spec.kernel_name, self.main.function.ptr, _GEMM_PARAMS)
@@ -137,6 +139,10 @@ class Plan:
                 out.append(k)
         return tuple(out)
 
+    def _gemm(self, stream_ptr, args) -> None:
+        """Launch the GEMM kernel on its parameters (``_GEMM_PARAMS``)."""
+        self._main(self.grid, self.block, self.smem, stream_ptr, *args)
+
     def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
             z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
         """Launch on raw device pointers (0 for an absent C, bias or Z)."""
@@ -144,21 +150,19 @@ class Plan:
             _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
                                                            stream_ptr)
         if self._reduce is None:
-            self._main(self.grid, self.block, self.smem, stream_ptr,
-                       a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-                       z_ptr, ldz, m, n, k, alpha, beta, slope, self.k_tiles_per_split)
+            self._gemm(stream_ptr, (a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride,
+                                    y_ptr, ldy, z_ptr, ldz, m, n, k, alpha, beta, slope,
+                                    self.k_tiles_per_split))
             return
         import cupy as cp
 
-        splits = self.grid[2]
         ldw = (n + 3) // 4 * 4
-        w = cp.ndarray((splits, m, ldw), dtype=np.float32)
+        w = cp.ndarray((self.splits, m, ldw), dtype=np.float32)
         w_ptr = w.data.ptr
-        self._main(self.grid, self.block, self.smem, stream_ptr,
-                   a_ptr, lda, b_ptr, ldb, 0, 0, 0, 0, w_ptr, ldw, 0, 0,
-                   m, n, k, 1.0, 0.0, 0.0, self.k_tiles_per_split)
+        self._gemm(stream_ptr, (a_ptr, lda, b_ptr, ldb, 0, 0, 0, 0, w_ptr, ldw, 0, 0, m, n, k,
+                                1.0, 0.0, 0.0, self.k_tiles_per_split))
         self._reduce(self.reduce_grid, (256, 1, 1), 0, stream_ptr,
-                     w_ptr, ldw, splits, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+                     w_ptr, ldw, self.splits, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
                      z_ptr, ldz, m, n, alpha, beta, slope)
 
     def bind(self, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k):
@@ -208,12 +212,10 @@ class TmaPlan(Plan):
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
 
-    def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
+    def _gemm(self, stream_ptr, args) -> None:
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
-        if self._staging is not None:
-            _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
-                                                           stream_ptr)
+        a_ptr, lda, b_ptr, ldb = args[:4]
+        m, n, k = args[12:15]
         if a_kmajor:
             map_a = tensor_map_2d(dt, a_ptr, k, m, lda * es, bk, bm)
         else:
@@ -222,9 +224,7 @@ class TmaPlan(Plan):
             map_b = tensor_map_2d(dt, b_ptr, k, n, ldb * es, bk, bn)
         else:
             map_b = tensor_map_2d(dt, b_ptr, n, k, ldb * es, 64, bk)
-        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b,
-                   a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-                   z_ptr, ldz, m, n, k, alpha, beta, slope, 0)
+        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, *args)
 
 
 def _ptr(x) -> int:
@@ -339,11 +339,11 @@ def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
     if choice.split_k != ks.splits:
         choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
     if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM
-        grid = (min(grid_m * grid_n, sm_count(p.device_id)), 1, 1)
-        return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, 0, None, (1, 1, 1),
-                       names, prep)
+        grid = (min(grid_m * grid_n * ks.splits, sm_count(p.device_id)), 1, 1)
+        return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, ks.k_tiles_per_split,
+                       reduce, reduce_grid, names, prep, ks.splits)
     return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
-                ks.k_tiles_per_split, reduce, reduce_grid, names, prep)
+                ks.k_tiles_per_split, reduce, reduce_grid, names, prep, ks.splits)
 
 
 def _choose(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Choice:

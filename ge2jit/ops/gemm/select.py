@@ -77,13 +77,10 @@ def parse_config(config) -> tuple[PipelineConfig | MmaConfig | WgmmaConfig | Til
         if split < 1:
             raise ArgumentValueError(f"config: split-K must be at least 1, got {config!r}")
     if text.startswith("wgmma_"):
-        if split != 1:
-            raise ArgumentValueError(f"config: the tensor-core configs have no split-K, got "
-                                     f"{config!r}")
-        return WgmmaConfig.parse(text), 1
+        return WgmmaConfig.parse(text), split
     if text.startswith("mma_"):
         if split != 1:
-            raise ArgumentValueError(f"config: the tensor-core configs have no split-K, got "
+            raise ArgumentValueError(f"config: the mma.sync configs have no split-K, got "
                                      f"{config!r}")
         return MmaConfig.parse(text), 1
     if "_w" in text:
@@ -123,7 +120,14 @@ def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F3
     if arch_number < 80:
         return [(t, 1) for t in SIMT_F32_TILES]
     if uses_tensor_cores(dtype, precision):
-        hopper = [(cfg, 1) for cfg in wgmma_configs(precision)] if arch_number == 90 else []
+        hopper = []
+        if arch_number == 90:
+            k_tiles = -(-k * k_parts(precision) // (128 // dtype.itemsize))
+            for cfg in wgmma_configs(precision):
+                hopper.append((cfg, 1))
+                # a few tiles and a long K: slices of K fill the GPU (the tuner decides)
+                hopper += [(cfg, s) for s in (2, 4)
+                           if _tiles(m, n, cfg) * s <= 256 and k_tiles >= 8 * s]
         return hopper + [(cfg, 1) for cfg in mma_configs(dtype, precision)]
     out = []
     for cfg in PIPELINED_F32_CONFIGS:
@@ -356,9 +360,17 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         why = tma_fits(aligns, dtype, layouts, k, precision)
         if why is not None:
             raise ArgumentValueError(f"config: {config.name}: {why}")
+        k_tiles = -(-k * k_parts(precision) // (128 // dtype.itemsize))
+        per_split = max(-(-k_tiles // split_k), 1)
+        splits = -(-k_tiles // per_split) if split_k > 1 else 1
         main = WgmmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config,
-                             align_y >= 2 * y_item, align_y >= 16, promote=x3, **types)
-        return KernelSet(main, None, 1, 0, prep_a, prep_b)
+                             align_y >= 2 * y_item, align_y >= 16, promote=x3,
+                             split_k=splits > 1, **types)
+        reduce = None
+        if splits > 1:   # 4 outputs per thread: 4-element stores need that alignment
+            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z,
+                                      align_y >= 4 * y_item, **types)
+        return KernelSet(main, reduce, splits, per_split if splits > 1 else 0, prep_a, prep_b)
     if isinstance(config, MmaConfig) and mma_fits(aligns, precision):
         copy_a = 16 if stage[0] else min(align_a, 16)
         copy_b = 16 if stage[1] else min(align_b, 16)

@@ -420,7 +420,9 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
 
 @dataclass(frozen=True)
 class SplitKReduceSpec(KernelSpec):
-    """Sums split-K partial products and applies the fused epilogue once."""
+    """Sums split-K partial products (float32) and applies the fused epilogue once. ``dtype``
+    is the GEMM's input type; Y/Z, C and the bias are ``out_dtype``, ``c_dtype`` and
+    ``bias_dtype`` (default: ``dtype``), as in ``GemmKernelSpec``."""
 
     dtype: DType
     layout_c: Layout | None
@@ -428,24 +430,40 @@ class SplitKReduceSpec(KernelSpec):
     bias: BiasKind
     save_z: bool
     vec_y: bool
+    out_dtype: DType | None = field(default=None, kw_only=True)
+    c_dtype: DType | None = field(default=None, kw_only=True)
+    bias_dtype: DType | None = field(default=None, kw_only=True)
 
     template = "gemm/splitk_reduce.cu"
     threads = 256
     smem_bytes = 0
-    c_ctype = bias_ctype = y_ctype = "float"
-    fast_act = False
+
+    _check = GemmKernelSpec._check
+    _epilogue_name = GemmKernelSpec._epilogue_name
+    c_ctype = GemmKernelSpec.c_ctype
+    bias_ctype = GemmKernelSpec.bias_ctype
+    y_ctype = GemmKernelSpec.y_ctype
+    has_c = GemmKernelSpec.has_c
+
+    def __post_init__(self):
+        self._check("vec_y", bool)
+        for name in ("out_dtype", "c_dtype", "bias_dtype"):
+            self._check(name, DType, optional=True)
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.dtype)
+        if self.layout_c is None:
+            object.__setattr__(self, "c_dtype", self.dtype)
+        if self.bias is BiasKind.NONE:
+            object.__setattr__(self, "bias_dtype", self.dtype)
 
     @property
-    def has_c(self) -> bool:
-        return self.layout_c is not None
+    def fast_act(self) -> bool:
+        """The fast activations where Y is 16-bit, as the tensor-core kernels use them."""
+        return self.out_dtype is not DType.F32
 
     @property
     def kernel_name(self) -> str:
-        name = f"gemm_splitk_reduce_{self.dtype.value}_{self.act.value}_{self.bias.value}"
-        if self.layout_c is not None:
-            name += f"_c{self.layout_c.value}"
-        if self.save_z:
-            name += "_z"
+        name = f"gemm_splitk_reduce_{self.dtype.value}" + self._epilogue_name()
         return name + ("_v4" if self.vec_y else "_v1")
 
 
@@ -694,6 +712,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
     #: (3xTF32: the tensor cores' accumulation truncates); needs a config with at most 64
     #: accumulators a thread (``WgmmaConfig.can_promote``)
     promote: bool = False
+    #: work units are (tile, slice of K); each writes raw float32 partial products to its
+    #: slice of a workspace, and ``SplitKReduceSpec`` applies the epilogue
+    split_k: bool = False
 
     template = "gemm/wgmma.cu"
     fast_activations = True
@@ -703,6 +724,11 @@ class WgmmaGemmSpec(GemmKernelSpec):
         self._check("vec_y", bool)
         self._check("store16", bool)
         self._check("promote", bool)
+        self._check("split_k", bool)
+        if self.split_k:  # the epilogue belongs to the reduction kernel
+            for name, value in (("layout_c", None), ("act", Act.NONE), ("bias", BiasKind.NONE),
+                                ("save_z", False), ("out_dtype", DType.F32)):
+                object.__setattr__(self, name, value)
         if self.promote and not self.config.can_promote:
             raise ArgumentValueError(
                 f"config: {self.config.name} keeps {self.config.accumulators} accumulators a "
@@ -722,7 +748,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
                 f"{self.config.name}_{'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
-                + ("_p" if self.promote else "") + self._epilogue_name())
+                + ("_p" if self.promote else "")
+                + ("_splitk" if self.split_k else self._epilogue_name()))
 
     def supports_arch(self, arch: str) -> bool:
         return arch_number(arch) == 90

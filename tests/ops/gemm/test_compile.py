@@ -61,7 +61,8 @@ def _mma(p: dict) -> MmaGemmSpec:
 def _wgmma(p: dict) -> WgmmaGemmSpec:
     return WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
                          p["bias"], p["save_z"], p["config"], p["vec_y"], p["store16"],
-                         promote=p.get("promote", False), **_types(p, p["dtype"]))
+                         promote=p.get("promote", False), split_k=p["split_k"],
+                         **_types(p, p["dtype"]))
 
 
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
@@ -87,13 +88,13 @@ FAMILIES = {
     "wgmma_16bit": (
         {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
          **EPILOGUE, **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True],
-         "store16": [False, True], "arch": ["sm_90a"]},
+         "store16": [False, True], "split_k": [False, True], "arch": ["sm_90a"]},
         _wgmma,
     ),
     "wgmma_tf32": (
         {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **EPILOGUE,
          **TYPES, "config": list(WGMMA_CONFIGS), "vec_y": [False, True],
-         "store16": [False, True], "arch": ["sm_90a"]},
+         "store16": [False, True], "split_k": [False, True], "arch": ["sm_90a"]},
         _wgmma,
     ),
     # 3xTF32: split K-major operands, products added to the accumulators in rounded float32
@@ -108,7 +109,7 @@ FAMILIES = {
         {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **EPILOGUE,
          "out": ["input"], "c_type": ["input"], "bias_type": ["input"],
          "config": list(WGMMA_X3_CONFIGS), "vec_y": [False, True], "store16": [False, True],
-         "promote": [True], "arch": ["sm_90a"]},
+         "promote": [True], "split_k": [False, True], "arch": ["sm_90a"]},
         _wgmma,
     ),
     "pipelined": (
@@ -128,9 +129,9 @@ FAMILIES = {
         lambda p: Tf32SplitSpec(p["transpose"], p["order"]),
     ),
     "splitk_reduce": (
-        {**EPILOGUE, "vec_y": [False, True], "arch": ARCHS},
-        lambda p: SplitKReduceSpec(DType.F32, p["layout_c"], p["act"], p["bias"], p["save_z"],
-                                   p["vec_y"]),
+        {"dtype": list(DType), **EPILOGUE, **TYPES, "vec_y": [False, True], "arch": ARCHS},
+        lambda p: SplitKReduceSpec(p["dtype"], p["layout_c"], p["act"], p["bias"], p["save_z"],
+                                   p["vec_y"], **_types(p, p["dtype"])),
     ),
 }
 

@@ -218,6 +218,27 @@ def test_every_candidate_config(kind, config, shape, la, lb):
         assert config in name
 
 
+@pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_hopper_split_k(kind, split, la, lb):
+    """Slices of K on the persistent grid, partial sums in a float32 workspace, the epilogue
+    once in the reduction (uneven last slices, C and bias in either type, Z, float32 Y)."""
+    if not hopper():
+        pytest.skip("wgmma configs need sm_90")
+    dtype = KINDS[kind][0]
+    m, n, k = 200, 136, 1000
+    a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
+    config = f"wgmma_128x128_s6_k{split}"
+    check(kind, a, b, rand(dtype, m, 1), act="gelu", c=rand(dtype, m, n, layout="c"),
+          beta=0.5, alpha=-1.25, save_preact=True, config=config)
+    check(kind, a, b, rand(np.float32, n), act="silu", c=rand(np.float32, m, n), beta=1.0,
+          out_dtype=np.float32, config=config)
+    info = ge2jit.explain(a, b, config=config, precision=KINDS[kind][1])
+    assert info.choice.split_k == split and info.reason == "pinned"
+    assert "_splitk" in info.kernel_names[0] and "splitk_reduce" in info.kernel_names[1]
+
+
 @pytest.mark.parametrize("kind", ["bf16", "f16"])
 def test_narrow_copies_for_partly_aligned_operands(kind):
     """Leading dimensions that allow 8- or 4-byte copies only take those cp.async widths."""

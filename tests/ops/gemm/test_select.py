@@ -176,9 +176,43 @@ def test_config_names_of_every_family_parse():
 
     for cfg in (*MMA_16BIT_CONFIGS, *WGMMA_CONFIGS):
         assert parse_config(cfg.name) == (cfg, 1)
-    with pytest.raises(ValueError, match="the tensor-core configs have no split-K"):
-        parse_config("wgmma_128x256_s4_k2")
+    assert parse_config("wgmma_128x256_s4_k2") == (WGMMA_CONFIGS[0], 2)
+    with pytest.raises(ValueError, match="the mma.sync configs have no split-K"):
+        parse_config(MMA_16BIT_CONFIGS[0].name + "_k2")
     with pytest.raises(ValueError, match="wgmma_BMxBN_sSTAGES"):
         parse_config("wgmma_128x256")
     with pytest.raises(ValueError, match="bn must be 64, 128, 192 or 256"):
         parse_config("wgmma_128x96_s4")
+
+
+def test_hopper_split_k_specs_and_names():
+    from ge2jit.ops.gemm.select import kernel_set
+    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, Act, BiasKind, DType, Layout, Precision
+
+    cfg = WGMMA_CONFIGS[3]
+    assert parse_config(cfg.name + "_k3") == (cfg, 3)
+    with pytest.raises(ArgumentValueError, match="mma.sync configs have no split-K"):
+        parse_config("mma_128x128x32_w64x64_s4_k2")
+    # 1000 of K in 64-wide bf16 k-tiles: 16, in slices of 6, 6 and 4
+    ks = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, Layout.COL, Act.GELU, BiasKind.ROW,
+                    True, cfg, 3, 1000, (16, 16, 16), out_dtype=DType.BF16,
+                    c_dtype=DType.F32, bias_dtype=DType.BF16)
+    assert (ks.splits, ks.k_tiles_per_split) == (3, 6)
+    assert ks.main.split_k and ks.main.kernel_name.endswith("_splitk")
+    assert ks.main.out_dtype is DType.F32 and ks.main.act is Act.NONE and not ks.main.save_z
+    r = ks.reduce
+    assert (r.act, r.bias, r.layout_c, r.save_z) == (Act.GELU, BiasKind.ROW, Layout.COL, True)
+    assert (r.out_dtype, r.c_dtype, r.bias_dtype) == (DType.BF16, DType.F32, DType.BF16)
+    assert r.fast_act and r.vec_y
+    # 3xTF32 slices the tripled K: 3 x 100 floats in 32-wide k-tiles = 10
+    ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
+                    cfg, 4, 100, (16, 16, 16), precision=Precision.TF32X3)
+    assert (ks.splits, ks.k_tiles_per_split) == (4, 3) and ks.main.promote
+    # a split that K cannot feed is no split
+    ks = kernel_set(DType.BF16, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
+                    cfg, 4, 64, (16, 16, 16))
+    assert ks.splits == 1 and ks.reduce is None and not ks.main.split_k
+    # candidates: slices for few tiles and a long K only
+    few = [s for c, s in candidates(256, 256, 8192, 90, DType.BF16) if c == cfg]
+    many = [s for c, s in candidates(8192, 8192, 8192, 90, DType.BF16) if c == cfg]
+    assert few == [1, 2, 4] and many == [1]
