@@ -161,7 +161,7 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     if uses_tensor_cores(dtype, precision):
         if arch_number == 90:
             if precision is Precision.TF32X3:
-                return _wgmma_x3_heuristic(m, n, sms)
+                return _wgmma_x3_heuristic(m, n, k, sms)
             return _wgmma_heuristic(m, n, k, sms)
         return _mma_heuristic(m, n, sms, dtype, precision)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
@@ -209,7 +209,9 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType,
 def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
     """Measured on an H200 (bench/NOTES.md): the cooperative 128x256 tile when there are many
     waves of tiles; else ping-pong tiles (one consumer's epilogue hides under the other's main
-    loop), 64x256 for long K, 128x128 otherwise; small problems take 64x128 or 128x64 tiles."""
+    loop), 64x256 for long K, 128x128 otherwise; the cooperative 128x128 tile for half a wave
+    to one (skinny outputs such as 8192 x 256); smaller problems take 64x128 or 128x64
+    tiles."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str) -> Choice:
@@ -223,18 +225,25 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
         if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
             return pick("wgmma_64x256_s4_pp", "ping-pong, long K")
         return pick("wgmma_128x128_s6_pp", "ping-pong")
+    if 2 * _tiles(m, n, by_name["wgmma_128x128_s6"]) >= sms:
+        return pick("wgmma_128x128_s6", "about one wave")
     return pick("wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8", "few tiles")
 
 
-def _wgmma_x3_heuristic(m: int, n: int, sms: int) -> Choice:
-    """3xTF32 on Hopper: the cooperative 128x128 tile when it fills the GPU, else a 64-row or
-    64-column one (at most 64 accumulators a thread for the rounded second set)."""
+def _wgmma_x3_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
+    """3xTF32 on Hopper (measured on an H200, bench/NOTES.md): the cooperative 128x128 tile
+    from about half a wave of tiles up; below that 128x64 tiles, with K (three times the
+    problem's) split so that the slices about fill the GPU."""
     by_name = {c.name: c for c in WGMMA_X3_CONFIGS}
     cfg = by_name["wgmma_128x128_s6"]
-    if _tiles(m, n, cfg) < sms:
-        cfg = by_name["wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8"]
-    return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
-                  f"{sms} SMs (3xTF32)")
+    if 2 * _tiles(m, n, cfg) >= sms:
+        return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of 128x128 for {sms} "
+                      f"SMs (3xTF32)")
+    cfg = by_name["wgmma_128x64_s8"]
+    tiles, k_tiles = _tiles(m, n, cfg), -(-3 * k // 32)
+    split = max(s for s in (1, 2, 4) if s == 1 or (tiles * s <= sms and k_tiles >= 8 * s))
+    return Choice(cfg, split, "heuristic", f"{tiles} tiles of 128x64 for {sms} SMs, K split "
+                  f"{split} ways (3xTF32)")
 
 
 def staged(dtype: DType, layouts: str, precision: Precision = Precision.IEEE

@@ -163,7 +163,13 @@ def test_tf32x3_heuristic_and_candidates():
     assert heuristic(8192, 4096, 1024, 132, 90, "rr", DType.F32, x3).config.name == \
         "wgmma_128x128_s6"
     assert heuristic(1024, 2048, 4096, 132, 90, "rr", DType.F32, x3).config.name == \
-        "wgmma_64x128_s8"
+        "wgmma_128x128_s6"
+    small = heuristic(512, 1024, 4096, 132, 90, "rr", DType.F32, x3)
+    assert (small.config.name, small.split_k) == ("wgmma_128x64_s8", 2)
+    short = heuristic(512, 1024, 32, 132, 90, "rr", DType.F32, x3)
+    assert (short.config.name, short.split_k) == ("wgmma_128x64_s8", 1)
+    skinny = heuristic(8192, 256, 4096, 132, 90, "rr", DType.BF16)
+    assert (skinny.config.name, skinny.split_k) == ("wgmma_128x128_s6", 1)
     # only configs with room for the second, rounded set of accumulators
     assert [c for c, _ in candidates(4096, 4096, 4096, 90, DType.F32, x3)
             if isinstance(c, WgmmaConfig)] == list(WGMMA_X3_CONFIGS)
