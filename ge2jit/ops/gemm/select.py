@@ -138,6 +138,11 @@ def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F3
     return out
 
 
+#: 3xTF32 problems with M or N at most this take the exact float32 kernel (bench/NOTES.md:
+#: 8192 x 64 x 4096 ran 0.27 ms on the split path, 0.15 ms exact, on an H200).
+X3_MIN_SIDE = 64
+
+
 def _tiles(m: int, n: int, cfg) -> int:
     return -(-m // cfg.bm) * -(-n // cfg.bn)
 
@@ -158,6 +163,14 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
             if _tiles(m, n, t) >= sms:
                 return Choice(t, 1, "fallback", why)
         return Choice(FALLBACK_TILE, 1, "fallback", why)
+    if precision is Precision.TF32X3 and min(m, n) <= X3_MIN_SIDE:
+        # The split copies of A and B cost 16 bytes of traffic per input element; with an
+        # output this narrow there are too few products per element to pay for them, and the
+        # exact float32 kernel (at least as accurate) is faster.
+        ch = heuristic(m, n, k, sms, arch_number, layouts, dtype, Precision.IEEE)
+        return Choice(ch.config, ch.split_k, ch.reason,
+                      f"3xTF32 pays for its split copies from M, N > {X3_MIN_SIDE}: exact "
+                      f"float32; {ch.detail}")
     if uses_tensor_cores(dtype, precision):
         if arch_number == 90:
             if precision is Precision.TF32X3:

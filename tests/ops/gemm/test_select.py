@@ -168,6 +168,9 @@ def test_tf32x3_heuristic_and_candidates():
     assert (small.config.name, small.split_k) == ("wgmma_128x64_s8", 2)
     short = heuristic(512, 1024, 32, 132, 90, "rr", DType.F32, x3)
     assert (short.config.name, short.split_k) == ("wgmma_128x64_s8", 1)
+    narrow = heuristic(8192, 64, 4096, 132, 90, "rr", DType.F32, x3)
+    assert isinstance(narrow.config, PipelineConfig) and "exact float32" in narrow.detail
+    assert narrow.reason == "heuristic"
     skinny = heuristic(8192, 256, 4096, 132, 90, "rr", DType.BF16)
     assert (skinny.config.name, skinny.split_k) == ("wgmma_128x128_s6", 1)
     # only configs with room for the second, rounded set of accumulators
