@@ -141,6 +141,25 @@ def test_example_warmup_file_expands(tmp_path):
     assert any(n.startswith("gemm_f16_") and n.endswith("_of32") for n in names)
 
 
+def test_tf32x3_warmup_expands_to_what_calls_run():
+    from ge2jit.ops.gemm.warmup import expand, validate_entry
+
+    entry = validate_entry({"dtypes": ["tf32x3"], "acts": ["gelu"], "bias": ["col"],
+                            "layouts": ["rr"], "configs": "heuristic",
+                            "shapes": [[4096, 4096, 4096], [512, 1024, 4096],
+                                       [8192, 64, 4096]]})
+    names = {spec.kernel_name for spec in expand(entry, "sm_90", sms=132)}
+    # 4096^3: the 128x128 Hopper kernel with rounded chunks, both operands split
+    assert any("_wgmma_128x128_s6_y16_p_gelu" in n for n in names), names
+    assert {"tf32x3_split_hhl", "tf32x3_split_hlh_t"} <= names
+    # 512 x 1024 x 4096: 128x64 tiles, K split in two, the epilogue in the reduction
+    assert any("_wgmma_128x64_s8_y16_p_splitk" in n for n in names), names
+    assert any(n.startswith("gemm_splitk_reduce_f32_gelu_colbias") for n in names), names
+    # 8192 x 64 x 4096: too narrow for the split copies: the exact float32 kernel
+    assert any(n.startswith("gemm_f32_rr_") and "_v" in n and "_wgmma_" not in n
+               for n in names), names
+
+
 def test_two_overlapping_warmups_at_once(tmp_path):
     a = write(tmp_path, SMALL, "a.toml")
     b = write(tmp_path, SMALL.replace('["relu", "gelu"]', '["gelu", "silu"]'), "b.toml")

@@ -156,7 +156,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
         def variants(m, n, k):
             return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize)
 
-        choices = []  # (config, split, (m, n, k), alignment variants)
+        choices = []  # (config, split, (m, n, k), alignment variants, from the heuristic)
         if entry["configs"] == "heuristic":
             if sms is None:
                 raise ArgumentValueError(
@@ -164,7 +164,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                     "the GPU, or set sms = <count> in the entry")
             for m, n, k in entry["shapes"]:
                 ch = heuristic(m, n, k, sms, number, layouts, dtype, precision)
-                choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k)))
+                choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
         else:
             if entry["configs"] == "all":
                 if number < 80:
@@ -178,18 +178,18 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                 named = [parse_config(name) for name in entry["configs"]]
             for cfg, split in named:
                 for m, n, k in entry["shapes"] or [(None, None, 1 << 20)]:
-                    choices.append((cfg, split, (m, n, k), variants(m, n, k)))
+                    choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
         for t_layouts, (m, n, k), name in tuned:
             if t_layouts == layouts:
                 cfg, split = parse_config(name)
-                choices.append((cfg, split, (m, n, k), variants(m, n, k)))
-        for cfg, split, (m, n, k), aligns in choices:
+                choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
+        for cfg, split, (m, n, k), aligns, chosen in choices:
             if number < 80 and cfg not in SIMT_F32_TILES:
                 continue  # pipelined and tensor-core kernels need sm_80+
             if isinstance(cfg, WgmmaConfig) and number != 90:
                 continue
-            if isinstance(cfg, (MmaConfig, WgmmaConfig)) != tc or (
-                    isinstance(cfg, PipelineConfig) and dtype is not DType.F32):
+            if not chosen and (isinstance(cfg, (MmaConfig, WgmmaConfig)) != tc or (
+                    isinstance(cfg, PipelineConfig) and dtype is not DType.F32)):
                 continue  # a named config of another family than this dtype's
             if isinstance(cfg, MmaConfig) and not cfg.supports(dtype):
                 continue
