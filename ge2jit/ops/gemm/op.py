@@ -459,11 +459,11 @@ def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, p
             config, autotune, device_id, out_dtype, precision)
 
 
-def _check_overlap(pairs, arrays) -> None:
+def _check_overlap(pairs, ptrs, arrays) -> None:
     """``pairs``: (output index, its span's offsets, input index, its span's offsets) into
-    ``arrays`` = (a, b, c, bias, out, preact_out)."""
+    ``ptrs``, the pointers of ``arrays`` = (a, b, c, bias, out, preact_out)."""
     for oi, olo, ohi, xi, xlo, xhi in pairs:
-        o, x = arrays[oi].data.ptr, arrays[xi].data.ptr
+        o, x = ptrs[oi], ptrs[xi]
         if o + olo < x + xhi and x + xlo < o + ohi:
             check_spans_do_not_overlap([   # raises, naming the arrays
                 None if y is None else byte_span(y) for y in arrays])
@@ -489,19 +489,23 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, args):
     ndarray, current_stream = cupy.ndarray, cupy.cuda.get_current_stream
 
     def call(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):
-        if pairs:
-            _check_overlap(pairs, (a, b, c, bias, out, preact_out))
+        a_ptr, b_ptr = a.data.ptr, b.data.ptr
+        c_ptr = 0 if c is None else c.data.ptr       # read only when use_c (beta != 0)
+        bias_ptr = 0 if bias is None else bias.data.ptr
         y = out if out is not None else ndarray(shape, dtype)
+        y_ptr = y.data.ptr
         if save_z:
             z = preact_out if preact_out is not None else ndarray(shape, dtype)
-            launch(a.data.ptr, b.data.ptr, c.data.ptr if use_c else 0,
-                   0 if bias is None else bias.data.ptr, y.data.ptr, z.data.ptr, alpha, beta,
-                   leaky_slope, current_stream().ptr)
-            return y, z
-        launch(a.data.ptr, b.data.ptr, c.data.ptr if use_c else 0,
-               0 if bias is None else bias.data.ptr, y.data.ptr, 0, alpha, beta, leaky_slope,
-               current_stream().ptr)
-        return y
+            z_ptr = z.data.ptr
+        else:
+            z = None
+            z_ptr = 0
+        if pairs:   # only outputs passed in can overlap
+            _check_overlap(pairs, (a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr),
+                           (a, b, c, bias, out, preact_out))
+        launch(a_ptr, b_ptr, c_ptr if use_c else 0, bias_ptr, y_ptr, z_ptr, alpha, beta,
+               leaky_slope, current_stream().ptr)
+        return (y, z) if save_z else y
 
     call.plan = plan
     return call
