@@ -5,7 +5,8 @@
 Compiles one kernel of each tensor-core family and counts the instructions that tell which
 path it is on: HGMMA (Hopper warpgroup MMA), HMMA (mma.sync), UTMALDG (TMA loads), LDSM
 (ldmatrix), FFMA, FADD (the rounded adds of 3xTF32), and local-memory traffic (LDL/STL).
-Needs cuobjdump (the nvidia-cuda-cuobjdump wheel of the test extra, or a CUDA toolkit).
+Needs cuobjdump and nvdisasm (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels of the
+test extra, or a CUDA toolkit).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def main() -> int:
     args = parser.parse_args()
     tool = find_cuobjdump()
     if tool is None:
-        print("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+        print("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
         return 1
     for spec in SPECS:
         arch = args.arch if isinstance(spec, WgmmaGemmSpec) else args.arch.rstrip("a")

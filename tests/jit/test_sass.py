@@ -1,5 +1,5 @@
 """The compiled kernels run on the instructions they are written for: SASS read with cuobjdump
-(from the test extra's nvidia-cuda-cuobjdump wheel), no GPU needed."""
+(from the test extra's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels), no GPU needed."""
 
 from __future__ import annotations
 
