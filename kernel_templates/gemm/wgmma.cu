@@ -283,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                 for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-                    for (int i = 0; i < {{ n_acc }}; ++i) total[mi][i] += acc[mi][i];
+                    for (int e = 0; e < {{ n_acc }}; ++e) total[mi][e] += acc[mi][e];
             }
 {% endif %}
         }
@@ -293,9 +293,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-            for (int i = 0; i < {{ n_acc }}; ++i) {
-                acc[mi][i] = total[mi][i];
-                total[mi][i] = 0.0f;
+            for (int e = 0; e < {{ n_acc }}; ++e) {
+                acc[mi][e] = total[mi][e];
+                total[mi][e] = 0.0f;
             }
 {% endif %}
         if (PINGPONG) {

@@ -303,7 +303,7 @@ def _kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> Ke
                                                                            p.precision):
         raise ArgumentValueError(
             f"config: {cfg.name} runs on the tensor cores; float32 inputs use them only with "
-            f"precision='tf32'")
+            f"precision='tf32' or 'tf32x3'")
     return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
                       cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype,
                       p.precision)
