@@ -72,37 +72,33 @@ class Launcher:
         self._launch = cupy.cuda.driver.launchKernel
         self._owner = (None, None, 0)
 
-    def _take_buffers(self, thread: int):
-        values, _, params = _buffers(self._offsets, self._size)
-        self._owner = owner = (thread, values, params)
-        return owner
+    def _packed(self, args) -> int:
+        """Pack ``args`` into this thread's parameter buffer; the pointer array's address."""
+        owner = self._owner
+        thread = get_ident()
+        if owner[0] != thread:
+            values, _, params = _buffers(self._offsets, self._size)
+            self._owner = owner = (thread, values, params)
+        self._pack(owner[1], 0, *args)
+        return owner[2]
 
     def bind(self, grid, block, smem: int):
         """``launch(stream_ptr, *args)``: this kernel with a fixed launch shape."""
         gx, gy, gz = grid
         bx, by, bz = block
-        pack, driver, fptr, name = self._pack, self._launch, self.fptr, self.name
+        packed, driver, fptr, name = self._packed, self._launch, self.fptr, self.name
 
         def launch(stream_ptr, *args):
-            owner = self._owner
-            thread = get_ident()
-            if owner[0] != thread:
-                owner = self._take_buffers(thread)
-            pack(owner[1], 0, *args)
+            params = packed(args)
             try:
-                driver(fptr, gx, gy, gz, bx, by, bz, smem, stream_ptr, owner[2], 0)
+                driver(fptr, gx, gy, gz, bx, by, bz, smem, stream_ptr, params, 0)
             except Exception as e:  # noqa: BLE001 - the driver's reason is in the message
                 raise KernelLaunchError(f"launch of {name} failed: {e}") from e
 
         return launch
 
     def __call__(self, grid, block, smem: int, stream_ptr: int, *args) -> None:
-        owner = self._owner
-        thread = get_ident()
-        if owner[0] != thread:
-            owner = self._take_buffers(thread)
-        _, values, params = owner
-        self._pack(values, 0, *args)
+        params = self._packed(args)
         try:
             self._launch(self.fptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                          smem, stream_ptr, params, 0)

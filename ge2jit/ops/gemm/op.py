@@ -63,7 +63,7 @@ class _Staging:
     layout it reads (``TransposeSpec``), or splits them for 3xTF32 (``Tf32SplitSpec``, rows
     three segments of K long), in one workspace from CuPy's memory pool."""
 
-    __slots__ = ("a", "b", "parts", "per16")
+    __slots__ = ("a", "b", "parts", "itemsize")
 
     def __init__(self, prep_a: LoadedKernel | None, prep_b: LoadedKernel | None, itemsize: int):
         def launcher(k):
@@ -74,7 +74,7 @@ class _Staging:
 
         self.a, self.b = launcher(prep_a), launcher(prep_b)
         self.parts = max(k.spec.parts for k in (prep_a, prep_b) if k is not None)
-        self.per16 = 16 // itemsize
+        self.itemsize = itemsize
 
     def __call__(self, a_ptr, lda, b_ptr, ldb, m, n, k, stream_ptr):
         """(workspace, a_ptr, lda, b_ptr, ldb, k) as the GEMM kernel reads them. The
@@ -82,8 +82,9 @@ class _Staging:
         import cupy as cp
 
         kk = k * self.parts
-        ld = -(-kk // self.per16) * self.per16          # 16-byte rows, for TMA and cp.async
-        row_bytes = ld * (16 // self.per16)
+        per16 = 16 // self.itemsize
+        ld = -(-kk // per16) * per16                    # 16-byte rows, for TMA and cp.async
+        row_bytes = ld * self.itemsize
         size_a = -(-m * row_bytes // 256) * 256 if self.a is not None else 0
         size_b = n * row_bytes if self.b is not None else 0
         ws = cp.cuda.alloc(max(size_a + size_b, 16))

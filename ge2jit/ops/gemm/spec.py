@@ -127,25 +127,11 @@ SIMT_F32_TILES: tuple[TileConfig, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class GemmKernelSpec(KernelSpec):
-    """The fields every fused GEMM kernel has: operand types and layouts, and the epilogue.
-
-    ``out_dtype``, ``c_dtype`` and ``bias_dtype`` (keyword-only) default to ``dtype``; a C or
-    bias that the kernel does not read takes ``dtype`` too, so that equal kernels have equal
-    specs. Subclasses add their tile config after these fields.
-    """
-
-    dtype: DType
-    layout_a: Layout
-    layout_b: Layout
-    layout_c: Layout | None  # None: no C term (beta == 0)
-    act: Act
-    bias: BiasKind
-    save_z: bool
-    out_dtype: DType | None = field(default=None, kw_only=True)
-    c_dtype: DType | None = field(default=None, kw_only=True)
-    bias_dtype: DType | None = field(default=None, kw_only=True)
+class EpilogueTypes:
+    """What every kernel that runs the fused epilogue shares, given the fields ``dtype``,
+    ``layout_c``, ``act``, ``bias``, ``save_z`` and the keyword-only ``out_dtype``,
+    ``c_dtype``, ``bias_dtype``: the type checks and defaults, the element types the templates
+    use, and the epilogue's part of the kernel name."""
 
     def _check(self, name: str, typ: type, optional: bool = False) -> None:
         """TypeError unless field ``name`` is a ``typ`` (or None, when ``optional``)."""
@@ -156,11 +142,9 @@ class GemmKernelSpec(KernelSpec):
             raise TypeError(f"{type(self).__name__}.{name}: expected {typ.__name__}"
                             f"{' or None' if optional else ''}, got {value!r}")
 
-    def _normalize_types(self) -> None:
-        for name, typ in (("dtype", DType), ("layout_a", Layout), ("layout_b", Layout),
-                          ("act", Act), ("bias", BiasKind), ("save_z", bool)):
-            self._check(name, typ)
-        self._check("layout_c", Layout, optional=True)
+    def _default_types(self) -> None:
+        """Y, C and bias types default to ``dtype``; a C or bias that is not read takes
+        ``dtype`` too, so that equal kernels have equal specs."""
         for name in ("out_dtype", "c_dtype", "bias_dtype"):
             self._check(name, DType, optional=True)
             if getattr(self, name) is None:
@@ -173,18 +157,6 @@ class GemmKernelSpec(KernelSpec):
     @property
     def has_c(self) -> bool:
         return self.layout_c is not None
-
-    @property
-    def in_ctype(self) -> str:
-        return self.dtype.ctype
-
-    #: Whether the epilogue may use the fast (approximate) activations: the tensor-core
-    #: families do when Y is 16-bit, whose rounding is coarser than the approximations.
-    fast_activations = False
-
-    @property
-    def fast_act(self) -> bool:
-        return self.fast_activations and self.out_dtype is not DType.F32
 
     @property
     def c_ctype(self) -> str:
@@ -213,6 +185,46 @@ class GemmKernelSpec(KernelSpec):
         if self.save_z:
             name += "_z"
         return name
+
+
+@dataclass(frozen=True)
+class GemmKernelSpec(EpilogueTypes, KernelSpec):
+    """The fields every fused GEMM kernel has: operand types and layouts, and the epilogue.
+
+    ``out_dtype``, ``c_dtype`` and ``bias_dtype`` (keyword-only) default to ``dtype``; a C or
+    bias that the kernel does not read takes ``dtype`` too, so that equal kernels have equal
+    specs. Subclasses add their tile config after these fields.
+    """
+
+    dtype: DType
+    layout_a: Layout
+    layout_b: Layout
+    layout_c: Layout | None  # None: no C term (beta == 0)
+    act: Act
+    bias: BiasKind
+    save_z: bool
+    out_dtype: DType | None = field(default=None, kw_only=True)
+    c_dtype: DType | None = field(default=None, kw_only=True)
+    bias_dtype: DType | None = field(default=None, kw_only=True)
+
+    def _normalize_types(self) -> None:
+        for name, typ in (("dtype", DType), ("layout_a", Layout), ("layout_b", Layout),
+                          ("act", Act), ("bias", BiasKind), ("save_z", bool)):
+            self._check(name, typ)
+        self._check("layout_c", Layout, optional=True)
+        self._default_types()
+
+    @property
+    def in_ctype(self) -> str:
+        return self.dtype.ctype
+
+    #: Whether the epilogue may use the fast (approximate) activations: the tensor-core
+    #: families do when Y is 16-bit, whose rounding is coarser than the approximations.
+    fast_activations = False
+
+    @property
+    def fast_act(self) -> bool:
+        return self.fast_activations and self.out_dtype is not DType.F32
 
 
 @dataclass(frozen=True)
@@ -419,7 +431,7 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
 
 
 @dataclass(frozen=True)
-class SplitKReduceSpec(KernelSpec):
+class SplitKReduceSpec(EpilogueTypes, KernelSpec):
     """Sums split-K partial products (float32) and applies the fused epilogue once. ``dtype``
     is the GEMM's input type; Y/Z, C and the bias are ``out_dtype``, ``c_dtype`` and
     ``bias_dtype`` (default: ``dtype``), as in ``GemmKernelSpec``."""
@@ -438,23 +450,9 @@ class SplitKReduceSpec(KernelSpec):
     threads = 256
     smem_bytes = 0
 
-    _check = GemmKernelSpec._check
-    _epilogue_name = GemmKernelSpec._epilogue_name
-    c_ctype = GemmKernelSpec.c_ctype
-    bias_ctype = GemmKernelSpec.bias_ctype
-    y_ctype = GemmKernelSpec.y_ctype
-    has_c = GemmKernelSpec.has_c
-
     def __post_init__(self):
         self._check("vec_y", bool)
-        for name in ("out_dtype", "c_dtype", "bias_dtype"):
-            self._check(name, DType, optional=True)
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, self.dtype)
-        if self.layout_c is None:
-            object.__setattr__(self, "c_dtype", self.dtype)
-        if self.bias is BiasKind.NONE:
-            object.__setattr__(self, "bias_dtype", self.dtype)
+        self._default_types()
 
     @property
     def fast_act(self) -> bool:
