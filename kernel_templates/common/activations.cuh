@@ -20,14 +20,21 @@ __device__ __forceinline__ float act_tanh(float x, float) { return tanhf(x); }
 __device__ __forceinline__ float act_silu(float x, float) { return x / (1.0f + expf(-x)); }
 
 // Fast forms for 16-bit outputs (sm_75+), whose rounding (2^-8 or 2^-11) is larger than these
-// approximations' errors: tanh.approx (relative error about 2^-11) and ex2.approx-based exp.
+// approximations' errors: tanh.approx (relative error about 2^-11), ex2.approx and rcp.approx
+// (a few ulp).
 __device__ __forceinline__ float tanh_approx(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+// 1 / (1 + 2^(-x log2 e)) on the special-function unit: ex2 and rcp, flushing subnormal
+// results to zero (sigmoid(x) below 2^-126, x < -87: 0). Limits: x = -inf gives 0 (ex2 is inf,
+// its reciprocal 0), +inf gives 1, NaN stays NaN.
 __device__ __forceinline__ float sigmoid_approx(float x) {
-    return __fdividef(1.0f, 1.0f + __expf(-x));
+    float e, y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(x * -1.44269504088896341f));
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(1.0f + e));
+    return y;
 }
 __device__ __forceinline__ float act_none_fast(float x, float s) { return act_none(x, s); }
 __device__ __forceinline__ float act_relu_fast(float x, float s) { return act_relu(x, s); }

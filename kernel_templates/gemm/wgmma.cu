@@ -25,6 +25,15 @@ constexpr int A_STAGE = BM * BK * ES;         // bytes
 constexpr int B_STAGE = BN * BK * ES;
 constexpr unsigned TX_BYTES = A_STAGE + B_STAGE;
 static_assert(PINGPONG ? BM == WG_M : BM == WG_M * CONSUMERS, "rows per consumer");
+{% set bias_tile = spec.bias.value in ("colbias", "rowbias") %}
+{% if bias_tile %}
+// The bias of a tile's {{ "columns" if spec.bias.value == "colbias" else "rows" }}: the consumers that share the tile load it into registers when
+// the tile starts (the loads' latency hides under the main loop) and put it in shared memory
+// for the epilogue.
+constexpr int GROUP = PINGPONG ? 128 : 128 * CONSUMERS;   // threads that share a tile
+constexpr int BIAS_N = {{ "BN" if spec.bias.value == "colbias" else "BM" }};
+constexpr int BIAS_PER = (BIAS_N + GROUP - 1) / GROUP;    // values per thread
+{% endif %}
 
 // The driver's CUtensorMap: 128 opaque bytes, passed by value.
 struct __align__(64) TensorMap { unsigned long long opaque[16]; };
@@ -75,6 +84,11 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned
          | (1ull << 62);
 }
 
+// bar.sync on barrier `id` (1..15; 0 is __syncthreads) for `count` threads (whole warps).
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -122,7 +136,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned order = empty + 8 * STAGES;   // ping-pong turns of the two consumers
 {% if spec.store16 %}
     // Epilogue staging: 16 x 64 floats per consumer warp (16-byte chunks XOR-swizzled by row).
-    float* const staging = reinterpret_cast<float*>(smem_raw + (order + 16 - smem_u32(smem_raw)));
+    {{ spec.y_ctype }}* const staging =
+        reinterpret_cast<{{ spec.y_ctype }}*>(smem_raw + (order + 16 - smem_u32(smem_raw)));
+{% endif %}
+{% if bias_tile %}
+    // After the staging (sized for float32 outputs) or the barriers: BIAS_N floats per group.
+    float* const bias_tiles = reinterpret_cast<float*>(
+        smem_raw + (order + 16 - smem_u32(smem_raw)){% if spec.store16 %} + CONSUMERS * 4 * 16 * 64 * 4{% endif %});
 {% endif %}
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -194,6 +214,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = PINGPONG ? 0 : wg * WG_M;    // this consumer's first row in a tile
+{% if bias_tile %}
+    const int member = PINGPONG ? threadIdx.x % 128 : threadIdx.x - 128;   // index in the group
+    float* const tile_bias = bias_tiles + (PINGPONG ? wg * BIAS_N : 0);
+{% endif %}
     float acc[MI][{{ n_acc }}];
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -232,6 +256,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
         if (PINGPONG && (i & 1) != wg) continue;
         const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+{% if bias_tile %}
+        float bias_next[BIAS_PER];
+#pragma unroll
+        for (int p = 0; p < BIAS_PER; ++p) {
+            const int e = member + p * GROUP;
+{% if spec.bias.value == "colbias" %}
+            const int idx = n0 + e, extent = N;
+{% else %}
+            const int idx = m0 + e, extent = M;
+{% endif %}
+            bias_next[p] = e < BIAS_N && idx < extent
+                ? to_f32(bias[static_cast<long long>(idx) * bias_stride]) : 0.0f;
+        }
+{% endif %}
 {% if spec.split_k %}
         {{ spec.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
 {% endif %}
@@ -302,15 +340,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (lane == 0) mbar_arrive(order + 8 * (1 - wg));   // the other consumer's turn
             ++turn;
         }
+{% if bias_tile %}
+        // The group has finished reading the previous tile's bias; store this tile's.
+        named_barrier(PINGPONG ? 1 + wg : 1, GROUP);
+#pragma unroll
+        for (int p = 0; p < BIAS_PER; ++p)
+            if (member + p * GROUP < BIAS_N) tile_bias[member + p * GROUP] = bias_next[p];
+        named_barrier(PINGPONG ? 1 + wg : 1, GROUP);
+{% endif %}
 
 {% if spec.store16 %}
         // Fused epilogue through shared memory: each warp computes Z (or Y) for its 16 rows,
-        // 64 columns at a time, into its staging block, then writes whole 16-byte segments:
-        // every row of the block goes out in full 128-byte lines.
+        // 64 columns at a time, rounds them to the output type into its staging block (16-byte
+        // segments XOR-swizzled by row), then writes whole 16-byte segments: every row of the
+        // block goes out in full 128-byte lines.
         constexpr int EPC = 16 / {{ spec.out_dtype.itemsize }};   // outputs per 16-byte segment
         constexpr int SEGS = 64 / EPC;                  // segments per staged row
         constexpr int RPP = 32 / SEGS;                  // rows per pass of the warp
-        float* const st = staging + (wg * 4 + warp) * (16 * 64);
+        {{ spec.y_ctype }}* const st = staging + (wg * 4 + warp) * (16 * 64);
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
             const int mw = m0 + row0 + mi * 64 + warp * 16;    // this warp's first row
@@ -323,17 +370,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int j8 = 0; j8 < 8; ++j8) {
                     const int nb = nc + j8 * 8 + 2 * t;
 {% if spec.bias.value == "colbias" %}
-                    float col_bias[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        col_bias[e] = to_f32(bias[static_cast<long long>(min(nb + e, N - 1)) * bias_stride]);
+                    const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
+                    const float col_bias[2] = {cb.x, cb.y};
 {% endif %}
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int r = g + 8 * h;
                         const int m = min(mw + r, M - 1);   // clamped: rows past M are not stored
 {% if spec.bias.value == "rowbias" %}
-                        const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
+                        const float row_bias = tile_bias[m - m0];
 {% endif %}
                         float v[2];
 #pragma unroll
@@ -347,9 +392,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
                         }
                         const int col = j8 * 8 + 2 * t;
-                        *reinterpret_cast<float2*>(
-                            &st[r * 64 + (((col >> 2) ^ (r & 7)) << 2) + (col & 3)]) =
-                            make_float2(v[0], v[1]);
+                        store_vec(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC], v);
                     }
                 }
                 __syncwarp();
@@ -358,22 +401,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     const int r = p * RPP + lane / SEGS, seg = lane % SEGS;
                     const int m = mw + r, n = nc + seg * EPC;
                     if (m < M && n < N) {
-                        float vals[EPC];
-#pragma unroll
-                        for (int q = 0; q < EPC / 4; ++q) {
-                            const int col = seg * EPC + 4 * q;
-                            const float4 f = *reinterpret_cast<const float4*>(
-                                &st[r * 64 + (((col >> 2) ^ (r & 7)) << 2)]);
-                            vals[4 * q] = f.x; vals[4 * q + 1] = f.y;
-                            vals[4 * q + 2] = f.z; vals[4 * q + 3] = f.w;
-                        }
+                        const {{ spec.y_ctype }}* const src = &st[r * 64 + (seg ^ (r & 7)) * EPC];
                         auto* dst = &{{ what }}[static_cast<long long>(m) * ld{{ what | lower }} + n];
                         if (n + EPC <= N) {
-                            store_vec(dst, vals);
+                            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
                         } else {
-#pragma unroll
-                            for (int e = 0; e < EPC; ++e)
-                                if (n + e < N) store(dst + e, vals[e]);
+                            for (int e = 0; e < N - n; ++e) dst[e] = src[e];
                         }
                     }
                 }
@@ -391,10 +424,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const int nb = n0 + j * 8 + 2 * t;
             if (nb >= N) continue;
 {% if spec.bias.value == "colbias" %}
-            float col_bias[2];                   // this thread's two columns, for all its rows
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-                col_bias[e] = to_f32(bias[static_cast<long long>(min(nb + e, N - 1)) * bias_stride]);
+            const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
+            const float col_bias[2] = {cb.x, cb.y};   // this thread's two columns
 {% endif %}
 #pragma unroll
             for (int r = 0; r < 2 * MI; ++r) {
@@ -402,7 +433,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const int m = m0 + row0 + mi * 64 + warp * 16 + g + 8 * h;
                 if (m >= M) continue;
 {% if spec.bias.value == "rowbias" %}
-                const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
+                const float row_bias = tile_bias[m - m0];
 {% endif %}
                 {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
             }

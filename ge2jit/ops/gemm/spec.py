@@ -655,9 +655,11 @@ class WgmmaConfig:
     @property
     def smem_bytes(self) -> int:
         # the tiles, 16 bytes of mbarriers per stage and 16 for the turns, slack to align the
-        # tiles to 1 KiB, and the epilogue's staging: 16 x 64 floats per consumer warp
+        # tiles to 1 KiB, the epilogue's staging (16 x 64 outputs of at most 4 bytes per consumer
+        # warp) and the bias of a tile's rows or columns in floats (one per ping-pong consumer)
         return (self.stages * ((self.bm + self.bn) * 128 + 16) + 16 + 1024
-                + self.consumers * 4 * 16 * 64 * 4)
+                + self.consumers * 4 * 16 * 64 * 4
+                + (2 if self.pingpong else 1) * max(self.bm, self.bn) * 4)
 
     @property
     def name(self) -> str:

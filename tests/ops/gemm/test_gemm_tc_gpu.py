@@ -362,6 +362,52 @@ def test_large_problem_default_choice(kind):
     check(kind, a, b, rand(dtype, n), act="gelu_tanh")
 
 
+#: Elementwise bounds on |Y - ref| for 16-bit outputs: rtol |ref| + atol (1 + |z|). rtol: the
+#: output's rounding plus tanh.approx's relative error (2^-11); atol: where an activation
+#: subtracts from 1 (GELU's 1 + tanh for z < 0), tanh.approx's absolute error, times |z| / 2.
+ELEMENTWISE = {"bf16": (2.0**-8 + 2.0**-10, 2.0**-11), "f16": (2.0**-10 + 2.0**-11, 2.0**-11)}
+
+
+@pytest.mark.parametrize("act", [a for a in ACTS if a != "none"])
+@pytest.mark.parametrize("config", [None, "wgmma_128x256_s4", MMA_16BIT_CONFIGS[0].name])
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_activations_elementwise_16bit(kind, config, act):
+    """Every output element, not only the norm: the fast activations of 16-bit outputs
+    (tanh.approx; ex2/rcp sigmoid) over pre-activations from -40 to 40, tails included."""
+    if config is not None and config.startswith("wgmma_") and not hopper():
+        pytest.skip("wgmma configs need sm_90")
+    dtype = KINDS[kind][0]
+    m, n, k = 200, 264, 32
+    a = cp.asarray((_rng.standard_normal((m, k)) * 2.5).astype(np.float32).astype(dtype))
+    b = rand(dtype, k, n)
+    bias = rand(dtype, n)
+    y = poisoned(m, n, dtype)
+    ge2jit.gemm_bias_act(a, b, bias, act=act, out=y, config=config)
+    ref, z = gemm_bias_act_ref(host64(a), host64(b), host64(bias), act=act)
+    assert np.abs(z).max() > 30, "the pre-activations reach the tails"
+    rtol, atol = ELEMENTWISE[kind]
+    err = np.abs(host64(y) - ref)
+    bound = rtol * np.abs(ref) + atol * (1.0 + np.abs(z))
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert (err <= bound).all(), (f"{act}: z = {z[worst]:.6g}, got {host64(y)[worst]:.6g}, "
+                                  f"want {ref[worst]:.6g}")
+
+
+@pytest.mark.parametrize("bias_kind", ["col", "row"])
+@pytest.mark.parametrize("config", [c.name for c in WGMMA_CONFIGS])
+def test_hopper_bias_tiles_every_config(config, bias_kind):
+    """Each Hopper config stages a tile's bias in shared memory: rows or columns, edge tiles
+    (M, N not multiples of the tile), several tiles per block, 16-bit and float32 outputs."""
+    if not hopper():
+        pytest.skip("wgmma configs need sm_90")
+    dtype = KINDS["bf16"][0]
+    m, n, k = 1000, 1288, 136         # several waves of tiles on a persistent grid
+    a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
+    bias = make_bias(dtype, bias_kind, m, n)
+    check("bf16", a, b, bias, act="silu", save_preact=True, config=config)
+    check("bf16", a, b, bias, act="relu", out_dtype=np.float32, config=config)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_nan_propagates(kind):
     dtype, precision, _ = KINDS[kind]
