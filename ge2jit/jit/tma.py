@@ -50,8 +50,8 @@ def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int,
     """The 128 bytes of a tensor map of a 2-D array.
 
     ``inner`` elements are contiguous, ``outer`` rows are ``row_bytes`` apart; boxes of
-    ``box_inner`` x ``box_outer`` elements land in shared memory with the 128-byte swizzle;
-    elements outside the array read as zero.
+    ``box_inner`` x ``box_outer`` elements move between global and shared memory with the
+    128-byte swizzle; elements outside the array read as zero, and stores skip them.
     """
     key = (dtype, ptr, inner, outer, row_bytes, box_inner, box_outer)
     with _lock:

@@ -74,6 +74,34 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
            "r"(bar) : "memory");
 }
 
+{% if spec.tma_store %}
+// A 2-D box of shared memory (the map's box, 128-byte swizzled) to the tensor `map` at
+// (inner, outer); elements outside the tensor are skipped. Completion: bulk async-groups.
+__device__ __forceinline__ void tma_store(const TensorMap* map, unsigned src, int inner,
+                                          int outer) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, { %1, %2 }], [%3];\n"
+        :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(inner), "r"(outer), "r"(src)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's bulk groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
+}
+// Makes this thread's shared-memory writes visible to the copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+{% endif %}
+
 // wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
 // >> 4), 128-byte swizzle. The tiles start on 1024-byte boundaries (base offset 0).
 __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo,
@@ -125,24 +153,30 @@ __device__ __forceinline__ void wgmma(float (&d)[{{ n_acc }}], unsigned long lon
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{% if spec.tma_store %}
+{{ ep.gemm_params(spec, prefix="const __grid_constant__ TensorMap tma_a, const __grid_constant__ TensorMap tma_b, const __grid_constant__ TensorMap tma_y, const __grid_constant__ TensorMap tma_z,") -}}
+{% else %}
 {{ ep.gemm_params(spec, prefix="const __grid_constant__ TensorMap tma_a, const __grid_constant__ TensorMap tma_b,") -}}
+{% endif %}
 {
     extern __shared__ char smem_raw[];
     {{ ep.scalars() | indent(4) }}
     // 1024-byte aligned tiles (the 128-byte swizzle repeats every 8 rows of 128 bytes).
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned sA = base, sB = base + STAGES * A_STAGE;
-    const unsigned full = sB + STAGES * B_STAGE, empty = full + 8 * STAGES;
+    // The epilogue's staging, 4 KiB per consumer warp (1 KiB aligned, as the TMA's 128-byte
+    // swizzle wants), then the bias of a tile (floats, one block per group), then the barriers.
+    const unsigned sStaging = sB + STAGES * B_STAGE;
+    const unsigned sBias = sStaging + CONSUMERS * 4 * 4096;
+    const unsigned full = sBias + (PINGPONG ? 2 : 1) * (BM > BN ? BM : BN) * 4;
+    const unsigned empty = full + 8 * STAGES;
     const unsigned order = empty + 8 * STAGES;   // ping-pong turns of the two consumers
 {% if spec.store16 %}
-    // Epilogue staging: 16 x 64 floats per consumer warp (16-byte chunks XOR-swizzled by row).
     {{ spec.y_ctype }}* const staging =
-        reinterpret_cast<{{ spec.y_ctype }}*>(smem_raw + (order + 16 - smem_u32(smem_raw)));
+        reinterpret_cast<{{ spec.y_ctype }}*>(smem_raw + (sStaging - smem_u32(smem_raw)));
 {% endif %}
 {% if bias_tile %}
-    // After the staging (sized for float32 outputs) or the barriers: BIAS_N floats per group.
-    float* const bias_tiles = reinterpret_cast<float*>(
-        smem_raw + (order + 16 - smem_u32(smem_raw)){% if spec.store16 %} + CONSUMERS * 4 * 16 * 64 * 4{% endif %});
+    float* const bias_tiles = reinterpret_cast<float*>(smem_raw + (sBias - smem_u32(smem_raw)));
 {% endif %}
 
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -240,6 +274,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 
     int turn = 0;
+{% if spec.tma_store %}
+    int sbuf = 0;   // which of the warp's two staging blocks the next 16 x 64 block fills
+{% endif %}
 {% if spec.split_k %}
     int ring = 0;   // ring position of the unit's first k-tile: k-tiles of earlier units
     {{ spec.y_ctype }}* const Y_slices = Y;
@@ -351,13 +388,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
 {% if spec.store16 %}
         // Fused epilogue through shared memory: each warp computes Z (or Y) for its 16 rows,
-        // 64 columns at a time, rounds them to the output type into its staging block (16-byte
-        // segments XOR-swizzled by row), then writes whole 16-byte segments: every row of the
-        // block goes out in full 128-byte lines.
+        // 64 columns at a time, rounds them to the output type into a staging block (16-byte
+        // segments XOR-swizzled by row: the TMA's 128-byte swizzle for 16-bit outputs), then
+{% if spec.tma_store %}
+        // one lane stores the block by TMA (rows and columns past M, N are skipped) while the
+        // warp fills its other block.
+{% else %}
+        // writes whole 16-byte segments: every row of the block goes out in full lines.
+{% endif %}
         constexpr int EPC = 16 / {{ spec.out_dtype.itemsize }};   // outputs per 16-byte segment
+{% if spec.tma_store %}
+        {{ spec.y_ctype }}* const st2 = staging + (wg * 4 + warp) * (2 * 16 * 64);
+{% else %}
         constexpr int SEGS = 64 / EPC;                  // segments per staged row
         constexpr int RPP = 32 / SEGS;                  // rows per pass of the warp
         {{ spec.y_ctype }}* const st = staging + (wg * 4 + warp) * (16 * 64);
+{% endif %}
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
             const int mw = m0 + row0 + mi * 64 + warp * 16;    // this warp's first row
@@ -366,6 +412,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const int nc = n0 + jc * 64;
                 if (nc >= N) break;
 {% for what in (["Z", "Y"] if spec.save_z else ["Y"]) %}
+                {
+{% if spec.tma_store %}
+                {{ spec.y_ctype }}* const st = st2 + sbuf * (16 * 64);
+                if (lane == 0) bulk_wait_read<1>();   // this block's store of two rounds ago
+                __syncwarp();
+{% endif %}
 #pragma unroll
                 for (int j8 = 0; j8 < 8; ++j8) {
                     const int nb = nc + j8 * 8 + 2 * t;
@@ -395,6 +447,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         store_vec(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC], v);
                     }
                 }
+{% if spec.tma_store %}
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0 && mw < M) {
+                    tma_store(&tma_{{ what | lower }}, smem_u32(st), nc, mw);
+                    bulk_commit();
+                }
+                sbuf ^= 1;
+{% else %}
                 __syncwarp();
 #pragma unroll 1
                 for (int p = 0; p < 16 / RPP; ++p) {
@@ -411,10 +472,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
                 }
                 __syncwarp();
+{% endif %}
+                }
 {% endfor %}
             }
         }
     }
+{% if spec.tma_store %}
+    if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
+{% endif %}
 }
 {% else %}
         // Fused epilogue on the accumulators: acc[mi][4 j + 2 h + c] is row

@@ -72,6 +72,8 @@ def test_kernels_run_on_the_matrix_units(case, tool, cache):
     assert ops["LDL"] == 0 and ops["STL"] == 0, "no local-memory traffic"
     if isinstance(spec, WgmmaGemmSpec):
         assert ops["HGMMA"] > 0 and ops["UTMALDG"] > 0 and ops["HMMA"] == 0
+        # 16-bit outputs leave shared memory by TMA stores
+        assert (ops["UTMASTG"] > 0) == spec.tma_store, ops["UTMASTG"]
     else:
         assert ops["HMMA"] > 0 and ops["LDSM"] > 0 and ops["HGMMA"] == 0
     if spec.promote:   # chunks of products added with rounded float32 adds

@@ -207,11 +207,13 @@ class TmaPlan(Plan):
     def __post_init__(self):
         super().__post_init__()
         spec = self.main.spec
+        maps = 4 if spec.tma_store else 2
         self._main = Launcher(spec.kernel_name, self.main.function.ptr,
-                              "<128s128s" + _GEMM_PARAMS[1:])
+                              "<" + "128s" * maps + _GEMM_PARAMS[1:])
         es = spec.dtype.itemsize
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
+        self._y_type = spec.out_dtype.value if spec.tma_store else None
 
     def _gemm(self, stream_ptr, args) -> None:
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
@@ -225,7 +227,16 @@ class TmaPlan(Plan):
             map_b = tensor_map_2d(dt, b_ptr, k, n, ldb * es, bk, bn)
         else:
             map_b = tensor_map_2d(dt, b_ptr, n, k, ldb * es, 64, bk)
-        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, *args)
+        y_type = self._y_type
+        if y_type is None:
+            self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, *args)
+            return
+        # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
+        y_ptr, ldy, z_ptr, ldz = args[8:12]
+        map_y = tensor_map_2d(y_type, y_ptr, n, m, ldy * 2, 64, 16)
+        map_z = tensor_map_2d(y_type, z_ptr, n, m, ldz * 2, 64, 16) if z_ptr else map_y
+        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, map_y, map_z,
+                   *args)
 
 
 def _ptr(x) -> int:

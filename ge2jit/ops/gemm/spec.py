@@ -699,8 +699,10 @@ class WgmmaGemmSpec(GemmKernelSpec):
     mbarriers, one producer warpgroup and ``config.consumers`` consumer warpgroups issuing
     ``wgmma`` from shared memory, a persistent grid over the output tiles, and the fused
     epilogue on the accumulator registers. ``store16`` (Y and Z rows 16-byte aligned; not with
-    a C term, whose reads need the registers): each warp stages 16 x 64 blocks of results in shared memory and writes
-    whole 16-byte segments, so rows go out in full lines; else pairs (``vec_y``) or single
+    a C term, whose reads need the registers): each warp stages 16 x 64 blocks of results in
+    shared memory; 16-bit outputs leave by TMA stores (``tma_store``: two staging buffers a
+    warp, the store of one overlapping the filling of the other), float32 ones as whole
+    16-byte segments, so rows go out in full lines; else pairs (``vec_y``) or single
     elements go straight from the registers. tf32 needs K-major operands (row-major A,
     column-major B): wgmma transposes only 16-bit types.
     """
@@ -747,9 +749,15 @@ class WgmmaGemmSpec(GemmKernelSpec):
     @property
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
-                f"{self.config.name}_{'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
+                f"{self.config.name}_"
+                f"{'yt' if self.tma_store else 'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
                 + ("_p" if self.promote else "")
                 + ("_splitk" if self.split_k else self._epilogue_name()))
+
+    @property
+    def tma_store(self) -> bool:
+        """16-bit Y (and Z) leave shared memory by TMA stores; the kernel takes their maps."""
+        return self.store16 and self.out_dtype.itemsize == 2
 
     def supports_arch(self, arch: str) -> bool:
         return arch_number(arch) == 90

@@ -362,6 +362,31 @@ def test_large_problem_default_choice(kind):
     check(kind, a, b, rand(dtype, n), act="gelu_tanh")
 
 
+@pytest.mark.parametrize("config", ["wgmma_128x256_s4", "wgmma_128x128_s6_pp"])
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_outputs_into_views_leave_their_surroundings(kind, config):
+    """Y and Z written into column windows of wider arrays (16-byte aligned rows: the TMA
+    stores of the Hopper kernel): the window is exact, the elements around it keep their
+    poison, edge tiles included."""
+    if config.startswith("wgmma_") and not hopper():
+        pytest.skip("wgmma configs need sm_90")
+    dtype, _, tol = KINDS[kind]
+    m, n, k = 300, 200, 96
+    a, b, bias = rand(dtype, m, k), rand(dtype, k, n), rand(dtype, n)
+    y_big, z_big = poisoned(m + 5, n + 24, dtype), poisoned(m + 5, n + 24, dtype)
+    y, z = y_big[2:m + 2, 8:n + 8], z_big[2:m + 2, 8:n + 8]
+    assert "_yt_" in ge2jit.explain(a, b, bias, act="gelu", config=config, out=y,
+                                    save_preact=True, preact_out=z).kernel_names[0]
+    ge2jit.gemm_bias_act(a, b, bias, act="gelu", config=config, out=y, save_preact=True,
+                         preact_out=z)
+    ref_y, ref_z = gemm_bias_act_ref(host64(a), host64(b), host64(bias), act="gelu")
+    assert rel_error(host64(y), ref_y) < tol and rel_error(host64(z), ref_z) < tol
+    for big in (y_big, z_big):
+        rest = host64(big)
+        rest[2:m + 2, 8:n + 8] = np.nan
+        assert np.isnan(rest).all(), "nothing written outside the output window"
+
+
 #: Elementwise bounds on |Y - ref| for 16-bit outputs: rtol |ref| + atol (1 + |z|). rtol: the
 #: output's rounding plus tanh.approx's relative error (2^-11); atol: where an activation
 #: subtracts from 1 (GELU's 1 + tanh for z < 0), tanh.approx's absolute error, times |z| / 2.
