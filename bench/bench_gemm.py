@@ -1,7 +1,7 @@
 """Benchmark of gemm_bias_act against the baselines, measured side by side in one process.
 
     python bench/bench_gemm.py [--tune] [--quick] [--dtypes float32,bfloat16,...]
-                               [--out bench/results.json]
+                               [--shapes MxNxK,...] [--epilogues-only] [--out bench/results.json]
 
 For each dtype, shape and activation (bias per column): ge2jit's fused op; what a CuPy user writes
 today (cupy.matmul, then one elementwise kernel for bias + activation); and, when PyTorch is
@@ -10,6 +10,8 @@ torch.nn.functional.linear followed by the activation. Times are medians of CUDA
 timings after warm-up, with several input sets rotated so that L2 does not hold them; short
 kernels are timed in batches of back-to-back calls (about 0.5 ms), so that the host's enqueue
 time does not land between the events.
+The epilogues' costs: for the tensor-core dtypes, each activation's time on the target shapes,
+the activations timed in turns so that clock drift falls on all alike (``--epilogues-only``).
 Also measured: host time per call on the cached path (back to back, and the host's own time),
 the accuracy of each float32 mode against a float64 product, cold compile time of one kernel,
 and the time to load one kernel from the disk cache in a fresh process.
@@ -118,6 +120,60 @@ def median_ms(fn, sets, *, min_reps=10, max_seconds=0.25, batch_ms=0.5) -> float
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end) / batch)
     return statistics.median(times)
+
+
+def interleaved_ms(fns, sets, *, rounds=15, batch_ms=1.0) -> list[float]:
+    """Median per-call times of several functions timed in turns (a batch of each per round),
+    so that clock and temperature drift falls on all of them alike."""
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    batches = []
+    for fn in fns:
+        for s in sets[:2]:
+            fn(*s)
+        start.record()
+        fn(*sets[0])
+        end.record()
+        end.synchronize()
+        batches.append(max(1, min(50, int(batch_ms / max(cp.cuda.get_elapsed_time(start, end),
+                                                         1e-3)))))
+    times = [[] for _ in fns]
+    i = 0
+    for _ in range(rounds):
+        for j, fn in enumerate(fns):
+            start.record()
+            for _ in range(batches[j]):
+                fn(*sets[i % len(sets)])
+                i += 1
+            end.record()
+            end.synchronize()
+            times[j].append(cp.cuda.get_elapsed_time(start, end) / batches[j])
+    return [statistics.median(t) for t in times]
+
+
+#: The epilogues timed against each other (interleaved) on the tensor-core target shapes.
+EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
+
+
+def epilogue_costs(dtype: str, shapes) -> list[dict]:
+    """ge2jit's time with each activation (bias per column), the activations timed in turns;
+    each as a ratio to ReLU's."""
+    precision = DTYPES[dtype][1]
+    out = []
+    for (m, n, k) in shapes:
+        sets = make_sets(m, n, k, dtype)
+        fns = [(lambda act: lambda a, b, bias, o: ge2jit.gemm_bias_act(
+            a, b, bias, act=act, out=o, precision=precision))(act) for act in EPILOGUE_ACTS]
+        times = interleaved_ms(fns, sets)
+        relu = times[EPILOGUE_ACTS.index("relu")]
+        row = {"dtype": dtype, "m": m, "n": n, "k": k,
+               "config": ge2jit.explain(*sets[0][:3], precision=precision).config,
+               "ms": dict(zip(EPILOGUE_ACTS, times)),
+               "vs_relu": {a: t / relu for a, t in zip(EPILOGUE_ACTS, times)}}
+        out.append(row)
+        print(f"epilogues {dtype:8s} {m}x{n}x{k} ({row['config']}): " + ", ".join(
+            f"{a} {t:.4f} ms ({t / relu:.3f})" for a, t in zip(EPILOGUE_ACTS, times)),
+            flush=True)
+    return out
 
 
 def make_sets(m, n, k, dtype="float32"):
@@ -296,6 +352,8 @@ def main(argv=None) -> int:
                         help="only the host time per call on the cached path")
     parser.add_argument("--dtypes", default="float32,tf32,bfloat16,float16",
                         help=f"comma-separated, of {', '.join(DTYPES)}")
+    parser.add_argument("--epilogues-only", action="store_true",
+                        help="only the activations' costs, timed in turns on the target shapes")
     parser.add_argument("--shapes", default=None,
                         help="MxNxK,... instead of the sweep (e.g. 4096x4096x4096)")
     args = parser.parse_args(argv)
@@ -335,6 +393,13 @@ def main(argv=None) -> int:
     }
     # first, so that a sweep cut short still has them
     extra = {}
+    tc = [d for d in dtypes if d not in F32_SWEEP]
+    if tc:
+        targets = sorted(TC_TARGETS) if not args.shapes else shapes
+        extra["epilogues"] = [r for d in tc for r in epilogue_costs(d, targets)]
+        if args.epilogues_only:
+            Path(args.out).write_text(json.dumps({"meta": meta, **extra}, indent=1))
+            return 0
     if {"float32", "tf32", "tf32x3"} & set(dtypes):
         extra["accuracy"] = accuracy(torch)
         print("accuracy:", extra["accuracy"])

@@ -134,6 +134,21 @@ def main(argv=None) -> int:
                        f"normal float32 inputs)\n\n||Y − ref|| / ||ref|| against the float64 "
                        f"product of the same inputs.\n\n| what | relative error |\n|---|---|\n"
                        f"{acc_lines}\n")
+    epi = [r for run in runs for r in run.get("epilogues", [])]
+    epi_section = ""
+    if epi:
+        acts = list(epi[0]["ms"])
+        head = "| dtype | M×N×K | config | " + " | ".join(acts) + " |\n|---|---|---|" + \
+            "---|" * len(acts)
+        lines = "\n".join(
+            f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['config']} | "
+            + " | ".join(f"{r['ms'][a]:.4f} ({r['vs_relu'][a]:.3f})" for a in acts) + " |"
+            for r in epi)
+        epi_section = (f"\n## Cost of each epilogue (bias per column)\n\nge2jit's time in ms "
+                       f"and, in parentheses, its ratio to the ReLU epilogue's; the activations "
+                       f"are timed in turns (a batch of each per round, 15 rounds, medians), so "
+                       f"that clock and temperature drift fall on all alike.\n\n{head}\n"
+                       f"{lines}\n")
     host = data.get("host_us", {})
     host_lines = "\n".join(f"| {k.strip()} | {v:.2f} |" for k, v in host.items()
                            if "Plan.run" not in k or "host only" in k)
@@ -154,7 +169,7 @@ Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
 
 {sections}
 
-{acc_section}
+{acc_section}{epi_section}
 ## Host time per call on the cached path (64×64×64), µs
 
 Back to back: wall time per call of 20,000 calls in a row, which includes the GPU's time per

@@ -102,6 +102,20 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 {% endif %}
 
+// Where tile `tile` of the persistent order starts. Tiles run down groups of GROUP_M tile rows,
+// then across: the tiles in flight at once (one per SM) share a few row blocks of A and column
+// blocks of B, which stay in L2 while they are used, instead of sweeping all of A per column.
+constexpr int GROUP_M = 16;
+__device__ __forceinline__ void tile_origin(int tile, int tiles_m, int tiles_n, int& m0,
+                                            int& n0) {
+    const int per_group = GROUP_M * tiles_n;
+    const int first = tile / per_group * GROUP_M;
+    const int rows = min(tiles_m - first, GROUP_M);
+    const int in_group = tile % per_group;
+    m0 = (first + in_group % rows) * BM;
+    n0 = in_group / rows * BN;
+}
+
 // wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
 // >> 4), 128-byte swizzle. The tiles start on 1024-byte boundaries (base offset 0).
 __device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo,
@@ -210,7 +224,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             int it = 0;
             for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
                 const int tile = unit % tiles, kt0 = (unit / tiles) * per_split;
-                const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+                int m0, n0;
+                tile_origin(tile, tiles_m, tiles_n, m0, n0);
                 for (int kt = kt0; kt < min(kt0 + per_split, k_tiles); ++kt, ++it) {
                     const int s = it % STAGES;
                     mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
@@ -292,7 +307,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int tile = unit, kt_end = k_tiles, first = i * k_tiles;
 {% endif %}
         if (PINGPONG && (i & 1) != wg) continue;
-        const int m0 = (tile % tiles_m) * BM, n0 = (tile / tiles_m) * BN;
+        int m0, n0;
+        tile_origin(tile, tiles_m, tiles_n, m0, n0);
 {% if bias_tile %}
         float bias_next[BIAS_PER];
 #pragma unroll

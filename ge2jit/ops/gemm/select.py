@@ -221,10 +221,10 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType,
 
 def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
     """Measured on an H200 (bench/NOTES.md): the cooperative 128x256 tile when there are many
-    waves of tiles, or two and a long K; else ping-pong tiles (one consumer's epilogue hides under the other's main
-    loop), 64x256 for long K, 128x128 otherwise; the cooperative 128x128 tile for half a wave
-    to one (skinny outputs such as 8192 x 256); smaller problems take 64x128 or 128x64
-    tiles."""
+    waves of tiles, or about one wave or more and K >= 1024; else ping-pong tiles (one
+    consumer's epilogue hides under the other's main loop), 64x256 for long K, 128x128
+    otherwise; the cooperative 128x128 tile for half a wave to one (skinny outputs such as
+    8192 x 256); smaller problems take 64x128 or 128x64 tiles."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str) -> Choice:
@@ -235,8 +235,8 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
     big = _tiles(m, n, by_name["wgmma_128x256_s4"])
     if big >= 8 * sms:
         return pick("wgmma_128x256_s4", "8 or more waves")
-    if k >= 2048 and big >= 2 * sms:
-        return pick("wgmma_128x256_s4", "2 or more waves, long K")
+    if k >= 1024 and 10 * big >= 9 * sms:
+        return pick("wgmma_128x256_s4", "about a wave or more, K >= 1024")
     if _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
         if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
             return pick("wgmma_64x256_s4_pp", "ping-pong, long K")

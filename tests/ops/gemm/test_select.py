@@ -71,10 +71,14 @@ def test_tensor_core_heuristic_and_candidates():
     assert heuristic(16384, 1024, 4096, 132, 90, "rr", DType.BF16).config.name == \
         "wgmma_128x256_s4"
     assert heuristic(2048, 2048, 2048, 132, 90, "rr", DType.BF16).config.name == \
+        "wgmma_128x256_s4"
+    assert heuristic(2048, 2048, 512, 132, 90, "rr", DType.BF16).config.name == \
         "wgmma_128x128_s6_pp"
     assert heuristic(8192, 16384, 4096, 132, 90, "rr", DType.BF16).config.name == \
         "wgmma_128x256_s4"
     assert heuristic(8192, 1024, 1024, 132, 90, "rr", DType.F16).config.name == \
+        "wgmma_128x256_s4"
+    assert heuristic(4096, 4096, 64, 132, 90, "rr", DType.F16).config.name == \
         "wgmma_128x128_s6_pp"
     assert heuristic(512, 1024, 4096, 132, 90, "rr", DType.F16).config.name == \
         "wgmma_64x128_s8"
