@@ -7,9 +7,10 @@ For each dtype, shape and activation (bias per column): ge2jit's fused op; what 
 today (cupy.matmul, then one elementwise kernel for bias + activation); and, when PyTorch is
 importable, cuBLASLt's fused epilogue (torch._addmm_activation: relu and tanh-GELU only) and
 torch.nn.functional.linear followed by the activation. Times are medians of CUDA-event
-timings after warm-up, with several input sets rotated so that L2 does not hold them; short
-kernels are timed in batches of back-to-back calls (about 0.5 ms), so that the host's enqueue
-time does not land between the events.
+timings after warm-up, with several input sets rotated so that L2 does not hold them; each
+kernel is timed in batches of back-to-back calls (about 1 ms), so that the host's enqueue time
+does not land between the events, and the implementations of a row are timed in turns (a batch
+of each per round, 15 rounds), so that clock and temperature drift falls on all alike.
 The epilogues' costs: for the tensor-core dtypes, each activation's time on the target shapes,
 the activations timed in turns so that clock drift falls on all alike (``--epilogues-only``).
 Also measured: host time per call on the cached path (back to back, and the host's own time),
@@ -92,42 +93,13 @@ def cupy_unfused(a, b, bias, act, out):
     _cupy_kernels[act](out, bias, out)
 
 
-def median_ms(fn, sets, *, min_reps=10, max_seconds=0.25, batch_ms=0.5) -> float:
-    """Median per-call time of fn(*set), from CUDA events around batches of back-to-back calls
-    that rotate through the input sets.
-
-    A short kernel is timed in batches long enough (about ``batch_ms``) that the host's time to
-    enqueue each call overlaps the GPU's work instead of landing between the events: what is
-    measured is the GPU's time per call in a stream of calls, as in a real loop.
-    """
-    for s in sets[:2]:
-        fn(*s)
-    cp.cuda.Device().synchronize()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    fn(*sets[0])
-    end.record()
-    end.synchronize()
-    single = cp.cuda.get_elapsed_time(start, end)
-    batch = max(1, min(50, int(batch_ms / max(single, 1e-3))))
-    times, t0, i = [], time.perf_counter(), 0
-    while len(times) < min_reps or (time.perf_counter() - t0 < max_seconds and len(times) < 200):
-        start.record()
-        for _ in range(batch):
-            fn(*sets[i % len(sets)])
-            i += 1
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / batch)
-    return statistics.median(times)
-
-
-def interleaved_ms(fns, sets, *, rounds=15, batch_ms=1.0) -> list[float]:
-    """Median per-call times of several functions timed in turns (a batch of each per round),
-    so that clock and temperature drift falls on all of them alike."""
+def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
+    """Median per-call times of several ``(fn, sets)`` cases timed in turns (a batch of
+    back-to-back calls of each per round, rotating through its input sets), so that clock and
+    temperature drift falls on all of them alike."""
     start, end = cp.cuda.Event(), cp.cuda.Event()
     batches = []
-    for fn in fns:
+    for fn, sets in cases:
         for s in sets[:2]:
             fn(*s)
         start.record()
@@ -136,10 +108,10 @@ def interleaved_ms(fns, sets, *, rounds=15, batch_ms=1.0) -> list[float]:
         end.synchronize()
         batches.append(max(1, min(50, int(batch_ms / max(cp.cuda.get_elapsed_time(start, end),
                                                          1e-3)))))
-    times = [[] for _ in fns]
+    times = [[] for _ in cases]
     i = 0
     for _ in range(rounds):
-        for j, fn in enumerate(fns):
+        for j, (fn, sets) in enumerate(cases):
             start.record()
             for _ in range(batches[j]):
                 fn(*sets[i % len(sets)])
@@ -163,7 +135,7 @@ def epilogue_costs(dtype: str, shapes) -> list[dict]:
         sets = make_sets(m, n, k, dtype)
         fns = [(lambda act: lambda a, b, bias, o: ge2jit.gemm_bias_act(
             a, b, bias, act=act, out=o, precision=precision))(act) for act in EPILOGUE_ACTS]
-        times = interleaved_ms(fns, sets)
+        times = interleaved_ms([(fn, sets) for fn in fns])
         relu = times[EPILOGUE_ACTS.index("relu")]
         row = {"dtype": dtype, "m": m, "n": n, "k": k,
                "config": ge2jit.explain(*sets[0][:3], precision=precision).config,
@@ -196,29 +168,34 @@ def bench_shape(m, n, k, act, torch, tune: bool, dtype: str = "float32") -> dict
     if tune and act == ACTS[0]:   # the tuning key holds no activation: once per shape
         ge2jit.tune(a, b, bias, act=act, reps=5, precision=precision)
     row["config"] = ge2jit.explain(a, b, bias, act=act, precision=precision).config
-    row["ge2jit"] = median_ms(lambda a, b, bias, out: ge2jit.gemm_bias_act(
-        a, b, bias, act=act, out=out, precision=precision), sets)
+    cases = {"ge2jit": (lambda a, b, bias, out: ge2jit.gemm_bias_act(
+        a, b, bias, act=act, out=out, precision=precision), sets)}
     if precision != "tf32":   # CuPy's matmul has no per-call tf32 switch
-        try:
-            row["cupy_unfused"] = median_ms(
-                lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out), sets)
-            row["cupy_matmul"] = median_ms(lambda a, b, bias, out: cp.matmul(a, b, out=out),
-                                           sets)
-        except Exception as e:  # noqa: BLE001 - a baseline CuPy cannot run is left out
-            print(f"  (cupy baseline failed for {dtype}: {str(e).splitlines()[0]})")
+        cases["cupy_unfused"] = (lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out), sets)
+        cases["cupy_matmul"] = (lambda a, b, bias, out: cp.matmul(a, b, out=out), sets)
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         F = torch.nn.functional
         tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
         act_fn = {"gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "relu": F.relu,
                   "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[act]
-        row["torch_linear_act"] = median_ms(
+        cases["torch_linear_act"] = (
             lambda a, b, bias, out: act_fn(F.linear(a, b.t(), bias)), tsets)
         if act in ("gelu_tanh", "relu"):
-            row["cublaslt_fused"] = median_ms(
-                lambda a, b, bias, out: torch._addmm_activation(
-                    bias, a, b, use_gelu=act == "gelu_tanh"), tsets)
-        row["cublas_gemm"] = median_ms(lambda a, b, bias, out: torch.mm(a, b, out=out), tsets)
+            cases["cublaslt_fused"] = (lambda a, b, bias, out: torch._addmm_activation(
+                bias, a, b, use_gelu=act == "gelu_tanh"), tsets)
+        cases["cublas_gemm"] = (lambda a, b, bias, out: torch.mm(a, b, out=out), tsets)
+    for key, (fn, s) in list(cases.items()):
+        try:
+            fn(*s[0])
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot run is left out
+            if key == "ge2jit":
+                raise
+            print(f"  ({key} failed for {dtype}: {str(e).splitlines()[0]})")
+            del cases[key]
+    # all implementations timed in turns, so that clock and temperature drift (the GPU is
+    # power-limited on large problems) falls on all of them alike
+    row.update(zip(cases, interleaved_ms(list(cases.values()))))
     for key in list(row):
         if key in ("m", "n", "k", "act", "config", "dtype"):
             continue
