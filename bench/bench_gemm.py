@@ -126,6 +126,12 @@ def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
 EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
 
 
+def _fused(act, precision):
+    """ge2jit's call of one activation, on an input set (a, b, bias, out)."""
+    return lambda a, b, bias, out: ge2jit.gemm_bias_act(a, b, bias, act=act, out=out,
+                                                        precision=precision)
+
+
 def epilogue_costs(dtype: str, shapes) -> list[dict]:
     """ge2jit's time with each activation (bias per column), the activations timed in turns;
     each as a ratio to ReLU's."""
@@ -133,9 +139,7 @@ def epilogue_costs(dtype: str, shapes) -> list[dict]:
     out = []
     for (m, n, k) in shapes:
         sets = make_sets(m, n, k, dtype)
-        fns = [(lambda act: lambda a, b, bias, o: ge2jit.gemm_bias_act(
-            a, b, bias, act=act, out=o, precision=precision))(act) for act in EPILOGUE_ACTS]
-        times = interleaved_ms([(fn, sets) for fn in fns])
+        times = interleaved_ms([(_fused(act, precision), sets) for act in EPILOGUE_ACTS])
         relu = times[EPILOGUE_ACTS.index("relu")]
         row = {"dtype": dtype, "m": m, "n": n, "k": k,
                "config": ge2jit.explain(*sets[0][:3], precision=precision).config,
@@ -164,12 +168,11 @@ def bench_shape(m, n, k, act, torch, tune: bool, dtype: str = "float32") -> dict
     precision = DTYPES[dtype][1]
     flops = 2.0 * m * n * k
     row = {"m": m, "n": n, "k": k, "act": act, "dtype": dtype}
-    a, b, bias, out = sets[0]
+    a, b, bias, _ = sets[0]
     if tune and act == ACTS[0]:   # the tuning key holds no activation: once per shape
         ge2jit.tune(a, b, bias, act=act, reps=5, precision=precision)
     row["config"] = ge2jit.explain(a, b, bias, act=act, precision=precision).config
-    cases = {"ge2jit": (lambda a, b, bias, out: ge2jit.gemm_bias_act(
-        a, b, bias, act=act, out=out, precision=precision), sets)}
+    cases = {"ge2jit": (_fused(act, precision), sets)}
     if precision != "tf32":   # CuPy's matmul has no per-call tf32 switch
         cases["cupy_unfused"] = (lambda a, b, bias, out: cupy_unfused(a, b, bias, act, out), sets)
         cases["cupy_matmul"] = (lambda a, b, bias, out: cp.matmul(a, b, out=out), sets)
