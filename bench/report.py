@@ -92,6 +92,32 @@ def _host_log_section(path: Path) -> str:
             "| what | µs |\n|---|---|\n" + "\n".join(rows) + "\n")
 
 
+def _backward_section(data: dict, name: str) -> str:
+    meta = data["meta"]
+    lines = []
+    for r in data["rows"]:
+        two, step = r.get("cublas_two_gemms"), r.get("torch_step")
+        lines.append(
+            f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['ge2jit_backward']:.4f} | "
+            f"{_fmt(two)} | {_fmt(two and r['ge2jit_backward'] / two, 2)} | "
+            f"{r['ge2jit_step']:.4f} | {_fmt(step)} | {_fmt(step and step / r['ge2jit_step'], 2)} |")
+    act = data["rows"][0]["act"] if data["rows"] else ""
+    return f"""
+## Backward (`gemm_bias_act_backward`) and one training step of a Linear + {act} layer
+
+`python bench/bench_backward.py` ({name}, {meta['device']}, {meta['date']}, commit
+{meta.get('commit') or 'see the header'}): A (M, K) activations, B (K, N) weights, bias per
+column, Z saved by the forward. "backward": dA, dB and dBias, against the two plain cuBLAS
+GEMMs of the same sizes alone (torch.mm, dZ given): the ratio is ge2jit's time over theirs
+(below 1.1 is the target). "step": ge2jit's forward (saving Z) + backward, against PyTorch's
+linear + activation + autograd backward: the ratio is PyTorch's time over ge2jit's (above 1:
+ge2jit faster). Implementations timed in turns.
+
+| dtype | M×N×K | backward ms | two cuBLAS GEMMs ms | ratio | step ms | PyTorch step ms | ×PyTorch |
+|---|---|---|---|---|---|---|---|
+""" + "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path, nargs="+")
@@ -99,6 +125,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--note", action="append", default=[],
                         help="a paragraph to add under the header (repeatable)")
+    parser.add_argument("--backward", type=Path,
+                        help="JSON of bench_backward.py to add as a section")
     parser.add_argument("--host-log", type=Path,
                         help="log of a later `bench_gemm.py --host-only` run to add")
     args = parser.parse_args(argv)
@@ -187,6 +215,8 @@ after a synchronization (the queue never fills), i.e. the host's own time per ca
 - First call in a fresh process with the kernel in the disk cache:
   {data.get('disk_cache_first_call_s', float('nan')):.3f} s
 """
+    if args.backward:
+        text += _backward_section(json.loads(args.backward.read_text()), args.backward.name)
     if args.host_log:
         text += _host_log_section(args.host_log)
     args.out.write_text(text)

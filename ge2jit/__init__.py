@@ -19,12 +19,14 @@ from .errors import (
 from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
 from .ops.gemm import (
+    Gradients,
     MmaConfig,
     PipelineConfig,
     TileConfig,
     WgmmaConfig,
     explain,
     gemm_bias_act,
+    gemm_bias_act_backward,
     tune,
 )
 
@@ -42,6 +44,8 @@ def cache_info() -> dict:
 __all__ = [
     "__version__",
     "gemm_bias_act",
+    "gemm_bias_act_backward",
+    "Gradients",
     "tune",
     "explain",
     "warmup",

@@ -47,3 +47,47 @@ __device__ __forceinline__ float act_gelu_tanh_fast(float x, float) {
 __device__ __forceinline__ float act_sigmoid_fast(float x, float) { return sigmoid_approx(x); }
 __device__ __forceinline__ float act_tanh_fast(float x, float) { return tanh_approx(x); }
 __device__ __forceinline__ float act_silu_fast(float x, float) { return x * sigmoid_approx(x); }
+
+// Derivatives act'(z), exact, in float32 (the backward's dZ = gY * act'(Z)). At a kink the
+// derivative of the side z <= 0 is taken, as PyTorch does; NaN in z gives NaN (or, for the
+// ReLUs, passes the gradient through, as PyTorch's threshold does).
+__device__ __forceinline__ float dact_none(float, float) { return 1.0f; }
+__device__ __forceinline__ float dact_relu(float z, float) { return z <= 0.0f ? 0.0f : 1.0f; }
+__device__ __forceinline__ float dact_leaky_relu(float z, float slope) {
+    return z <= 0.0f ? slope : 1.0f;
+}
+// d/dz [z Phi(z)] = Phi(z) + z phi(z)
+__device__ __forceinline__ float dact_gelu(float z, float) {
+    const float cdf = 0.5f * (1.0f + erff(z * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * z * z);
+    return fmaf(z, pdf, cdf);
+}
+// d/dz [z (1 + tanh u) / 2], u = sqrt(2/pi) (z + 0.044715 z^3)
+__device__ __forceinline__ float dact_gelu_tanh(float z, float) {
+    const float k = 0.79788456080286536f;
+    const float th = tanhf(k * fmaf(0.044715f * z, z * z, z));
+    const float du = k * fmaf(3.0f * 0.044715f * z, z, 1.0f);
+    return fmaf(0.5f * z * (1.0f - th * th), du, 0.5f * (1.0f + th));
+}
+__device__ __forceinline__ float dact_sigmoid(float z, float) {
+    const float s = 1.0f / (1.0f + expf(-z));
+    return s * (1.0f - s);
+}
+__device__ __forceinline__ float dact_tanh(float z, float) {
+    const float t = tanhf(z);
+    return 1.0f - t * t;
+}
+// d/dz [z s(z)] = s (1 + z (1 - s))
+__device__ __forceinline__ float dact_silu(float z, float) {
+    const float s = 1.0f / (1.0f + expf(-z));
+    return s * fmaf(z, 1.0f - s, 1.0f);
+}
+// The same from the output y = act(z), for the activations whose derivative is a function of
+// their output (ReLUs with slope >= 0: y > 0 exactly where z > 0).
+__device__ __forceinline__ float dact_y_none(float, float) { return 1.0f; }
+__device__ __forceinline__ float dact_y_relu(float y, float) { return y <= 0.0f ? 0.0f : 1.0f; }
+__device__ __forceinline__ float dact_y_leaky_relu(float y, float slope) {
+    return y <= 0.0f ? slope : 1.0f;
+}
+__device__ __forceinline__ float dact_y_sigmoid(float y, float) { return y * (1.0f - y); }
+__device__ __forceinline__ float dact_y_tanh(float y, float) { return 1.0f - y * y; }

@@ -1,6 +1,7 @@
 """The fused GEMM op: validation (problem), kernel specs (spec), kernel choice (select) and the
 launcher with its plans, tuning and explanation (op)."""
 
+from .backward import Gradients, gemm_bias_act_backward
 from .op import Explanation, TuneResult, clear_plans, explain, gemm_bias_act, tune
 from .select import Choice
 from .spec import (
@@ -14,6 +15,8 @@ from .spec import (
     Act,
     BiasKind,
     DType,
+    DbiasSpec,
+    DzSpec,
     GemmSpec,
     Layout,
     MmaConfig,
@@ -29,7 +32,7 @@ from .spec import (
     WgmmaGemmSpec,
 )
 
-__all__ = ["gemm_bias_act", "tune", "explain", "clear_plans", "Explanation", "TuneResult",
+__all__ = ["gemm_bias_act", "gemm_bias_act_backward", "Gradients", "DzSpec", "DbiasSpec", "tune", "explain", "clear_plans", "Explanation", "TuneResult",
            "Choice", "GemmSpec", "PipelinedGemmSpec", "SplitKReduceSpec", "TileConfig",
            "PipelineConfig", "SIMT_F32_TILES", "PIPELINED_F32_CONFIGS", "Act", "BiasKind",
            "DType", "Layout", "Precision", "MmaConfig", "MmaGemmSpec", "WgmmaConfig",

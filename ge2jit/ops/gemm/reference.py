@@ -31,6 +31,54 @@ def activation(name: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray:
     raise ValueError(name)
 
 
+def activation_grad(name: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray:
+    """act'(z) in float64 (at the ReLUs' kink, the side z <= 0, as PyTorch)."""
+    z = np.asarray(z, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name == "none":
+            return np.ones_like(z)
+        if name == "relu":
+            return np.where(z <= 0, 0.0, 1.0)
+        if name == "leaky_relu":
+            return np.where(z <= 0, slope, 1.0)
+        if name == "gelu":
+            cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)).astype(np.float64))
+            return cdf + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+        if name == "gelu_tanh":
+            k = math.sqrt(2.0 / math.pi)
+            t = np.tanh(k * (z + 0.044715 * z**3))
+            return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * z * z)
+        if name == "sigmoid":
+            s = 1.0 / (1.0 + np.exp(-z))
+            return s * (1.0 - s)
+        if name == "tanh":
+            return 1.0 - np.tanh(z) ** 2
+        if name == "silu":
+            s = 1.0 / (1.0 + np.exp(-z))
+            return s * (1.0 + z * (1.0 - s))
+    raise ValueError(name)
+
+
+def gemm_bias_act_backward_ref(gy, a, b, bias=None, *, act="none", c=None, alpha=1.0,
+                               beta=0.0, leaky_slope=0.01):
+    """(dA, dB, dBias, dC) in float64 from host arrays (dBias in the bias' shape)."""
+    _, z = gemm_bias_act_ref(a, b, bias, act=act, c=c, alpha=alpha, beta=beta,
+                             leaky_slope=leaky_slope)
+    dz = np.asarray(gy, np.float64) * activation_grad(act, z, leaky_slope)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    d_bias = None
+    if bias is not None:
+        shape = np.shape(bias)
+        if np.size(bias) == 1:
+            d_bias = np.full(shape, dz.sum())
+        elif len(shape) == 2 and shape[1] == 1 and shape[0] == dz.shape[0] != 1:
+            d_bias = dz.sum(axis=1).reshape(shape)
+        else:
+            d_bias = dz.sum(axis=0).reshape(shape)
+    d_c = None if c is None else beta * dz
+    return alpha * dz @ b.T, alpha * a.T @ dz, d_bias, d_c
+
+
 def gemm_bias_act_ref(a, b, bias=None, *, act="none", c=None, alpha=1.0, beta=0.0,
                       leaky_slope=0.01):
     """(Y, Z) in float64 from host arrays."""

@@ -824,3 +824,72 @@ class Tf32SplitSpec(KernelSpec):
     @property
     def kernel_name(self) -> str:
         return f"tf32x3_split_{self.order}{'_t' if self.transpose else ''}"
+
+
+#: Activations whose derivative is a function of their output (the backward can start from Y).
+ACTS_FROM_Y = (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.SIGMOID, Act.TANH)
+
+
+@dataclass(frozen=True)
+class DzSpec(KernelSpec):
+    """The backward's elementwise pass: dZ = gY * act'(Z) (or act' from Y, ``from_y``, for
+    ``ACTS_FROM_Y``), stored as dZ (``write_dz``, type ``dz_dtype``) and/or dC = beta * dZ
+    (``write_dc``, ``dc_dtype``), with the sums of dZ that dBias needs (``bias``: per column,
+    per row or in total) as float32 partial sums per block."""
+
+    act: Act
+    from_y: bool
+    bias: BiasKind
+    grad_dtype: DType
+    src_dtype: DType
+    dz_dtype: DType
+    write_dz: bool = True
+    write_dc: bool = False
+    dc_dtype: DType = DType.F32
+
+    template = "gemm/dz.cu"
+    threads = 256
+    smem_bytes = 0
+    tile = (64, 128)   # rows, columns of a block
+
+    def __post_init__(self):
+        for name, typ in (("act", Act), ("from_y", bool), ("bias", BiasKind),
+                          ("grad_dtype", DType), ("src_dtype", DType), ("dz_dtype", DType),
+                          ("write_dz", bool), ("write_dc", bool), ("dc_dtype", DType)):
+            if not isinstance(getattr(self, name), typ):
+                raise TypeError(f"DzSpec.{name}: expected {typ.__name__}, got "
+                                f"{getattr(self, name)!r}")
+        if self.from_y and self.act not in ACTS_FROM_Y:
+            raise ArgumentValueError(f"DzSpec: act {self.act.value!r} needs Z, not Y")
+        if not self.write_dc:
+            object.__setattr__(self, "dc_dtype", DType.F32)
+
+    @property
+    def kernel_name(self) -> str:
+        src = "y" if self.from_y else "z"
+        outs = (f"_dz{self.dz_dtype.value}" if self.write_dz else "") + \
+            (f"_dc{self.dc_dtype.value}" if self.write_dc else "")
+        return (f"gemm_dz_{self.act.value}_{src}{self.src_dtype.value}_g"
+                f"{self.grad_dtype.value}{outs}_{self.bias.value}")
+
+
+@dataclass(frozen=True)
+class DbiasSpec(KernelSpec):
+    """Adds up the dZ pass's float32 partial sums into dBias of type ``out_dtype``: column
+    sums of a rows x cols array, or (``total``) the sum of all of it."""
+
+    out_dtype: DType
+    total: bool
+
+    template = "gemm/dbias.cu"
+    threads = 256
+    smem_bytes = 0
+
+    def __post_init__(self):
+        if not isinstance(self.out_dtype, DType) or not isinstance(self.total, bool):
+            raise TypeError(f"DbiasSpec: expected (DType, bool), got ({self.out_dtype!r}, "
+                            f"{self.total!r})")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"gemm_dbias_{'total' if self.total else 'columns'}_{self.out_dtype.value}"

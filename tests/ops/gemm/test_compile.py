@@ -15,24 +15,27 @@ from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
 from ge2jit.jit.parallel import compile_many
 from ge2jit.ops.gemm.spec import (
+    ACTS_FROM_Y,
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
     MMA_X3_CONFIGS,
     PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
     WGMMA_CONFIGS,
     WGMMA_X3_CONFIGS,
-    SIMT_F32_TILES,
     Act,
     BiasKind,
+    DbiasSpec,
     DType,
+    DzSpec,
     GemmSpec,
     Layout,
     MmaGemmSpec,
+    PipelinedGemmSpec,
+    SplitKReduceSpec,
     Tf32SplitSpec,
     TransposeSpec,
     WgmmaGemmSpec,
-    PipelinedGemmSpec,
-    SplitKReduceSpec,
 )
 
 ARCHS = ["sm_80", "sm_90"]
@@ -132,6 +135,25 @@ FAMILIES = {
         {"dtype": list(DType), **EPILOGUE, **TYPES, "vec_y": [False, True], "arch": ARCHS},
         lambda p: SplitKReduceSpec(p["dtype"], p["layout_c"], p["act"], p["bias"], p["save_z"],
                                    p["vec_y"], **_types(p, p["dtype"])),
+    ),
+    # the backward's dZ pass: act' from Z (any activation) or from Y (those it allows)
+    "dz": (
+        {"act": list(Act), "from_y": [False], "bias": list(BiasKind), "grad": list(DType),
+         "src": list(DType), "dz": list(DType), "write_dz": [False, True],
+         "write_dc": [False, True], "dc": list(DType), "arch": ARCHS},
+        lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
+                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"]),
+    ),
+    "dbias": (
+        {"out": list(DType), "total": [False, True], "arch": ARCHS},
+        lambda p: DbiasSpec(p["out"], p["total"]),
+    ),
+    "dz_from_y": (
+        {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),
+         "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
+         "write_dc": [False, True], "dc": list(DType), "arch": ARCHS},
+        lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
+                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"]),
     ),
 }
 

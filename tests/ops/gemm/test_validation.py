@@ -285,3 +285,29 @@ def test_empty_and_k0():
     assert p.empty
     p = ok(a=FakeArray((M, 0)), b=FakeArray((0, N)))
     assert not p.empty and p.k == 0
+
+
+def backward_refused(match, exc=ValueError, **kw):
+    args = dict(gy=FakeArray((M, N)), a=FakeArray((M, K)), b=FakeArray((K, N)))
+    args.update(kw)
+    with pytest.raises(exc, match=match) as info:
+        ge2jit.gemm_bias_act_backward(**args)
+    assert isinstance(info.value, ge2jit.Ge2jitError)
+
+
+def test_backward_refuses_bad_gradients_and_sources():
+    backward_refused(rf"gy: expected shape \({M}, {N}\) \(M, N\), got \({N}, {M}\)",
+                     gy=FakeArray((N, M)))
+    backward_refused("gy: expected dtype float32, got float16", gy=FakeArray((M, N), np.float16))
+    backward_refused("gy: expected a cupy.ndarray", TypeError, gy=np.ones((M, N), np.float32))
+    backward_refused(r"z: expected shape", act="gelu", z=FakeArray((M, 1)))
+    backward_refused("y: act 'silu' has no derivative in terms of its output", act="silu",
+                     y=FakeArray((M, N)))
+    backward_refused("z, y: pass one of them", act="relu", y=FakeArray((M, N)),
+                     z=FakeArray((M, N)))
+    backward_refused(r"leaky_slope -0.5 < 0", act="leaky_relu", leaky_slope=-0.5,
+                     y=FakeArray((M, N)))
+    backward_refused(r"needs: expected names of a, b, bias, c, got \['w'\]", needs=("a", "w"))
+    backward_refused("needs: expected names", needs=3)
+    backward_refused("act: ", act="swish")
+    backward_refused("b: expected shape", b=FakeArray((K + 1, N)))

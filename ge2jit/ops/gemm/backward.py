@@ -1,0 +1,223 @@
+"""The backward of the fused op: the gradients of Y = act(alpha * A @ B + beta * C + bias).
+
+One elementwise pass forms dZ = gY * act'(Z) in float32 and, in the same pass, reduces dBias
+and writes dC = beta * dZ (``gemm/dz.cu``); dA and dB are two GEMMs of the forward op on dZ.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ...errors import ArgumentValueError
+from ...jit.launch import Launcher
+from ...jit.loader import get_kernel
+from . import problem
+from .op import gemm_bias_act
+from .problem import check_array, check_dtype, validate
+from .spec import ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
+
+NEEDS = ("a", "b", "bias", "c")
+_DZ_PARAMS = "<QqqQqqQqqQqqQqqdd"
+_DBIAS_PARAMS = "<QqqQ"
+_launchers: dict[tuple, Launcher] = {}
+_prepared: dict = {}
+_PREPARED_MAX = 256
+
+
+class Gradients(NamedTuple):
+    """The gradients of gemm_bias_act's inputs; None for one not asked for (``needs``) or not
+    there (no bias, no C)."""
+
+    a: object
+    b: object
+    bias: object
+    c: object
+
+
+def _strides(x) -> tuple[int, int]:
+    """(row, column) strides in elements; any 2-D view works."""
+    return x.strides[0] // x.itemsize, x.strides[1] // x.itemsize
+
+
+def _check_mn(x, name: str, m: int, n: int, allowed: tuple[DType, ...]) -> DType:
+    check_array(x, name)
+    if x.ndim != 2 or x.shape != (m, n):
+        raise ArgumentValueError(f"{name}: expected shape ({m}, {n}) (M, N), got {x.shape}")
+    dt = check_dtype(x, name)
+    if dt not in allowed:
+        names = " or ".join(sorted({d.numpy_name for d in allowed}))
+        raise ArgumentValueError(f"{name}: expected dtype {names}, got {x.dtype}")
+    if any(s % x.itemsize for s in x.strides):
+        raise ArgumentValueError(f"{name}: strides {x.strides} are not multiples of the item "
+                                 f"size {x.itemsize}")
+    return dt
+
+
+def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision):
+    """Everything validation depends on, except pointers. Raises AttributeError or TypeError
+    for arguments that are not CuPy arrays (or unhashable ones)."""
+    def arr(x):
+        return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
+
+    return (arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
+            type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision,
+            problem._cupy().cuda.runtime.getDevice())
+
+
+def _launcher(spec, device_id: int, fmt: str) -> Launcher:
+    key = (spec, device_id)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        k = get_kernel(spec, device_id)
+        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, fmt)
+    return launcher
+
+
+def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=None, c=None,
+                           alpha: float = 1.0, beta: float = 0.0, leaky_slope: float = 0.01,
+                           needs=NEEDS, precision=None) -> Gradients:
+    """Gradients of ``Y = act(alpha * (A @ B) + beta * C + bias)`` (``gemm_bias_act``) given
+    ``gy`` = dL/dY.
+
+    ``dZ = gy * act'(Z)``; ``dA = alpha * dZ @ B.T``; ``dB = alpha * A.T @ dZ``; ``dBias`` the
+    sums of dZ reduced to the bias' shape (over rows for a per-column bias, over columns for a
+    per-row one, all of it for a scalar); ``dC = beta * dZ``.
+
+    Where act' comes from, with its cost in memory and time:
+        - ``z``: the forward's pre-activation (``save_preact=True``): one M x N array kept from
+          the forward; exact for every activation.
+        - ``y``: the forward's output, for activations whose derivative is a function of it
+          (none, relu, leaky_relu with a slope >= 0, sigmoid, tanh): nothing more is kept.
+        - neither: Z is recomputed by a GEMM of A and B (float32 Z): no memory kept, one more
+          GEMM's time.
+
+    dZ is formed once, in float32, by one pass over gy and Z (or Y) that also reduces dBias
+    and writes dC; it is stored in the inputs' dtype for the two GEMMs (as a framework's
+    autograd would), which then accumulate in float32.
+
+    Args:
+        gy: (M, N) gradient of Y, in the inputs' dtype or float32.
+        a, b, bias, c, alpha, beta, leaky_slope, act, precision: as given to the forward;
+            ``bias`` and ``c`` give the shapes and types of their gradients (and their values
+            when Z is recomputed).
+        z, y: (M, N) pre-activation or output of the forward (see above).
+        needs: the gradients to compute, of "a", "b", "bias", "c".
+
+    Returns:
+        ``Gradients(a, b, bias, c)``: dA (M, K) and dB (K, N) in the inputs' dtype; dBias in the
+        bias' shape and dtype; dC in C's shape and dtype. None for a gradient not in ``needs``
+        or for an input that was None.
+    """
+    try:
+        sig = _signature(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
+                         precision)
+        run = _prepared.get(sig)
+    except (AttributeError, TypeError):   # not CuPy arrays, or unhashable: validation says why
+        sig = run = None
+    if run is not None:
+        return run(gy, a, b, bias, c, z if z is not None else y, alpha, beta, leaky_slope)
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, precision=precision)
+    try:
+        wanted = set(needs)
+    except TypeError:
+        raise ArgumentValueError(f"needs: expected names of {', '.join(NEEDS)}, "
+                                 f"got {needs!r}") from None
+    if not wanted <= set(NEEDS):
+        raise ArgumentValueError(f"needs: expected names of {', '.join(NEEDS)}, got "
+                                 f"{sorted(map(str, wanted - set(NEEDS)))}")
+    m, n = p.m, p.n
+    floats = (p.dtype, DType.F32)
+    grad_dtype = _check_mn(gy, "gy", m, n, floats)
+    if z is not None and y is not None:
+        raise ArgumentValueError("z, y: pass one of them (z when the forward saved it)")
+    if z is not None:
+        src, from_y = z, False
+        src_dtype = _check_mn(z, "z", m, n, floats)
+    elif y is not None:
+        src_dtype = _check_mn(y, "y", m, n, floats)
+        if p.act not in ACTS_FROM_Y:
+            raise ArgumentValueError(
+                f"y: act {p.act.value!r} has no derivative in terms of its output; pass z "
+                f"(the forward's save_preact) or neither (Z is recomputed); y works for "
+                f"{', '.join(a.value for a in ACTS_FROM_Y)}")
+        if p.act is Act.LEAKY_RELU and p.leaky_slope < 0:
+            raise ArgumentValueError(f"y: with leaky_slope {p.leaky_slope} < 0 the sign of Y "
+                                     "does not give the sign of Z; pass z")
+        src, from_y = y, True
+    else:   # recomputed from A and B, in float32
+        src, src_dtype, from_y = None, DType.F32, False
+    run = _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision)
+    if sig is not None:
+        if len(_prepared) >= _PREPARED_MAX:
+            _prepared.clear()
+        _prepared[sig] = run
+    return run(gy, a, b, bias, c, src, alpha, beta, leaky_slope)
+
+
+def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision):
+    """The backward of one validated argument pattern, as a function of the call's arrays and
+    scalars: repeated calls with the same signature skip validation (as the forward does)."""
+    cp = problem._cupy()
+    m, n, k = p.m, p.n, p.k
+    want_bias = "bias" in wanted and bias is not None
+    want_c = "c" in wanted and c is not None
+    need_dz = bool(wanted & {"a", "b"})
+    write_dc = want_c and p.beta != 0.0
+    recompute = src is None
+    bias_kind = p.bias_kind if want_bias else BiasKind.NONE
+    spec = DzSpec(p.act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=need_dz,
+                  write_dc=write_dc, dc_dtype=p.c_dtype if write_dc else DType.F32)
+    tm, tn = spec.tile
+    grid = (-(-n // tn), -(-m // tm), 1)
+    partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
+                     BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
+    launch = reduce = None
+    if m and n and (need_dz or write_dc or bias_kind is not BiasKind.NONE):
+        launch = _launcher(spec, p.device_id, _DZ_PARAMS)
+    if launch is not None and partial_shape is not None:
+        total = bias_kind is BiasKind.SCALAR
+        reduce = _launcher(DbiasSpec(p.bias_dtype, total), p.device_id, _DBIAS_PARAMS)
+        rows, cols = (partial_shape[0], 1) if total else partial_shape
+        reduce_grid = (1, 1, 1) if total else (-(-cols // 256), 1, 1)
+    gy_strides = _strides(gy)
+    src_strides = (n, 1) if recompute else _strides(src)
+    dz_np = a.dtype
+    c_shape, c_np = (c.shape, c.dtype) if c is not None else (None, None)
+    bias_shape, bias_np = (bias.shape, bias.dtype) if bias is not None else (None, None)
+    ndarray, zeros, current_stream = cp.ndarray, cp.zeros, cp.cuda.get_current_stream
+    want_a, want_b = "a" in wanted, "b" in wanted
+
+    def run(gy, a, b, bias, c, src, alpha, beta, slope):
+        if recompute:
+            src = gemm_bias_act(a, b, bias, c=c, alpha=alpha, beta=beta, out_dtype="float32",
+                                precision=precision)
+        dz = ndarray((m, n), dz_np) if need_dz else None
+        dc = ndarray(c_shape, c_np) if write_dc else None
+        partial = ndarray(partial_shape, np.float32) if partial_shape else None
+        if launch is not None:
+            launch(grid, (32, 8, 1), 0, current_stream().ptr,
+                   gy.data.ptr, *gy_strides, src.data.ptr, *src_strides,
+                   *((dz.data.ptr, n, 1) if dz is not None else (0, 0, 0)),
+                   *((dc.data.ptr, *_strides(dc)) if dc is not None else (0, 0, 0)),
+                   0 if partial is None else partial.data.ptr, m, n, beta, slope)
+        grad_a = grad_b = grad_bias = grad_c = None
+        if want_a:
+            grad_a = (gemm_bias_act(dz, b.T, alpha=alpha, precision=precision) if k and m
+                      else zeros((m, k), dtype=a.dtype))
+        if want_b:
+            grad_b = (gemm_bias_act(a.T, dz, alpha=alpha, precision=precision) if k and n
+                      else zeros((k, n), dtype=a.dtype))
+        if want_bias:
+            if reduce is None:
+                grad_bias = zeros(bias_shape, dtype=bias_np)
+            else:
+                grad_bias = ndarray(bias_shape, bias_np)
+                reduce(reduce_grid, (256, 1, 1), 0, current_stream().ptr, partial.data.ptr,
+                       rows, cols, grad_bias.data.ptr)
+        if want_c:
+            grad_c = dc if write_dc else zeros(c_shape, dtype=c_np)
+        return Gradients(grad_a, grad_b, grad_bias, grad_c)
+
+    return run

@@ -1,0 +1,95 @@
+// {{ spec.kernel_name }}
+// The backward's elementwise pass: dZ = gY * act'({{ "Y" if spec.from_y else "Z" }}) for {{ spec.act.value }}, computed once in float32 and
+// stored {% if spec.write_dz %}as dZ ({{ spec.dz_dtype.numpy_name }}){% endif %}{% if spec.write_dc %}{{ ", " if spec.write_dz }}as dC = beta * dZ ({{ spec.dc_dtype.numpy_name }}){% endif %}{% if spec.bias.value != "nobias" %}, with the {{ {"colbias": "column", "rowbias": "row", "scalarbias": "total"}[spec.bias.value] }} sums of dZ
+// (dBias) reduced in the same pass: each block writes float32 partial sums that a second,
+// small reduction adds up in a fixed order{% endif %}.
+// Blocks of 32 x 8 threads cover 64 rows x 128 columns; each thread four adjacent columns of
+// every eighth row. Every matrix takes (row stride, column stride) in elements.
+{% include "common/types.cuh" %}
+{% include "common/activations.cuh" %}
+
+constexpr int TILE_M = 64, TILE_N = 128, COLS = 4;
+
+extern "C" __global__ void __launch_bounds__(256)
+{{ spec.kernel_name }}(const {{ spec.grad_dtype.ctype }}* __restrict__ gy, long long gy_r, long long gy_c,
+                       const {{ spec.src_dtype.ctype }}* __restrict__ src, long long src_r, long long src_c,
+                       {{ spec.dz_dtype.ctype }}* __restrict__ dz, long long dz_r, long long dz_c,
+                       {{ spec.dc_dtype.ctype }}* __restrict__ dc, long long dc_r, long long dc_c,
+                       float* __restrict__ partial, long long M_, long long N_,
+                       double beta_, double slope_)
+{
+    const int M = static_cast<int>(M_), N = static_cast<int>(N_);
+    const float slope = static_cast<float>(slope_);
+{% if spec.write_dc %}
+    const float beta = static_cast<float>(beta_);
+{% endif %}
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int n0 = blockIdx.x * TILE_N + tx * COLS, m0 = blockIdx.y * TILE_M;
+{% if spec.bias.value == "colbias" %}
+    float col_sum[COLS] = {0.0f, 0.0f, 0.0f, 0.0f};
+{% elif spec.bias.value == "scalarbias" %}
+    float total = 0.0f;
+{% endif %}
+#pragma unroll 2
+    for (int i = ty; i < TILE_M; i += 8) {
+        const int m = m0 + i;
+        if (m >= M) break;
+{% if spec.bias.value == "rowbias" %}
+        float row_sum = 0.0f;
+{% endif %}
+#pragma unroll
+        for (int j = 0; j < COLS; ++j) {
+            const int n = n0 + j;
+            if (n < N) {
+                const float g = to_f32(gy[m * gy_r + n * gy_c]);
+                const float s = to_f32(src[m * src_r + n * src_c]);
+                const float d = g * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(s, slope);
+{% if spec.write_dz %}
+                store(&dz[m * dz_r + n * dz_c], d);
+{% endif %}
+{% if spec.write_dc %}
+                store(&dc[m * dc_r + n * dc_c], beta * d);
+{% endif %}
+{% if spec.bias.value == "colbias" %}
+                col_sum[j] += d;
+{% elif spec.bias.value == "rowbias" %}
+                row_sum += d;
+{% elif spec.bias.value == "scalarbias" %}
+                total += d;
+{% endif %}
+            }
+        }
+{% if spec.bias.value == "rowbias" %}
+        // the row's sum over this block's 128 columns: across the warp (one row per warp)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
+        if (tx == 0) partial[static_cast<long long>(blockIdx.x) * M + m] = row_sum;
+{% endif %}
+    }
+{% if spec.bias.value == "colbias" %}
+    // column sums over the block's rows: the 8 rows of threads through shared memory
+    __shared__ float sums[8][TILE_N];
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) sums[ty][tx * COLS + j] = col_sum[j];
+    __syncthreads();
+    const int t = ty * 32 + tx;
+    if (t < TILE_N && blockIdx.x * TILE_N + t < N) {
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) s += sums[r][t];
+        partial[static_cast<long long>(blockIdx.y) * N + blockIdx.x * TILE_N + t] = s;
+    }
+{% elif spec.bias.value == "scalarbias" %}
+    __shared__ float sums[8];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (tx == 0) sums[ty] = total;
+    __syncthreads();
+    if (tx == 0 && ty == 0) {
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) s += sums[r];
+        partial[static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x] = s;
+    }
+{% endif %}
+}

@@ -1,0 +1,216 @@
+"""gemm_bias_act_backward on the GPU against a float64 NumPy reference, and the reference's
+gradients against central finite differences of the float64 forward.
+
+Inputs are fresh random numbers (never zeros); outputs of the forward are poisoned with NaN
+before it runs. Tolerances (||got - ref|| / ||ref||): 1e-5 for float32, 5e-3 for float16 and
+1e-2 for bfloat16 (dZ is stored in the inputs' type for the two GEMMs, as autograd does).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.ops.gemm.reference import (
+    activation,
+    activation_grad,
+    gemm_bias_act_backward_ref,
+    rel_error,
+)
+from ge2jit.ops.gemm.spec import ACTS_FROM_Y, Act
+
+cp = pytest.importorskip("cupy")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+pytestmark = pytest.mark.gpu
+
+KINDS = {"f32": (np.dtype(np.float32), 1e-5), "bf16": (np.dtype(ml_dtypes.bfloat16), 1e-2),
+         "f16": (np.dtype(np.float16), 5e-3)}
+ACTS = [a.value for a in Act]
+BIAS_KINDS = ["none", "scalar", "col", "col2d", "row"]
+_rng = np.random.default_rng(7)
+
+
+def rand(dtype, *shape, layout="r", scale=1.0):
+    host = (_rng.standard_normal(shape) * scale).astype(np.float32).astype(dtype)
+    if layout == "c" and len(shape) == 2:
+        return cp.asarray(np.ascontiguousarray(host.T)).T
+    return cp.asarray(host)
+
+
+def host64(x):
+    return None if x is None else cp.asnumpy(x).astype(np.float64)
+
+
+def make_bias(dtype, kind, m, n):
+    return {"none": None, "scalar": rand(dtype, 1), "col": rand(dtype, n),
+            "col2d": rand(dtype, 1, n), "row": rand(dtype, m, 1)}[kind]
+
+
+def forward(a, b, bias, act, c=None, beta=0.0, alpha=1.0, slope=0.01):
+    m, n = a.shape[0], b.shape[1]
+    y = cp.full((m, n), np.nan, dtype=np.float32).astype(a.dtype)
+    z = cp.full((m, n), np.nan, dtype=np.float32).astype(a.dtype)
+    ge2jit.gemm_bias_act(a, b, bias, act=act, c=c, alpha=alpha, beta=beta, leaky_slope=slope,
+                         save_preact=True, out=y, preact_out=z)
+    return y, z
+
+
+def check(kind, a, b, bias, act, source="z", c=None, alpha=1.0, beta=0.0, slope=0.01,
+          needs=("a", "b", "bias", "c")):
+    dtype, tol = KINDS[kind]
+    m, n = a.shape[0], b.shape[1]
+    y, z = forward(a, b, bias, act, c, beta, alpha, slope)
+    gy = rand(dtype, m, n)
+    src = {"z": {"z": z}, "y": {"y": y}, "recompute": {}}[source]
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, c=c, alpha=alpha, beta=beta,
+                                        leaky_slope=slope, needs=needs, **src)
+    want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias), act=act,
+                                      c=host64(c), alpha=alpha, beta=beta, leaky_slope=slope)
+    for name, g, w, x in zip(("a", "b", "bias", "c"), got, want, (a, b, bias, c)):
+        if name not in needs or x is None:
+            assert g is None, name
+            continue
+        assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape, g.dtype)
+        g = host64(g)
+        assert np.isfinite(g).all(), name
+        err = rel_error(g, w, 1e-30)
+        assert err < tol, f"d{name} ({kind}, {act}, {source}): relative error {err:.3g}"
+    return got
+
+
+@pytest.mark.parametrize("bias_kind", BIAS_KINDS)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_act_and_bias_kind(kind, act, bias_kind):
+    dtype = KINDS[kind][0]
+    m, n, k = 150, 136, 72
+    a, b = rand(dtype, m, k), rand(dtype, k, n)
+    check(kind, a, b, make_bias(dtype, bias_kind, m, n), act)
+
+
+@pytest.mark.parametrize("la, lb", list(itertools.product("rc", repeat=2)), ids=lambda x: x)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_layout_and_sizes_not_multiples_of_tiles(kind, la, lb):
+    dtype = KINDS[kind][0]
+    m, n, k = 203, 131, 97 if kind == "f32" else 96
+    a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
+    check(kind, a, b, rand(dtype, n), "gelu_tanh")
+
+
+@pytest.mark.parametrize("source", ["z", "y", "recompute"])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_sources_of_act_prime(kind, act, source):
+    """From the saved Z, from Y (the activations that allow it) or by recomputing Z."""
+    if source == "y" and Act(act) not in ACTS_FROM_Y:
+        pytest.skip("act' is not a function of Y")
+    dtype = KINDS[kind][0]
+    m, n, k = 96, 200, 64
+    check(kind, rand(dtype, m, k), rand(dtype, k, n), rand(dtype, 1, n), act, source=source,
+          slope=0.2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_alpha_beta_c_and_subsets_of_needs(kind):
+    dtype = KINDS[kind][0]
+    m, n, k = 130, 70, 50
+    a, b, c = rand(dtype, m, k), rand(dtype, k, n), rand(dtype, m, n, layout="c")
+    check(kind, a, b, rand(np.float32, n), "silu", c=c, alpha=-0.75, beta=1.5)
+    check(kind, a, b, rand(dtype, m, 1), "tanh", c=c, beta=0.5, source="recompute")
+    check(kind, a, b, rand(dtype, n), "gelu", c=c, beta=0.25, needs=("bias", "c"))
+    check(kind, a, b, rand(dtype, n), "relu", needs=("b",))
+    got = check(kind, a, b, None, "sigmoid", c=c, beta=0.0)
+    assert not cp.asnumpy(got.c).any(), "dC = 0 * dZ when beta is 0"
+
+
+@pytest.mark.parametrize("source", ["z", "y", "recompute"])
+def test_repeated_calls_take_the_prepared_path(source):
+    """The second call of an argument pattern skips validation; its results are those of its
+    own arrays."""
+    from ge2jit.ops.gemm import backward
+
+    for _ in range(3):
+        a, b, bias = rand(np.float32, 70, 40), rand(np.float32, 40, 90), rand(np.float32, 90)
+        check("f32", a, b, bias, "relu", source=source)
+    assert any(sig[1][0] == (70, 40) for sig in backward._prepared)
+
+
+def test_float32_gradient_from_bf16_forward():
+    """A float32 gY (e.g. from a float32 loss) for bfloat16 operands."""
+    dtype = KINDS["bf16"][0]
+    a, b, bias = rand(dtype, 64, 48), rand(dtype, 48, 80), rand(np.float32, 80)
+    _, z = forward(a, b, bias, "gelu")
+    gy = rand(np.float32, 64, 80)
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="gelu", z=z)
+    want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias),
+                                      act="gelu")
+    assert got.bias.dtype == np.float32 and got.a.dtype == dtype
+    for g, w in zip(got[:3], want[:3]):
+        assert rel_error(host64(g), w) < 1e-2
+
+
+def test_empty_and_degenerate_sizes():
+    a, b, bias = rand(np.float32, 0, 5), rand(np.float32, 5, 7), rand(np.float32, 7)
+    got = ge2jit.gemm_bias_act_backward(cp.zeros((0, 7), np.float32), a, b, bias, act="relu")
+    assert got.a.shape == (0, 5) and got.b.shape == (5, 7) and not cp.asnumpy(got.b).any()
+    assert got.bias.shape == (7,) and not cp.asnumpy(got.bias).any()
+    a, b = rand(np.float32, 6, 0), rand(np.float32, 0, 4)
+    gy, bias = rand(np.float32, 6, 4), rand(np.float32, 4)
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="gelu")   # K = 0: Z is the bias
+    assert got.a.shape == (6, 0) and got.b.shape == (0, 4)
+    want = host64(gy).sum(axis=0) * activation_grad("gelu", host64(bias))
+    assert np.allclose(host64(got.bias), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_gpu_gradients_match_finite_differences(act):
+    """ge2jit's float32 gradients against central differences of the float64 forward."""
+    rng = np.random.default_rng(12)
+    m, n, k = 33, 40, 24
+    a64, b64 = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    bias64, gy64 = rng.standard_normal(n), rng.standard_normal((m, n))
+    a, b, bias, gy = (cp.asarray(x.astype(np.float32)) for x in (a64, b64, bias64, gy64))
+    a64, b64, bias64, gy64 = (host64(x) for x in (a, b, bias, gy))
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, leaky_slope=0.1)
+
+    def loss(a_, b_, bias_):
+        return float((gy64 * activation(act, a_ @ b_ + bias_, 0.1)).sum())
+
+    h = 1e-6
+    for x, grad, pos in ((a64, host64(got.a), 0), (b64, host64(got.b), 1),
+                         (bias64, host64(got.bias), 2)):
+        for _ in range(5):
+            idx = tuple(rng.integers(0, s) for s in x.shape)
+            args_up, args_down = [a64, b64, bias64], [a64, b64, bias64]
+            up, down = x.copy(), x.copy()
+            up[idx] += h
+            down[idx] -= h
+            args_up[pos], args_down[pos] = up, down
+            fd = (loss(*args_up) - loss(*args_down)) / (2 * h)
+            assert abs(fd - grad[idx]) <= 2e-4 * max(1.0, abs(fd)), (act, pos, idx, fd)
+
+
+def test_bad_input_is_refused():
+    a, b = rand(np.float32, 8, 4), rand(np.float32, 4, 6)
+    gy = rand(np.float32, 8, 6)
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"gy: expected shape \(8, 6\)"):
+        ge2jit.gemm_bias_act_backward(rand(np.float32, 6, 8), a, b)
+    with pytest.raises(ge2jit.ArgumentValueError, match="gy: expected dtype float32"):
+        ge2jit.gemm_bias_act_backward(gy.astype(np.float16), a, b)
+    with pytest.raises(ge2jit.ArgumentValueError, match="y: act 'gelu' has no derivative"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, act="gelu", y=gy)
+    with pytest.raises(ge2jit.ArgumentValueError, match="z, y: pass one"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, act="relu", y=gy, z=gy)
+    with pytest.raises(ge2jit.ArgumentValueError, match="needs: expected names"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, needs=("a", "weights"))
+    with pytest.raises(ge2jit.ArgumentValueError, match="leaky_slope -0.5 < 0"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, act="leaky_relu", leaky_slope=-0.5, y=gy)
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"z: expected shape \(8, 6\)"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, act="gelu", z=gy[:4])
+    with pytest.raises(ge2jit.ArgumentTypeError, match="gy: expected a cupy.ndarray"):
+        ge2jit.gemm_bias_act_backward(cp.asnumpy(gy), a, b)
+    with pytest.raises(ge2jit.ArgumentValueError, match="b: expected shape"):
+        ge2jit.gemm_bias_act_backward(gy, a, rand(np.float32, 5, 6))
