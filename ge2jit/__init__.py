@@ -31,6 +31,7 @@ from .ops.gemm import (
 )
 
 from .notebook import benchmark_configs, inspect
+from .ops.optim import adam_update, sgd_update
 from .precompile import warmup
 
 
@@ -46,6 +47,8 @@ __all__ = [
     "gemm_bias_act",
     "gemm_bias_act_backward",
     "Gradients",
+    "adam_update",
+    "sgd_update",
     "tune",
     "explain",
     "warmup",

@@ -37,6 +37,7 @@ from ge2jit.ops.gemm.spec import (
     TransposeSpec,
     WgmmaGemmSpec,
 )
+from ge2jit.ops.optim import UpdateSpec
 
 ARCHS = ["sm_80", "sm_90"]
 EPILOGUE = {
@@ -147,6 +148,17 @@ FAMILIES = {
     "dbias": (
         {"out": list(DType), "total": [False, True], "arch": ARCHS},
         lambda p: DbiasSpec(p["out"], p["total"]),
+    ),
+    # the optimizers' fused steps
+    "update": (
+        {"rule": ["adam", "sgd"], "grad": list(DType), "copy": [None, *DType],
+         "nesterov": [False], "arch": ARCHS},
+        lambda p: UpdateSpec(p["rule"], p["grad"], p["copy"], p["nesterov"]),
+    ),
+    "update_nesterov": (
+        {"rule": ["sgd"], "grad": list(DType), "copy": [None, DType.BF16], "nesterov": [True],
+         "arch": ARCHS},
+        lambda p: UpdateSpec(p["rule"], p["grad"], p["copy"], p["nesterov"]),
     ),
     "dz_from_y": (
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),

@@ -1,0 +1,134 @@
+"""Fused optimizer steps (Adam/AdamW, SGD with momentum) for training with ge2jit's ops: one
+kernel per parameter reads the gradient, updates the float32 parameter and its optimizer
+state in place, and can write the 16-bit copy of the weights that the next forward reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import ArgumentValueError
+from ...jit.launch import Launcher
+from ...jit.loader import get_kernel
+from ...jit.spec import KernelSpec
+from ..gemm.problem import _cupy, check_array, check_dtype, check_scalar
+from ..gemm.spec import DType
+
+__all__ = ["UpdateSpec", "adam_update", "sgd_update"]
+
+_PARAMS = "<QQQQQqddddddd"
+_launchers: dict[tuple, Launcher] = {}
+
+
+@dataclass(frozen=True)
+class UpdateSpec(KernelSpec):
+    """One optimizer step over a flat float32 parameter: ``rule`` "adam" or "sgd" (with
+    ``nesterov``), the gradient's type, and the type of the parameter's copy to write (None:
+    no copy)."""
+
+    rule: str
+    grad_dtype: DType
+    copy_dtype: DType | None = None
+    nesterov: bool = False
+
+    template = "optim/update.cu"
+    threads = 256
+    smem_bytes = 0
+
+    def __post_init__(self):
+        if self.rule not in ("adam", "sgd"):
+            raise ArgumentValueError(f"UpdateSpec.rule: expected 'adam' or 'sgd', got "
+                                     f"{self.rule!r}")
+        if not isinstance(self.grad_dtype, DType) or not (
+                self.copy_dtype is None or isinstance(self.copy_dtype, DType)):
+            raise TypeError("UpdateSpec: grad_dtype and copy_dtype must be DType (copy: or None)")
+        if self.rule == "adam" and self.nesterov:
+            raise ArgumentValueError("UpdateSpec: nesterov applies to sgd")
+
+    @property
+    def kernel_name(self) -> str:
+        copy = f"_copy{self.copy_dtype.value}" if self.copy_dtype else ""
+        rule = "sgd_nesterov" if self.nesterov else self.rule
+        return f"{rule}_update_g{self.grad_dtype.value}{copy}"
+
+
+def _flat(x, name: str, size: int, shape, dtypes) -> DType:
+    check_array(x, name)
+    if x.shape != shape:
+        raise ArgumentValueError(f"{name}: expected shape {shape} (param's), got {x.shape}")
+    dt = check_dtype(x, name)
+    if dt not in dtypes:
+        allowed = " or ".join(sorted(d.numpy_name for d in dtypes))
+        raise ArgumentValueError(f"{name}: expected dtype {allowed}, got {x.dtype}")
+    if size and not x.flags.c_contiguous:
+        raise ArgumentValueError(f"{name}: expected a C-contiguous array, got strides "
+                                 f"{x.strides}")
+    return dt
+
+
+def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> None:
+    check_array(param, "param")
+    shape = param.shape
+    _flat(param, "param", param.size, shape, (DType.F32,))
+    grad_dtype = _flat(grad, "grad", param.size, shape, tuple(DType))
+    names = ("m", "v") if rule == "adam" else ("momentum_buffer",)
+    for name, buf in zip(names, (buf1, buf2)):
+        _flat(buf, name, param.size, shape, (DType.F32,))
+    copy_dtype = None
+    if param_copy is not None:
+        copy_dtype = _flat(param_copy, "param_copy", param.size, shape, tuple(DType))
+    cp = _cupy()
+    device_id = cp.cuda.runtime.getDevice()
+    for name, x in (("grad", grad), *zip(names, (buf1, buf2)), ("param_copy", param_copy)):
+        if x is not None and x.data.device_id != param.data.device_id:
+            raise ArgumentValueError(f"{name}: on device {x.data.device_id}, param on "
+                                     f"{param.data.device_id}")
+    if param.size == 0:
+        return
+    spec = UpdateSpec(rule, grad_dtype, copy_dtype, nesterov)
+    key = (spec, device_id)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        k = get_kernel(spec, device_id)
+        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
+    sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    blocks = max(1, min(-(-param.size // 256), 8 * sms))
+    launcher((blocks, 1, 1), (256, 1, 1), 0, cp.cuda.get_current_stream().ptr,
+             param.data.ptr, grad.data.ptr, buf1.data.ptr,
+             0 if buf2 is None else buf2.data.ptr,
+             0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
+
+
+def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),
+                eps: float = 1e-8, weight_decay: float = 0.0, param_copy=None) -> None:
+    """One Adam step in place (AdamW's decoupled weight decay when ``weight_decay`` > 0):
+    ``m``, ``v`` (float32, zeros before the first step) are the moment estimates, ``step``
+    the 1-based step count for the bias corrections. ``param`` is float32; ``grad`` float32,
+    float16 or bfloat16; ``param_copy`` (optional) receives the updated parameter in its own
+    dtype (e.g. the bfloat16 weights of a mixed-precision model)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
+        raise ArgumentValueError(f"step: expected an int >= 1 (the 1-based step count), got "
+                                 f"{step!r}")
+    try:
+        b1, b2 = (check_scalar(b, "betas") for b in tuple(betas))
+    except (TypeError, ValueError):
+        raise ArgumentValueError(f"betas: expected two floats, got {betas!r}") from None
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        raise ArgumentValueError(f"betas: expected values in [0, 1), got {betas!r}")
+    scalars = (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
+               check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
+    _launch("adam", param, grad, m, v, param_copy, False, scalars)
+
+
+def sgd_update(param, grad, momentum_buffer, *, lr: float, momentum: float = 0.9,
+               weight_decay: float = 0.0, nesterov: bool = False, param_copy=None) -> None:
+    """One SGD step with momentum in place, PyTorch's rule: ``g = grad + weight_decay *
+    param``; ``buf = momentum * buf + g`` (``momentum_buffer``: float32, zeros before the
+    first step); ``param -= lr * buf`` (Nesterov: ``lr * (g + momentum * buf)``). Types as in
+    ``adam_update``."""
+    if not isinstance(nesterov, bool):
+        raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
+    scalars = (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
+               check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
+    _launch("sgd", param, grad, momentum_buffer, None, param_copy, nesterov, scalars)
