@@ -138,6 +138,19 @@ def test_repeated_calls_take_the_prepared_path(source):
     assert any(sig[1][0] == (70, 40) for sig in backward._prepared)
 
 
+@pytest.mark.parametrize("precision, tol", [("tf32", 2e-3), ("tf32x3", 1e-5)])
+def test_float32_precisions(precision, tol):
+    """float32 inputs with the tensor-core precisions: dA and dB by the same GEMM mode."""
+    a, b, bias = rand(np.float32, 200, 136), rand(np.float32, 136, 264), rand(np.float32, 264)
+    z = ge2jit.gemm_bias_act(a, b, bias, act="silu", save_preact=True, precision="tf32x3")[1]
+    gy = rand(np.float32, 200, 264)
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="silu", z=z, precision=precision)
+    want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias),
+                                      act="silu")
+    for g, w in zip(got[:3], want[:3]):
+        assert rel_error(host64(g), w) < tol
+
+
 def test_float32_gradient_from_bf16_forward():
     """A float32 gY (e.g. from a float32 loss) for bfloat16 operands."""
     dtype = KINDS["bf16"][0]
