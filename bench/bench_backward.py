@@ -80,7 +80,7 @@ def bench_row(m, n, k, dtype, act, precision, torch) -> dict:
     return row
 
 
-def bench_sources(m, n, k, dtype, act) -> dict:
+def bench_sources(m, n, k, dtype, act, precision=None) -> dict:
     """The backward's time by where act' comes from: the saved Z, Y, or Z recomputed."""
     dt = np_dtype(dtype)
     rng = cp.random.default_rng(1)
@@ -88,13 +88,16 @@ def bench_sources(m, n, k, dtype, act) -> dict:
     b = (rng.standard_normal((k, n), dtype=cp.float32) / np.float32(np.sqrt(k))).astype(dt)
     bias, gy = rng.standard_normal(n, dtype=cp.float32).astype(dt), \
         rng.standard_normal((m, n), dtype=cp.float32).astype(dt)
-    y, z = ge2jit.gemm_bias_act(a, b, bias, act=act, save_preact=True)
+    y, z = ge2jit.gemm_bias_act(a, b, bias, act=act, save_preact=True, precision=precision)
     cases = {
-        "from_z": (lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, z=z), [()]),
-        "from_y": (lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, y=y), [()]),
-        "recompute": (lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act), [()]),
+        "from_z": (lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, z=z,
+                                                         precision=precision), [()]),
+        "from_y": (lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, y=y,
+                                                         precision=precision), [()]),
+        "recompute": (lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act,
+                                                            precision=precision), [()]),
     }
-    row = {"m": m, "n": n, "k": k, "dtype": dtype, "act": act,
+    row = {"m": m, "n": n, "k": k, "dtype": dtype, "act": act, "precision": precision,
            "kept_bytes_z": m * n * dt.itemsize, **dict(zip(cases, interleaved_ms(
                list(cases.values()))))}
     print(f"sources {dtype} {m}x{n}x{k} {act}: " + ", ".join(
@@ -144,7 +147,8 @@ def main(argv=None) -> int:
                   flush=True)
             Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         for (m, n, k) in [(4096, 4096, 1024), (16384, 4096, 1024)]:
-            sources.append(bench_sources(m, n, k, dtype, args.sources_act))
+            sources.append(bench_sources(m, n, k, dtype, args.sources_act,
+                                         args.precision if dtype == "float32" else None))
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "sources": sources},
                                          indent=1))
     return 0

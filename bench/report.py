@@ -92,30 +92,46 @@ def _host_log_section(path: Path) -> str:
             "| what | µs |\n|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def _backward_section(data: dict, name: str) -> str:
-    meta = data["meta"]
-    lines = []
-    for r in data["rows"]:
-        two, step = r.get("cublas_two_gemms"), r.get("torch_step")
-        lines.append(
-            f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['ge2jit_backward']:.4f} | "
-            f"{_fmt(two)} | {_fmt(two and r['ge2jit_backward'] / two, 2)} | "
-            f"{r['ge2jit_step']:.4f} | {_fmt(step)} | {_fmt(step and step / r['ge2jit_step'], 2)} |")
-    act = data["rows"][0]["act"] if data["rows"] else ""
-    return f"""
+def _backward_section(runs: list[dict], names: list[str]) -> str:
+    meta = runs[0]["meta"]
+    lines, sources = [], []
+    for data in runs:
+        for r in data["rows"]:
+            two, step = r.get("cublas_two_gemms"), r.get("torch_step")
+            kind = r["dtype"] + (f" ({r['precision']})" if r.get("precision") else "")
+            lines.append(
+                f"| {kind} | {r['m']}×{r['n']}×{r['k']} | {r['ge2jit_backward']:.4f} | "
+                f"{_fmt(two)} | {_fmt(two and r['ge2jit_backward'] / two, 2)} | "
+                f"{r['ge2jit_step']:.4f} | {_fmt(step)} | "
+                f"{_fmt(step and step / r['ge2jit_step'], 2)} |")
+        for r in data.get("sources", []):
+            sources.append(f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['act']} | "
+                           f"{r['from_z']:.4f} | {r['from_y']:.4f} | {r['recompute']:.4f} | "
+                           f"{r['kept_bytes_z'] / 2**20:.0f} |")
+    act = runs[0]["rows"][0]["act"] if runs[0]["rows"] else ""
+    text = f"""
 ## Backward (`gemm_bias_act_backward`) and one training step of a Linear + {act} layer
 
-`python bench/bench_backward.py` ({name}, {meta['device']}, {meta['date']}, commit
+`python bench/bench_backward.py` ({", ".join(names)}; {meta['device']}, {meta['date']}, commit
 {meta.get('commit') or 'see the header'}): A (M, K) activations, B (K, N) weights, bias per
 column, Z saved by the forward. "backward": dA, dB and dBias, against the two plain cuBLAS
 GEMMs of the same sizes alone (torch.mm, dZ given): the ratio is ge2jit's time over theirs
 (below 1.1 is the target). "step": ge2jit's forward (saving Z) + backward, against PyTorch's
 linear + activation + autograd backward: the ratio is PyTorch's time over ge2jit's (above 1:
-ge2jit faster). Implementations timed in turns.
+ge2jit faster). Implementations timed in turns. float32 with `--precision tf32x3` runs
+ge2jit's GEMMs in 3xTF32 (float32 accuracy) against PyTorch's exact float32.
 
 | dtype | M×N×K | backward ms | two cuBLAS GEMMs ms | ratio | step ms | PyTorch step ms | ×PyTorch |
 |---|---|---|---|---|---|---|---|
 """ + "\n".join(lines) + "\n"
+    if sources:
+        text += """
+Where act' comes from (the backward's time in ms; Z kept from the forward in MiB):
+
+| dtype | M×N×K | act | from Z | from Y | Z recomputed | Z kept, MiB |
+|---|---|---|---|---|---|---|
+""" + "\n".join(sources) + "\n"
+    return text
 
 
 def main(argv=None) -> int:
@@ -125,8 +141,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--note", action="append", default=[],
                         help="a paragraph to add under the header (repeatable)")
-    parser.add_argument("--backward", type=Path,
-                        help="JSON of bench_backward.py to add as a section")
+    parser.add_argument("--backward", type=Path, action="append", default=[],
+                        help="JSON of bench_backward.py to add to its section (repeatable)")
     parser.add_argument("--host-log", type=Path,
                         help="log of a later `bench_gemm.py --host-only` run to add")
     args = parser.parse_args(argv)
@@ -216,7 +232,8 @@ after a synchronization (the queue never fills), i.e. the host's own time per ca
   {data.get('disk_cache_first_call_s', float('nan')):.3f} s
 """
     if args.backward:
-        text += _backward_section(json.loads(args.backward.read_text()), args.backward.name)
+        text += _backward_section([json.loads(p.read_text()) for p in args.backward],
+                                  [p.name for p in args.backward])
     if args.host_log:
         text += _host_log_section(args.host_log)
     args.out.write_text(text)

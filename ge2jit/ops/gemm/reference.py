@@ -60,11 +60,14 @@ def activation_grad(name: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray
 
 
 def gemm_bias_act_backward_ref(gy, a, b, bias=None, *, act="none", c=None, alpha=1.0,
-                               beta=0.0, leaky_slope=0.01):
-    """(dA, dB, dBias, dC) in float64 from host arrays (dBias in the bias' shape)."""
+                               beta=0.0, leaky_slope=0.01, abs_dz=False):
+    """(dA, dB, dBias, dC) in float64 from host arrays (dBias in the bias' shape). ``abs_dz``:
+    from |dZ| instead (the magnitudes that a sum of dZ's terms adds up, for error bounds)."""
     _, z = gemm_bias_act_ref(a, b, bias, act=act, c=c, alpha=alpha, beta=beta,
                              leaky_slope=leaky_slope)
     dz = np.asarray(gy, np.float64) * activation_grad(act, z, leaky_slope)
+    if abs_dz:
+        dz = np.abs(dz)
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     d_bias = None
     if bias is not None:

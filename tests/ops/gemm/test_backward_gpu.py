@@ -69,6 +69,11 @@ def check(kind, a, b, bias, act, source="z", c=None, alpha=1.0, beta=0.0, slope=
                                         leaky_slope=slope, needs=needs, **src)
     want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias), act=act,
                                       c=host64(c), alpha=alpha, beta=beta, leaky_slope=slope)
+    # dBias sums many terms of both signs: its error scales with the terms' magnitudes, not
+    # with the (cancelling) sum, so the denominator has the floor of the summed |dZ|
+    abs_bias = None if bias is None else gemm_bias_act_backward_ref(
+        np.abs(host64(gy)), host64(a), host64(b), host64(bias), act=act, c=host64(c),
+        alpha=alpha, beta=beta, leaky_slope=slope, abs_dz=True)[2]
     for name, g, w, x in zip(("a", "b", "bias", "c"), got, want, (a, b, bias, c)):
         if name not in needs or x is None:
             assert g is None, name
@@ -76,7 +81,10 @@ def check(kind, a, b, bias, act, source="z", c=None, alpha=1.0, beta=0.0, slope=
         assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape, g.dtype)
         g = host64(g)
         assert np.isfinite(g).all(), name
-        err = rel_error(g, w, 1e-30)
+        floor = 1e-30
+        if name == "bias":
+            floor = float(np.linalg.norm(abs_bias)) / np.sqrt(max(w.size and m * n // w.size, 1))
+        err = rel_error(g, w, floor)
         assert err < tol, f"d{name} ({kind}, {act}, {source}): relative error {err:.3g}"
     return got
 
