@@ -3,12 +3,38 @@
 // stored {% if spec.write_dz %}as dZ ({{ spec.dz_dtype.numpy_name }}){% endif %}{% if spec.write_dc %}{{ ", " if spec.write_dz }}as dC = beta * dZ ({{ spec.dc_dtype.numpy_name }}){% endif %}{% if spec.bias.value != "nobias" %}, with the {{ {"colbias": "column", "rowbias": "row", "scalarbias": "total"}[spec.bias.value] }} sums of dZ
 // (dBias) reduced in the same pass: each block writes float32 partial sums that a second,
 // small reduction adds up in a fixed order{% endif %}.
-// Blocks of 32 x 8 threads cover 64 rows x 128 columns; each thread four adjacent columns of
-// every eighth row. Every matrix takes (row stride, column stride) in elements.
+// Blocks of 32 x 8 threads cover `rows` rows x {{ 32 * spec.cols }} columns; each thread {{ spec.cols }} adjacent columns of
+// every eighth row{% if spec.vec %}, read and written as 16-byte vectors (unit column strides, rows and pointers
+// 16-byte aligned, N a multiple of 8){% endif %}. Every matrix takes (row stride, column stride) in elements.
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 
-constexpr int TILE_M = 64, TILE_N = 128, COLS = 4;
+constexpr int COLS = {{ spec.cols }}, TILE_N = 32 * COLS;
+{% if spec.vec %}
+
+// 8 values from 16 aligned bytes (16-bit types) or 32 (float)
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+    const uint4 r = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = to_f32(T{static_cast<unsigned short>(w[i] & 0xffffu)});
+        v[2 * i + 1] = to_f32(T{static_cast<unsigned short>(w[i] >> 16)});
+    }
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) { store_vec(p, v); }
+{% endif %}
 
 extern "C" __global__ void __launch_bounds__(256)
 {{ spec.kernel_name }}(const {{ spec.grad_dtype.ctype }}* __restrict__ gy, long long gy_r, long long gy_c,
@@ -16,9 +42,10 @@ extern "C" __global__ void __launch_bounds__(256)
                        {{ spec.dz_dtype.ctype }}* __restrict__ dz, long long dz_r, long long dz_c,
                        {{ spec.dc_dtype.ctype }}* __restrict__ dc, long long dc_r, long long dc_c,
                        float* __restrict__ partial, long long M_, long long N_,
-                       double beta_, double slope_)
+                       long long rows_, double beta_, double slope_)
 {
     const int M = static_cast<int>(M_), N = static_cast<int>(N_);
+    const int TILE_M = static_cast<int>(rows_);   // rows per block
     const float slope = static_cast<float>(slope_);
 {% if spec.write_dc %}
     const float beta = static_cast<float>(beta_);
@@ -26,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int n0 = blockIdx.x * TILE_N + tx * COLS, m0 = blockIdx.y * TILE_M;
 {% if spec.bias.value == "colbias" %}
-    float col_sum[COLS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float col_sum[COLS] = {};
 {% elif spec.bias.value == "scalarbias" %}
     float total = 0.0f;
 {% endif %}
@@ -37,6 +64,34 @@ extern "C" __global__ void __launch_bounds__(256)
 {% if spec.bias.value == "rowbias" %}
         float row_sum = 0.0f;
 {% endif %}
+{% if spec.vec %}
+        if (n0 < N) {   // N is a multiple of 8: all 8 columns are there
+            float g[8], src8[8], d[8];
+            load8(&gy[m * gy_r + n0], g);
+            load8(&src[m * src_r + n0], src8);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) d[j] = g[j] * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(src8[j], slope);
+{% if spec.write_dz %}
+            store8(&dz[m * dz_r + n0], d);
+{% endif %}
+{% if spec.write_dc %}
+            float e[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) e[j] = beta * d[j];
+            store8(&dc[m * dc_r + n0], e);
+{% endif %}
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+{% if spec.bias.value == "colbias" %}
+                col_sum[j] += d[j];
+{% elif spec.bias.value == "rowbias" %}
+                row_sum += d[j];
+{% elif spec.bias.value == "scalarbias" %}
+                total += d[j];
+{% endif %}
+            }
+        }
+{% else %}
 #pragma unroll
         for (int j = 0; j < COLS; ++j) {
             const int n = n0 + j;
@@ -59,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(256)
 {% endif %}
             }
         }
+{% endif %}
 {% if spec.bias.value == "rowbias" %}
         // the row's sum over this block's 128 columns: across the warp (one row per warp)
 #pragma unroll

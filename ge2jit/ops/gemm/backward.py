@@ -19,7 +19,7 @@ from .problem import check_array, check_dtype, validate
 from .spec import ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
 
 NEEDS = ("a", "b", "bias", "c")
-_DZ_PARAMS = "<QqqQqqQqqQqqQqqdd"
+_DZ_PARAMS = "<QqqQqqQqqQqqQqqqdd"
 _DBIAS_PARAMS = "<QqqQ"
 _launchers: dict[tuple, Launcher] = {}
 _prepared: dict = {}
@@ -61,7 +61,9 @@ def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precisio
     def arr(x):
         return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
 
-    return (arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
+    return (arr(gy), gy.data.ptr & 15, arr(a), arr(b), arr(bias), arr(c), arr(z),
+            None if z is None else z.data.ptr & 15, arr(y), None if y is None else y.data.ptr & 15,
+            act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision,
             problem._cupy().cuda.runtime.getDevice())
 
@@ -167,10 +169,20 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     write_dc = want_c and p.beta != 0.0
     recompute = src is None
     bias_kind = p.bias_kind if want_bias else BiasKind.NONE
+    gy_strides = _strides(gy)
+    src_strides = (n, 1) if recompute else _strides(src)
+    vec = n % 8 == 0 and all(
+        x is None or (x.data.ptr % 16 == 0 and st[1] == 1 and (st[0] * x.itemsize) % 16 == 0)
+        for x, st in ((gy, gy_strides), (src, src_strides)))
     spec = DzSpec(p.act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=need_dz,
-                  write_dc=write_dc, dc_dtype=p.c_dtype if write_dc else DType.F32)
-    tm, tn = spec.tile
-    grid = (-(-n // tn), -(-m // tm), 1)
+                  write_dc=write_dc, dc_dtype=p.c_dtype if write_dc else DType.F32, vec=vec)
+    tn = 32 * spec.cols
+    # rows per block: more while the grid stays several blocks per multiprocessor (fewer
+    # partial sums to add up afterwards)
+    tm, blocks_n = 64, -(-n // tn)
+    while tm < 512 and blocks_n * -(-m // (2 * tm)) >= 1024:
+        tm *= 2
+    grid = (blocks_n, -(-m // tm), 1)
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
     launch = reduce = None
@@ -181,8 +193,6 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         reduce = _launcher(DbiasSpec(p.bias_dtype, total), p.device_id, _DBIAS_PARAMS)
         rows, cols = (partial_shape[0], 1) if total else partial_shape
         reduce_grid = (1, 1, 1) if total else (-(-cols // 256), 1, 1)
-    gy_strides = _strides(gy)
-    src_strides = (n, 1) if recompute else _strides(src)
     dz_np = a.dtype
     c_shape, c_np = (c.shape, c.dtype) if c is not None else (None, None)
     bias_shape, bias_np = (bias.shape, bias.dtype) if bias is not None else (None, None)
@@ -201,7 +211,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                    gy.data.ptr, *gy_strides, src.data.ptr, *src_strides,
                    *((dz.data.ptr, n, 1) if dz is not None else (0, 0, 0)),
                    *((dc.data.ptr, *_strides(dc)) if dc is not None else (0, 0, 0)),
-                   0 if partial is None else partial.data.ptr, m, n, beta, slope)
+                   0 if partial is None else partial.data.ptr, m, n, tm, beta, slope)
         grad_a = grad_b = grad_bias = grad_c = None
         if want_a:
             grad_a = (gemm_bias_act(dz, b.T, alpha=alpha, precision=precision) if k and m

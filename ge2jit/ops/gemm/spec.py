@@ -835,7 +835,8 @@ class DzSpec(KernelSpec):
     """The backward's elementwise pass: dZ = gY * act'(Z) (or act' from Y, ``from_y``, for
     ``ACTS_FROM_Y``), stored as dZ (``write_dz``, type ``dz_dtype``) and/or dC = beta * dZ
     (``write_dc``, ``dc_dtype``), with the sums of dZ that dBias needs (``bias``: per column,
-    per row or in total) as float32 partial sums per block."""
+    per row or in total) as float32 partial sums per block. ``vec``: 16-byte accesses of 8
+    columns a thread (unit column strides, 16-byte aligned rows and pointers, N % 8 == 0)."""
 
     act: Act
     from_y: bool
@@ -846,16 +847,17 @@ class DzSpec(KernelSpec):
     write_dz: bool = True
     write_dc: bool = False
     dc_dtype: DType = DType.F32
+    vec: bool = False
 
     template = "gemm/dz.cu"
     threads = 256
     smem_bytes = 0
-    tile = (64, 128)   # rows, columns of a block
 
     def __post_init__(self):
         for name, typ in (("act", Act), ("from_y", bool), ("bias", BiasKind),
                           ("grad_dtype", DType), ("src_dtype", DType), ("dz_dtype", DType),
-                          ("write_dz", bool), ("write_dc", bool), ("dc_dtype", DType)):
+                          ("write_dz", bool), ("write_dc", bool), ("dc_dtype", DType),
+                          ("vec", bool)):
             if not isinstance(getattr(self, name), typ):
                 raise TypeError(f"DzSpec.{name}: expected {typ.__name__}, got "
                                 f"{getattr(self, name)!r}")
@@ -870,7 +872,12 @@ class DzSpec(KernelSpec):
         outs = (f"_dz{self.dz_dtype.value}" if self.write_dz else "") + \
             (f"_dc{self.dc_dtype.value}" if self.write_dc else "")
         return (f"gemm_dz_{self.act.value}_{src}{self.src_dtype.value}_g"
-                f"{self.grad_dtype.value}{outs}_{self.bias.value}")
+                f"{self.grad_dtype.value}{outs}_{self.bias.value}{'_v8' if self.vec else ''}")
+
+    @property
+    def cols(self) -> int:
+        """Adjacent columns a thread handles (a block: 32 threads across, 8 down)."""
+        return 8 if self.vec else 4
 
 
 @dataclass(frozen=True)

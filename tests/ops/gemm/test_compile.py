@@ -141,9 +141,10 @@ FAMILIES = {
     "dz": (
         {"act": list(Act), "from_y": [False], "bias": list(BiasKind), "grad": list(DType),
          "src": list(DType), "dz": list(DType), "write_dz": [False, True],
-         "write_dc": [False, True], "dc": list(DType), "arch": ARCHS},
+         "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
         lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
-                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"]),
+                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"],
+                         vec=p["vec"]),
     ),
     "dbias": (
         {"out": list(DType), "total": [False, True], "arch": ARCHS},
@@ -163,9 +164,10 @@ FAMILIES = {
     "dz_from_y": (
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),
          "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
-         "write_dc": [False, True], "dc": list(DType), "arch": ARCHS},
+         "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
         lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
-                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"]),
+                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"],
+                         vec=p["vec"]),
     ),
 }
 
