@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
-from . import problem
+from . import op, problem
 from .op import gemm_bias_act
 from .problem import check_array, check_dtype, validate
 from .spec import ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
@@ -61,11 +61,18 @@ def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precisio
     def arr(x):
         return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
 
-    return (arr(gy), gy.data.ptr & 15, arr(a), arr(b), arr(bias), arr(c), arr(z),
+    return (arr(gy), gy.data.ptr & 15, arr(a), a.data.ptr & 15, arr(b), b.data.ptr & 15,
+            arr(bias), arr(c), arr(z),
             None if z is None else z.data.ptr & 15, arr(y), None if y is None else y.data.ptr & 15,
             act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision,
             problem._cupy().cuda.runtime.getDevice())
+
+
+def clear_prepared() -> None:
+    """Forget the prepared backward calls (``ge2jit.clear_plans`` calls this: they hold the
+    forward's plans)."""
+    _prepared.clear()
 
 
 def _launcher(spec, device_id: int, fmt: str) -> Launcher:
@@ -197,7 +204,19 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     c_shape, c_np = (c.shape, c.dtype) if c is not None else (None, None)
     bias_shape, bias_np = (bias.shape, bias.dtype) if bias is not None else (None, None)
     ndarray, zeros, current_stream = cp.ndarray, cp.zeros, cp.cuda.get_current_stream
-    want_a, want_b = "a" in wanted, "b" in wanted
+    want_a = "a" in wanted and bool(k and m)
+    want_b = "b" in wanted and bool(k and n)
+    zeros_a = "a" in wanted and not want_a
+    zeros_b = "b" in wanted and not want_b
+    # The forward's prepared calls of dZ @ B.T and A.T @ dZ, bound after the first call (the
+    # signature fixes their argument patterns; they read only the operands' pointers, so B and
+    # A stand for their transposed views).
+    gemms = [None, None]
+
+    def prepared(x, y, alpha):
+        sig = op._signature(x, y, None, "none", None, alpha, 0.0, 0.01, False, None, None,
+                            None, False, p.device_id, None, precision)
+        return op._fast.get(sig)
 
     def run(gy, a, b, bias, c, src, alpha, beta, slope):
         if recompute:
@@ -214,11 +233,23 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                    0 if partial is None else partial.data.ptr, m, n, tm, beta, slope)
         grad_a = grad_b = grad_bias = grad_c = None
         if want_a:
-            grad_a = (gemm_bias_act(dz, b.T, alpha=alpha, precision=precision) if k and m
-                      else zeros((m, k), dtype=a.dtype))
+            if gemms[0] is not None:
+                grad_a = gemms[0](dz, b, None, None, alpha, 0.0, 0.01, None, None)
+            else:
+                b_t = b.T
+                grad_a = gemm_bias_act(dz, b_t, alpha=alpha, precision=precision)
+                gemms[0] = prepared(dz, b_t, alpha)
+        elif zeros_a:
+            grad_a = zeros((m, k), dtype=a.dtype)
         if want_b:
-            grad_b = (gemm_bias_act(a.T, dz, alpha=alpha, precision=precision) if k and n
-                      else zeros((k, n), dtype=a.dtype))
+            if gemms[1] is not None:
+                grad_b = gemms[1](a, dz, None, None, alpha, 0.0, 0.01, None, None)
+            else:
+                a_t = a.T
+                grad_b = gemm_bias_act(a_t, dz, alpha=alpha, precision=precision)
+                gemms[1] = prepared(a_t, dz, alpha)
+        elif zeros_b:
+            grad_b = zeros((k, n), dtype=a.dtype)
         if want_bias:
             if reduce is None:
                 grad_bias = zeros(bias_shape, dtype=bias_np)

@@ -725,6 +725,9 @@ def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta
 
 def clear_plans() -> None:
     """Forget the launch plans of this process (after changing the tuning database by hand)."""
+    from .backward import clear_prepared
+
     with _plans_lock:
         _plans.clear()
         _fast.clear()
+    clear_prepared()
