@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cupy as cp  # noqa: E402
-from bench_gemm import interleaved_ms, np_dtype  # noqa: E402
+from bench_gemm import import_torch, interleaved_ms, np_dtype, parse_shapes  # noqa: E402
 
 import ge2jit  # noqa: E402
 
@@ -115,19 +115,8 @@ def main(argv=None) -> int:
                         help="activation for the from-Z / from-Y / recompute comparison")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results_backward.json"))
     args = parser.parse_args(argv)
-    shapes = MLP
-    if args.shapes:
-        try:
-            shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-            assert all(len(s) == 3 for s in shapes)
-        except (ValueError, AssertionError):
-            parser.error(f"--shapes: expected MxNxK,... got {args.shapes!r}")
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            torch = None
-    except ImportError:
-        torch = None
+    shapes = parse_shapes(parser, args.shapes) if args.shapes else MLP
+    torch = import_torch()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     meta = {"device": props["name"].decode(), "date": time.strftime("%Y-%m-%d"),
             "torch": getattr(torch, "__version__", None)}

@@ -126,6 +126,25 @@ def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
 EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
 
 
+def parse_shapes(parser, text: str) -> list[tuple[int, int, int]]:
+    """'MxNxK,...' -> [(M, N, K), ...]; a malformed list is the parser's error."""
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
+        assert all(len(s) == 3 for s in shapes)
+    except (ValueError, AssertionError):
+        parser.error(f"--shapes: expected MxNxK,... got {text!r}")
+    return shapes
+
+
+def import_torch():
+    """PyTorch when it is importable and sees a GPU, else None (its baselines are skipped)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
 def _fused(act, precision):
     """ge2jit's call of one activation, on an input set (a, b, bias, out)."""
     return lambda a, b, bias, out: ge2jit.gemm_bias_act(a, b, bias, act=act, out=out,
@@ -341,12 +360,7 @@ def main(argv=None) -> int:
     for d in dtypes:
         if d not in DTYPES:
             parser.error(f"--dtypes: unknown {d!r}; expected names from {', '.join(DTYPES)}")
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            torch = None
-    except ImportError:
-        torch = None
+    torch = import_torch()
     if args.host_only:
         for name, us in host_time_us().items():
             print(f"{name:45s} {us:7.2f} us")
@@ -355,11 +369,7 @@ def main(argv=None) -> int:
     if args.quick:
         shapes = [(4096, 4096, 4096), (8192, 1024, 1024), (8192, 64, 4096)]
     if args.shapes:
-        try:
-            shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-            assert all(len(s) == 3 for s in shapes)
-        except (ValueError, AssertionError):
-            parser.error(f"--shapes: expected MxNxK,... got {args.shapes!r}")
+        shapes = parse_shapes(parser, args.shapes)
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     meta = {

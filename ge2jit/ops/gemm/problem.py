@@ -104,6 +104,20 @@ def _input_or_f32(x, name: str, dtype: DType) -> DType:
     return dt
 
 
+def check_shaped(x, name: str, shape: tuple, shape_text: str,
+                  allowed: tuple[DType, ...]) -> DType:
+    """``x`` must be a CuPy array of ``shape`` (``shape_text`` says whose) with a dtype in
+    ``allowed``; returns its DType."""
+    check_array(x, name)
+    if x.shape != shape:
+        raise ArgumentValueError(f"{name}: expected shape {shape} {shape_text}, got {x.shape}")
+    dt = check_dtype(x, name)
+    if dt not in allowed:
+        names = " or ".join(sorted({d.numpy_name for d in allowed}))
+        raise ArgumentValueError(f"{name}: expected dtype {names}, got {x.dtype}")
+    return dt
+
+
 def layout_of(x, name: str):
     """(Layout, leading dimension in elements, array) of a 2-D operand, used without a copy.
 

@@ -12,7 +12,7 @@ from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
 from ...jit.spec import KernelSpec
-from ..gemm.problem import _cupy, check_array, check_dtype, check_scalar
+from ..gemm.problem import _cupy, check_array, check_scalar, check_shaped
 from ..gemm.spec import DType
 
 __all__ = ["UpdateSpec", "adam_update", "sgd_update"]
@@ -54,13 +54,7 @@ class UpdateSpec(KernelSpec):
 
 
 def _flat(x, name: str, size: int, shape, dtypes) -> DType:
-    check_array(x, name)
-    if x.shape != shape:
-        raise ArgumentValueError(f"{name}: expected shape {shape} (param's), got {x.shape}")
-    dt = check_dtype(x, name)
-    if dt not in dtypes:
-        allowed = " or ".join(sorted(d.numpy_name for d in dtypes))
-        raise ArgumentValueError(f"{name}: expected dtype {allowed}, got {x.dtype}")
+    dt = check_shaped(x, name, shape, "(param's)", dtypes)
     if size and not x.flags.c_contiguous:
         raise ArgumentValueError(f"{name}: expected a C-contiguous array, got strides "
                                  f"{x.strides}")

@@ -68,20 +68,18 @@ def test_tensor_core_heuristic_and_candidates():
 
     big = heuristic(4096, 4096, 4096, 132, 90, "rr", DType.BF16)
     assert isinstance(big.config, WgmmaConfig) and big.config.name == "wgmma_128x256_s4"
-    assert heuristic(16384, 1024, 4096, 132, 90, "rr", DType.BF16).config.name == \
-        "wgmma_128x256_s4"
-    assert heuristic(2048, 2048, 2048, 132, 90, "rr", DType.BF16).config.name == \
-        "wgmma_128x256_s4"
-    assert heuristic(2048, 2048, 512, 132, 90, "rr", DType.BF16).config.name == \
-        "wgmma_128x128_s6_pp"
-    assert heuristic(8192, 16384, 4096, 132, 90, "rr", DType.BF16).config.name == \
-        "wgmma_128x256_s4"
-    assert heuristic(8192, 1024, 1024, 132, 90, "rr", DType.F16).config.name == \
-        "wgmma_128x256_s4"
-    assert heuristic(4096, 4096, 64, 132, 90, "rr", DType.F16).config.name == \
-        "wgmma_128x128_s6_pp"
-    assert heuristic(512, 1024, 4096, 132, 90, "rr", DType.F16).config.name == \
-        "wgmma_64x128_s8"
+    # (M, N, K, dtype) -> the Hopper config the heuristic takes with 132 SMs
+    for (m, n, k, dtype), want in {
+        (16384, 1024, 4096, DType.BF16): "wgmma_128x256_s4",
+        (2048, 2048, 2048, DType.BF16): "wgmma_128x256_s4",
+        (2048, 2048, 512, DType.BF16): "wgmma_128x128_s6_pp",
+        (8192, 16384, 4096, DType.BF16): "wgmma_128x256_s4",
+        (8192, 1024, 1024, DType.F16): "wgmma_128x256_s4",
+        (4096, 4096, 64, DType.F16): "wgmma_128x128_s6_pp",
+        (512, 1024, 4096, DType.F16): "wgmma_64x128_s8",
+    }.items():
+        got = heuristic(m, n, k, 132, 90, "rr", dtype).config.name
+        assert got == want, ((m, n, k, dtype), got)
     a100 = heuristic(4096, 4096, 4096, 108, 80, "rr", DType.F16)
     assert isinstance(a100.config, MmaConfig)
     tf32 = heuristic(4096, 4096, 4096, 132, 90, "rc", DType.F32, Precision.TF32)
