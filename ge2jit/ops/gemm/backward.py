@@ -196,7 +196,6 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         reduce_grid = (1, 1, 1) if total else (-(-cols // 256), 1, 1)
     dz_np = a.dtype
     c_shape, c_np = (c.shape, c.dtype) if c is not None else (None, None)
-    dc_strides = (c_shape[1], 1) if write_dc else None   # a fresh C-contiguous array
     bias_shape, bias_np = (bias.shape, bias.dtype) if bias is not None else (None, None)
     ndarray, zeros, current_stream = cp.ndarray, cp.zeros, cp.cuda.get_current_stream
     want_a = "a" in wanted and bool(k and m)
@@ -204,22 +203,14 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     zeros_a = "a" in wanted and not want_a
     zeros_b = "b" in wanted and not want_b
     # The forward's prepared calls of dZ @ B.T and A.T @ dZ, bound after the first call (the
-    # signature fixes their argument patterns).
+    # signature fixes their argument patterns; they read only the operands' pointers, so B and
+    # A stand for their transposed views).
     gemms = [None, None]
 
     def prepared(x, y, alpha):
         sig = op._signature(x, y, None, "none", None, alpha, 0.0, 0.01, False, None, None,
                             None, False, p.device_id, None, precision)
         return op._fast.get(sig)
-
-    def product(i, x, y, alpha):
-        """x @ y (dA or dB) through the forward, by its prepared call from the second time."""
-        call = gemms[i]
-        if call is not None:
-            return call(x, y, None, None, alpha, 0.0, 0.01, None, None)
-        out = gemm_bias_act(x, y, alpha=alpha, precision=precision)
-        gemms[i] = prepared(x, y, alpha)
-        return out
 
     def run(gy, a, b, bias, c, src, alpha, beta, slope):
         if recompute:
@@ -228,20 +219,29 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         dz = ndarray((m, n), dz_np) if need_dz else None
         dc = ndarray(c_shape, c_np) if write_dc else None
         partial = ndarray(partial_shape, np.float32) if partial_shape else None
-        stream = current_stream().ptr
         if launch is not None:
-            launch(grid, (32, 8, 1), 0, stream,
+            launch(grid, (32, 8, 1), 0, current_stream().ptr,
                    gy.data.ptr, *gy_strides, src.data.ptr, *src_strides,
                    *((dz.data.ptr, n, 1) if dz is not None else (0, 0, 0)),
-                   *((dc.data.ptr, *dc_strides) if dc is not None else (0, 0, 0)),
+                   *((dc.data.ptr, *_strides(dc)) if dc is not None else (0, 0, 0)),
                    0 if partial is None else partial.data.ptr, m, n, tm, beta, slope)
         grad_a = grad_b = grad_bias = grad_c = None
         if want_a:
-            grad_a = product(0, dz, b.T, alpha)
+            if gemms[0] is not None:
+                grad_a = gemms[0](dz, b, None, None, alpha, 0.0, 0.01, None, None)
+            else:
+                b_t = b.T
+                grad_a = gemm_bias_act(dz, b_t, alpha=alpha, precision=precision)
+                gemms[0] = prepared(dz, b_t, alpha)
         elif zeros_a:
             grad_a = zeros((m, k), dtype=a.dtype)
         if want_b:
-            grad_b = product(1, a.T, dz, alpha)
+            if gemms[1] is not None:
+                grad_b = gemms[1](a, dz, None, None, alpha, 0.0, 0.01, None, None)
+            else:
+                a_t = a.T
+                grad_b = gemm_bias_act(a_t, dz, alpha=alpha, precision=precision)
+                gemms[1] = prepared(a_t, dz, alpha)
         elif zeros_b:
             grad_b = zeros((k, n), dtype=a.dtype)
         if want_bias:
@@ -249,8 +249,8 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 grad_bias = zeros(bias_shape, dtype=bias_np)
             else:
                 grad_bias = ndarray(bias_shape, bias_np)
-                reduce(reduce_grid, (256, 1, 1), 0, stream, partial.data.ptr, rows, cols,
-                       grad_bias.data.ptr)
+                reduce(reduce_grid, (256, 1, 1), 0, current_stream().ptr, partial.data.ptr,
+                       rows, cols, grad_bias.data.ptr)
         if want_c:
             grad_c = dc if write_dc else zeros(c_shape, dtype=c_np)
         return Gradients(grad_a, grad_b, grad_bias, grad_c)

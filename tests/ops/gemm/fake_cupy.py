@@ -29,6 +29,15 @@ class FakeArray:
         self.data = SimpleNamespace(ptr=self.base + offset, device_id=device)
 
     @property
+    def flags(self):
+        expect, acc = [], self.itemsize
+        for n in reversed(self.shape):
+            expect.insert(0, acc)
+            acc *= max(n, 1)
+        return SimpleNamespace(c_contiguous=all(
+            n == 1 or s == e for n, s, e in zip(self.shape, self.strides, expect)))
+
+    @property
     def T(self):
         return FakeArray(self.shape[::-1], self.dtype, self.strides[::-1], self.data.device_id,
                          self.base, self.offset)
