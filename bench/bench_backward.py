@@ -5,10 +5,14 @@
 
 For each dtype and shape (a Linear layer: A is (M, K) activations, B (K, N) weights, a bias per
 column): ge2jit's whole backward (dA, dB, dBias from the saved Z), against the two plain cuBLAS
-GEMMs of the same sizes (dZ @ B.T and A.T @ dZ through torch.mm, dZ given); and one training
-step of the layer, forward + backward: ge2jit's forward (saving Z) and backward, against
-PyTorch's linear + activation + autograd. All implementations of a row are timed in turns
-(bench_gemm.interleaved_ms). float32 runs with ``--precision`` (default: exact float32).
+GEMMs of the same sizes (dZ @ B.T and A.T @ dZ through torch.mm, dZ given); the same layer
+inside a network ("chained": its gradient arrives as dZ, from the next layer's a_act epilogue,
+and its dA leaves as the previous layer's dZ through ``a_act``, so the layer's share of the
+backward is dA, dB and dBias with both act' applications, against the same two GEMMs); and
+one training step of the layer, forward + backward: ge2jit's forward (saving Z) and
+backward, against PyTorch's linear + activation + autograd. All implementations of a row are
+timed in turns (bench_gemm.interleaved_ms). float32 runs with ``--precision`` (default:
+exact float32).
 """
 
 from __future__ import annotations
@@ -42,18 +46,23 @@ def bench_row(m, n, k, dtype, act, precision, torch) -> dict:
 
     a, b, bias = rand(m, k), rand(k, n, scale=1 / np.sqrt(k)), rand(n)
     gy = rand(m, n)
+    a_z = rand(m, k)   # the previous layer's pre-activation (A stands for act(a_z))
     _, z = ge2jit.gemm_bias_act(a, b, bias, act=act, save_preact=True, precision=precision)
     sets = [(a, b, bias, gy, z)]
 
     def ours_backward(a, b, bias, gy, z):
         ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, z=z, precision=precision)
 
+    def ours_chained(a, b, bias, gy, z):   # gy stands for dZ here
+        ge2jit.gemm_bias_act_backward(gy, a, b, bias, a_act=act, a_z=a_z, precision=precision)
+
     def ours_step(a, b, bias, gy, z):
         _, z2 = ge2jit.gemm_bias_act(a, b, bias, act=act, save_preact=True,
                                      precision=precision)
         ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, z=z2, precision=precision)
 
-    cases = {"ge2jit_backward": (ours_backward, sets), "ge2jit_step": (ours_step, sets)}
+    cases = {"ge2jit_backward": (ours_backward, sets), "ge2jit_chained": (ours_chained, sets),
+             "ge2jit_step": (ours_step, sets)}
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         F = torch.nn.functional
@@ -131,6 +140,8 @@ def main(argv=None) -> int:
             print(f"{dtype:8s} {m:6d} {n:6d} {k:6d} backward {row['ge2jit_backward']:.4f} ms"
                   + (f" ({row['ge2jit_backward'] / two:.2f}x two cuBLAS GEMMs {two:.4f})"
                      if two else "")
+                  + f" | chained {row['ge2jit_chained']:.4f} ms"
+                  + (f" ({row['ge2jit_chained'] / two:.2f}x)" if two else "")
                   + f" | step {row['ge2jit_step']:.4f} ms"
                   + (f" (torch {step:.4f}: {step / row['ge2jit_step']:.2f}x)" if step else ""),
                   flush=True)

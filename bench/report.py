@@ -99,9 +99,12 @@ def _backward_section(runs: list[dict], names: list[str]) -> str:
         for r in data["rows"]:
             two, step = r.get("cublas_two_gemms"), r.get("torch_step")
             kind = r["dtype"] + (f" ({r['precision']})" if r.get("precision") else "")
+            chained = r.get("ge2jit_chained")
             lines.append(
                 f"| {kind} | {r['m']}×{r['n']}×{r['k']} | {r['ge2jit_backward']:.4f} | "
-                f"{_fmt(two)} | {_fmt(two and r['ge2jit_backward'] / two, 2)} | "
+                f"{_fmt(chained)} | {_fmt(two)} | "
+                f"{_fmt(two and r['ge2jit_backward'] / two, 2)} | "
+                f"{_fmt(two and chained and chained / two, 2)} | "
                 f"{r['ge2jit_step']:.4f} | {_fmt(step)} | "
                 f"{_fmt(step and step / r['ge2jit_step'], 2)} |")
         for r in data.get("sources", []):
@@ -114,15 +117,19 @@ def _backward_section(runs: list[dict], names: list[str]) -> str:
 
 `python bench/bench_backward.py` ({", ".join(names)}; {meta['device']}, {meta['date']}, commit
 {meta.get('commit') or 'see the header'}): A (M, K) activations, B (K, N) weights, bias per
-column, Z saved by the forward. "backward": dA, dB and dBias, against the two plain cuBLAS
-GEMMs of the same sizes alone (torch.mm, dZ given): the ratio is ge2jit's time over theirs
-(below 1.1 is the target). "step": ge2jit's forward (saving Z) + backward, against PyTorch's
+column, Z saved by the forward. "backward": dA, dB and dBias from gY (one pass forms dZ),
+against the two plain cuBLAS GEMMs of the same sizes alone (torch.mm, dZ given): the ratio is
+ge2jit's time over theirs (below 1.1 is the target). "chained": the same layer inside a
+network, where gradients flow as dZ: its gY arrives as dZ (act' applied by the next layer's
+dA epilogue) and its dA leaves multiplied by the previous layer's act' (`a_act`, reading that
+layer's saved Z), so this is the layer's whole share of the network's backward, act' and dBias
+included, against the same two GEMMs. "step": ge2jit's forward (saving Z) + backward, against PyTorch's
 linear + activation + autograd backward: the ratio is PyTorch's time over ge2jit's (above 1:
 ge2jit faster). Implementations timed in turns. float32 with `--precision tf32x3` runs
 ge2jit's GEMMs in 3xTF32 (float32 accuracy) against PyTorch's exact float32.
 
-| dtype | M×N×K | backward ms | two cuBLAS GEMMs ms | ratio | step ms | PyTorch step ms | ×PyTorch |
-|---|---|---|---|---|---|---|---|
+| dtype | M×N×K | backward ms | chained ms | two cuBLAS GEMMs ms | ratio | chained ratio | step ms | PyTorch step ms | ×PyTorch |
+|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(lines) + "\n"
     if sources:
         text += """

@@ -5,7 +5,9 @@
 
 The network is Linear -> act -> Linear -> act -> Linear (two logits). Each Linear's forward is
 ``ge2jit.gemm_bias_act`` (saving Z), its backward ``ge2jit.gemm_bias_act_backward`` (dX, dW
-and db in one call; the first layer skips dX), and every parameter is updated by one fused
+and db in one call; the first layer skips dX). The gradient flows between layers as dL/dZ:
+each layer's dX GEMM applies the previous layer's act' in its epilogue (``a_act``, ``a_z``),
+so no elementwise pass forms it. Every parameter is updated by one fused
 kernel (``ge2jit.adam_update`` or ``ge2jit.sgd_update``). The softmax cross-entropy loss and
 its gradient are a few CuPy array expressions. In bfloat16 the optimizer keeps float32 master
 weights and writes the bfloat16 copies that the next forward reads; biases stay float32.
@@ -112,13 +114,19 @@ def train(steps: int = 400, *, dtype: str = "float32", optimizer: str = "adam", 
             h = out
         loss, grad, acc = _loss_and_grad(cp, h.astype(np.float32), y_true)
         losses.append(float(loss))
-        g = grad.astype(compute)
-        # backward, last layer first; the first layer needs no gradient of its input
+        g = grad.astype(compute)   # dL/dZ of the last layer, whose act is "none"
+        # backward, last layer first. g is dL/dZ of layer i (so act="none"); its dX comes back
+        # as dL/dZ of layer i - 1, that layer's act' applied in the GEMM's epilogue. The
+        # first layer needs no gradient of its input.
         for i in reversed(range(len(layers))):
-            layer, (h_in, z) = layers[i], saved[i]
-            needs = ("b", "bias") if i == 0 else ("a", "b", "bias")
-            grads = ge2jit.gemm_bias_act_backward(g, h_in, layer["w_c"], layer["b"],
-                                                  act=acts[i], z=z, needs=needs)
+            layer, h_in = layers[i], saved[i][0]
+            if i:
+                grads = ge2jit.gemm_bias_act_backward(g, h_in, layer["w_c"], layer["b"],
+                                                      needs=("a", "b", "bias"),
+                                                      a_act=acts[i - 1], a_z=saved[i - 1][1])
+            else:
+                grads = ge2jit.gemm_bias_act_backward(g, h_in, layer["w_c"], layer["b"],
+                                                      needs=("b", "bias"))
             g = grads.a
             copy = None if compute == np.float32 else layer["w_c"]
             s = layer["state"]

@@ -1,10 +1,16 @@
 {# The fused epilogue, shared by every GEMM kernel family.
-   compute_z emits `float <out> = alpha * acc (+ beta * C) (+ bias);` for element (m, n).
+   compute_z emits `float <out> = alpha * acc (+ beta * C) (+ bias);` for element (m, n), or,
+   for a spec with a gate, `alpha * acc * gate'(C)` (the derivative from Z, or from Y when
+   gate_from_y: the backward's dZ of the layer whose saved Z or output C is).
    In scope it needs: alpha, beta, C_AT (when the spec has C), and the bias value named by
    `col_bias` / `row_bias` / `bias_value`. #}
-{% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias") %}
+{% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True) %}
 float {{ out }} = alpha * ({{ acc }});
-{% if spec.layout_c %}
+{% if spec.gate %}
+{% if gate %}
+{{ out }} *= {{ gate_factor(spec, "to_f32(C_AT(" ~ m ~ ", " ~ n ~ "))") }};
+{% endif %}
+{% elif spec.layout_c %}
 {{ out }} = fmaf(beta, to_f32(C_AT({{ m }}, {{ n }})), {{ out }});
 {% endif %}
 {% if spec.bias.value == "scalarbias" %}
@@ -15,6 +21,11 @@ float {{ out }} = alpha * ({{ acc }});
 {{ out }} += {{ row_bias }};
 {% endif %}
 {% endmacro %}
+
+{# The gate's factor act'(c) for a C value c (an expression). #}
+{% macro gate_factor(spec, c) -%}
+dact_{{ "y_" if spec.gate_from_y }}{{ spec.gate.value }}({{ c }}, leaky_slope)
+{%- endmacro %}
 
 {% macro accessors(spec) %}
 {% if spec.layout_a.value == "r" %}

@@ -65,3 +65,23 @@ __device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[2]) {
     *reinterpret_cast<unsigned*>(p) =
         f32_to_bf16_bits(v[0]) | (static_cast<unsigned>(f32_to_bf16_bits(v[1])) << 16);
 }
+
+// A hint: the 128-byte line holding *p into L2 (no register waits on it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
+}
+
+// load_vec(p, v): p[0..N) as float32, in 16-byte accesses (p 16-byte aligned, N elements a
+// whole number of 16-byte segments).
+template <typename T, int N>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[N]) {
+    constexpr int PER = 16 / sizeof(T);
+    static_assert(N % PER == 0, "whole 16-byte segments");
+#pragma unroll
+    for (int q = 0; q < N / PER; ++q) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p + q * PER);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < PER; ++i) v[q * PER + i] = to_f32(e[i]);
+    }
+}

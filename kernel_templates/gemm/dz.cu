@@ -1,5 +1,5 @@
 // {{ spec.kernel_name }}
-// The backward's elementwise pass: dZ = gY * act'({{ "Y" if spec.from_y else "Z" }}) for {{ spec.act.value }}, computed once in float32 and
+// The backward's elementwise pass: dZ = gY * act'({{ "Y" if spec.from_y else "Z" }}) for {{ spec.act.value }}{{ " (dZ = gY: Z is not read)" if not spec.reads_src }}, computed once in float32 and
 // stored {% if spec.write_dz %}as dZ ({{ spec.dz_dtype.numpy_name }}){% endif %}{% if spec.write_dc %}{{ ", " if spec.write_dz }}as dC = beta * dZ ({{ spec.dc_dtype.numpy_name }}){% endif %}{% if spec.bias.value != "nobias" %}, with the {{ {"colbias": "column", "rowbias": "row", "scalarbias": "total"}[spec.bias.value] }} sums of dZ
 // (dBias) reduced in the same pass: each block writes float32 partial sums that a second,
 // small reduction adds up in a fixed order{% endif %}.
@@ -66,11 +66,14 @@ extern "C" __global__ void __launch_bounds__(256)
 {% endif %}
 {% if spec.vec %}
         if (n0 < N) {   // N is a multiple of 8: all 8 columns are there
-            float g[8], src8[8], d[8];
-            load8(&gy[m * gy_r + n0], g);
+            float d[8];
+            load8(&gy[m * gy_r + n0], d);
+{% if spec.reads_src %}
+            float src8[8];
             load8(&src[m * src_r + n0], src8);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) d[j] = g[j] * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(src8[j], slope);
+            for (int j = 0; j < 8; ++j) d[j] *= dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(src8[j], slope);
+{% endif %}
 {% if spec.write_dz %}
             store8(&dz[m * dz_r + n0], d);
 {% endif %}
@@ -96,9 +99,12 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int j = 0; j < COLS; ++j) {
             const int n = n0 + j;
             if (n < N) {
-                const float g = to_f32(gy[m * gy_r + n * gy_c]);
+{% if spec.reads_src %}
                 const float s = to_f32(src[m * src_r + n * src_c]);
-                const float d = g * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(s, slope);
+                const float d = to_f32(gy[m * gy_r + n * gy_c]) * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(s, slope);
+{% else %}
+                const float d = to_f32(gy[m * gy_r + n * gy_c]);
+{% endif %}
 {% if spec.write_dz %}
                 store(&dz[m * dz_r + n * dz_c], d);
 {% endif %}

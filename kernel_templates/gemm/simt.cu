@@ -18,7 +18,9 @@ constexpr int THREADS = THREADS_M * THREADS_N;
 constexpr int PAD = 4;
 
 {{ ep.accessors(spec) }}
-extern "C" __global__ void __launch_bounds__(THREADS)
+// (THREADS, 1): without a minimum of blocks, ptxas aimed at more of them and spilled a few
+// bytes in some variants (64x64 tiles with a C term) to get there.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ ep.gemm_params(spec) -}}
 {
     {{ ep.scalars() | indent(4) }}
@@ -40,8 +42,11 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
     for (int k0 = 0; k0 < K; k0 += BK) {
         // Load the A and B tiles; consecutive threads walk the operand's contiguous dimension.
+        // fixed trip counts (fully unrolled; a loop from tid left ptxas a stack slot)
 #pragma unroll
-        for (int idx = tid; idx < BM * BK; idx += THREADS) {
+        for (int r = 0; r < (BM * BK + THREADS - 1) / THREADS; ++r) {
+            const int idx = tid + r * THREADS;
+            if ((BM * BK) % THREADS != 0 && idx >= BM * BK) break;
 {% if spec.layout_a.value == "r" %}
             const int kk = idx % BK, mm = idx / BK;
 {% else %}
@@ -51,7 +56,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             As[kk][mm] = (m < M && k < K) ? to_f32(A_AT(m, k)) : 0.0f;
         }
 #pragma unroll
-        for (int idx = tid; idx < BK * BN; idx += THREADS) {
+        for (int r = 0; r < (BK * BN + THREADS - 1) / THREADS; ++r) {
+            const int idx = tid + r * THREADS;
+            if ((BK * BN) % THREADS != 0 && idx >= BK * BN) break;
 {% if spec.layout_b.value == "r" %}
             const int nn = idx % BN, kk = idx / BN;
 {% else %}

@@ -7,6 +7,23 @@
 // Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
 // Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
 {% import "common/epilogue.cuh" as ep %}
+{# Loads the gate's C values of pass `p` (an expression) of a staged block into `dst`. #}
+{% macro gate_load(p, dst) %}
+const int r = ({{ p }}) * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
+const int m = min(mw + r, M - 1), n = nc + seg * EPC;
+{% if spec.layout_c.value == "r" %}
+constexpr int Q = EPC * sizeof(*C) / 16;   // 16-byte loads a segment
+if (Q * 16 == EPC * sizeof(*C) && c_vec && n + EPC <= N) {
+#pragma unroll
+    for (int q = 0; q < Q; ++q)
+        reinterpret_cast<uint4*>({{ dst }})[q] = reinterpret_cast<const uint4*>(&C_AT(m, n))[q];
+} else
+{% endif %}
+{
+#pragma unroll
+    for (int e = 0; e < EPC; ++e) {{ dst }}[e] = C_AT(m, min(n + e, N - 1));
+}
+{%- endmacro %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 
@@ -263,6 +280,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = PINGPONG ? 0 : wg * WG_M;    // this consumer's first row in a tile
+{% if spec.gate and spec.store16 and spec.layout_c.value == "r" %}
+    // C (the gate's input) in 16-byte segments when its rows are 16-byte aligned
+    const bool c_vec = ((reinterpret_cast<unsigned long long>(C) |
+                         static_cast<unsigned long long>(ldc) * sizeof(*C)) & 15) == 0;
+{% endif %}
 {% if bias_tile %}
     const int member = PINGPONG ? threadIdx.x % 128 : threadIdx.x - 128;   // index in the group
     float* const tile_bias = bias_tiles + (PINGPONG ? wg * BIAS_N : 0);
@@ -325,6 +347,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 {% if spec.split_k %}
         {{ spec.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
+{% endif %}
+{% if spec.has_c and not spec.split_k %}
+        {   // This consumer's part of C into L2 while the main loop runs, so that the
+            // epilogue's reads of it wait on L2, not on memory. Each contiguous run of
+            // it (a row's BN columns, or a column's WG_M rows) by 128-byte lines, plus its last
+            // element (a run need not start on a line).
+{% if spec.layout_c.value == "r" %}
+            constexpr int RUNS = WG_M, RUN = BN;
+{% else %}
+            constexpr int RUNS = BN, RUN = WG_M;
+{% endif %}
+            constexpr int PER_LINE = 128 / sizeof(*C), LINES = (RUN + PER_LINE - 1) / PER_LINE;
+            for (int q = threadIdx.x % 128; q < RUNS * (LINES + 1); q += 128) {
+                const int run = q / (LINES + 1), l = q % (LINES + 1);
+                const int at = l == LINES ? RUN - 1 : l * PER_LINE;
+{% if spec.layout_c.value == "r" %}
+                const int m = m0 + row0 + run, n = min(n0 + at, N - 1);
+{% else %}
+                const int m = min(m0 + row0 + at, M - 1), n = n0 + run;
+{% endif %}
+                if (m < M && n < N) prefetch_l2(&C_AT(m, n));
+            }
+        }
 {% endif %}
         if (PINGPONG && (wg == 1 || turn > 0))
             mbar_wait(order + 8 * wg, (wg == 1 ? turn : turn - 1) & 1);
@@ -413,6 +458,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // writes whole 16-byte segments: every row of the block goes out in full lines.
 {% endif %}
         constexpr int EPC = 16 / {{ spec.out_dtype.itemsize }};   // outputs per 16-byte segment
+{% if spec.gate %}
+        constexpr int GATE_SEGS = 64 / EPC, GATE_RPP = 32 / GATE_SEGS;   // segments a row, rows a pass
+{% endif %}
 {% if spec.tma_store %}
         {{ spec.y_ctype }}* const st2 = staging + (wg * 4 + warp) * (2 * 16 * 64);
 {% else %}
@@ -427,6 +475,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int jc = 0; jc < BN / 64; ++jc) {
                 const int nc = n0 + jc * 64;
                 if (nc >= N) break;
+{% if spec.gate %}
+                // The gate's C values for this block (rows in passes of GATE_RPP, a 16-byte
+                // segment of output columns a lane): the first GATE_HELD passes' loaded before
+                // the block is staged, so that their latency overlaps its arithmetic, each later
+                // one as a slot frees.
+                constexpr int GATE_PASSES = 16 / GATE_RPP;
+{% if spec.layout_c.value == "r" %}
+                constexpr int GATE_REGS = EPC * sizeof(*C) / 4;   // registers a pass's values
+                constexpr int GATE_HELD = GATE_REGS <= 4 ? GATE_PASSES : 2;
+                alignas(16) {{ spec.c_ctype }} cg[GATE_HELD][EPC];
+#pragma unroll
+                for (int p = 0; p < GATE_HELD; ++p) {
+                    {{ gate_load("p", "cg[p]") | indent(20) }}
+                }
+{% else %}
+                // (column-major C: element by element, an address each, loaded where used)
+                constexpr int GATE_HELD = 1;
+{% endif %}
+{% endif %}
 {% for what in (["Z", "Y"] if spec.save_z else ["Y"]) %}
                 {
 {% if spec.tma_store %}
@@ -452,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
                             const int n = min(nb + c, N - 1);
-                            {{ ep.compute_z(spec, "z", "acc[mi][4 * (jc * 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias") | indent(28) }}
+                            {{ ep.compute_z(spec, "z", "acc[mi][4 * (jc * 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False) | indent(28) }}
 {% if what == "Z" %}
                             v[c] = z;
 {% else %}
@@ -463,6 +530,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         store_vec(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC], v);
                     }
                 }
+{% if spec.gate %}
+                // The gate, on the staged block: Y = Z * act'(C), C read as whole rows of
+                // 16-byte segments (coalesced), Z as staged (rounded once already, as a
+                // framework's separate pass over a stored product would have it).
+                __syncwarp();
+#pragma unroll
+                for (int p = 0; p < GATE_PASSES; ++p) {
+                    const int r = p * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
+{% if spec.layout_c.value == "c" %}
+                    {{ spec.c_ctype }} cg[1][EPC];
+                    {
+                        {{ gate_load("p", "cg[0]") | indent(24) }}
+                    }
+{% endif %}
+                    if (mw + r < M && nc + seg * EPC < N) {
+                        {{ spec.y_ctype }}* const s = &st[r * 64 + (seg ^ (r & 7)) * EPC];
+                        float v[EPC];
+                        load_vec(s, v);
+#pragma unroll
+                        for (int e = 0; e < EPC; ++e)
+                            v[e] *= {{ ep.gate_factor(spec, "to_f32(cg[p % GATE_HELD][e])") }};
+                        store_vec(s, v);
+                    }
+{% if spec.layout_c.value == "r" %}
+                    if (p + GATE_HELD < GATE_PASSES) {
+                        {{ gate_load("p + GATE_HELD", "cg[p % GATE_HELD]") | indent(24) }}
+                    }
+{% endif %}
+                }
+{% endif %}
 {% if spec.tma_store %}
                 fence_proxy_async();
                 __syncwarp();

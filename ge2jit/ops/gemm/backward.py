@@ -16,7 +16,7 @@ from ...jit.loader import get_kernel
 from . import op, problem
 from .op import gemm_bias_act
 from .problem import check_shaped, validate
-from .spec import ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
+from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
 
 NEEDS = ("a", "b", "bias", "c")
 _DZ_PARAMS = "<QqqQqqQqqQqqQqqqdd"
@@ -49,18 +49,17 @@ def _check_mn(x, name: str, m: int, n: int, allowed: tuple[DType, ...]) -> DType
     return dt
 
 
-def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision):
+def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision, a_act, a_z,
+               a_slope):
     """Everything validation depends on, except pointers. Raises AttributeError or TypeError
     for arguments that are not CuPy arrays (or unhashable ones)."""
     def arr(x):
-        return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id)
+        return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id,
+                                       x.data.ptr & 15)
 
-    return (arr(gy), gy.data.ptr & 15, arr(a), a.data.ptr & 15, arr(b), b.data.ptr & 15,
-            arr(bias), arr(c), arr(z),
-            None if z is None else z.data.ptr & 15, arr(y), None if y is None else y.data.ptr & 15,
-            act, type(alpha),
-            type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision,
-            problem._cupy().cuda.runtime.getDevice())
+    return (arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
+            type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
+            arr(a_z), type(a_slope), a_slope < 0, problem._cupy().cuda.runtime.getDevice())
 
 
 def clear_prepared() -> None:
@@ -80,7 +79,8 @@ def _launcher(spec, device_id: int, fmt: str) -> Launcher:
 
 def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=None, c=None,
                            alpha: float = 1.0, beta: float = 0.0, leaky_slope: float = 0.01,
-                           needs=NEEDS, precision=None) -> Gradients:
+                           needs=NEEDS, precision=None, a_act: str | None = None, a_z=None,
+                           a_leaky_slope: float = 0.01) -> Gradients:
     """Gradients of ``Y = act(alpha * (A @ B) + beta * C + bias)`` (``gemm_bias_act``) given
     ``gy`` = dL/dY.
 
@@ -98,7 +98,16 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
 
     dZ is formed once, in float32, by one pass over gy and Z (or Y) that also reduces dBias
     and writes dC; it is stored in the inputs' dtype for the two GEMMs (as a framework's
-    autograd would), which then accumulate in float32.
+    autograd would), which then accumulate in float32. With ``act="none"`` and ``gy`` in the
+    inputs' dtype, gy is dZ: the GEMMs read it as it is, and only dBias or dC take a pass
+    (reading gy once).
+
+    Through a network, the activation's derivative need not take a pass of its own: when A
+    is the output of an activation (the previous layer's ``a_act``, of its pre-activation
+    ``a_z``), ``a_act`` makes dA's GEMM multiply its result by ``a_act'(a_z)`` in its
+    epilogue, so ``Gradients.a`` is the gradient of that pre-activation, which goes to the
+    previous layer's backward as its ``gy`` with ``act="none"``. Its cost is one read of
+    ``a_z`` in dA's epilogue, where a separate pass would read dA and ``a_z`` and write dZ.
 
     Args:
         gy: (M, N) gradient of Y, in the inputs' dtype or float32.
@@ -107,20 +116,29 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
             when Z is recomputed).
         z, y: (M, N) pre-activation or output of the forward (see above).
         needs: the gradients to compute, of "a", "b", "bias", "c".
+        a_act: None, or the activation that produced A (any of the forward's): dA becomes
+            ``alpha * (dZ @ B.T) * a_act'(a_z)``.
+        a_z: (M, K) pre-activation of A, in the inputs' dtype or float32 (the previous
+            layer's ``save_preact``); may be left out for the activations whose derivative
+            is a function of their output (none, relu, leaky_relu with a slope >= 0,
+            sigmoid, tanh), which then take it from A itself.
+        a_leaky_slope: the slope of ``a_act`` = "leaky_relu".
 
     Returns:
-        ``Gradients(a, b, bias, c)``: dA (M, K) and dB (K, N) in the inputs' dtype; dBias in the
-        bias' shape and dtype; dC in C's shape and dtype. None for a gradient not in ``needs``
-        or for an input that was None.
+        ``Gradients(a, b, bias, c)``: dA (M, K) (with ``a_act``: the gradient of A's
+        pre-activation) and dB (K, N) in the inputs' dtype; dBias in the bias' shape and dtype;
+        dC in C's shape and dtype. None for a gradient not in ``needs`` or for an input that
+        was None.
     """
     try:
         sig = _signature(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                         precision)
+                         precision, a_act, a_z, a_leaky_slope)
         run = _prepared.get(sig)
     except (AttributeError, TypeError):   # not CuPy arrays, or unhashable: validation says why
         sig = run = None
     if run is not None:
-        return run(gy, a, b, bias, c, z if z is not None else y, alpha, beta, leaky_slope)
+        return run(gy, a, b, bias, c, z if z is not None else y, alpha, beta, leaky_slope,
+                   a_z, a_leaky_slope)
     p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, precision=precision)
     try:
         wanted = set(needs)
@@ -133,6 +151,7 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
     m, n = p.m, p.n
     floats = (p.dtype, DType.F32)
     grad_dtype = _check_mn(gy, "gy", m, n, floats)
+    problem.check_same_device({"gy": gy, "z": z, "y": y}, p.device_id)
     if z is not None and y is not None:
         raise ArgumentValueError("z, y: pass one of them (z when the forward saved it)")
     if z is not None:
@@ -149,17 +168,48 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
             raise ArgumentValueError(f"y: with leaky_slope {p.leaky_slope} < 0 the sign of Y "
                                      "does not give the sign of Z; pass z")
         src, from_y = y, True
+    elif p.act is Act.NONE:   # act' is 1: nothing to read
+        src, src_dtype, from_y = None, grad_dtype, False
     else:   # recomputed from A and B, in float32
         src, src_dtype, from_y = None, DType.F32, False
-    run = _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision)
+    gate = _check_gate(a_act, a_z, a_leaky_slope, p)
+    run = _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision,
+                   gate)
     if sig is not None:
         if len(_prepared) >= _PREPARED_MAX:
             _prepared.clear()
         _prepared[sig] = run
-    return run(gy, a, b, bias, c, src, alpha, beta, leaky_slope)
+    return run(gy, a, b, bias, c, src, alpha, beta, leaky_slope, a_z, a_leaky_slope)
 
 
-def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision):
+def _check_gate(a_act, a_z, a_slope, p):
+    """(activation, from A itself) for dA's gating epilogue, or None without ``a_act``."""
+    if a_act is None:
+        if a_z is not None:
+            raise ArgumentValueError("a_z: given without a_act; pass a_act= (the activation "
+                                     "that produced a) too")
+        return None
+    gate = ACT_NAMES.get(a_act) if isinstance(a_act, str) else None
+    if gate is None:
+        raise ArgumentValueError(f"a_act: expected None or one of {', '.join(ACT_NAMES)}, got "
+                                 f"{a_act!r}")
+    slope = problem.check_scalar(a_slope, "a_leaky_slope")
+    if a_z is not None:
+        check_shaped(a_z, "a_z", (p.m, p.k), "(M, K), like a", (p.dtype, DType.F32))
+        problem.check_same_device({"a_z": a_z}, p.device_id)
+        return gate, False
+    if gate not in ACTS_FROM_Y:
+        raise ArgumentValueError(
+            f"a_z: a_act {gate.value!r} needs the pre-activation that produced a (the "
+            f"previous layer's save_preact); only {', '.join(x.value for x in ACTS_FROM_Y)} "
+            "take their derivative from a itself")
+    if gate is Act.LEAKY_RELU and slope < 0:
+        raise ArgumentValueError(f"a_z: with a_leaky_slope {slope} < 0 the sign of a does not "
+                                 "give the sign of its pre-activation; pass a_z")
+    return gate, True
+
+
+def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision, gate):
     """The backward of one validated argument pattern, as a function of the call's arrays and
     scalars: repeated calls with the same signature skip validation (as the forward does)."""
     cp = problem._cupy()
@@ -168,14 +218,16 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     want_c = "c" in wanted and c is not None
     need_dz = bool(wanted & {"a", "b"})
     write_dc = want_c and p.beta != 0.0
-    recompute = src is None
+    recompute = src is None and p.act is not Act.NONE
+    # gy is dZ when act is none: the GEMMs read it unless its type differs from theirs
+    write_dz = need_dz and not (p.act is Act.NONE and grad_dtype is p.dtype)
     bias_kind = p.bias_kind if want_bias else BiasKind.NONE
     gy_strides = _strides(gy)
-    src_strides = (n, 1) if recompute else _strides(src)
+    src_strides = (n, 1) if recompute else _strides(src) if src is not None else (0, 0)
     vec = n % 8 == 0 and all(
         x is None or (x.data.ptr % 16 == 0 and st[1] == 1 and (st[0] * x.itemsize) % 16 == 0)
         for x, st in ((gy, gy_strides), (src, src_strides)))
-    spec = DzSpec(p.act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=need_dz,
+    spec = DzSpec(p.act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=write_dz,
                   write_dc=write_dc, dc_dtype=p.c_dtype if write_dc else DType.F32, vec=vec)
     tn = 32 * spec.cols
     # rows per block: more while the grid stays several blocks per multiprocessor (fewer
@@ -187,7 +239,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
     launch = reduce = None
-    if m and n and (need_dz or write_dc or bias_kind is not BiasKind.NONE):
+    if m and n and (write_dz or write_dc or bias_kind is not BiasKind.NONE):
         launch = _launcher(spec, p.device_id, _DZ_PARAMS)
     if launch is not None and partial_shape is not None:
         total = bias_kind is BiasKind.SCALAR
@@ -202,46 +254,50 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     want_b = "b" in wanted and bool(k and n)
     zeros_a = "a" in wanted and not want_a
     zeros_b = "b" in wanted and not want_b
-    # The forward's prepared calls of dZ @ B.T and A.T @ dZ, bound after the first call (the
-    # signature fixes their argument patterns; they read only the operands' pointers, so B and
-    # A stand for their transposed views).
+    # dA's and dB's GEMMs: after their first call, the prepared calls of their argument
+    # patterns (which the signature fixes), called on the operands' pointers directly (B and
+    # A stand for their transposed views: only pointers are read)
     gemms = [None, None]
 
-    def prepared(x, y, alpha):
-        sig = op._signature(x, y, None, "none", None, alpha, 0.0, 0.01, False, None, None,
+    def product(i, x, w, alpha, aux, slope):
+        call = gemms[i]
+        if call is not None:
+            return call(x, w, None, aux, alpha, 1.0, slope, None, None)
+        x_t, w_t = (x, w.T) if i == 0 else (x.T, w)
+        if i == 0 and gate is not None:
+            out, gemms[0] = op.gated_gemm(x_t, w_t, aux, gate[0], gate[1], alpha, slope,
+                                          precision)
+            return out
+        out = gemm_bias_act(x_t, w_t, alpha=alpha, precision=precision)
+        sig = op._signature(x_t, w_t, None, "none", None, alpha, 0.0, 0.01, False, None, None,
                             None, False, p.device_id, None, precision)
-        return op._fast.get(sig)
+        gemms[i] = op._fast.get(sig)
+        return out
 
-    def run(gy, a, b, bias, c, src, alpha, beta, slope):
+    def run(gy, a, b, bias, c, src, alpha, beta, slope, a_z, a_slope):
+        stream = current_stream().ptr
         if recompute:
             src = gemm_bias_act(a, b, bias, c=c, alpha=alpha, beta=beta, out_dtype="float32",
                                 precision=precision)
-        dz = ndarray((m, n), dz_np) if need_dz else None
+        dz = ndarray((m, n), dz_np) if write_dz else gy if need_dz else None
         dc = ndarray(c_shape, c_np) if write_dc else None
         partial = ndarray(partial_shape, np.float32) if partial_shape else None
         if launch is not None:
-            launch(grid, (32, 8, 1), 0, current_stream().ptr,
-                   gy.data.ptr, *gy_strides, src.data.ptr, *src_strides,
-                   *((dz.data.ptr, n, 1) if dz is not None else (0, 0, 0)),
-                   *((dc.data.ptr, *_strides(dc)) if dc is not None else (0, 0, 0)),
+            launch(grid, (32, 8, 1), 0, stream,
+                   gy.data.ptr, *gy_strides, 0 if src is None else src.data.ptr, *src_strides,
+                   *((dz.data.ptr, n, 1) if write_dz else (0, 0, 0)),
+                   *((dc.data.ptr, n, 1) if dc is not None else (0, 0, 0)),
                    0 if partial is None else partial.data.ptr, m, n, tm, beta, slope)
         grad_a = grad_b = grad_bias = grad_c = None
         if want_a:
-            if gemms[0] is not None:
-                grad_a = gemms[0](dz, b, None, None, alpha, 0.0, 0.01, None, None)
+            if gate is None:
+                grad_a = product(0, dz, b, alpha, None, 0.01)
             else:
-                b_t = b.T
-                grad_a = gemm_bias_act(dz, b_t, alpha=alpha, precision=precision)
-                gemms[0] = prepared(dz, b_t, alpha)
+                grad_a = product(0, dz, b, alpha, a if gate[1] else a_z, a_slope)
         elif zeros_a:
             grad_a = zeros((m, k), dtype=a.dtype)
         if want_b:
-            if gemms[1] is not None:
-                grad_b = gemms[1](a, dz, None, None, alpha, 0.0, 0.01, None, None)
-            else:
-                a_t = a.T
-                grad_b = gemm_bias_act(a_t, dz, alpha=alpha, precision=precision)
-                gemms[1] = prepared(a_t, dz, alpha)
+            grad_b = product(1, a, dz, alpha, None, 0.01)
         elif zeros_b:
             grad_b = zeros((k, n), dtype=a.dtype)
         if want_bias:
@@ -249,8 +305,8 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 grad_bias = zeros(bias_shape, dtype=bias_np)
             else:
                 grad_bias = ndarray(bias_shape, bias_np)
-                reduce(reduce_grid, (256, 1, 1), 0, current_stream().ptr, partial.data.ptr,
-                       rows, cols, grad_bias.data.ptr)
+                reduce(reduce_grid, (256, 1, 1), 0, stream, partial.data.ptr, rows, cols,
+                       grad_bias.data.ptr)
         if want_c:
             grad_c = dc if write_dc else zeros(c_shape, dtype=c_np)
         return Gradients(grad_a, grad_b, grad_bias, grad_c)

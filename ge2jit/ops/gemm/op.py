@@ -33,6 +33,7 @@ from .select import (
     uses_tensor_cores,
 )
 from .spec import (
+    Act,
     Layout,
     MmaConfig,
     PipelineConfig,
@@ -318,7 +319,7 @@ def _kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> Ke
             f"precision='tf32' or 'tf32x3'")
     return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
                       cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype,
-                      p.precision)
+                      p.precision, p.gate, bool(p.gate_from_y))
 
 
 def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
@@ -419,7 +420,7 @@ def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Pl
     vecs = _aligns(p, y, z)
     key = (p.device_id, p.dtype, p.out_dtype, p.c_dtype, p.bias_dtype, p.precision, p.layout_a,
            p.layout_b, p.layout_c, p.act, p.bias_kind, save_preact, p.m, p.n, p.k, vecs, config,
-           autotune)
+           autotune, p.gate, p.gate_from_y)
     plan = _plans.get(key)
     if plan is None:
         with _plans_lock:
@@ -623,6 +624,25 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
             _fast[sig] = _prepare(plan, p, bool(save_preact), y, z,
                                   (a, b, c, bias, out, preact_out))
     return (y, z) if save_preact else y
+
+
+def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope: float,
+               precision, config=None):
+    """``Y = alpha * (A @ B) * gate'(C)`` (gate' from Z, or from Y with ``gate_from_y``) in
+    the inputs' dtype, by the forward's kernels with a gating epilogue: the backward's dA
+    formed directly as the gradient of the previous layer's pre-activation. Arguments are
+    checked as ``gemm_bias_act``'s (C as ``c``). Returns ``(Y, call)``: ``call(a, b, None, c,
+    alpha, 1.0, leaky_slope, None, None)`` repeats it for arrays of the same pattern, or None
+    for an empty result. ``config`` pins a configuration, as ``gemm_bias_act``'s does."""
+    p = validate(a, b, None, "none", c, alpha, 1.0, leaky_slope, None, precision=precision)
+    p.gate, p.gate_from_y = gate, gate_from_y
+    y, _ = _outputs(p, False)
+    if p.empty:
+        return y, None
+    plan = _plan_for(p, y, None, False, config, False)
+    plan.launch(p, y, None, _cp().cuda.get_current_stream())
+    call = None if p.copied else _prepare(plan, p, False, y, None, (a, b, c, None, None, None))
+    return y, call
 
 
 def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,

@@ -60,9 +60,11 @@ def activation_grad(name: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray
 
 
 def gemm_bias_act_backward_ref(gy, a, b, bias=None, *, act="none", c=None, alpha=1.0,
-                               beta=0.0, leaky_slope=0.01, abs_dz=False):
+                               beta=0.0, leaky_slope=0.01, abs_dz=False, a_act=None, a_z=None,
+                               a_leaky_slope=0.01):
     """(dA, dB, dBias, dC) in float64 from host arrays (dBias in the bias' shape). ``abs_dz``:
-    from |dZ| instead (the magnitudes that a sum of dZ's terms adds up, for error bounds)."""
+    from |dZ| instead (the magnitudes that a sum of dZ's terms adds up, for error bounds).
+    ``a_act``, ``a_z``: A = a_act(a_z), and dA is returned as the gradient of a_z."""
     _, z = gemm_bias_act_ref(a, b, bias, act=act, c=c, alpha=alpha, beta=beta,
                              leaky_slope=leaky_slope)
     dz = np.asarray(gy, np.float64) * activation_grad(act, z, leaky_slope)
@@ -79,7 +81,10 @@ def gemm_bias_act_backward_ref(gy, a, b, bias=None, *, act="none", c=None, alpha
         else:
             d_bias = dz.sum(axis=0).reshape(shape)
     d_c = None if c is None else beta * dz
-    return alpha * dz @ b.T, alpha * a.T @ dz, d_bias, d_c
+    d_a = alpha * dz @ b.T
+    if a_act is not None:
+        d_a = d_a * activation_grad(a_act, a_z, a_leaky_slope)
+    return d_a, alpha * a.T @ dz, d_bias, d_c
 
 
 def gemm_bias_act_ref(a, b, bias=None, *, act="none", c=None, alpha=1.0, beta=0.0,

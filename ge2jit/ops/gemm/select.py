@@ -356,7 +356,8 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
                act: Act, bias: BiasKind, save_z: bool, config, split_k: int, k: int,
                aligns: Aligns, out_dtype: DType | None = None, c_dtype: DType | None = None,
                bias_dtype: DType | None = None,
-               precision: Precision = Precision.IEEE) -> KernelSet:
+               precision: Precision = Precision.IEEE, gate: Act | None = None,
+               gate_from_y: bool = False) -> KernelSet:
     """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this K
     and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it too.
 
@@ -365,7 +366,8 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
     (float32 inputs), the tensor-core configs read both operands through split K-major
     copies; the CUDA-core configs compute exact float32."""
     align_a, align_b, align_y = aligns
-    types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype)
+    types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype, gate=gate,
+                 gate_from_y=gate_from_y)
     y_item = (out_dtype or dtype).itemsize
     if precision is Precision.TF32X3 and dtype is not DType.F32:
         raise ArgumentValueError(f"precision: 'tf32x3' applies to float32 inputs, not "
@@ -411,11 +413,14 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         k_tiles = -(-k // config.bk) if k else 0
         per_split = max(-(-k_tiles // split_k), 1)
         splits = max(-(-k_tiles // per_split), 1) if split_k > 1 else 1
+        gates = dict(gate=gate, gate_from_y=gate_from_y)
         main = PipelinedGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
-                                 align_a >= 16, align_b >= 16, align_y >= 16, splits > 1)
+                                 align_a >= 16, align_b >= 16, align_y >= 16, splits > 1,
+                                 **gates)
         reduce = None
         if splits > 1:
-            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z, align_y >= 16)
+            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z, align_y >= 16,
+                                      **gates)
         return KernelSet(main, reduce, splits, per_split)
     tile = config if isinstance(config, TileConfig) else FALLBACK_TILE
     return KernelSet(GemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, tile,

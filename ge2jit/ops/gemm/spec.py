@@ -70,6 +70,9 @@ class BiasKind(Enum):
 
 ACT_NAMES: dict[str, Act] = {a.value: a for a in Act}
 
+#: Activations whose derivative is a function of their output (the backward can start from Y).
+ACTS_FROM_Y = (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.SIGMOID, Act.TANH)
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -130,8 +133,12 @@ SIMT_F32_TILES: tuple[TileConfig, ...] = (
 class EpilogueTypes:
     """What every kernel that runs the fused epilogue shares, given the fields ``dtype``,
     ``layout_c``, ``act``, ``bias``, ``save_z`` and the keyword-only ``out_dtype``,
-    ``c_dtype``, ``bias_dtype``: the type checks and defaults, the element types the templates
-    use, and the epilogue's part of the kernel name."""
+    ``c_dtype``, ``bias_dtype``, ``gate``, ``gate_from_y``: the type checks and defaults, the
+    element types the templates use, and the epilogue's part of the kernel name.
+
+    ``gate`` (an activation, with act none, no bias and C given) makes the epilogue
+    ``Y = alpha * A @ B * gate'(C)``: the backward's dA of the next layer formed as the
+    gradient of this layer's pre-activation, with C its Z (or, ``gate_from_y``, its output)."""
 
     def _check(self, name: str, typ: type, optional: bool = False) -> None:
         """TypeError unless field ``name`` is a ``typ`` (or None, when ``optional``)."""
@@ -153,6 +160,18 @@ class EpilogueTypes:
             object.__setattr__(self, "c_dtype", self.dtype)
         if self.bias is BiasKind.NONE:
             object.__setattr__(self, "bias_dtype", self.dtype)
+        self._check("gate", Act, optional=True)
+        self._check("gate_from_y", bool)
+        if self.gate is None:
+            object.__setattr__(self, "gate_from_y", False)
+        elif (self.act is not Act.NONE or self.bias is not BiasKind.NONE or self.save_z
+              or self.layout_c is None):
+            raise ArgumentValueError(
+                f"{type(self).__name__}: a gate (Y = alpha * A @ B * act'(C)) reads C and "
+                "takes no activation, bias or saved Z")
+        elif self.gate_from_y and self.gate not in ACTS_FROM_Y:
+            raise ArgumentValueError(f"{type(self).__name__}: act {self.gate.value!r} has no "
+                                     "derivative in terms of its output")
 
     @property
     def has_c(self) -> bool:
@@ -175,6 +194,8 @@ class EpilogueTypes:
         differ from the inputs')."""
         d = self.dtype
         name = f"_{self.act.value}_{self.bias.value}"
+        if self.gate is not None:
+            name += f"_g{'y' if self.gate_from_y else 'z'}{self.gate.value}"
         if self.bias_dtype is not d:
             name += self.bias_dtype.value
         if self.layout_c is not None:
@@ -206,6 +227,8 @@ class GemmKernelSpec(EpilogueTypes, KernelSpec):
     out_dtype: DType | None = field(default=None, kw_only=True)
     c_dtype: DType | None = field(default=None, kw_only=True)
     bias_dtype: DType | None = field(default=None, kw_only=True)
+    gate: Act | None = field(default=None, kw_only=True)
+    gate_from_y: bool = field(default=False, kw_only=True)
 
     def _normalize_types(self) -> None:
         for name, typ in (("dtype", DType), ("layout_a", Layout), ("layout_b", Layout),
@@ -412,7 +435,7 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
         if self.vec_b and self.layout_b is not Layout.ROW:
             object.__setattr__(self, "vec_b", False)
         if self.split_k:  # the epilogue belongs to the reduction kernel
-            for name, value in (("layout_c", None), ("act", Act.NONE),
+            for name, value in (("layout_c", None), ("act", Act.NONE), ("gate", None),
                                 ("bias", BiasKind.NONE), ("save_z", False), ("vec_y", True)):
                 object.__setattr__(self, name, value)
 
@@ -445,6 +468,8 @@ class SplitKReduceSpec(EpilogueTypes, KernelSpec):
     out_dtype: DType | None = field(default=None, kw_only=True)
     c_dtype: DType | None = field(default=None, kw_only=True)
     bias_dtype: DType | None = field(default=None, kw_only=True)
+    gate: Act | None = field(default=None, kw_only=True)
+    gate_from_y: bool = field(default=False, kw_only=True)
 
     template = "gemm/splitk_reduce.cu"
     threads = 256
@@ -699,7 +724,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
     mbarriers, one producer warpgroup and ``config.consumers`` consumer warpgroups issuing
     ``wgmma`` from shared memory, a persistent grid over the output tiles, and the fused
     epilogue on the accumulator registers. ``store16`` (Y and Z rows 16-byte aligned; not with
-    a C term, whose reads need the registers): each warp stages 16 x 64 blocks of results in
+    a C term, whose reads need the registers, except a gate's, applied to the staged block
+    with C read in whole rows): each warp stages 16 x 64 blocks of results in
     shared memory; 16-bit outputs leave by TMA stores (``tma_store``: two staging buffers a
     warp, the store of one overlapping the filling of the other), float32 ones as whole
     16-byte segments, so rows go out in full lines; else pairs (``vec_y``) or single
@@ -728,8 +754,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
         self._check("promote", bool)
         self._check("split_k", bool)
         if self.split_k:  # the epilogue belongs to the reduction kernel
-            for name, value in (("layout_c", None), ("act", Act.NONE), ("bias", BiasKind.NONE),
-                                ("save_z", False), ("out_dtype", DType.F32)):
+            for name, value in (("layout_c", None), ("act", Act.NONE), ("gate", None),
+                                ("bias", BiasKind.NONE), ("save_z", False),
+                                ("out_dtype", DType.F32)):
                 object.__setattr__(self, name, value)
         if self.promote and not self.config.can_promote:
             raise ArgumentValueError(
@@ -737,7 +764,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 f"thread, too many for the second set that precision='tf32x3' needs (at most "
                 f"64: {', '.join(c.name for c in WGMMA_X3_CONFIGS)})")
         self._normalize_types()
-        if self.layout_c is not None:   # reading C leaves too few registers for the staging
+        if self.layout_c is not None and self.gate is None:
+            # reading C with the accumulators leaves too few registers for the staging (a
+            # gate reads C after staging, from whole rows)
             object.__setattr__(self, "store16", False)
         if self.store16:
             object.__setattr__(self, "vec_y", True)
@@ -826,10 +855,6 @@ class Tf32SplitSpec(KernelSpec):
         return f"tf32x3_split_{self.order}{'_t' if self.transpose else ''}"
 
 
-#: Activations whose derivative is a function of their output (the backward can start from Y).
-ACTS_FROM_Y = (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.SIGMOID, Act.TANH)
-
-
 @dataclass(frozen=True)
 class DzSpec(KernelSpec):
     """The backward's elementwise pass: dZ = gY * act'(Z) (or act' from Y, ``from_y``, for
@@ -865,6 +890,9 @@ class DzSpec(KernelSpec):
             raise ArgumentValueError(f"DzSpec: act {self.act.value!r} needs Z, not Y")
         if not self.write_dc:
             object.__setattr__(self, "dc_dtype", DType.F32)
+        if self.act is Act.NONE:   # Z is not read: equal kernels, equal specs
+            object.__setattr__(self, "from_y", False)
+            object.__setattr__(self, "src_dtype", self.grad_dtype)
 
     @property
     def kernel_name(self) -> str:
@@ -873,6 +901,11 @@ class DzSpec(KernelSpec):
             (f"_dc{self.dc_dtype.value}" if self.write_dc else "")
         return (f"gemm_dz_{self.act.value}_{src}{self.src_dtype.value}_g"
                 f"{self.grad_dtype.value}{outs}_{self.bias.value}{'_v8' if self.vec else ''}")
+
+    @property
+    def reads_src(self) -> bool:
+        """Whether Z (or Y) is read: act' of "none" is 1."""
+        return self.act is not Act.NONE
 
     @property
     def cols(self) -> int:

@@ -146,6 +146,73 @@ def test_repeated_calls_take_the_prepared_path(source):
     assert len(backward._prepared) == 1, "one argument pattern, prepared once"
 
 
+@pytest.mark.parametrize("a_act, from_a", [(a, False) for a in ACTS] +
+                         [(a.value, True) for a in ACTS_FROM_Y])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_act_gives_the_previous_layers_dz(kind, a_act, from_a):
+    """With A = a_act(a_z) (the previous layer's output), dA's GEMM multiplies by
+    a_act'(a_z) in its epilogue: from a_z, or from A itself for the activations that allow
+    it. dB and dBias are as without it."""
+    dtype, tol = KINDS[kind]
+    m, k0, k, n = 150, 40, 72, 136
+    a, a_z = forward(rand(dtype, m, k0), rand(dtype, k0, k), rand(dtype, k), a_act, slope=0.2)
+    b, bias = rand(dtype, k, n), rand(dtype, n)
+    _, z = forward(a, b, bias, "gelu")
+    gy = rand(dtype, m, n)
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="gelu", z=z, a_act=a_act,
+                                        a_z=None if from_a else a_z, a_leaky_slope=0.2)
+    want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias),
+                                      act="gelu", a_act=a_act, a_z=host64(a_z),
+                                      a_leaky_slope=0.2)
+    assert got.a.shape == a.shape and got.a.dtype == dtype
+    for name, g, w in zip("ab", got, want):
+        err = rel_error(host64(g), w)
+        assert err < tol, f"d{name} ({kind}, a_act {a_act}, from a: {from_a}): {err:.3g}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_z_float32_column_major_and_prepared_repeats(kind):
+    """a_z of another type and layout than A; the second and third calls take the prepared
+    path with their own arrays."""
+    dtype, tol = KINDS[kind]
+    m, k, n = 97, 66, 130
+    for _ in range(3):
+        a_z = rand(np.float32, m, k, layout="c")
+        a = cp.asarray(activation("silu", host64(a_z)).astype(dtype))
+        b, bias = rand(dtype, k, n), rand(dtype, 1, n)
+        _, z = forward(a, b, bias, "tanh", alpha=0.5)
+        gy = rand(dtype, m, n)
+        got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="tanh", z=z, a_act="silu",
+                                            a_z=a_z, alpha=0.5)
+        want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias),
+                                          act="tanh", alpha=0.5, a_act="silu",
+                                          a_z=host64(a_z))
+        assert rel_error(host64(got.a), want[0]) < tol
+
+
+@pytest.mark.parametrize("gy_kind", ["input", "f32"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_of_z_goes_straight_to_the_gemms(kind, gy_kind):
+    """act="none" with gy in the inputs' dtype: gy is dZ, read by the GEMMs as it is (no dZ
+    is written; the pass only sums dBias); a float32 gy for 16-bit inputs is converted."""
+    from ge2jit.ops.gemm import backward
+    from ge2jit.ops.gemm.spec import DzSpec
+
+    dtype, tol = KINDS[kind]
+    m, k, n = 120, 64, 88
+    a, b, bias = rand(dtype, m, k), rand(dtype, k, n), rand(dtype, n)
+    gy = rand(dtype if gy_kind == "input" else np.float32, m, n)
+    backward._launchers.clear()
+    backward.clear_prepared()   # ("f32", "input") and ("f32", "f32") share a signature
+    got = ge2jit.gemm_bias_act_backward(gy, a, b, bias)
+    want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias))
+    for g, w in zip(got[:3], want[:3]):
+        assert rel_error(host64(g), w) < tol
+    passes = [s for s, _ in backward._launchers if isinstance(s, DzSpec)]
+    assert len(passes) == 1 and not passes[0].reads_src
+    assert passes[0].write_dz == (gy.dtype != a.dtype)
+
+
 @pytest.mark.parametrize("precision, tol", [("tf32", 2e-3), ("tf32x3", 1e-5)])
 def test_float32_precisions(precision, tol):
     """float32 inputs with the tensor-core precisions: dA and dB by the same GEMM mode."""
@@ -235,3 +302,7 @@ def test_bad_input_is_refused():
         ge2jit.gemm_bias_act_backward(cp.asnumpy(gy), a, b)
     with pytest.raises(ge2jit.ArgumentValueError, match="b: expected shape"):
         ge2jit.gemm_bias_act_backward(gy, a, rand(np.float32, 5, 6))
+    with pytest.raises(ge2jit.ArgumentValueError, match="a_z: a_act 'gelu' needs"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, a_act="gelu")
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"a_z: expected shape \(8, 4\)"):
+        ge2jit.gemm_bias_act_backward(gy, a, b, a_act="gelu", a_z=gy)

@@ -50,10 +50,26 @@ EPILOGUE = {
 TYPES = {"out": ["input", "f32"], "c_type": ["input", "f32"], "bias_type": ["input", "f32"]}
 
 
+# The backward's gating epilogue (Y = alpha * A @ B * act'(C)): C is Z, or Y for the
+# activations whose derivative is a function of their output.
+GATES = [(a, False) for a in Act] + [(a, True) for a in ACTS_FROM_Y if a is not Act.NONE]
+GATED = {"layout_c": list(Layout), "act": [Act.NONE], "bias": [BiasKind.NONE],
+         "save_z": [False], "gate": GATES}
+# the tiled tensor-core and pipelined families: the costliest derivatives (registers), and
+# both sources
+GATED_FEW = {**GATED, "gate": [(Act.GELU, False), (Act.GELU_TANH, False), (Act.SILU, False),
+                               (Act.SIGMOID, True), (Act.LEAKY_RELU, True)]}
+
+
+def _gate(p: dict) -> dict:
+    gate, from_y = p.get("gate", (None, False))
+    return dict(gate=gate, gate_from_y=from_y)
+
+
 def _types(p: dict, dtype: DType) -> dict:
     pick = {"input": dtype, "f32": DType.F32}
     return dict(out_dtype=pick[p["out"]], c_dtype=pick[p["c_type"]],
-                bias_dtype=pick[p["bias_type"]])
+                bias_dtype=pick[p["bias_type"]], **_gate(p))
 
 
 def _mma(p: dict) -> MmaGemmSpec:
@@ -67,6 +83,17 @@ def _wgmma(p: dict) -> WgmmaGemmSpec:
                          p["bias"], p["save_z"], p["config"], p["vec_y"], p["store16"],
                          promote=p.get("promote", False), split_k=p["split_k"],
                          **_types(p, p["dtype"]))
+
+
+def _pipelined(p: dict) -> PipelinedGemmSpec:
+    return PipelinedGemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+                             p["bias"], p["save_z"], p["config"], p["vec_a"], p["vec_b"],
+                             p["vec_y"], p["split_k"], **_gate(p))
+
+
+def _splitk_reduce(p: dict) -> SplitKReduceSpec:
+    return SplitKReduceSpec(p["dtype"], p["layout_c"], p["act"], p["bias"], p["save_z"],
+                            p["vec_y"], **_types(p, p["dtype"]))
 
 
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
@@ -120,9 +147,7 @@ FAMILIES = {
         {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
          "config": list(PIPELINED_F32_CONFIGS), "vec_a": [False, True], "vec_b": [False, True],
          "vec_y": [False, True], "split_k": [False, True], "arch": ARCHS},
-        lambda p: PipelinedGemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"],
-                                    p["act"], p["bias"], p["save_z"], p["config"], p["vec_a"],
-                                    p["vec_b"], p["vec_y"], p["split_k"]),
+        _pipelined,
     ),
     "transpose": (
         {"dtype": list(DType), "arch": ARCHS},
@@ -134,8 +159,7 @@ FAMILIES = {
     ),
     "splitk_reduce": (
         {"dtype": list(DType), **EPILOGUE, **TYPES, "vec_y": [False, True], "arch": ARCHS},
-        lambda p: SplitKReduceSpec(p["dtype"], p["layout_c"], p["act"], p["bias"], p["save_z"],
-                                   p["vec_y"], **_types(p, p["dtype"])),
+        _splitk_reduce,
     ),
     # the backward's dZ pass: act' from Z (any activation) or from Y (those it allows)
     "dz": (
@@ -160,6 +184,51 @@ FAMILIES = {
         {"rule": ["sgd"], "grad": list(DType), "copy": [None, DType.BF16], "nesterov": [True],
          "arch": ARCHS},
         lambda p: UpdateSpec(p["rule"], p["grad"], p["copy"], p["nesterov"]),
+    ),
+    # the gating epilogue in every GEMM family (Y's type is the inputs': dA)
+    "gated_basic": (
+        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GATED,
+         "out": ["input"], "c_type": ["input", "f32"], "bias_type": ["input"],
+         "tile": list(SIMT_F32_TILES), "arch": ARCHS},
+        lambda p: GemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+                           p["bias"], p["save_z"], p["tile"], **_types(p, p["dtype"])),
+    ),
+    "gated_mma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "config": list(MMA_16BIT_CONFIGS),
+         **{**MMA_COMMON, **GATED_FEW}, "out": ["input"], "bias_type": ["input"]},
+        _mma,
+    ),
+    "gated_mma_tf32x3": (
+        {"dtype": [DType.F32], "config": list(MMA_X3_CONFIGS), "layout_a": [Layout.ROW],
+         "layout_b": [Layout.COL], **GATED_FEW, "out": ["input"], "c_type": ["input"],
+         "bias_type": ["input"], "copy_a": [16], "copy_b": [16], "vec_y": [False, True],
+         "promote": [True], "arch": ARCHS},
+        _mma,
+    ),
+    "gated_wgmma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
+         **GATED_FEW, "out": ["input"], "c_type": ["input", "f32"], "bias_type": ["input"],
+         "config": list(WGMMA_CONFIGS), "vec_y": [False, True], "store16": [False, True],
+         "split_k": [False], "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "gated_wgmma_tf32x3": (
+        {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **GATED_FEW,
+         "out": ["input"], "c_type": ["input"], "bias_type": ["input"],
+         "config": list(WGMMA_X3_CONFIGS), "vec_y": [False, True], "store16": [False],
+         "promote": [True], "split_k": [False], "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "gated_pipelined": (
+        {"layout_a": list(Layout), "layout_b": list(Layout), **GATED_FEW,
+         "config": list(PIPELINED_F32_CONFIGS), "vec_a": [False, True], "vec_b": [False, True],
+         "vec_y": [False, True], "split_k": [False], "arch": ARCHS},
+        _pipelined,
+    ),
+    "gated_splitk_reduce": (
+        {"dtype": list(DType), **GATED, "out": ["input"], "c_type": ["input", "f32"],
+         "bias_type": ["input"], "vec_y": [False, True], "arch": ARCHS},
+        _splitk_reduce,
     ),
     "dz_from_y": (
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),

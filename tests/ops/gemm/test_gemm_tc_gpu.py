@@ -225,6 +225,61 @@ def test_every_candidate_config(kind, config, shape, la, lb):
         assert config in name
 
 
+#: (gate activation, from Y, C's layout, C's type): each source of the derivative, layout and
+#: type of C at least once with each config
+GATES = [(Act.GELU, False, "r", "input"), (Act.SILU, False, "c", "f32"),
+         (Act.SIGMOID, True, "r", "f32"), (Act.LEAKY_RELU, True, "c", "input")]
+
+
+@pytest.mark.parametrize("shape", [(320, 264, 136), (300, 270, 130)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("gate, from_y, lc, c_type", GATES, ids=lambda x: getattr(x, "value", x))
+@pytest.mark.parametrize("kind, config", [(k, c) for k in KINDS for c in _configs(k)] +
+                         [(k, "wgmma_128x128_s6_k3") for k in ("bf16", "tf32")])
+def test_gating_epilogue_every_candidate_config(kind, config, gate, from_y, lc, c_type, shape):
+    """Y = alpha * A @ B * gate'(C) (the backward's dA of a layer whose input came from an
+    activation), on every config, split-K's reduction included; the tile-staged Hopper
+    epilogue reads C in 16-byte segments when its rows allow it, element by element when not
+    (270 columns) or when C is column-major."""
+    from ge2jit.ops.gemm.op import gated_gemm
+    from ge2jit.ops.gemm.reference import activation, activation_grad
+
+    if config.startswith("wgmma_") and not hopper():
+        pytest.skip("wgmma configs need sm_90")
+    dtype, precision, tol = KINDS[kind]
+    m, n, k = shape
+    a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
+    c = rand(np.float32 if c_type == "f32" else dtype, m, n, layout=lc)
+    if from_y:   # C is an activation's output: its values are in the activation's range
+        c = cp.asarray(activation(gate.value, host64(c), 0.2).astype(c.dtype))
+        if lc == "c":
+            c = cp.asfortranarray(c)
+    for _ in range(2):   # the second call takes the prepared path
+        y, call = gated_gemm(a, b, c, gate, from_y, -0.75, 0.2, precision, config)
+        host = [host64(x) for x in (a, b)]
+        if kind == "tf32":
+            host = [tf32(a), tf32(b)]
+        if from_y:
+            slope = np.where(host64(c) > 0, 1.0, 0.2) if gate is Act.LEAKY_RELU else None
+            d = slope if slope is not None else host64(c) * (1 - host64(c))
+        else:
+            d = activation_grad(gate.value, host64(c))
+        want = -0.75 * (host[0] @ host[1]) * d
+        err = rel_error(host64(y), want)
+        assert err < tol, f"{kind} {config} {gate.value}: relative error {err:.3g}"
+        names = "".join(kk.spec.kernel_name for kk in call.plan.kernels)
+        if config.startswith("mma_"):
+            family = "_mma_"
+        elif kind == "tf32x3":   # split copies: any alignment
+            family = "_wgmma_"
+        else:   # unaligned rows fall back from the Hopper kernel
+            family = expected_family(kind, a, b)
+        assert call is not None and family in names, names
+        if family == "_wgmma_":
+            assert config.split("_k")[0] in names, names
+        a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
+
+
 @pytest.mark.parametrize("la, lb", LAYOUTS, ids=lambda x: x)
 @pytest.mark.parametrize("split", [2, 3, 4])
 @pytest.mark.parametrize("kind", KINDS)

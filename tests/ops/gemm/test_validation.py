@@ -313,6 +313,21 @@ def test_backward_refuses_bad_gradients_and_sources():
     backward_refused("b: expected shape", b=FakeArray((K + 1, N)))
 
 
+def test_backward_refuses_bad_a_act_arguments():
+    backward_refused("a_act: expected None or one of none, relu", a_act="swish")
+    backward_refused("a_act: expected None or one of", a_act=1)
+    backward_refused("a_z: a_act 'gelu_tanh' needs the pre-activation", a_act="gelu_tanh")
+    backward_refused(rf"a_z: expected shape \({M}, {K}\) \(M, K\), like a, got \({M}, {N}\)",
+                     a_act="gelu", a_z=FakeArray((M, N)))
+    backward_refused("a_z: expected dtype float32, got float16", a_act="gelu",
+                     a_z=FakeArray((M, K), np.float16))
+    backward_refused("a_z: given without a_act", a_z=FakeArray((M, K)))
+    backward_refused("a_z: with a_leaky_slope -0.1 < 0", a_act="leaky_relu",
+                     a_leaky_slope=-0.1)
+    backward_refused("a_leaky_slope: expected a real number", TypeError, a_act="relu",
+                     a_leaky_slope="x")
+
+
 def test_optimizer_steps_refuse_bad_arguments():
     p, z = FakeArray((4, 3)), FakeArray((4, 3))
     with pytest.raises(ValueError, match="step: expected an int >= 1"):
