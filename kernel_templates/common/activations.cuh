@@ -93,3 +93,63 @@ __device__ __forceinline__ float dact_y_leaky_relu(float y, float slope) {
 }
 __device__ __forceinline__ float dact_y_sigmoid(float y, float) { return y * (1.0f - y); }
 __device__ __forceinline__ float dact_y_tanh(float y, float) { return 1.0f - y * y; }
+
+// Fast forms of the derivatives, for 16-bit outputs (the GEMMs' gating epilogue), on the
+// special-function unit as the fast activations: ex2.approx and rcp.approx (a few ulp),
+// tanh.approx (relative error about 2^-11, as the forward's fast GELU-tanh). The logistic and
+// tanh derivatives are written in e = exp(-|z|) (symmetric in z, no cancellation near 0).
+__device__ __forceinline__ float exp_approx(float x) {   // e^x, ex2.approx (flushes to 0)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
+    return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float dact_none_fast(float z, float s) { return dact_none(z, s); }
+__device__ __forceinline__ float dact_relu_fast(float z, float s) { return dact_relu(z, s); }
+__device__ __forceinline__ float dact_leaky_relu_fast(float z, float s) {
+    return dact_leaky_relu(z, s);
+}
+// Phi(z) + z phi(z), with 1 - Phi(|z|) = erfc(|z| / sqrt 2) / 2 by Abramowitz and Stegun's
+// 7.1.26 (absolute error below 1.5e-7): a polynomial in 1 / (1 + p |z| / sqrt 2) times
+// e^(-z^2 / 2), the exponential phi(z) needs too.
+__device__ __forceinline__ float dact_gelu_fast(float z, float) {
+    const float t = rcp_approx(fmaf(0.3275911f * 0.70710678118654752f, fabsf(z), 1.0f));
+    const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f),
+                                                1.421413741f), -0.284496736f), 0.254829592f);
+    const float e = exp_approx(-0.5f * z * z);
+    const float tail = 0.5f * poly * e;   // 1 - Phi(|z|)
+    return fmaf(z, 0.39894228040143268f * e, z >= 0.0f ? 1.0f - tail : tail);
+}
+__device__ __forceinline__ float dact_gelu_tanh_fast(float z, float) {
+    const float k = 0.79788456080286536f;
+    const float th = tanh_approx(k * fmaf(0.044715f * z, z * z, z));
+    const float du = k * fmaf(3.0f * 0.044715f * z, z, 1.0f);
+    return fmaf(0.5f * z * (1.0f - th * th), du, 0.5f * (1.0f + th));
+}
+// s (1 - s) = e / (1 + e)^2
+__device__ __forceinline__ float dact_sigmoid_fast(float z, float) {
+    const float e = exp_approx(-fabsf(z)), r = rcp_approx(1.0f + e);
+    return e * r * r;
+}
+// 1 - tanh^2 = 4 e^2 / (1 + e^2)^2
+__device__ __forceinline__ float dact_tanh_fast(float z, float) {
+    const float e = exp_approx(-2.0f * fabsf(z)), r = rcp_approx(1.0f + e);
+    return 4.0f * e * r * r;
+}
+__device__ __forceinline__ float dact_silu_fast(float z, float) {
+    const float s = sigmoid_approx(z);
+    return s * fmaf(z, 1.0f - s, 1.0f);
+}
+__device__ __forceinline__ float dact_y_none_fast(float y, float s) { return dact_y_none(y, s); }
+__device__ __forceinline__ float dact_y_relu_fast(float y, float s) { return dact_y_relu(y, s); }
+__device__ __forceinline__ float dact_y_leaky_relu_fast(float y, float s) {
+    return dact_y_leaky_relu(y, s);
+}
+__device__ __forceinline__ float dact_y_sigmoid_fast(float y, float s) {
+    return dact_y_sigmoid(y, s);
+}
+__device__ __forceinline__ float dact_y_tanh_fast(float y, float s) { return dact_y_tanh(y, s); }

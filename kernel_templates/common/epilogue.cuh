@@ -22,9 +22,10 @@ float {{ out }} = alpha * ({{ acc }});
 {% endif %}
 {% endmacro %}
 
-{# The gate's factor act'(c) for a C value c (an expression). #}
+{# The gate's factor act'(c) for a C value c (an expression): the fast forms for 16-bit
+   outputs, as the activations. #}
 {% macro gate_factor(spec, c) -%}
-dact_{{ "y_" if spec.gate_from_y }}{{ spec.gate.value }}({{ c }}, leaky_slope)
+dact_{{ "y_" if spec.gate_from_y }}{{ spec.gate.value }}{{ "_fast" if spec.fast_act }}({{ c }}, leaky_slope)
 {%- endmacro %}
 
 {% macro accessors(spec) %}
