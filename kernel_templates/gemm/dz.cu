@@ -57,10 +57,10 @@ extern "C" __global__ void __launch_bounds__(256)
 {% elif spec.bias.value == "scalarbias" %}
     float total = 0.0f;
 {% endif %}
+    const int rows = min(TILE_M, M - m0);
 #pragma unroll 2
-    for (int i = ty; i < TILE_M; i += 8) {
+    for (int i = ty; i < rows; i += 8) {
         const int m = m0 + i;
-        if (m >= M) break;
 {% if spec.bias.value == "rowbias" %}
         float row_sum = 0.0f;
 {% endif %}
@@ -72,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(256)
             float src8[8];
             load8(&src[m * src_r + n0], src8);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) d[j] *= dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(src8[j], slope);
+            for (int j = 0; j < 8; ++j) d[j] *= dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(src8[j], slope);
 {% endif %}
 {% if spec.write_dz %}
             store8(&dz[m * dz_r + n0], d);
@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (n < N) {
 {% if spec.reads_src %}
                 const float s = to_f32(src[m * src_r + n * src_c]);
-                const float d = to_f32(gy[m * gy_r + n * gy_c]) * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}(s, slope);
+                const float d = to_f32(gy[m * gy_r + n * gy_c]) * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(s, slope);
 {% else %}
                 const float d = to_f32(gy[m * gy_r + n * gy_c]);
 {% endif %}

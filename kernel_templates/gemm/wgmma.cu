@@ -348,9 +348,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.split_k %}
         {{ spec.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
 {% endif %}
-{% if spec.has_c and not spec.split_k %}
-        {   // This consumer's part of C into L2 while the main loop runs, so that the
-            // epilogue's reads of it wait on L2, not on memory. Each contiguous run of
+{% if spec.gate %}
+        {   // This consumer's part of C (the gate's input) into L2 while the main loop runs,
+            // so that the epilogue's reads of it wait on L2, not on memory (for the plain C
+            // epilogue, measured, this was slower: its reads are spread over the epilogue). Each contiguous run of
             // it (a row's BN columns, or a column's WG_M rows) by 128-byte lines, plus its last
             // element (a run need not start on a line).
 {% if spec.layout_c.value == "r" %}

@@ -900,7 +900,15 @@ class DzSpec(KernelSpec):
         outs = (f"_dz{self.dz_dtype.value}" if self.write_dz else "") + \
             (f"_dc{self.dc_dtype.value}" if self.write_dc else "")
         return (f"gemm_dz_{self.act.value}_{src}{self.src_dtype.value}_g"
-                f"{self.grad_dtype.value}{outs}_{self.bias.value}{'_v8' if self.vec else ''}")
+                f"{self.grad_dtype.value}{outs}_{self.bias.value}{'_v8' if self.vec else ''}"
+                f"{'_fast' if self.fast_act else ''}")
+
+    @property
+    def fast_act(self) -> bool:
+        """act' by the special-function unit's approximations (errors a few float32 ulp, or
+        2^-11 relative for tanh.approx) where the GEMMs read dZ in a 16-bit type: below its
+        rounding (2^-8 or 2^-11), as the forward's fast activations."""
+        return self.dz_dtype is not DType.F32 and self.reads_src
 
     @property
     def reads_src(self) -> bool:
