@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cupy as cp  # noqa: E402
-from bench_gemm import import_torch, interleaved_ms, np_dtype, parse_shapes  # noqa: E402
+from bench_gemm import commit, import_torch, interleaved_ms, np_dtype, parse_shapes  # noqa: E402
 
 import ge2jit  # noqa: E402
 
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     torch = import_torch()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     meta = {"device": props["name"].decode(), "date": time.strftime("%Y-%m-%d"),
-            "torch": getattr(torch, "__version__", None)}
+            "torch": getattr(torch, "__version__", None), "commit": commit()}
     rows, sources = [], []
     for dtype in args.dtypes.split(","):
         precision = args.precision if dtype == "float32" else None

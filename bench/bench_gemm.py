@@ -126,6 +126,13 @@ def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
 EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
 
 
+def commit() -> str | None:
+    """The benchmarked commit: $GE2JIT_COMMIT (a checkout without git history), else git's."""
+    return os.environ.get("GE2JIT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+        text=True).stdout.strip() or None
+
+
 def parse_shapes(parser, text: str) -> list[tuple[int, int, int]]:
     """'MxNxK,...' -> [(M, N, K), ...]; a malformed list is the parser's error."""
     try:
@@ -377,9 +384,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"), "nvrtc": str(ge2jit.nvrtc_info()),
         "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
         "python": platform.python_version(), "tuned": args.tune,
-        "commit": os.environ.get("GE2JIT_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-            text=True).stdout.strip() or None,
+        "commit": commit(),
     }
     # first, so that a sweep cut short still has them
     extra = {}
