@@ -108,7 +108,8 @@ def _backward_section(runs: list[dict], names: list[str]) -> str:
                 f"{r['ge2jit_step']:.4f} | {_fmt(step)} | "
                 f"{_fmt(step and step / r['ge2jit_step'], 2)} |")
         for r in data.get("sources", []):
-            sources.append(f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['act']} | "
+            kind = r["dtype"] + (f" ({r['precision']})" if r.get("precision") else "")
+            sources.append(f"| {kind} | {r['m']}×{r['n']}×{r['k']} | {r['act']} | "
                            f"{r['from_z']:.4f} | {r['from_y']:.4f} | {r['recompute']:.4f} | "
                            f"{r['kept_bytes_z'] / 2**20:.0f} |")
     act = runs[0]["rows"][0]["act"] if runs[0]["rows"] else ""
