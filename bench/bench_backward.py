@@ -6,9 +6,10 @@
 For each dtype and shape (a Linear layer: A is (M, K) activations, B (K, N) weights, a bias per
 column): ge2jit's whole backward (dA, dB, dBias from the saved Z), against the two plain cuBLAS
 GEMMs of the same sizes (dZ @ B.T and A.T @ dZ through torch.mm, dZ given); the same layer
-inside a network ("chained": its gradient arrives as dZ, from the next layer's a_act epilogue,
-and its dA leaves as the previous layer's dZ through ``a_act``, so the layer's share of the
-backward is dA, dB and dBias with both act' applications, against the same two GEMMs); and
+inside a network ("chained": its gradient arrives as dZ with its dBias, from the next
+layer's a_act/a_bias epilogue, and its dA leaves as the previous layer's dZ through ``a_act``
+with that layer's dBias through ``a_bias``, so the layer's share of the backward is dA and dB
+with an act' application and a dBias, against the same two GEMMs); and
 one training step of the layer, forward + backward: ge2jit's forward (saving Z) and
 backward, against PyTorch's linear + activation + autograd. All implementations of a row are
 timed in turns (bench_gemm.interleaved_ms). float32 runs with ``--precision`` (default:
@@ -47,6 +48,7 @@ def bench_row(m, n, k, dtype, act, precision, torch) -> dict:
     a, b, bias = rand(m, k), rand(k, n, scale=1 / np.sqrt(k)), rand(n)
     gy = rand(m, n)
     a_z = rand(m, k)   # the previous layer's pre-activation (A stands for act(a_z))
+    a_bias = rand(k)   # and its bias
     _, z = ge2jit.gemm_bias_act(a, b, bias, act=act, save_preact=True, precision=precision)
     sets = [(a, b, bias, gy, z)]
 
@@ -54,7 +56,10 @@ def bench_row(m, n, k, dtype, act, precision, torch) -> dict:
         ge2jit.gemm_bias_act_backward(gy, a, b, bias, act=act, z=z, precision=precision)
 
     def ours_chained(a, b, bias, gy, z):   # gy stands for dZ here
-        ge2jit.gemm_bias_act_backward(gy, a, b, bias, a_act=act, a_z=a_z, precision=precision)
+        # dBias of this layer came with its dZ (the next layer's a_bias); this call makes the
+        # previous layer's dZ and dBias
+        ge2jit.gemm_bias_act_backward(gy, a, b, bias, needs=("a", "b"), a_act=act, a_z=a_z,
+                                      a_bias=a_bias, precision=precision)
 
     def ours_step(a, b, bias, gy, z):
         _, z2 = ge2jit.gemm_bias_act(a, b, bias, act=act, save_preact=True,

@@ -121,10 +121,11 @@ def _backward_section(runs: list[dict], names: list[str]) -> str:
 column, Z saved by the forward. "backward": dA, dB and dBias from gY (one pass forms dZ),
 against the two plain cuBLAS GEMMs of the same sizes alone (torch.mm, dZ given): the ratio is
 ge2jit's time over theirs (below 1.1 is the target). "chained": the same layer inside a
-network, where gradients flow as dZ: its gY arrives as dZ (act' applied by the next layer's
-dA epilogue) and its dA leaves multiplied by the previous layer's act' (`a_act`, reading that
-layer's saved Z), so this is the layer's whole share of the network's backward, act' and dBias
-included, against the same two GEMMs. "step": ge2jit's forward (saving Z) + backward, against PyTorch's
+network, where gradients flow as dZ: its gY arrives as dZ with its dBias (made by the next
+layer's dA epilogue) and its dA leaves multiplied by the previous layer's act' (`a_act`,
+reading that layer's saved Z) with that layer's dBias summed in the same epilogue (`a_bias`),
+so this is the layer's whole share of the network's backward, act' and dBias included,
+against the same two GEMMs. "step": ge2jit's forward (saving Z) + backward, against PyTorch's
 linear + activation + autograd backward: the ratio is PyTorch's time over ge2jit's (above 1:
 ge2jit faster). Implementations timed in turns. float32 with `--precision tf32x3` runs
 ge2jit's GEMMs in 3xTF32 (float32 accuracy) against PyTorch's exact float32.

@@ -6,8 +6,9 @@
 The network is Linear -> act -> Linear -> act -> Linear (two logits). Each Linear's forward is
 ``ge2jit.gemm_bias_act`` (saving Z), its backward ``ge2jit.gemm_bias_act_backward`` (dX, dW
 and db in one call; the first layer skips dX). The gradient flows between layers as dL/dZ:
-each layer's dX GEMM applies the previous layer's act' in its epilogue (``a_act``, ``a_z``),
-so no elementwise pass forms it. Every parameter is updated by one fused
+each layer's dX GEMM applies the previous layer's act' in its epilogue (``a_act``, ``a_z``)
+and sums the columns of what it stores for that layer's db (``a_bias``), so no elementwise
+pass forms dZ or db below the last layer. Every parameter is updated by one fused
 kernel (``ge2jit.adam_update`` or ``ge2jit.sgd_update``). The softmax cross-entropy loss and
 its gradient are a few CuPy array expressions. In bfloat16 the optimizer keeps float32 master
 weights and writes the bfloat16 copies that the next forward reads; biases stay float32.
@@ -116,28 +117,32 @@ def train(steps: int = 400, *, dtype: str = "float32", optimizer: str = "adam", 
         losses.append(float(loss))
         g = grad.astype(compute)   # dL/dZ of the last layer, whose act is "none"
         # backward, last layer first. g is dL/dZ of layer i (so act="none"); its dX comes back
-        # as dL/dZ of layer i - 1, that layer's act' applied in the GEMM's epilogue. The
-        # first layer needs no gradient of its input.
+        # as dL/dZ of layer i - 1, that layer's act' applied in the GEMM's epilogue, and with
+        # it layer i - 1's bias gradient (the column sums of that dZ, a_bias). The first
+        # layer needs no gradient of its input.
+        grad_bias = None   # layer i's bias gradient, when layer i + 1's backward made it
         for i in reversed(range(len(layers))):
             layer, h_in = layers[i], saved[i][0]
+            needs = ("b",) if grad_bias is not None else ("b", "bias")
             if i:
-                grads = ge2jit.gemm_bias_act_backward(g, h_in, layer["w_c"], layer["b"],
-                                                      needs=("a", "b", "bias"),
-                                                      a_act=acts[i - 1], a_z=saved[i - 1][1])
+                grads = ge2jit.gemm_bias_act_backward(
+                    g, h_in, layer["w_c"], layer["b"], needs=("a", *needs),
+                    a_act=acts[i - 1], a_z=saved[i - 1][1], a_bias=layers[i - 1]["b"])
             else:
                 grads = ge2jit.gemm_bias_act_backward(g, h_in, layer["w_c"], layer["b"],
-                                                      needs=("b", "bias"))
-            g = grads.a
+                                                      needs=needs)
+            db = grads.bias if grad_bias is None else grad_bias
+            g, grad_bias = grads.a, grads.a_bias
             copy = None if compute == np.float32 else layer["w_c"]
             s = layer["state"]
             if optimizer == "adam":
                 ge2jit.adam_update(layer["w"], grads.b, s[0], s[1], step=step, lr=lr,
                                    param_copy=copy)
-                ge2jit.adam_update(layer["b"], grads.bias, s[2], s[3], step=step, lr=lr)
+                ge2jit.adam_update(layer["b"], db, s[2], s[3], step=step, lr=lr)
             else:
                 ge2jit.sgd_update(layer["w"], grads.b, s[0], lr=lr, momentum=0.9,
                                   param_copy=copy)
-                ge2jit.sgd_update(layer["b"], grads.bias, s[2], lr=lr, momentum=0.9)
+                ge2jit.sgd_update(layer["b"], db, s[2], lr=lr, momentum=0.9)
         if progress and step % 10 == 0:
             bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{float(acc):.3f}")
     return losses, float(acc)

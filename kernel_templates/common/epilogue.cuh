@@ -57,7 +57,11 @@ dact_{{ "y_" if spec.gate_from_y }}{{ spec.gate.value }}{{ "_fast" if spec.fast_
 {{ spec.kernel_name }}({{ prefix }}const {{ spec.in_ctype }}* __restrict__ A, long long lda,
                        const {{ spec.in_ctype }}* __restrict__ B, long long ldb,
                        const {{ spec.c_ctype }}* __restrict__ C, long long ldc,
+{% if spec.bgrad | default(false) %}
+                       float* __restrict__ bias, long long bias_stride,   {# bgrad's output #}
+{% else %}
                        const {{ spec.bias_ctype }}* __restrict__ bias, long long bias_stride,
+{% endif %}
                        {{ spec.y_ctype }}* __restrict__ Y, long long ldy,
                        {{ spec.y_ctype }}* __restrict__ Z, long long ldz,
                        long long M_, long long N_, long long K_,

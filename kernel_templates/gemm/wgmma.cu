@@ -560,6 +560,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
 {% endif %}
                 }
+{% if spec.bgrad %}
+                // The block's 16-row column sums as stored (the GEMMs' dZ is what is summed, as
+                // autograd does), two columns a lane, rows past M left out.
+                __syncwarp();
+                {
+                    const int col = 2 * lane;
+                    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < 16; ++r) {
+                        const {{ spec.y_ctype }}* const q =
+                            &st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC];
+                        if (mw + r < M) {
+                            s0 += to_f32(q[0]);
+                            s1 += to_f32(q[1]);
+                        }
+                    }
+                    const int n = nc + col;
+                    if (mw < M && n < N) {
+                        float* const out = bias + static_cast<long long>(mw / 16) * bias_stride;
+                        out[n] = s0;
+                        if (n + 1 < N) out[n + 1] = s1;
+                    }
+                }
+{% endif %}
 {% endif %}
 {% if spec.tma_store %}
                 fence_proxy_async();

@@ -20,7 +20,8 @@ from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpe
 
 NEEDS = ("a", "b", "bias", "c")
 _DZ_PARAMS = "<QqqQqqQqqQqqQqqqdd"
-_DBIAS_PARAMS = "<QqqQ"
+_DBIAS_PARAMS = "<QqqQq"
+_CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _launchers: dict[tuple, Launcher] = {}
 _prepared: dict = {}
 _PREPARED_MAX = 256
@@ -28,12 +29,14 @@ _PREPARED_MAX = 256
 
 class Gradients(NamedTuple):
     """The gradients of gemm_bias_act's inputs; None for one not asked for (``needs``) or not
-    there (no bias, no C)."""
+    there (no bias, no C). ``a_bias``: with ``a_bias=`` given, the gradient of the bias of
+    the layer that produced A."""
 
     a: object
     b: object
     bias: object
     c: object
+    a_bias: object = None
 
 
 def _strides(x) -> tuple[int, int]:
@@ -50,7 +53,7 @@ def _check_mn(x, name: str, m: int, n: int, allowed: tuple[DType, ...]) -> DType
 
 
 def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision, a_act, a_z,
-               a_slope):
+               a_slope, a_bias):
     """Everything validation depends on, except pointers. Raises AttributeError or TypeError
     for arguments that are not CuPy arrays (or unhashable ones)."""
     def arr(x):
@@ -59,7 +62,8 @@ def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precisio
 
     return (arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
-            arr(a_z), type(a_slope), a_slope < 0, problem._cupy().cuda.runtime.getDevice())
+            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias),
+            problem._cupy().cuda.runtime.getDevice())
 
 
 def clear_prepared() -> None:
@@ -80,7 +84,7 @@ def _launcher(spec, device_id: int, fmt: str) -> Launcher:
 def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=None, c=None,
                            alpha: float = 1.0, beta: float = 0.0, leaky_slope: float = 0.01,
                            needs=NEEDS, precision=None, a_act: str | None = None, a_z=None,
-                           a_leaky_slope: float = 0.01) -> Gradients:
+                           a_leaky_slope: float = 0.01, a_bias=None) -> Gradients:
     """Gradients of ``Y = act(alpha * (A @ B) + beta * C + bias)`` (``gemm_bias_act``) given
     ``gy`` = dL/dY.
 
@@ -108,6 +112,10 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
     epilogue, so ``Gradients.a`` is the gradient of that pre-activation, which goes to the
     previous layer's backward as its ``gy`` with ``act="none"``. Its cost is one read of
     ``a_z`` in dA's epilogue, where a separate pass would read dA and ``a_z`` and write dZ.
+    With ``a_bias`` (that layer's bias), its gradient, the column sums of that dZ, comes too
+    (``Gradients.a_bias``): on Hopper from the same epilogue, which sums each 16 rows of the
+    blocks it stores (cuBLASLt's BGRAD), else by one pass over dA; that layer's own backward
+    then leaves "bias" out of ``needs`` and is its two GEMMs alone.
 
     Args:
         gy: (M, N) gradient of Y, in the inputs' dtype or float32.
@@ -123,16 +131,19 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
             is a function of their output (none, relu, leaky_relu with a slope >= 0,
             sigmoid, tanh), which then take it from A itself.
         a_leaky_slope: the slope of ``a_act`` = "leaky_relu".
+        a_bias: None, or the per-column bias of the layer that produced A ((K,) or (1, K),
+            the inputs' dtype or float32; its values are not read): with ``a_act``, and "a"
+            in ``needs``.
 
     Returns:
         ``Gradients(a, b, bias, c)``: dA (M, K) (with ``a_act``: the gradient of A's
         pre-activation) and dB (K, N) in the inputs' dtype; dBias in the bias' shape and dtype;
-        dC in C's shape and dtype. None for a gradient not in ``needs`` or for an input that
-        was None.
+        dC in C's shape and dtype; with ``a_bias``, ``Gradients.a_bias`` in its shape and
+        dtype. None for a gradient not in ``needs`` or for an input that was None.
     """
     try:
         sig = _signature(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                         precision, a_act, a_z, a_leaky_slope)
+                         precision, a_act, a_z, a_leaky_slope, a_bias)
         run = _prepared.get(sig)
     except (AttributeError, TypeError):   # not CuPy arrays, or unhashable: validation says why
         sig = run = None
@@ -173,8 +184,22 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
     else:   # recomputed from A and B, in float32
         src, src_dtype, from_y = None, DType.F32, False
     gate = _check_gate(a_act, a_z, a_leaky_slope, p)
+    if a_bias is not None:
+        if gate is None:
+            raise ArgumentValueError("a_bias: given without a_act; it asks for the bias "
+                                     "gradient of the layer that produced a (pass a_act=)")
+        if "a" not in wanted:
+            raise ArgumentValueError("a_bias: its gradient is the column sums of dA (that "
+                                     "layer's dZ): put 'a' in needs")
+        problem.check_array(a_bias, "a_bias")
+        if a_bias.shape not in ((p.k,), (1, p.k)):
+            raise ArgumentValueError(f"a_bias: expected the per-column bias of the layer that "
+                                     f"produced a, shape ({p.k},) or (1, {p.k}), got "
+                                     f"{a_bias.shape}")
+        check_shaped(a_bias, "a_bias", a_bias.shape, "", (p.dtype, DType.F32))
+        problem.check_same_device({"a_bias": a_bias}, p.device_id)
     run = _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision,
-                   gate)
+                   gate, a_bias)
     if sig is not None:
         if len(_prepared) >= _PREPARED_MAX:
             _prepared.clear()
@@ -209,7 +234,44 @@ def _check_gate(a_act, a_z, a_slope, p):
     return gate, True
 
 
-def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision, gate):
+def _column_summer(out_dtype: DType, device_id: int):
+    """``sum(stream, partial, out_ptr)``: ``out`` (cols elements of ``out_dtype``) = the column
+    sums of ``partial`` (a rows x cols float32 array), in a fixed order: the same inputs give
+    the same bits. Many rows are added in two rounds: chunks of _CHUNK rows (in float32), then
+    those sums."""
+    final = _launcher(DbiasSpec(out_dtype, False), device_id, _DBIAS_PARAMS)
+    first = []
+    ndarray = problem._cupy().ndarray
+
+    def run(stream, partial, out_ptr):
+        rows, cols = partial.shape
+        blocks = -(-cols // 32)
+        if rows > 2 * _CHUNK:
+            if not first:
+                first.append(_launcher(DbiasSpec(DType.F32, False), device_id, _DBIAS_PARAMS))
+            chunks = -(-rows // _CHUNK)
+            sums = ndarray((chunks, cols), np.float32)
+            first[0]((blocks, chunks, 1), (256, 1, 1), 0, stream, partial.data.ptr, rows, cols,
+                     sums.data.ptr, _CHUNK)
+            partial, rows = sums, chunks
+        final((blocks, 1, 1), (256, 1, 1), 0, stream, partial.data.ptr, rows, cols, out_ptr,
+              rows)
+
+    return run
+
+
+def _pass_shape(m: int, n: int, cols: int) -> tuple[int, tuple[int, int, int]]:
+    """(rows a block, grid) of the elementwise pass over an m x n array, ``cols`` columns a
+    thread: more rows a block while the grid stays several blocks per multiprocessor (fewer
+    partial sums to add up afterwards)."""
+    tm, blocks_n = 64, -(-n // (32 * cols))
+    while tm < 512 and blocks_n * -(-m // (2 * tm)) >= 1024:
+        tm *= 2
+    return tm, (blocks_n, -(-m // tm), 1)
+
+
+def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision, gate,
+             a_bias):
     """The backward of one validated argument pattern, as a function of the call's arrays and
     scalars: repeated calls with the same signature skip validation (as the forward does)."""
     cp = problem._cupy()
@@ -229,23 +291,21 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         for x, st in ((gy, gy_strides), (src, src_strides)))
     spec = DzSpec(p.act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=write_dz,
                   write_dc=write_dc, dc_dtype=p.c_dtype if write_dc else DType.F32, vec=vec)
-    tn = 32 * spec.cols
-    # rows per block: more while the grid stays several blocks per multiprocessor (fewer
-    # partial sums to add up afterwards)
-    tm, blocks_n = 64, -(-n // tn)
-    while tm < 512 and blocks_n * -(-m // (2 * tm)) >= 1024:
-        tm *= 2
-    grid = (blocks_n, -(-m // tm), 1)
+    tm, grid = _pass_shape(m, n, spec.cols)
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
     launch = reduce = None
     if m and n and (write_dz or write_dc or bias_kind is not BiasKind.NONE):
         launch = _launcher(spec, p.device_id, _DZ_PARAMS)
     if launch is not None and partial_shape is not None:
-        total = bias_kind is BiasKind.SCALAR
-        reduce = _launcher(DbiasSpec(p.bias_dtype, total), p.device_id, _DBIAS_PARAMS)
-        rows, cols = (partial_shape[0], 1) if total else partial_shape
-        reduce_grid = (1, 1, 1) if total else (-(-cols // 256), 1, 1)
+        if bias_kind is BiasKind.SCALAR:
+            total = _launcher(DbiasSpec(p.bias_dtype, True), p.device_id, _DBIAS_PARAMS)
+
+            def reduce(stream, partial, out_ptr):
+                total((1, 1, 1), (256, 1, 1), 0, stream, partial.data.ptr, partial.shape[0],
+                      1, out_ptr, 0)
+        else:
+            reduce = _column_summer(p.bias_dtype, p.device_id)
     dz_np = a.dtype
     c_shape, c_np = (c.shape, c.dtype) if c is not None else (None, None)
     bias_shape, bias_np = (bias.shape, bias.dtype) if bias is not None else (None, None)
@@ -258,16 +318,36 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     # patterns (which the signature fixes), called on the operands' pointers directly (B and
     # A stand for their transposed views: only pointers are read)
     gemms = [None, None]
+    # the previous layer's bias gradient: column sums of dA, from its GEMM's epilogue where
+    # the kernel makes them (the shape of its partial sums, once known), else by a pass
+    want_a_bias = a_bias is not None and want_a
+    a_bias_shape, a_bias_np = (a_bias.shape, a_bias.dtype) if a_bias is not None else (None, None)
+    sums_shape = [None]
+    a_bias_sum = a_pass_spec = None
+    if want_a_bias:
+        a_bias_sum = _column_summer(problem.check_dtype(a_bias, "a_bias"), p.device_id)
+        # dA's column sums by a pass (compiled when first needed)
+        a_pass_spec = DzSpec(Act.NONE, False, BiasKind.COL, p.dtype, p.dtype, p.dtype,
+                             write_dz=False, vec=False)
+        a_pass_tm, a_pass_grid = _pass_shape(m, k, a_pass_spec.cols)
+
+    def gated(x, w, alpha, aux, slope):
+        """dA gated by the previous layer's act', and the column sums of each 16 rows of it
+        (None where the kernel does not make them)."""
+        call = gemms[0]
+        if call is not None:
+            sums = ndarray(sums_shape[0], np.float32) if sums_shape[0] else None
+            return call(x, w, sums, aux, alpha, 1.0, slope, None, None), sums
+        out, gemms[0], sums = op.gated_gemm(x, w.T, aux, gate[0], gate[1], alpha, slope,
+                                            precision, bgrad=want_a_bias)
+        sums_shape[0] = None if sums is None else sums.shape
+        return out, sums
 
     def product(i, x, w, alpha, aux, slope):
         call = gemms[i]
         if call is not None:
             return call(x, w, None, aux, alpha, 1.0, slope, None, None)
         x_t, w_t = (x, w.T) if i == 0 else (x.T, w)
-        if i == 0 and gate is not None:
-            out, gemms[0] = op.gated_gemm(x_t, w_t, aux, gate[0], gate[1], alpha, slope,
-                                          precision)
-            return out
         out = gemm_bias_act(x_t, w_t, alpha=alpha, precision=precision)
         sig = op._signature(x_t, w_t, None, "none", None, alpha, 0.0, 0.01, False, None, None,
                             None, False, p.device_id, None, precision)
@@ -288,14 +368,25 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                    *((dz.data.ptr, n, 1) if write_dz else (0, 0, 0)),
                    *((dc.data.ptr, n, 1) if dc is not None else (0, 0, 0)),
                    0 if partial is None else partial.data.ptr, m, n, tm, beta, slope)
-        grad_a = grad_b = grad_bias = grad_c = None
+        grad_a = grad_b = grad_bias = grad_c = grad_a_bias = None
         if want_a:
             if gate is None:
                 grad_a = product(0, dz, b, alpha, None, 0.01)
             else:
-                grad_a = product(0, dz, b, alpha, a if gate[1] else a_z, a_slope)
+                grad_a, sums = gated(dz, b, alpha, a if gate[1] else a_z, a_slope)
+                if want_a_bias:
+                    if sums is None:   # one pass over dA for its column sums
+                        sums = ndarray((a_pass_grid[1], k), np.float32)
+                        a_pass = _launcher(a_pass_spec, p.device_id, _DZ_PARAMS)
+                        a_pass(a_pass_grid, (32, 8, 1), 0, stream, grad_a.data.ptr, k, 1,
+                               0, 0, 0, 0, 0, 0, 0, 0, 0, sums.data.ptr, m, k, a_pass_tm,
+                               0.0, 0.0)
+                    grad_a_bias = ndarray(a_bias_shape, a_bias_np)
+                    a_bias_sum(stream, sums, grad_a_bias.data.ptr)
         elif zeros_a:
             grad_a = zeros((m, k), dtype=a.dtype)
+            if a_bias_shape is not None:
+                grad_a_bias = zeros(a_bias_shape, dtype=a_bias_np)
         if want_b:
             grad_b = product(1, a, dz, alpha, None, 0.01)
         elif zeros_b:
@@ -305,10 +396,9 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 grad_bias = zeros(bias_shape, dtype=bias_np)
             else:
                 grad_bias = ndarray(bias_shape, bias_np)
-                reduce(reduce_grid, (256, 1, 1), 0, stream, partial.data.ptr, rows, cols,
-                       grad_bias.data.ptr)
+                reduce(stream, partial, grad_bias.data.ptr)
         if want_c:
             grad_c = dc if write_dc else zeros(c_shape, dtype=c_np)
-        return Gradients(grad_a, grad_b, grad_bias, grad_c)
+        return Gradients(grad_a, grad_b, grad_bias, grad_c, grad_a_bias)
 
     return run

@@ -330,7 +330,7 @@ def _kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> Ke
             f"precision='tf32' or 'tf32x3'")
     return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
                       cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype,
-                      p.precision, p.gate, bool(p.gate_from_y))
+                      p.precision, p.gate, bool(p.gate_from_y), bool(p.bgrad))
 
 
 def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
@@ -431,7 +431,7 @@ def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Pl
     vecs = _aligns(p, y, z)
     key = (p.device_id, p.dtype, p.out_dtype, p.c_dtype, p.bias_dtype, p.precision, p.layout_a,
            p.layout_b, p.layout_c, p.act, p.bias_kind, save_preact, p.m, p.n, p.k, vecs, config,
-           autotune, p.gate, p.gate_from_y)
+           autotune, p.gate, p.gate_from_y, p.bgrad)
     plan = _plans.get(key)
     if plan is None:
         with _plans_lock:
@@ -638,22 +638,32 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
 
 
 def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope: float,
-               precision, config=None):
+               precision, config=None, bgrad: bool = False):
     """``Y = alpha * (A @ B) * gate'(C)`` (gate' from Z, or from Y with ``gate_from_y``) in
     the inputs' dtype, by the forward's kernels with a gating epilogue: the backward's dA
     formed directly as the gradient of the previous layer's pre-activation. Arguments are
-    checked as ``gemm_bias_act``'s (C as ``c``). Returns ``(Y, call)``: ``call(a, b, None, c,
-    alpha, 1.0, leaky_slope, None, None)`` repeats it for arrays of the same pattern, or None
-    for an empty result. ``config`` pins a configuration, as ``gemm_bias_act``'s does."""
+    checked as ``gemm_bias_act``'s (C as ``c``). ``config`` pins a configuration, as
+    ``gemm_bias_act``'s does. ``bgrad``: where the chosen kernel can (the Hopper kernel's
+    staged epilogue), it also writes the column sums of each 16 rows of Y, in float32, to a
+    new ``(ceil(M / 16), N)`` array (the partial sums of that layer's bias gradient).
+
+    Returns ``(Y, call, partial)``: ``call(a, b, partial, c, alpha, 1.0, leaky_slope, None,
+    None)`` repeats it for arrays of the same pattern (``partial`` a new array of that shape,
+    or None where the first call's was), or None for an empty result or copied operands;
+    ``partial`` the column sums, or None where the kernel does not make them."""
     p = validate(a, b, None, "none", c, alpha, 1.0, leaky_slope, None, precision=precision)
-    p.gate, p.gate_from_y = gate, gate_from_y
+    p.gate, p.gate_from_y, p.bgrad = gate, gate_from_y, bgrad
     y, _ = _outputs(p, False)
     if p.empty:
-        return y, None
+        return y, None, None
     plan = _plan_for(p, y, None, False, config, False)
+    partial = None
+    if getattr(plan.main.spec, "bgrad", False):
+        partial = _cp().ndarray((-(-p.m // 16), p.n), dtype=np.float32)
+        p.bias, p.bias_stride = partial, p.n
     plan.launch(p, y, None, _cp().cuda.get_current_stream())
     call = None if p.copied else _prepare(plan, p, False, y, None, (a, b, c, None, None, None))
-    return y, call
+    return y, call, partial
 
 
 def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,

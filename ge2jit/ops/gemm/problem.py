@@ -236,7 +236,7 @@ class Problem:
     __slots__ = ("m", "n", "k", "dtype", "out_dtype", "y_numpy_dtype", "c_dtype", "bias_dtype", "precision",
                  "act", "bias_kind", "bias_stride", "alpha", "beta",
                  "leaky_slope", "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
-                 "layout_b", "ldb", "layout_c", "ldc", "copied", "gate", "gate_from_y")
+                 "layout_b", "ldb", "layout_c", "ldc", "copied", "gate", "gate_from_y", "bgrad")
 
     def __init__(self, **kw):
         for name in self.__slots__:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...errors import ArgumentTypeError, ArgumentValueError
 from .spec import (
@@ -357,14 +357,16 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
                aligns: Aligns, out_dtype: DType | None = None, c_dtype: DType | None = None,
                bias_dtype: DType | None = None,
                precision: Precision = Precision.IEEE, gate: Act | None = None,
-               gate_from_y: bool = False) -> KernelSet:
+               gate_from_y: bool = False, bgrad: bool = False) -> KernelSet:
     """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this K
     and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it too.
 
     A tensor-core config whose operands cannot be copied (16-bit data at odd addresses or
     leading dimensions) becomes the fallback kernel, which reads any alignment. With 3xTF32
     (float32 inputs), the tensor-core configs read both operands through split K-major
-    copies; the CUDA-core configs compute exact float32."""
+    copies; the CUDA-core configs compute exact float32. ``bgrad`` (with a gate): the Hopper
+    kernel sums its output's columns too where it can (``WgmmaGemmSpec.can_bgrad``); the
+    caller reads ``main.bgrad`` to know."""
     align_a, align_b, align_y = aligns
     types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype, gate=gate,
                  gate_from_y=gate_from_y)
@@ -393,6 +395,8 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         main = WgmmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config,
                              align_y >= 2 * y_item, align_y >= 16, promote=x3,
                              split_k=splits > 1, **types)
+        if bgrad and main.can_bgrad:
+            main = replace(main, bgrad=True)
         reduce = None
         if splits > 1:   # 4 outputs per thread: 4-element stores need that alignment
             reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z,

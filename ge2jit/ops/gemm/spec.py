@@ -743,6 +743,10 @@ class WgmmaGemmSpec(GemmKernelSpec):
     #: work units are (tile, slice of K); each writes raw float32 partial products to its
     #: slice of a workspace, and ``SplitKReduceSpec`` applies the epilogue
     split_k: bool = False
+    #: with a gate: the column sums of each warp's 16 rows of Y, in float32, to the array
+    #: the bias pointer gives (rows of ``bias_stride``): the partial sums of the bias
+    #: gradient of the layer whose pre-activation Y is the gradient of (cuBLASLt's BGRAD)
+    bgrad: bool = False
 
     template = "gemm/wgmma.cu"
     fast_activations = True
@@ -753,6 +757,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
         self._check("store16", bool)
         self._check("promote", bool)
         self._check("split_k", bool)
+        self._check("bgrad", bool)
         if self.split_k:  # the epilogue belongs to the reduction kernel
             for name, value in (("layout_c", None), ("act", Act.NONE), ("gate", None),
                                 ("bias", BiasKind.NONE), ("save_z", False),
@@ -770,6 +775,10 @@ class WgmmaGemmSpec(GemmKernelSpec):
             object.__setattr__(self, "store16", False)
         if self.store16:
             object.__setattr__(self, "vec_y", True)
+        if self.bgrad and not self.can_bgrad:
+            raise ArgumentValueError(f"{type(self).__name__}: bgrad sums a gated epilogue's "
+                                     "staged blocks: it needs a gate and store16, not split-K, "
+                                     "and a config other than 64x256 ping-pong (registers)")
         if self.dtype is DType.F32 and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL):
             raise ArgumentValueError(
                 "config: the tf32 wgmma kernel needs row-major A and column-major B (K-major "
@@ -781,7 +790,14 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 f"{self.config.name}_"
                 f"{'yt' if self.tma_store else 'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
                 + ("_p" if self.promote else "")
-                + ("_splitk" if self.split_k else self._epilogue_name()))
+                + ("_splitk" if self.split_k else self._epilogue_name())
+                + ("_bg" if self.bgrad else ""))
+
+    @property
+    def can_bgrad(self) -> bool:
+        """Whether this kernel can sum its gated output's columns (``bgrad``)."""
+        return (self.gate is not None and self.store16 and not self.split_k
+                and not (self.config.pingpong and self.config.bn == 256))
 
     @property
     def tma_store(self) -> bool:
@@ -923,8 +939,9 @@ class DzSpec(KernelSpec):
 
 @dataclass(frozen=True)
 class DbiasSpec(KernelSpec):
-    """Adds up the dZ pass's float32 partial sums into dBias of type ``out_dtype``: column
-    sums of a rows x cols array, or (``total``) the sum of all of it."""
+    """Adds up float32 partial sums (the dZ pass's, or a gated GEMM's ``bgrad``) into dBias of
+    type ``out_dtype``: column sums of a chunk of rows of a rows x cols array per row of
+    blocks, or (``total``) the sum of all of it."""
 
     out_dtype: DType
     total: bool

@@ -190,6 +190,61 @@ def test_a_z_float32_column_major_and_prepared_repeats(kind):
         assert rel_error(host64(got.a), want[0]) < tol
 
 
+@pytest.mark.parametrize("shape", [(300, 136, 264), (97, 66, 130)],
+                         ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("kind, precision", [("f32", None), ("f32", "tf32x3"), ("bf16", None),
+                                             ("f16", None)])
+def test_a_bias_gives_the_previous_layers_bias_gradient(kind, precision, shape):
+    """a_bias: the column sums of the gated dA (the previous layer's dZ), from dA's epilogue
+    on Hopper (aligned rows), else by a pass over dA; the second call takes the prepared
+    path. Bias of either shape and type."""
+    from ge2jit.jit.device import device_arch
+    from ge2jit.ops.gemm import backward
+    from ge2jit.ops.gemm.spec import DzSpec
+
+    dtype, tol = KINDS[kind]
+    m, n, k = shape
+    backward._launchers.clear()
+    for rep, prev_bias in enumerate([rand(dtype, k), rand(np.float32, 1, k)]):
+        a_z = rand(dtype, m, k)
+        a = cp.asarray(activation("gelu", host64(a_z)).astype(dtype))
+        b, bias, gy = rand(dtype, k, n), rand(dtype, n), rand(dtype, m, n)
+        got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, needs=("a", "b"), a_act="gelu",
+                                            a_z=a_z, a_bias=prev_bias, precision=precision)
+        want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias),
+                                          a_act="gelu", a_z=host64(a_z))
+        assert got.bias is None and got.a_bias.shape == prev_bias.shape
+        assert got.a_bias.dtype == prev_bias.dtype
+        assert rel_error(host64(got.a), want[0]) < tol
+        # sums of dA as stored (rounded to its dtype) against the exact sums
+        err = rel_error(host64(got.a_bias).ravel(), want[0].sum(axis=0))
+        assert err < tol, f"a_bias ({kind}, call {rep}): {err:.3g}"
+    passes = [s for s, _ in backward._launchers if isinstance(s, DzSpec)
+              and s.act is Act.NONE and not s.write_dz]
+    hopper = device_arch(cp.cuda.runtime.getDevice()) == "sm_90"
+    from_epilogue = hopper and shape[0] == 300 and (kind != "f32" or precision == "tf32x3")
+    assert bool(passes) != from_epilogue, passes
+
+
+@pytest.mark.parametrize("rows", [1, 7, 512, 513, 2100])
+def test_column_sums_in_one_or_two_rounds(rows):
+    """The partial sums' reduction: up to 2 x 256 rows in one kernel, more in chunks of 256
+    rows and then their sums; the same bits on a second run."""
+    from ge2jit.ops.gemm.backward import _column_summer
+    from ge2jit.ops.gemm.spec import DType
+
+    partial = rand(np.float32, rows, 70)
+    for dt, out_np, tol in ((DType.F32, np.float32, 1e-6), (DType.BF16, KINDS["bf16"][0], 1e-2)):
+        run = _column_summer(dt, cp.cuda.runtime.getDevice())
+        outs = []
+        for _ in range(2):
+            out = cp.full(70, np.nan, np.float32).astype(out_np)
+            run(cp.cuda.get_current_stream().ptr, partial, out.data.ptr)
+            outs.append(host64(out))
+        assert rel_error(outs[0], host64(partial).sum(axis=0)) < tol
+        assert np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("gy_kind", ["input", "f32"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradient_of_z_goes_straight_to_the_gemms(kind, gy_kind):

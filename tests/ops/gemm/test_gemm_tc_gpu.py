@@ -254,8 +254,14 @@ def test_gating_epilogue_every_candidate_config(kind, config, gate, from_y, lc, 
         c = cp.asarray(activation(gate.value, host64(c), 0.2).astype(c.dtype))
         if lc == "c":
             c = cp.asfortranarray(c)
-    for _ in range(2):   # the second call takes the prepared path
-        y, call = gated_gemm(a, b, c, gate, from_y, -0.75, 0.2, precision, config)
+    sums = None
+    for rep in range(2):   # the second call takes the prepared path
+        if rep == 0:
+            y, call, sums = gated_gemm(a, b, c, gate, from_y, -0.75, 0.2, precision, config,
+                                       bgrad=True)
+        else:
+            sums = cp.full(sums.shape, np.nan, np.float32) if sums is not None else None
+            y = call(a, b, sums, c, -0.75, 1.0, 0.2, None, None)
         host = [host64(x) for x in (a, b)]
         if kind == "tf32":
             host = [tf32(a), tf32(b)]
@@ -277,6 +283,12 @@ def test_gating_epilogue_every_candidate_config(kind, config, gate, from_y, lc, 
         assert call is not None and family in names, names
         if family == "_wgmma_":
             assert config.split("_k")[0] in names, names
+        # the column sums of each 16 rows of Y as stored, where the kernel makes them
+        assert (sums is not None) == ("_bg" in names), names
+        if sums is not None:
+            assert sums.shape == (-(-m // 16), n)
+            y16 = np.pad(host64(y), ((0, -m % 16), (0, 0))).reshape(-1, 16, n).sum(axis=1)
+            assert rel_error(host64(sums), y16) < 1e-5
         a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
 
 

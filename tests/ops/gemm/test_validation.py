@@ -328,6 +328,19 @@ def test_backward_refuses_bad_a_act_arguments():
                      a_leaky_slope="x")
 
 
+def test_backward_refuses_bad_a_bias():
+    backward_refused("a_bias: given without a_act", a_bias=FakeArray((K,)))
+    backward_refused("a_bias: its gradient is the column sums of dA", a_act="relu",
+                     a_bias=FakeArray((K,)), needs=("b", "bias"))
+    backward_refused(rf"a_bias: expected the per-column bias of the layer that produced a, "
+                     rf"shape \({K},\) or \(1, {K}\), got \({M}, 1\)", a_act="relu",
+                     a_bias=FakeArray((M, 1)))
+    backward_refused("a_bias: expected dtype float32, got float16", a_act="relu",
+                     a_bias=FakeArray((1, K), np.float16))
+    backward_refused("a_bias: expected a cupy.ndarray", TypeError, a_act="relu",
+                     a_bias=np.zeros(K, np.float32))
+
+
 def test_optimizer_steps_refuse_bad_arguments():
     p, z = FakeArray((4, 3)), FakeArray((4, 3))
     with pytest.raises(ValueError, match="step: expected an int >= 1"):
