@@ -2,6 +2,8 @@
 
 One elementwise pass forms dZ = gY * act'(Z) in float32 and, in the same pass, reduces dBias
 and writes dC = beta * dZ (``gemm/dz.cu``); dA and dB are two GEMMs of the forward op on dZ.
+Through a network, dA's GEMM can form the previous layer's dZ (and its dBias's partial sums)
+in its epilogue (``a_act``, ``a_bias``: ``op.gated_gemm``).
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
             in ``needs``.
 
     Returns:
-        ``Gradients(a, b, bias, c)``: dA (M, K) (with ``a_act``: the gradient of A's
+        ``Gradients(a, b, bias, c, a_bias)``: dA (M, K) (with ``a_act``: the gradient of A's
         pre-activation) and dB (K, N) in the inputs' dtype; dBias in the bias' shape and dtype;
         dC in C's shape and dtype; with ``a_bias``, ``Gradients.a_bias`` in its shape and
         dtype. None for a gradient not in ``needs`` or for an input that was None.
