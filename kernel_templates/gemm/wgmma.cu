@@ -350,10 +350,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 {% if spec.gate %}
         {   // This consumer's part of C (the gate's input) into L2 while the main loop runs,
-            // so that the epilogue's reads of it wait on L2, not on memory (for the plain C
-            // epilogue, measured, this was slower: its reads are spread over the epilogue). Each contiguous run of
-            // it (a row's BN columns, or a column's WG_M rows) by 128-byte lines, plus its last
-            // element (a run need not start on a line).
+            // so that the epilogue's reads of it wait on L2, not on memory (the plain C
+            // epilogue measured slower with it). Each contiguous run of it (a row's BN
+            // columns, or a column's WG_M rows) by 128-byte lines, plus its last element (a
+            // run need not start on a line).
 {% if spec.layout_c.value == "r" %}
             constexpr int RUNS = WG_M, RUN = BN;
 {% else %}
