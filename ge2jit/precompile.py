@@ -27,9 +27,10 @@ from .errors import ArgumentValueError
 from .jit.nvrtc import normalize_arch
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
+from .ops.gemm import warmup_backward as gemm_backward_warmup
 
 #: Registered ops: the name of their TOML array of tables -> the module that expands it.
-OPS = {"gemm_bias_act": gemm_warmup}
+OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup}
 TOP_KEYS = ("archs", *OPS)
 
 

@@ -139,6 +139,9 @@ def test_example_warmup_file_expands(tmp_path):
     names = {spec.kernel_name for spec, _ in plan.jobs}
     assert any(n.startswith("gemm_bf16_") and "_wgmma_" in n for n in names)
     assert any(n.startswith("gemm_f16_") and n.endswith("_of32") for n in names)
+    # the backward's entry: its dZ pass, dBias sums and gated dA with the previous bias' sums
+    assert any(n.startswith("gemm_dz_gelu_tanh_zbf16") for n in names), names
+    assert any(n.endswith("_gzgelu_tanh_cr_bg") for n in names), names
 
 
 def test_tf32x3_warmup_expands_to_what_calls_run():
@@ -309,3 +312,71 @@ def test_warmup_from_tuning_db_adds_tuned_configs(tmp_path):
     names = {e.kernel_name for _, e in KernelCache(cache).entries()}
     assert any(n.endswith("_splitk") and "64x64x8_w32x32_s3" in n for n in names), names
     assert any(n.startswith("gemm_splitk_reduce_f32_relu_colbias") for n in names), names
+
+
+BACKWARD = textwrap.dedent("""
+    archs = ["sm_80"]
+
+    [[gemm_bias_act_backward]]
+    dtypes = ["float32"]
+    acts = ["relu"]
+    sources = ["y"]
+    bias = ["col"]
+    shapes = [[96, 64, 48]]
+    sms = 132
+""")
+
+
+def test_backward_warmup_compiles_then_finds_everything_cached(tmp_path):
+    from ge2jit.ops.gemm.warmup_backward import expand, validate_entry
+
+    entry = validate_entry({"dtypes": ["float32"], "acts": ["relu"], "sources": ["y"],
+                            "bias": ["col"], "shapes": [[96, 64, 48]]})
+    specs = expand(entry, "sm_80", sms=132)
+    names = {s.kernel_name for s in specs}
+    assert {"gemm_dz_relu_yf32_gf32_dzf32_colbias", "gemm_dz_relu_yf32_gf32_dzf32_colbias_v8",
+            "gemm_dbias_columns_f32"} <= names, names
+    cfg = write(tmp_path, BACKWARD)
+    r = ge2jit(["warmup", str(cfg), "-j", "2", "--no-progress"], tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert f"{len(specs)} compiled, 0 already cached, 0 failed" in r.stdout, r.stdout
+    assert valid_entries(tmp_path / "c") == (len(specs), 0)
+    again = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
+    assert f"0 compiled, {len(specs)} already cached, 0 failed" in again.stdout, again.stdout
+
+
+def test_backward_warmup_expands_to_what_calls_run():
+    from ge2jit.ops.gemm.warmup_backward import expand, validate_entry
+
+    entry = validate_entry({"dtypes": ["bfloat16"], "acts": ["gelu_tanh"], "sources": ["z"],
+                            "bias": ["col"], "a_acts": ["none", "gelu_tanh"],
+                            "a_bias": [False, True], "shapes": [[4096, 4096, 1024]]})
+    names = {spec.kernel_name for spec in expand(entry, "sm_90", sms=132)}
+    # the dZ pass (fast act' for a 16-bit dZ) and its column sums
+    assert "gemm_dz_gelu_tanh_zbf16_gbf16_dzbf16_colbias_v8_fast" in names, names
+    assert "gemm_dbias_columns_bf16" in names
+    # dB = A.T @ dZ; dA = dZ @ B.T plain, gated, and gated with the previous bias' sums
+    assert any(n.startswith("gemm_bf16_cr_wgmma_") for n in names), names
+    assert any(n.startswith("gemm_bf16_rc_wgmma_") and n.endswith("_nobias") for n in names)
+    assert any(n.startswith("gemm_bf16_rc_wgmma_") and n.endswith("_gzgelu_tanh_cr_bg")
+               for n in names), names
+    # a derivative from Y where the activation has none is left out, not an error
+    entry = validate_entry({"dtypes": ["float32"], "acts": ["gelu"], "sources": ["y"],
+                            "shapes": [[64, 64, 64]]})
+    names = {spec.kernel_name for spec in expand(entry, "sm_90", sms=132)}
+    assert not any(n.startswith("gemm_dz_") for n in names), names
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"dtypes": ["bfloat16"]}, "shapes: expected a list of [M, N, K]"),
+    ({"shapes": [[1, 2, 3]], "sources": ["x"]}, "sources: expected a list of 'z'"),
+    ({"shapes": [[1, 2, 3]], "a_bias": ["yes"]}, "a_bias: expected a list of booleans"),
+    ({"shapes": [[1, 2, 3]], "speed": 1}, "speed: unknown key"),
+])
+def test_backward_warmup_entry_errors_name_the_key(entry, words):
+    from ge2jit.ops.gemm.warmup_backward import validate_entry
+
+    with pytest.raises(ValueError) as e:
+        validate_entry(entry)
+    assert words in str(e.value)
+

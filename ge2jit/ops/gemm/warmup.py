@@ -60,28 +60,59 @@ KEYS = {
 }
 
 
-def _check_list(entry: dict, key: str, allowed) -> list:
-    value = entry.get(key, KEYS[key][1])
-    if not isinstance(value, list) or not value or any(v not in allowed for v in value):
-        raise ArgumentValueError(f"{key}: expected {KEYS[key][0]}, got {value!r}")
+def check_list(entry: dict, key: str, allowed, keys: dict = KEYS) -> list:
+    """``entry[key]`` (or its default in ``keys``): a non-empty list of ``allowed`` values
+    (booleans only where booleans are allowed)."""
+    value = entry.get(key, keys[key][1])
+    allowed = list(allowed)
+    if not isinstance(value, list) or not value or any(
+            isinstance(v, bool) != isinstance(allowed[0], bool) or v not in allowed
+            for v in value):
+        raise ArgumentValueError(f"{key}: expected {keys[key][0]}, got {value!r}")
     return value
+
+
+def check_keys(entry: dict, keys: dict = KEYS) -> None:
+    for key in entry:
+        if key not in keys:
+            raise ArgumentValueError(f"{key}: unknown key; accepted keys: {', '.join(keys)}")
+
+
+def check_shapes_and_machine(entry: dict, out: dict, keys: dict = KEYS,
+                             required: bool = False) -> dict:
+    """``shapes`` (a list of [M, N, K]; at least one when ``required``), ``sms`` and
+    ``aligned`` into ``out``."""
+    shapes = entry.get("shapes", [])
+    if not isinstance(shapes, list) or (required and not shapes) or not all(
+            isinstance(s, list) and len(s) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s)
+            for s in shapes):
+        raise ArgumentValueError(f"shapes: expected {keys['shapes'][0]}, got {shapes!r}")
+    out["shapes"] = [tuple(s) for s in shapes]
+    sms = entry.get("sms")
+    if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
+        raise ArgumentValueError(f"sms: expected {keys['sms'][0]}, got {sms!r}")
+    out["sms"] = sms
+    aligned = entry.get("aligned", True)
+    if not isinstance(aligned, bool):
+        raise ArgumentValueError(f"aligned: expected {keys['aligned'][0]}, got {aligned!r}")
+    out["aligned"] = aligned
+    return out
 
 
 def validate_entry(entry: dict) -> dict:
     """Check one [[gemm_bias_act]] table; raise ArgumentValueError naming the key."""
-    for key in entry:
-        if key not in KEYS:
-            raise ArgumentValueError(f"{key}: unknown key; accepted keys: {', '.join(KEYS)}")
+    check_keys(entry)
     out = {
-        "dtypes": _check_list(entry, "dtypes", DTYPES),
-        "out_dtypes": _check_list(entry, "out_dtypes", ("input", "float32")),
-        "bias_dtypes": _check_list(entry, "bias_dtypes", ("input", "float32")),
-        "c_dtypes": _check_list(entry, "c_dtypes", ("input", "float32")),
-        "acts": _check_list(entry, "acts", ACT_NAMES),
-        "bias": _check_list(entry, "bias", BIAS),
-        "layouts": _check_list(entry, "layouts", LAYOUTS),
-        "c": _check_list(entry, "c", C_LAYOUTS),
-        "save_preact": _check_list(entry, "save_preact", (True, False)),
+        "dtypes": check_list(entry, "dtypes", DTYPES),
+        "out_dtypes": check_list(entry, "out_dtypes", ("input", "float32")),
+        "bias_dtypes": check_list(entry, "bias_dtypes", ("input", "float32")),
+        "c_dtypes": check_list(entry, "c_dtypes", ("input", "float32")),
+        "acts": check_list(entry, "acts", ACT_NAMES),
+        "bias": check_list(entry, "bias", BIAS),
+        "layouts": check_list(entry, "layouts", LAYOUTS),
+        "c": check_list(entry, "c", C_LAYOUTS),
+        "save_preact": check_list(entry, "save_preact", (True, False)),
     }
     configs = entry.get("configs", "all")
     if configs in ("all", "heuristic"):
@@ -95,23 +126,9 @@ def validate_entry(entry: dict) -> dict:
         out["configs"] = configs
     else:
         raise ArgumentValueError(f"configs: expected {KEYS['configs'][0]}, got {configs!r}")
-    shapes = entry.get("shapes", [])
-    if not isinstance(shapes, list) or not all(
-            isinstance(s, list) and len(s) == 3
-            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s)
-            for s in shapes):
-        raise ArgumentValueError(f"shapes: expected {KEYS['shapes'][0]}, got {shapes!r}")
-    out["shapes"] = [tuple(s) for s in shapes]
-    if out["configs"] == "heuristic" and not shapes:
+    check_shapes_and_machine(entry, out)
+    if out["configs"] == "heuristic" and not out["shapes"]:
         raise ArgumentValueError("shapes: configs = 'heuristic' needs the shapes to decide for")
-    sms = entry.get("sms")
-    if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
-        raise ArgumentValueError(f"sms: expected {KEYS['sms'][0]}, got {sms!r}")
-    out["sms"] = sms
-    aligned = entry.get("aligned", True)
-    if not isinstance(aligned, bool):
-        raise ArgumentValueError(f"aligned: expected {KEYS['aligned'][0]}, got {aligned!r}")
-    out["aligned"] = aligned
     return out
 
 
@@ -134,10 +151,12 @@ def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layo
     return list(dict.fromkeys(out))
 
 
-def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) -> list:
+def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
+           gate=None, gate_from_y: bool = False, bgrad: bool = False) -> list:
     """The specs to compile for one validated entry on one architecture.
 
     ``tuned`` holds (layouts, (M, N, K), config name) from the tuning database to add.
+    ``gate``, ``gate_from_y``, ``bgrad``: the backward's gated GEMMs (``kernel_set``'s).
     """
     number = arch_number(arch)
     specs = []
@@ -198,7 +217,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                 ch = resolve(Choice(cfg, split), dtype, layouts, al, m or 4096, n or 4096, k,
                              sms or 132, precision)
                 specs.extend(kernel_set(*base, ch.config, ch.split_k, k, al, out_dtype, c_dtype,
-                                        bias_dtype, precision).specs)
+                                        bias_dtype, precision, gate, gate_from_y,
+                                        bgrad).specs)
     return list(dict.fromkeys(specs))
 
 

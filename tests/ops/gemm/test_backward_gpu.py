@@ -361,3 +361,55 @@ def test_bad_input_is_refused():
         ge2jit.gemm_bias_act_backward(gy, a, b, a_act="gelu")
     with pytest.raises(ge2jit.ArgumentValueError, match=r"a_z: expected shape \(8, 4\)"):
         ge2jit.gemm_bias_act_backward(gy, a, b, a_act="gelu", a_z=gy)
+
+
+def test_warmup_entry_covers_the_backward(tmp_path):
+    """After ``ge2jit warmup`` of a [[gemm_bias_act_backward]] entry, the backward calls it
+    describes compile nothing: in a fresh process whose NVRTC compile refuses, they run."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(textwrap.dedent("""
+        [[gemm_bias_act_backward]]
+        dtypes = ["bfloat16", "float32"]
+        acts = ["gelu_tanh", "none"]
+        sources = ["z"]
+        bias = ["col", "none"]
+        a_acts = ["none", "gelu_tanh"]
+        a_bias = [false, true]
+        shapes = [[300, 136, 264], [1000, 520, 384]]
+    """))
+    env = {**os.environ, "GE2JIT_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "ge2jit", "warmup", str(cfg), "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and " 0 failed" in r.stdout, r.stdout + r.stderr
+    script = textwrap.dedent("""
+        import numpy as np, cupy as cp, ml_dtypes, ge2jit
+        from ge2jit.jit import nvrtc
+
+        def refuse(source, name, *args, **kw):
+            raise AssertionError("compiled at run time: " + name)
+
+        nvrtc.compile_to_cubin = refuse
+        rng = np.random.default_rng(0)
+
+        def rand(dt, *shape):
+            return cp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dt))
+
+        for dt in (ml_dtypes.bfloat16, np.float32):
+            for m, n, k in ((300, 136, 264), (1000, 520, 384)):
+                a, b, gy, z = rand(dt, m, k), rand(dt, k, n), rand(dt, m, n), rand(dt, m, n)
+                bias, a_z, a_bias = rand(dt, n), rand(dt, m, k), rand(dt, k)
+                ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="gelu_tanh", z=z)
+                ge2jit.gemm_bias_act_backward(gy, a, b, bias, needs=("a", "b"),
+                                              a_act="gelu_tanh", a_z=a_z, a_bias=a_bias)
+                ge2jit.gemm_bias_act_backward(gy, a, b, bias, a_act="gelu_tanh", a_z=a_z)
+        cp.cuda.Device().synchronize()
+        print("ran without compiling")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0 and "ran without compiling" in r.stdout, r.stdout + r.stderr
