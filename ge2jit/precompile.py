@@ -28,9 +28,11 @@ from .jit.nvrtc import normalize_arch
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
 from .ops.gemm import warmup_backward as gemm_backward_warmup
+from .ops.optim import warmup as optim_warmup
 
 #: Registered ops: the name of their TOML array of tables -> the module that expands it.
-OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup}
+OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup,
+       "adam_update": optim_warmup.adam, "sgd_update": optim_warmup.sgd}
 TOP_KEYS = ("archs", *OPS)
 
 

@@ -142,6 +142,23 @@ def test_example_warmup_file_expands(tmp_path):
     # the backward's entry: its dZ pass, dBias sums and gated dA with the previous bias' sums
     assert any(n.startswith("gemm_dz_gelu_tanh_zbf16") for n in names), names
     assert any(n.endswith("_gzgelu_tanh_cr_bg") for n in names), names
+    assert {"adam_update_gbf16_copybf16", "adam_update_gf32"} <= names
+
+
+def test_optimizer_warmup_tables():
+    from ge2jit.ops.optim.warmup import adam, sgd
+
+    entry = sgd.validate_entry({"grad_dtypes": ["float16"], "copy_dtypes": ["none", "float16"],
+                                "nesterov": [False, True]})
+    assert {s.kernel_name for s in sgd.expand(entry, "sm_80")} == {
+        "sgd_update_gf16", "sgd_nesterov_update_gf16", "sgd_update_gf16_copyf16",
+        "sgd_nesterov_update_gf16_copyf16"}
+    assert [s.kernel_name for s in adam.expand(adam.validate_entry({}), "sm_80")] == [
+        "adam_update_gf32"]
+    with pytest.raises(ValueError, match="nesterov: unknown key"):
+        adam.validate_entry({"nesterov": [True]})
+    with pytest.raises(ValueError, match="copy_dtypes: expected a list of"):
+        adam.validate_entry({"copy_dtypes": ["int8"]})
 
 
 def test_tf32x3_warmup_expands_to_what_calls_run():

@@ -364,8 +364,9 @@ def test_bad_input_is_refused():
 
 
 def test_warmup_entry_covers_the_backward(tmp_path):
-    """After ``ge2jit warmup`` of a [[gemm_bias_act_backward]] entry, the backward calls it
-    describes compile nothing: in a fresh process whose NVRTC compile refuses, they run."""
+    """After ``ge2jit warmup`` of a [[gemm_bias_act_backward]] entry (and an [[adam_update]]
+    one), the calls they describe compile nothing: in a fresh process whose NVRTC compile
+    refuses, they run."""
     import os
     import subprocess
     import sys
@@ -381,6 +382,10 @@ def test_warmup_entry_covers_the_backward(tmp_path):
         a_acts = ["none", "gelu_tanh"]
         a_bias = [false, true]
         shapes = [[300, 136, 264], [1000, 520, 384]]
+
+        [[adam_update]]
+        grad_dtypes = ["bfloat16", "float32"]
+        copy_dtypes = ["bfloat16", "none"]
     """))
     env = {**os.environ, "GE2JIT_CACHE_DIR": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, "-m", "ge2jit", "warmup", str(cfg), "--no-progress"],
@@ -407,6 +412,11 @@ def test_warmup_entry_covers_the_backward(tmp_path):
                 ge2jit.gemm_bias_act_backward(gy, a, b, bias, needs=("a", "b"),
                                               a_act="gelu_tanh", a_z=a_z, a_bias=a_bias)
                 ge2jit.gemm_bias_act_backward(gy, a, b, bias, a_act="gelu_tanh", a_z=a_z)
+        w32, m, v = rand(np.float32, 64, 32), cp.zeros((64, 32), np.float32), \
+            cp.zeros((64, 32), np.float32)
+        ge2jit.adam_update(w32, rand(ml_dtypes.bfloat16, 64, 32), m, v, step=1,
+                           param_copy=cp.zeros((64, 32), ml_dtypes.bfloat16))
+        ge2jit.adam_update(w32, rand(np.float32, 64, 32), m, v, step=2)
         cp.cuda.Device().synchronize()
         print("ran without compiling")
     """)
