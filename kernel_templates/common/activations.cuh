@@ -27,14 +27,21 @@ __device__ __forceinline__ float tanh_approx(float x) {
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+__device__ __forceinline__ float exp_approx(float x) {   // e^x, ex2.approx (flushes to 0)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
+    return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 // 1 / (1 + 2^(-x log2 e)) on the special-function unit: ex2 and rcp, flushing subnormal
 // results to zero (sigmoid(x) below 2^-126, x < -87: 0). Limits: x = -inf gives 0 (ex2 is inf,
 // its reciprocal 0), +inf gives 1, NaN stays NaN.
 __device__ __forceinline__ float sigmoid_approx(float x) {
-    float e, y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(x * -1.44269504088896341f));
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(1.0f + e));
-    return y;
+    return rcp_approx(1.0f + exp_approx(-x));
 }
 __device__ __forceinline__ float act_none_fast(float x, float s) { return act_none(x, s); }
 __device__ __forceinline__ float act_relu_fast(float x, float s) { return act_relu(x, s); }
@@ -94,20 +101,10 @@ __device__ __forceinline__ float dact_y_leaky_relu(float y, float slope) {
 __device__ __forceinline__ float dact_y_sigmoid(float y, float) { return y * (1.0f - y); }
 __device__ __forceinline__ float dact_y_tanh(float y, float) { return 1.0f - y * y; }
 
-// Fast forms of the derivatives, for 16-bit outputs (the GEMMs' gating epilogue), on the
-// special-function unit as the fast activations: ex2.approx and rcp.approx (a few ulp),
-// tanh.approx (relative error about 2^-11, as the forward's fast GELU-tanh). The logistic and
-// tanh derivatives are written in e = exp(-|z|) (symmetric in z, no cancellation near 0).
-__device__ __forceinline__ float exp_approx(float x) {   // e^x, ex2.approx (flushes to 0)
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
-    return y;
-}
-__device__ __forceinline__ float rcp_approx(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+// Fast forms of the derivatives, for 16-bit outputs (the GEMMs' gating epilogue, a 16-bit
+// dZ), on the special-function unit as the fast activations: ex2.approx and rcp.approx (a few
+// ulp), tanh.approx (relative error about 2^-11, as the forward's fast GELU-tanh). The logistic
+// and tanh derivatives are written in e = exp(-|z|) (symmetric in z, no cancellation near 0).
 __device__ __forceinline__ float dact_none_fast(float z, float s) { return dact_none(z, s); }
 __device__ __forceinline__ float dact_relu_fast(float z, float s) { return dact_relu(z, s); }
 __device__ __forceinline__ float dact_leaky_relu_fast(float z, float s) {

@@ -22,10 +22,16 @@ float {{ out }} = alpha * ({{ acc }});
 {% endif %}
 {% endmacro %}
 
+{# act'(x) for an expression x (from the output y = act(z) with from_y; the fast forms with
+   fast), ``slope`` the leaky ReLU's: common/activations.cuh's dact_ functions. #}
+{% macro dact(act, x, slope, from_y=False, fast=False) -%}
+dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope }})
+{%- endmacro %}
+
 {# The gate's factor act'(c) for a C value c (an expression): the fast forms for 16-bit
    outputs, as the activations. #}
 {% macro gate_factor(spec, c) -%}
-dact_{{ "y_" if spec.gate_from_y }}{{ spec.gate.value }}{{ "_fast" if spec.fast_act }}({{ c }}, leaky_slope)
+{{ dact(spec.gate, c, "leaky_slope", spec.gate_from_y, spec.fast_act) }}
 {%- endmacro %}
 
 {% macro accessors(spec) %}

@@ -6,28 +6,13 @@
 // Blocks of 32 x 8 threads cover `rows` rows x {{ 32 * spec.cols }} columns; each thread {{ spec.cols }} adjacent columns of
 // every eighth row{% if spec.vec %}, read and written as 16-byte vectors (unit column strides, rows and pointers
 // 16-byte aligned, N a multiple of 8){% endif %}. Every matrix takes (row stride, column stride) in elements.
+{% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 
 constexpr int COLS = {{ spec.cols }}, TILE_N = 32 * COLS;
 {% if spec.vec %}
 
-// 8 values from 16 aligned bytes (16-bit types) or 32 (float)
-__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    const float4 b = *reinterpret_cast<const float4*>(p + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
-    const uint4 r = *reinterpret_cast<const uint4*>(p);
-    const unsigned w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        v[2 * i] = to_f32(T{static_cast<unsigned short>(w[i] & 0xffffu)});
-        v[2 * i + 1] = to_f32(T{static_cast<unsigned short>(w[i] >> 16)});
-    }
-}
 __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
     *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
@@ -67,12 +52,12 @@ extern "C" __global__ void __launch_bounds__(256)
 {% if spec.vec %}
         if (n0 < N) {   // N is a multiple of 8: all 8 columns are there
             float d[8];
-            load8(&gy[m * gy_r + n0], d);
+            load_vec(&gy[m * gy_r + n0], d);
 {% if spec.reads_src %}
             float src8[8];
-            load8(&src[m * src_r + n0], src8);
+            load_vec(&src[m * src_r + n0], src8);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) d[j] *= dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(src8[j], slope);
+            for (int j = 0; j < 8; ++j) d[j] *= {{ ep.dact(spec.act, "src8[j]", "slope", spec.from_y, spec.fast_act) }};
 {% endif %}
 {% if spec.write_dz %}
             store8(&dz[m * dz_r + n0], d);
@@ -101,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (n < N) {
 {% if spec.reads_src %}
                 const float s = to_f32(src[m * src_r + n * src_c]);
-                const float d = to_f32(gy[m * gy_r + n * gy_c]) * dact_{{ "y_" if spec.from_y }}{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(s, slope);
+                const float d = to_f32(gy[m * gy_r + n * gy_c]) * {{ ep.dact(spec.act, "s", "slope", spec.from_y, spec.fast_act) }};
 {% else %}
                 const float d = to_f32(gy[m * gy_r + n * gy_c]);
 {% endif %}

@@ -345,10 +345,10 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         sums_shape[0] = None if sums is None else sums.shape
         return out, sums
 
-    def product(i, x, w, alpha, aux, slope):
+    def product(i, x, w, alpha):
         call = gemms[i]
         if call is not None:
-            return call(x, w, None, aux, alpha, 1.0, slope, None, None)
+            return call(x, w, None, None, alpha, 0.0, 0.01, None, None)
         x_t, w_t = (x, w.T) if i == 0 else (x.T, w)
         out = gemm_bias_act(x_t, w_t, alpha=alpha, precision=precision)
         sig = op._signature(x_t, w_t, None, "none", None, alpha, 0.0, 0.01, False, None, None,
@@ -373,7 +373,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         grad_a = grad_b = grad_bias = grad_c = grad_a_bias = None
         if want_a:
             if gate is None:
-                grad_a = product(0, dz, b, alpha, None, 0.01)
+                grad_a = product(0, dz, b, alpha)
             else:
                 grad_a, sums = gated(dz, b, alpha, a if gate[1] else a_z, a_slope)
                 if want_a_bias:
@@ -390,7 +390,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
             if a_bias_shape is not None:
                 grad_a_bias = zeros(a_bias_shape, dtype=a_bias_np)
         if want_b:
-            grad_b = product(1, a, dz, alpha, None, 0.01)
+            grad_b = product(1, a, dz, alpha)
         elif zeros_b:
             grad_b = zeros((k, n), dtype=a.dtype)
         if want_bias:

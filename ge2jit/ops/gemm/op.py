@@ -202,8 +202,8 @@ class Plan:
 @dataclass
 class TmaPlan(Plan):
     """A plan of the Hopper kernel: its operands go to the kernel as TMA tensor maps (made per
-    call from the pointers; a call on recent pointers and sizes reuses its maps, and the maps
-    of recurring buffers come from a table), on a persistent grid."""
+    call from the pointers; the maps of recurring buffers come from a table), on a persistent
+    grid."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -215,21 +215,8 @@ class TmaPlan(Plan):
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
         self._y_type = spec.out_dtype.value if spec.tma_store else None
-        # (pointers, sizes) -> the call's maps: one lookup where the table would take one
-        # call each (a training loop's buffers recur)
-        self._recent: dict[tuple, tuple] = {}
 
     def _gemm(self, stream_ptr, args) -> None:
-        key = args[:4] + args[8:15]   # A, B, Y and Z with their leading dimensions; M, N, K
-        maps = self._recent.get(key)
-        if maps is None:
-            maps = self._make_maps(args)
-            if len(self._recent) >= 64:
-                self._recent.clear()
-            self._recent[key] = maps
-        self._main(self.grid, self.block, self.smem, stream_ptr, *maps, *args)
-
-    def _make_maps(self, args) -> tuple:
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
         a_ptr, lda, b_ptr, ldb = args[:4]
         m, n, k = args[12:15]
@@ -243,12 +230,14 @@ class TmaPlan(Plan):
             map_b = tensor_map_2d(dt, b_ptr, n, k, ldb * es, 64, bk)
         y_type = self._y_type
         if y_type is None:
-            return map_a, map_b
+            self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, *args)
+            return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
         y_ptr, ldy, z_ptr, ldz = args[8:12]
         map_y = tensor_map_2d(y_type, y_ptr, n, m, ldy * 2, 64, 16)
         map_z = tensor_map_2d(y_type, z_ptr, n, m, ldz * 2, 64, 16) if z_ptr else map_y
-        return map_a, map_b, map_y, map_z
+        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, map_y, map_z,
+                   *args)
 
 
 def _ptr(x) -> int:
