@@ -7,10 +7,11 @@
 // Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
 // Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
 {% import "common/epilogue.cuh" as ep %}
-{# Loads the gate's C values of pass `p` (an expression) of a staged block into `dst`. #}
-{% macro gate_load(p, dst) %}
+{# Loads the gate's C values of pass `p` (an expression) of the staged block at rows `mw`..,
+   columns `nc`.. into `dst`. #}
+{% macro gate_load(p, dst, mw="mw", nc="nc") %}
 const int r = ({{ p }}) * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
-const int m = min(mw + r, M - 1), n = nc + seg * EPC;
+const int m = min({{ mw }} + r, M - 1), n = {{ nc }} + seg * EPC;
 {% if spec.layout_c.value == "r" %}
 constexpr int Q = EPC * sizeof(*C) / 16;   // 16-byte loads a segment
 if (Q * 16 == EPC * sizeof(*C) && c_vec && n + EPC <= N) {
@@ -461,6 +462,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         constexpr int EPC = 16 / {{ spec.out_dtype.itemsize }};   // outputs per 16-byte segment
 {% if spec.gate %}
         constexpr int GATE_SEGS = 64 / EPC, GATE_RPP = 32 / GATE_SEGS;   // segments a row, rows a pass
+        constexpr int GATE_PASSES = 16 / GATE_RPP;
+{% if spec.layout_c.value == "r" %}
+        constexpr int GATE_REGS = EPC * sizeof(*C) / 4;   // registers a pass's values
+        // Where a block's C values fit in 16 registers (16-bit C and Y), the warp loads the
+        // next block's while it stages, gates and stores this one: the loads' latency hides
+        // under that work (loaded at the block itself, it was most of the gated epilogue's
+        // cost). Else the first GATE_HELD passes' values are loaded before the block is
+        // staged, each later one as a slot frees.
+        constexpr bool GATE_AHEAD = GATE_PASSES * GATE_REGS <= 16;
+        constexpr int GATE_HELD = GATE_REGS <= 4 ? GATE_PASSES : 2;
+        alignas(16) {{ spec.c_ctype }} cg_next[GATE_AHEAD ? GATE_PASSES : 1][EPC];
+        if (GATE_AHEAD) {   // the first block's
+            const int mw = m0 + row0 + warp * 16, nc = n0;
+#pragma unroll
+            for (int p = 0; p < (GATE_AHEAD ? GATE_PASSES : 0); ++p) {
+                {{ gate_load("p", "cg_next[p]") | indent(16) }}
+            }
+        }
+{% else %}
+        // (column-major C: element by element, an address each, loaded where used)
+        constexpr int GATE_HELD = 1;
+{% endif %}
 {% endif %}
 {% if spec.tma_store %}
         {{ spec.y_ctype }}* const st2 = staging + (wg * 4 + warp) * (2 * 16 * 64);
@@ -476,24 +499,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int jc = 0; jc < BN / 64; ++jc) {
                 const int nc = n0 + jc * 64;
                 if (nc >= N) break;
-{% if spec.gate %}
+{% if spec.gate and spec.layout_c.value == "r" %}
                 // The gate's C values for this block (rows in passes of GATE_RPP, a 16-byte
-                // segment of output columns a lane): the first GATE_HELD passes' loaded before
-                // the block is staged, so that their latency overlaps its arithmetic, each later
-                // one as a slot frees.
-                constexpr int GATE_PASSES = 16 / GATE_RPP;
-{% if spec.layout_c.value == "r" %}
-                constexpr int GATE_REGS = EPC * sizeof(*C) / 4;   // registers a pass's values
-                constexpr int GATE_HELD = GATE_REGS <= 4 ? GATE_PASSES : 2;
+                // segment of output columns a lane): loaded ahead, or the first passes' now.
                 alignas(16) {{ spec.c_ctype }} cg[GATE_HELD][EPC];
+                if (GATE_AHEAD) {
 #pragma unroll
-                for (int p = 0; p < GATE_HELD; ++p) {
-                    {{ gate_load("p", "cg[p]") | indent(20) }}
+                    for (int p = 0; p < GATE_HELD; ++p)
+#pragma unroll
+                        for (int e = 0; e < EPC; ++e) cg[p][e] = cg_next[GATE_AHEAD ? p : 0][e];
+                    // the next block of this warp: the next 64 columns, or the next 64 rows
+                    const bool more = jc + 1 < BN / 64 ? nc + 64 < N : mi + 1 < MI;
+                    if (more) {
+                        const int mw_next = jc + 1 < BN / 64 ? mw : mw + 64;
+                        const int nc_next = jc + 1 < BN / 64 ? nc + 64 : n0;
+#pragma unroll
+                        for (int p = 0; p < (GATE_AHEAD ? GATE_PASSES : 0); ++p) {
+                            {{ gate_load("p", "cg_next[p]", "mw_next", "nc_next") | indent(28) }}
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int p = 0; p < GATE_HELD; ++p) {
+                        {{ gate_load("p", "cg[p]") | indent(24) }}
+                    }
                 }
-{% else %}
-                // (column-major C: element by element, an address each, loaded where used)
-                constexpr int GATE_HELD = 1;
-{% endif %}
 {% endif %}
 {% for what in (["Z", "Y"] if spec.save_z else ["Y"]) %}
                 {
@@ -536,6 +566,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 // 16-byte segments (coalesced), Z as staged (rounded once already, as a
                 // framework's separate pass over a stored product would have it).
                 __syncwarp();
+{% if spec.bgrad %}
+                float bsum[EPC] = {};   // this lane's rows' sums of its segment's columns
+{% endif %}
 #pragma unroll
                 for (int p = 0; p < GATE_PASSES; ++p) {
                     const int r = p * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
@@ -550,8 +583,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         float v[EPC];
                         load_vec(s, v);
 #pragma unroll
-                        for (int e = 0; e < EPC; ++e)
+                        for (int e = 0; e < EPC; ++e) {
                             v[e] *= {{ ep.gate_factor(spec, "to_f32(cg[p % GATE_HELD][e])") }};
+{% if spec.bgrad %}
+                            bsum[e] += v[e];
+{% endif %}
+                        }
                         store_vec(s, v);
                     }
 {% if spec.layout_c.value == "r" %}
@@ -561,27 +598,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
                 }
 {% if spec.bgrad %}
-                // The block's 16-row column sums as stored (the GEMMs' dZ is what is summed, as
-                // autograd does), two columns a lane, rows past M left out.
-                __syncwarp();
-                {
-                    const int col = 2 * lane;
-                    float s0 = 0.0f, s1 = 0.0f;
+                // The block's 16-row column sums (in float32, before the rounding to Y's
+                // type, as the dZ pass sums): the lanes of a segment add their rows' sums, and
+                // those of the first rows write them; rows past M added nothing.
 #pragma unroll
-                    for (int r = 0; r < 16; ++r) {
-                        const {{ spec.y_ctype }}* const q =
-                            &st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC];
-                        if (mw + r < M) {
-                            s0 += to_f32(q[0]);
-                            s1 += to_f32(q[1]);
-                        }
-                    }
-                    const int n = nc + col;
-                    if (mw < M && n < N) {
-                        float* const out = bias + static_cast<long long>(mw / 16) * bias_stride;
-                        out[n] = s0;
-                        if (n + 1 < N) out[n + 1] = s1;
-                    }
+                for (int o = GATE_SEGS; o < 32; o *= 2)
+#pragma unroll
+                    for (int e = 0; e < EPC; ++e) bsum[e] += __shfl_xor_sync(0xffffffffu, bsum[e], o);
+                if (lane < GATE_SEGS && mw < M) {
+                    float* const out = bias + static_cast<long long>(mw / 16) * bias_stride;
+#pragma unroll
+                    for (int e = 0; e < EPC; ++e)
+                        if (nc + lane * EPC + e < N) out[nc + lane * EPC + e] = bsum[e];
                 }
 {% endif %}
 {% endif %}

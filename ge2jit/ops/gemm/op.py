@@ -375,7 +375,8 @@ def _choose(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Choice:
     if autotune:
         return _tune(p, save_z, vecs).best
     return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id),
-                     p.layout_a.value + p.layout_b.value, p.dtype, p.precision)
+                     p.layout_a.value + p.layout_b.value, p.dtype, p.precision,
+                     gated=p.gate is not None)
 
 
 def _make_plan(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Plan:

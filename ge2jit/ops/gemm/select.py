@@ -149,9 +149,10 @@ def _tiles(m: int, n: int, cfg) -> int:
 
 def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
               layouts: str = "rr", dtype: DType = DType.F32,
-              precision: Precision = Precision.IEEE) -> Choice:
+              precision: Precision = Precision.IEEE, gated: bool = False) -> Choice:
     """A good config from the shape, operand layouts ("rc": row-major A, column-major B) and
-    types alone, with no tuning run.
+    types alone, with no tuning run. ``gated``: the backward's gating epilogue (it reads C),
+    whose cost a ping-pong schedule hides where the output is wide for its K.
 
     Bigger tiles move fewer bytes per flop, so take the biggest tile that still fills the GPU
     (about one block per multiprocessor); when even the smallest tile leaves most of the
@@ -175,7 +176,7 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
         if arch_number == 90:
             if precision is Precision.TF32X3:
                 return _wgmma_x3_heuristic(m, n, k, sms)
-            return _wgmma_heuristic(m, n, k, sms)
+            return _wgmma_heuristic(m, n, k, sms, gated)
         return _mma_heuristic(m, n, sms, dtype, precision)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
@@ -219,19 +220,26 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType,
                   f"{sms} SMs")
 
 
-def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
+def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> Choice:
     """Measured on an H200 (bench/NOTES.md): the cooperative 128x256 tile when there are many
     waves of tiles, or about one wave or more and K >= 1024; else ping-pong tiles (one
     consumer's epilogue hides under the other's main loop), 64x256 for long K, 128x128
     otherwise; the cooperative 128x128 tile for half a wave to one (skinny outputs such as
-    8192 x 256); smaller problems take 64x128 or 128x64 tiles."""
+    8192 x 256); smaller problems take 64x128 or 128x64 tiles, or, for K of 8192 and more,
+    128x128 tiles with K split to fill the GPU. A gating epilogue (``gated``) over an output
+    at least 4 times as wide as K takes ping-pong 128x128 tiles from a wave up (measured on an
+    H100: 16384 x 4096 x 1024 with the column sums 0.307 ms against 0.345 cooperative)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
-    def pick(name: str, why: str) -> Choice:
+    def pick(name: str, why: str, split: int = 1) -> Choice:
         cfg = by_name[name]
-        return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} "
-                      f"for {sms} SMs: {why}")
+        return Choice(cfg, split, "heuristic", f"{_tiles(m, n, cfg)} tiles of "
+                      f"{cfg.bm}x{cfg.bn} for {sms} SMs: {why}")
 
+    tiles_128 = _tiles(m, n, by_name["wgmma_128x128_s6"])
+    if gated and n >= 4 * k and tiles_128 >= sms:
+        return pick("wgmma_128x128_s6_pp", "ping-pong hides a gating epilogue over a wide "
+                    "output")
     big = _tiles(m, n, by_name["wgmma_128x256_s4"])
     if big >= 8 * sms:
         return pick("wgmma_128x256_s4", "8 or more waves")
@@ -241,8 +249,13 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
         if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
             return pick("wgmma_64x256_s4_pp", "ping-pong, long K")
         return pick("wgmma_128x128_s6_pp", "ping-pong")
-    if 2 * _tiles(m, n, by_name["wgmma_128x128_s6"]) >= sms:
+    if 2 * tiles_128 >= sms:
         return pick("wgmma_128x128_s6", "about one wave")
+    # a long K over few tiles (1024 x 1024 x 16384: 0.069 ms split 2 ways, 0.075 on 64x128
+    # tiles, on an H100): slices of K fill the GPU
+    split = max((s for s in (2, 4) if tiles_128 * s <= sms), default=1)
+    if k >= 8192 and split > 1:
+        return pick("wgmma_128x128_s6", f"few tiles, K = {k} split {split} ways", split)
     return pick("wgmma_64x128_s8" if n >= m else "wgmma_128x64_s8", "few tiles")
 
 

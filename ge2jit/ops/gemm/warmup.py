@@ -182,7 +182,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                     "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
                     "the GPU, or set sms = <count> in the entry")
             for m, n, k in entry["shapes"]:
-                ch = heuristic(m, n, k, sms, number, layouts, dtype, precision)
+                ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
+                               gated=gate is not None)
                 choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
         else:
             if entry["configs"] == "all":

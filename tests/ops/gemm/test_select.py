@@ -77,9 +77,17 @@ def test_tensor_core_heuristic_and_candidates():
         (8192, 1024, 1024, DType.F16): "wgmma_128x256_s4",
         (4096, 4096, 64, DType.F16): "wgmma_128x128_s6_pp",
         (512, 1024, 4096, DType.F16): "wgmma_64x128_s8",
+        (1024, 1024, 16384, DType.BF16): "wgmma_128x128_s6_k2",
     }.items():
-        got = heuristic(m, n, k, 132, 90, "rr", dtype).config.name
+        got = heuristic(m, n, k, 132, 90, "rr", dtype).name
         assert got == want, ((m, n, k, dtype), got)
+    # the gating epilogue over an output 4x wider than K: ping-pong; narrower: as ungated
+    for (m, n, k), want in {(16384, 4096, 1024): "wgmma_128x128_s6_pp",
+                            (4096, 4096, 1024): "wgmma_128x128_s6_pp",
+                            (16384, 1024, 4096): "wgmma_128x256_s4",
+                            (512, 4096, 1024): "wgmma_128x128_s6"}.items():
+        got = heuristic(m, n, k, 132, 90, "rc", DType.BF16, gated=True).name
+        assert got == want, ((m, n, k), got)
     a100 = heuristic(4096, 4096, 4096, 108, 80, "rr", DType.F16)
     assert isinstance(a100.config, MmaConfig)
     tf32 = heuristic(4096, 4096, 4096, 132, 90, "rc", DType.F32, Precision.TF32)
