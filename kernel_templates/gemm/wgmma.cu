@@ -509,10 +509,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                         for (int e = 0; e < EPC; ++e) cg[p][e] = cg_next[GATE_AHEAD ? p : 0][e];
                     // the next block of this warp: the next 64 columns, or the next 64 rows
-                    const bool more = jc + 1 < BN / 64 ? nc + 64 < N : mi + 1 < MI;
-                    if (more) {
-                        const int mw_next = jc + 1 < BN / 64 ? mw : mw + 64;
-                        const int nc_next = jc + 1 < BN / 64 ? nc + 64 : n0;
+                    // (the loop leaves a row of blocks at the first column past N)
+                    const bool next_col = jc + 1 < BN / 64 && nc + 64 < N;
+                    if (next_col || mi + 1 < MI) {
+                        const int mw_next = next_col ? mw : mw + 64;
+                        const int nc_next = next_col ? nc + 64 : n0;
 #pragma unroll
                         for (int p = 0; p < (GATE_AHEAD ? GATE_PASSES : 0); ++p) {
                             {{ gate_load("p", "cg_next[p]", "mw_next", "nc_next") | indent(28) }}
@@ -583,13 +584,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         float v[EPC];
                         load_vec(s, v);
 #pragma unroll
-                        for (int e = 0; e < EPC; ++e) {
+                        for (int e = 0; e < EPC; ++e)
                             v[e] *= {{ ep.gate_factor(spec, "to_f32(cg[p % GATE_HELD][e])") }};
-{% if spec.bgrad %}
-                            bsum[e] += v[e];
-{% endif %}
-                        }
                         store_vec(s, v);
+{% if spec.bgrad %}
+                        load_vec(s, v);   // as stored: the GEMMs' dZ, as autograd sums it
+#pragma unroll
+                        for (int e = 0; e < EPC; ++e) bsum[e] += v[e];
+{% endif %}
                     }
 {% if spec.layout_c.value == "r" %}
                     if (p + GATE_HELD < GATE_PASSES) {
@@ -598,9 +600,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
                 }
 {% if spec.bgrad %}
-                // The block's 16-row column sums (in float32, before the rounding to Y's
-                // type, as the dZ pass sums): the lanes of a segment add their rows' sums, and
-                // those of the first rows write them; rows past M added nothing.
+                // The block's 16-row column sums of Y as stored: the lanes of a segment add
+                // their rows' sums, and those of the first rows write them; rows past M added
+                // nothing.
 #pragma unroll
                 for (int o = GATE_SEGS; o < 32; o *= 2)
 #pragma unroll
