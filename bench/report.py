@@ -93,7 +93,6 @@ def _host_log_section(path: Path) -> str:
 
 
 def _backward_section(runs: list[dict], names: list[str]) -> str:
-    meta = runs[0]["meta"]
     lines, sources = [], []
     for data in runs:
         for r in data["rows"]:
@@ -116,8 +115,10 @@ def _backward_section(runs: list[dict], names: list[str]) -> str:
     text = f"""
 ## Backward (`gemm_bias_act_backward`) and one training step of a Linear + {act} layer
 
-`python bench/bench_backward.py` ({", ".join(names)}; {meta['device']}, {meta['date']}, commit
-{meta.get('commit') or 'see the header'}): A (M, K) activations, B (K, N) weights, bias per
+`python bench/bench_backward.py` ({"; ".join(
+    f"{name}: {run['meta']['device']}, {run['meta']['date']}, commit "
+    f"{run['meta'].get('commit') or 'see the header'}" for name, run in zip(names, runs))}):
+A (M, K) activations, B (K, N) weights, bias per
 column, Z saved by the forward. "backward": dA, dB and dBias from gY (one pass forms dZ),
 against the two plain cuBLAS GEMMs of the same sizes alone (torch.mm, dZ given): the ratio is
 ge2jit's time over theirs (below 1.1 is the target). "chained": the same layer inside a
