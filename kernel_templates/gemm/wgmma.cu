@@ -466,10 +466,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.layout_c.value == "r" %}
         constexpr int GATE_REGS = EPC * sizeof(*C) / 4;   // registers a pass's values
         // Where a block's C values fit in 16 registers (16-bit C and Y), the warp loads the
-        // next block's while it stages, gates and stores this one: the loads' latency hides
-        // under that work (loaded at the block itself, it was most of the gated epilogue's
-        // cost). Else the first GATE_HELD passes' values are loaded before the block is
-        // staged, each later one as a slot frees.
+        // next block's while it stages, gates and stores this one, so that the loads' latency
+        // hides under that work. Else the first GATE_HELD passes' values are loaded before the
+        // block is staged, each later one as a slot frees.
         constexpr bool GATE_AHEAD = GATE_PASSES * GATE_REGS <= 16;
         constexpr int GATE_HELD = GATE_REGS <= 4 ? GATE_PASSES : 2;
         alignas(16) {{ spec.c_ctype }} cg_next[GATE_AHEAD ? GATE_PASSES : 1][EPC];
