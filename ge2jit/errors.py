@@ -19,6 +19,15 @@ class DeviceMismatchError(ArgumentValueError):
     """Arrays of one call live on different devices, or not on the current one."""
 
 
+class SettingsError(ArgumentValueError):
+    """A ``GE2JIT_*`` environment variable has a value ge2jit cannot use (the message names it)."""
+
+
+class MissingDependencyError(Ge2jitError, ImportError):
+    """A package ge2jit needs for this call is not installed; the message names the pip extra
+    that brings it (``pip install "ge2jit[cuda13]"``)."""
+
+
 class NvrtcError(Ge2jitError):
     """NVRTC could not be found or loaded, or a requested NVRTC library is unusable."""
 
