@@ -14,13 +14,17 @@ common=(-m gpu -v -p no:cacheprovider -o faulthandler_timeout=${TEST_TIMEOUT:-12
 # The tuning tests time kernels and compile in processes of their own: they run alone.
 xdist=()
 python3 -c "import xdist" 2>/dev/null && xdist=(-n "${JOBS:-8}")
-timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest "${common[@]}" "${xdist[@]}" -k "not tun" > "$log" 2>&1
+# The tests of sizes at the 32-bit limits take tens of GB of GPU memory each: they run alone.
+timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest "${common[@]}" "${xdist[@]}" -k "not tun" \
+  -m "gpu and not bigmem" > "$log" 2>&1
 rc1=$?
 timeout "${SUITE_TIMEOUT:-150}" python3 -m pytest "${common[@]}" -k "tun" >> "$log" 2>&1
 rc2=$?
+timeout "${BIGMEM_TIMEOUT:-200}" python3 -m pytest "${common[@]}" -m bigmem >> "$log" 2>&1
+rc3=$?
 grep -E "^(FAILED|ERROR)|Timeout|passed|failed" "$log" | tail -n 30
 python3 -m ge2jit.demo 2>&1 | tee "$OUT/demo.log"
 if [ "${BENCH:-1}" != 0 ]; then
   python3 bench/bench_gemm.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log"
 fi
-[ $rc1 = 0 ] && [ $rc2 = 0 ]
+[ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ]

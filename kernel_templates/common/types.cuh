@@ -85,3 +85,6 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[N]) {
         for (int i = 0; i < PER; ++i) v[q * PER + i] = to_f32(e[i]);
     }
 }
+
+// ceil(a / b) for 0 <= a < 2^31: (a + b - 1) / b wraps for a near 2^31 (K = 2^31 - 1, say).
+__device__ __forceinline__ int ceil_div(int a, int b) { return a / b + (a % b != 0); }

@@ -87,7 +87,10 @@ __device__ __forceinline__ void load_operand(char* __restrict__ S, const T_IN* _
             const int row = u / CPR, c = u % CPR;
             const int mn = KCONT ? mn0 + row : mn0 + c * EPC;
             const int k = KCONT ? k0 + c * EPC : k0 + row;
-            const int valid = KCONT ? (mn < MN ? (K - k) * ES : 0) : (k < K ? (MN - mn) * ES : 0);
+            // bytes of the chunk inside the operand: elements first, then bytes (a byte count
+            // of the whole remaining row overflows 32 bits when K or MN is over 2^30)
+            const int valid = KCONT ? (mn < MN ? min(K - k, EPC) * ES : 0)
+                                    : (k < K ? min(MN - mn, EPC) * ES : 0);
             const T_IN* src = valid > 0 ? X + (KCONT ? mn * ld + k : k * ld + mn) : X;
             copy_chunk<COPY>(S + swizzle<ROW_BYTES, SCALAR32>(row, c), src, X, min(valid, 16));
         }
@@ -197,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int lane = tid % 32, warp = tid / 32;
     const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int k_tiles = (K + BK - 1) / BK;
+    const int k_tiles = ceil_div(K, BK);
 
     float acc[MI][NI][4];
 #pragma unroll

@@ -40,7 +40,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < TN; ++j)
             acc[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < K; k0 += BK) {
+    // Counted in tiles: k0 += BK would wrap past 2^31 - 1 after the last tile of a K near it.
+    const int k_tiles = ceil_div(K, BK);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int k0 = kt * BK;
         // Load the A and B tiles; consecutive threads walk the operand's contiguous dimension.
         // fixed trip counts (fully unrolled; a loop from tid left ptxas a stack slot)
 #pragma unroll

@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
     const int lm = lane / LANES_N, ln = lane % LANES_N;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
 
-    const int k_tiles = (K + BK - 1) / BK;
+    const int k_tiles = ceil_div(K, BK);
     const int kt_begin = static_cast<int>(blockIdx.z * k_tiles_per_split);
     const int kt_count = max(min(k_tiles - kt_begin, static_cast<int>(k_tiles_per_split)), 0);
 
@@ -202,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
         col_bias[j] = n < N ? bias[static_cast<long long>(n) * bias_stride] : 0.0f;
     }
 {% endif %}
-    const bool full_tile = m0 + BM <= M && n0 + BN <= N;
+    const bool full_tile = M - m0 >= BM && N - n0 >= BN;   // (m0 + BM can wrap near 2^31)
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ROW(i);

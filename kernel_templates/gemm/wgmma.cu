@@ -211,14 +211,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float* const bias_tiles = reinterpret_cast<float*>(smem_raw + (sBias - smem_u32(smem_raw)));
 {% endif %}
 
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int tiles = tiles_m * tiles_n, k_tiles = (K + BK - 1) / BK;
+    // (the launcher refuses problems whose tile or work-unit counts exceed 32 bits)
+    const int tiles_m = ceil_div(M, BM), tiles_n = ceil_div(N, BN);
+    const int tiles = tiles_m * tiles_n, k_tiles = ceil_div(K, BK);
 {% if spec.split_k %}
     // Split K: work unit u is K slice u / tiles of tile u % tiles; each writes its raw float32
     // partial products to slice u / tiles of the workspace Y (splits x M x ldy), and the
     // reduction kernel (gemm/splitk_reduce.cu) sums them and applies the epilogue once.
     const int per_split = static_cast<int>(k_tiles_per_split);
-    const int units = tiles * ((k_tiles + per_split - 1) / per_split);
+    const int units = tiles * ceil_div(k_tiles, per_split);
 {% else %}
     const int per_split = k_tiles, units = tiles;
 {% endif %}

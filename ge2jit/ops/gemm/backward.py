@@ -24,6 +24,7 @@ NEEDS = ("a", "b", "bias", "c")
 _DZ_PARAMS = "<QqqQqqQqqQqqQqqqdd"
 _DBIAS_PARAMS = "<QqqQq"
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
+_GRID_Y_MAX = 65535
 _launchers: dict[tuple, Launcher] = {}
 _prepared: dict = {}
 _PREPARED_MAX = 256
@@ -154,10 +155,12 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
                    a_z, a_leaky_slope)
     p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, precision=precision)
     try:
+        if isinstance(needs, (str, bytes)):   # set("bias") would be its letters
+            raise TypeError
         wanted = set(needs)
     except TypeError:
-        raise ArgumentValueError(f"needs: expected names of {', '.join(NEEDS)}, "
-                                 f"got {needs!r}") from None
+        raise ArgumentValueError(f"needs: expected names of {', '.join(NEEDS)} in a tuple "
+                                 f"such as ('a', 'b'), got {needs!r}") from None
     if not wanted <= set(NEEDS):
         raise ArgumentValueError(f"needs: expected names of {', '.join(NEEDS)}, got "
                                  f"{sorted(map(str, wanted - set(NEEDS)))}")
@@ -269,6 +272,7 @@ def _pass_shape(m: int, n: int, cols: int) -> tuple[int, tuple[int, int, int]]:
     tm, blocks_n = 64, -(-n // (32 * cols))
     while tm < 512 and blocks_n * -(-m // (2 * tm)) >= 1024:
         tm *= 2
+    tm = max(tm, -(-m // _GRID_Y_MAX))   # a grid's y extent is at most 65535 blocks
     return tm, (blocks_n, -(-m // tm), 1)
 
 

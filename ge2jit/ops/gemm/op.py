@@ -18,7 +18,7 @@ from ...jit.parallel import compile_many
 from ...jit.tma import tensor_map_2d
 from ...tune.db import default_db
 from ...tune.timing import time_ms
-from .problem import Problem, byte_span, check_spans_do_not_overlap, validate
+from .problem import Problem, byte_span, check_scalar, check_spans_do_not_overlap, validate
 from .select import (
     FALLBACK_TILE,
     Aligns,
@@ -42,6 +42,7 @@ from .spec import (
 )
 
 _GRID_Y_MAX = 65535
+_INT32_MAX = 2**31 - 1
 _plans: dict[tuple, Plan] = {}
 _plans_lock = threading.RLock()  # re-entered when autotuning clears the plans
 _warned: set[str] = set()
@@ -352,7 +353,12 @@ def _build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
     if choice.split_k != ks.splits:
         choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
     if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM
-        grid = (min(grid_m * grid_n * ks.splits, sm_count(p.device_id)), 1, 1)
+        units = grid_m * grid_n * ks.splits
+        if units > _INT32_MAX:   # the kernel counts tiles and work units in 32 bits
+            raise ArgumentValueError(
+                f"a, b: M = {m}, N = {n} make {units} tiles (x K slices) of {cfg.name}, more "
+                f"than the {_INT32_MAX} it can count; pin a config with bigger tiles")
+        grid = (min(units, sm_count(p.device_id)), 1, 1)
         return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, ks.k_tiles_per_split,
                        reduce, reduce_grid, names, prep, ks.splits)
     return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
@@ -462,8 +468,9 @@ def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, p
     return (a.shape, a.strides, a.dtype, ad.device_id, ad.ptr & 15,
             b.shape, b.strides, b.dtype, bd.device_id, bd.ptr & 15,
             None if bias is None else (bias.shape, bias.strides, bias.dtype,
-                                       bias.data.device_id),
-            None if c is None else (c.shape, c.strides, c.dtype, c.data.device_id),
+                                       bias.data.device_id, bias.data.ptr & 15),
+            None if c is None else (c.shape, c.strides, c.dtype, c.data.device_id,
+                                    c.data.ptr & 15),
             None if out is None else (out.shape, out.strides, out.dtype, out.data.device_id,
                                       out.data.ptr & 15),
             None if preact_out is None else (preact_out.shape, preact_out.strides,
@@ -517,8 +524,13 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, args):
         if pairs:   # only outputs passed in can overlap
             _check_overlap(pairs, (a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr),
                            (a, b, c, bias, out, preact_out))
-        launch(a_ptr, b_ptr, c_ptr if use_c else 0, bias_ptr, y_ptr, z_ptr, alpha, beta,
-               leaky_slope, current_stream().ptr)
+        try:
+            launch(a_ptr, b_ptr, c_ptr if use_c else 0, bias_ptr, y_ptr, z_ptr, alpha, beta,
+                   leaky_slope, current_stream().ptr)
+        except OverflowError:   # a scalar of the signature's type that no double holds
+            for value, name in ((alpha, "alpha"), (beta, "beta"), (leaky_slope, "leaky_slope")):
+                check_scalar(value, name)
+            raise
         return (y, z) if save_z else y
 
     call.plan = plan

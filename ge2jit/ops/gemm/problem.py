@@ -14,6 +14,11 @@ SUPPORTED_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DTyp
 _SUPPORTED_TEXT = ", ".join(SUPPORTED_DTYPES)
 PRECISIONS = {p.value: p for p in Precision}
 BIAS_SHAPES_TEXT = "None, () or (1,) for a scalar, (N,) or (1, N) per column, (M, 1) per row"
+#: The largest K: the kernels count along K in 32-bit integers.
+MAX_K = 2**31 - 1
+#: The largest M and N: 32-bit tile coordinates, with room for the offsets of the last tile's
+#: threads past its first row or column (m0 + BM and the like stay below 2**31).
+MAX_MN = 2**31 - 2**16
 
 
 def _cupy():
@@ -104,6 +109,25 @@ def _input_or_f32(x, name: str, dtype: DType) -> DType:
     return dt
 
 
+def check_aligned(x, name: str) -> None:
+    """The kernels read and write whole elements: ``x``'s pointer and every stride that is
+    used (a dimension longer than 1) must be multiples of its item size. (A view at an odd
+    byte offset of a larger buffer would fault or be read rounded down, never right.)"""
+    item = x.itemsize
+    if x.size == 0:
+        return
+    if x.data.ptr % item:
+        raise ArgumentValueError(
+            f"{name}: expected a pointer aligned to its {item}-byte elements, got one "
+            f"{x.data.ptr % item} bytes past that; pass an aligned array (a copy: "
+            f"cupy.ascontiguousarray({name}) will not fix the pointer, cupy.array({name}) does)")
+    for size, stride in zip(x.shape, x.strides):
+        if size > 1 and stride % item:
+            raise ArgumentValueError(
+                f"{name}: expected strides that are multiples of its {item}-byte elements, got "
+                f"strides {x.strides} (bytes); pass cupy.array({name})")
+
+
 def check_shaped(x, name: str, shape: tuple, shape_text: str,
                   allowed: tuple[DType, ...]) -> DType:
     """``x`` must be a CuPy array of ``shape`` (``shape_text`` says whose) with a dtype in
@@ -115,6 +139,7 @@ def check_shaped(x, name: str, shape: tuple, shape_text: str,
     if dt not in allowed:
         names = " or ".join(sorted({d.numpy_name for d in allowed}))
         raise ArgumentValueError(f"{name}: expected dtype {names}, got {x.dtype}")
+    check_aligned(x, name)
     return dt
 
 
@@ -124,7 +149,8 @@ def layout_of(x, name: str):
     Row-major means strides (ld, 1) with ld >= columns, column-major (1, ld) with ld >= rows; a
     slice of a larger array qualifies. Any other strides (negative, both non-unit, not a multiple
     of the item size) are copied into a C-contiguous array: the result is right, at the cost of
-    one copy.
+    one copy. Strides that are not multiples of the item size are refused before this
+    (``check_aligned``).
     """
     rows, cols = x.shape
     if x.size == 0:
@@ -154,9 +180,15 @@ def check_act(act) -> Act:
 
 
 def check_scalar(x, name: str) -> float:
+    """A real number that a double holds (the kernels take their scalars as doubles)."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise ArgumentTypeError(f"{name}: expected a real number, got {x!r}")
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:
+        raise ArgumentValueError(f"{name}: expected a real number within float64's range "
+                                 f"(magnitude below about 1.8e308), got a {type(x).__name__} "
+                                 "beyond it") from None
 
 
 def bias_kind(bias, m: int, n: int) -> tuple[BiasKind, int]:
@@ -164,6 +196,7 @@ def bias_kind(bias, m: int, n: int) -> tuple[BiasKind, int]:
     if bias is None:
         return BiasKind.NONE, 0
     check_array(bias, "bias")
+    check_aligned(bias, "bias")
     shape = bias.shape
     if bias.ndim <= 2 and bias.size == 1:
         return BiasKind.SCALAR, 0
@@ -255,6 +288,7 @@ def check_output(x, name: str, m: int, n: int, dtype) -> None:
             f"{name}: expected shape ({m}, {n}) and dtype {dtype}, got shape {x.shape} and "
             f"dtype {x.dtype}"
         )
+    check_aligned(x, name)
     item = x.itemsize
     if m and n and ((n > 1 and x.strides[1] != item) or (m > 1 and x.strides[0] < n * item)):
         raise ArgumentValueError(
@@ -283,9 +317,13 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
             f"b: expected shape ({k}, N) to match a of shape {a.shape} (a is (M, K), b is "
             f"(K, N)), got {b.shape}"
         )
-    for name, size in (("M", m), ("N", n), ("K", k)):
-        if size >= 2**31:
-            raise ArgumentValueError(f"{name} = {size}: sizes up to 2**31 - 1 are supported")
+    for name, size, limit, text in (("M", m, MAX_MN, "2**31 - 2**16"),
+                                    ("N", n, MAX_MN, "2**31 - 2**16"),
+                                    ("K", k, MAX_K, "2**31 - 1")):
+        if size > limit:
+            raise ArgumentValueError(f"{name} = {size}: at most {limit} ({text}) is supported")
+    check_aligned(a, "a")
+    check_aligned(b, "b")
     act_e = check_act(act)
     alpha = check_scalar(alpha, "alpha")
     beta = check_scalar(beta, "beta")
@@ -297,6 +335,7 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
         check_array(c, "c")
         if c.ndim != 2 or c.shape != (m, n):
             raise ArgumentValueError(f"c: expected shape ({m}, {n}) (M, N), got {c.shape}")
+        check_aligned(c, "c")
         c_dtype = _input_or_f32(c, "c", dtype)
     elif beta != 0.0:
         raise ArgumentValueError(f"beta: is {beta}, which needs c, but c is None; pass c= or "

@@ -141,6 +141,8 @@ def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F3
 #: 3xTF32 problems with M or N at most this take the exact float32 kernel (bench/NOTES.md:
 #: 8192 x 64 x 4096 ran 0.27 ms on the split path, 0.15 ms exact, on an H200).
 X3_MIN_SIDE = 64
+#: 3xTF32 runs its tensor-core GEMM over 3K (three segments), counted in 32 bits.
+X3_MAX_3K = 2**31 - 1
 
 
 def _tiles(m: int, n: int, cfg) -> int:
@@ -164,14 +166,15 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
             if _tiles(m, n, t) >= sms:
                 return Choice(t, 1, "fallback", why)
         return Choice(FALLBACK_TILE, 1, "fallback", why)
-    if precision is Precision.TF32X3 and min(m, n) <= X3_MIN_SIDE:
+    if precision is Precision.TF32X3 and (min(m, n) <= X3_MIN_SIDE or 3 * k > X3_MAX_3K):
         # The split copies of A and B cost 16 bytes of traffic per input element; with an
         # output this narrow there are too few products per element to pay for them, and the
-        # exact float32 kernel (at least as accurate) is faster.
+        # exact float32 kernel (at least as accurate) is faster. A K whose three segments
+        # overflow the kernels' 32-bit K takes the exact kernel too.
         ch = heuristic(m, n, k, sms, arch_number, layouts, dtype, Precision.IEEE)
-        return Choice(ch.config, ch.split_k, ch.reason,
-                      f"3xTF32 pays for its split copies from M, N > {X3_MIN_SIDE}: exact "
-                      f"float32; {ch.detail}")
+        why = (f"3xTF32 runs over 3K, at most {X3_MAX_3K}" if 3 * k > X3_MAX_3K else
+               f"3xTF32 pays for its split copies from M, N > {X3_MIN_SIDE}")
+        return Choice(ch.config, ch.split_k, ch.reason, f"{why}: exact float32; {ch.detail}")
     if uses_tensor_cores(dtype, precision):
         if arch_number == 90:
             if precision is Precision.TF32X3:
@@ -390,6 +393,11 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
     layouts = layout_a.value + layout_b.value
     x3 = precision is Precision.TF32X3
     if isinstance(config, (WgmmaConfig, MmaConfig)) and k > 0 and x3:
+        if 3 * k > X3_MAX_3K:
+            raise ArgumentValueError(
+                f"config: {config.name} with precision='tf32x3' runs one GEMM over 3K = "
+                f"{3 * k}, more than the {X3_MAX_3K} the kernels count; K up to "
+                f"{X3_MAX_3K // 3} (or an exact float32 config, or no config)")
         stage = staged(dtype, layouts, precision)
     elif isinstance(config, WgmmaConfig):
         stage = staged(dtype, layouts)

@@ -358,3 +358,74 @@ def test_optimizer_steps_refuse_bad_arguments():
         ge2jit.sgd_update(p, p, z, lr="fast")
     with pytest.raises(ValueError, match="momentum_buffer: expected a C-contiguous array"):
         ge2jit.sgd_update(p, p, FakeArray((3, 4)).T, lr=0.1)
+
+
+# ---- sizes, strides and pointers the kernels cannot take are refused, never rounded ------------
+
+def test_size_limits_name_the_size_and_the_limit():
+    big = problem.MAX_MN + 1
+    msg = refused(ValueError, f"M = {big}: at most {problem.MAX_MN}", a=FakeArray((big, K)))
+    assert "2**31 - 2**16" in msg
+    refused(ValueError, f"N = {big}: at most", b=FakeArray((K, big)))
+    p = ok(a=FakeArray((1, 2**31 - 1)), b=FakeArray((2**31 - 1, 1)))   # the largest K
+    assert p.k == 2**31 - 1
+
+
+@pytest.mark.parametrize("name, shape", [("out", (M, N)), ("a", (M, K)), ("b", (K, N)),
+                                         ("c", (M, N))])
+def test_strides_that_are_not_whole_elements_are_refused(name, shape):
+    # a row stride of 30 bytes used to become ld 7 (rounded down) for out
+    odd = FakeArray(shape, strides=(30, 4) if shape[1] <= 7 else (4 * shape[1] + 2, 4))
+    refused(ValueError, rf"{name}: expected strides that are multiples of its 4-byte elements",
+            **{name: odd}, **({"beta": 1.0} if name == "c" else {}))
+
+
+def test_bias_stride_of_two_bytes_is_refused():
+    # a float32 bias with a 2-byte stride used to get bias_stride 0: every column's bias[0]
+    refused(ValueError, "bias: expected strides that are multiples",
+            bias=FakeArray((N,), strides=(2,)))
+    refused(ValueError, "bias: expected strides", bias=FakeArray((M, 1), strides=(6, 4)))
+    assert ok(bias=FakeArray((N,), strides=(8,))).bias_stride == 2
+
+
+@pytest.mark.parametrize("name, shape", [("out", (M, N)), ("a", (M, K)), ("b", (K, N)),
+                                         ("c", (M, N)), ("bias", (N,))])
+def test_misaligned_pointers_are_refused(name, shape):
+    x = FakeArray(shape, offset=2)      # a float32 view 2 bytes into a buffer
+    msg = refused(ValueError, rf"{name}: expected a pointer aligned to its 4-byte elements",
+                  **{name: x}, **({"beta": 1.0} if name == "c" else {}))
+    assert "2 bytes past" in msg
+
+
+def test_scalars_beyond_float64_are_refused():
+    for name in ("alpha", "beta", "leaky_slope"):
+        refused(ValueError, f"{name}: expected a real number within float64's range",
+                **{name: 10**400}, c=FakeArray((M, N)))
+
+
+def test_backward_needs_as_a_string_is_refused():
+    backward_refused(r"needs: expected names of a, b, bias, c in a tuple such as \('a', 'b'\), "
+                     r"got 'bias'", needs="bias")
+
+
+def test_tf32x3_over_3k_beyond_32_bits():
+    from ge2jit.ops.gemm import select
+    from ge2jit.ops.gemm.spec import WgmmaConfig
+
+    k = select.X3_MAX_3K // 3 + 1
+    ch = select.heuristic(4096, 4096, k, 132, 90, "rr", DType.F32, Precision.TF32X3)
+    assert not isinstance(ch.config, WgmmaConfig) and "3K" in ch.detail
+    small = select.heuristic(4096, 4096, k - 1, 132, 90, "rr", DType.F32, Precision.TF32X3)
+    assert isinstance(small.config, WgmmaConfig)
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"3K = \d+, more than the 2147483647"):
+        select.kernel_set(DType.F32, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE,
+                          False, small.config, 1, k, (16, 16, 16),
+                          precision=Precision.TF32X3)
+
+
+def test_backward_pass_grid_stays_within_65535_rows_of_blocks():
+    from ge2jit.ops.gemm.backward import _pass_shape
+
+    for m, n in ((2**31 - 2**16, 8), (70_000_000, 1), (1000, 1000)):
+        tm, grid = _pass_shape(m, n, 1)
+        assert grid[1] <= 65535 and tm * grid[1] >= m and grid[0] * 32 >= n
