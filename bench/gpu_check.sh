@@ -20,7 +20,7 @@ timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest "${common[@]}" "${xdist[@]}" -
 rc1=$?
 timeout "${SUITE_TIMEOUT:-150}" python3 -m pytest "${common[@]}" -k "tun" >> "$log" 2>&1
 rc2=$?
-timeout "${BIGMEM_TIMEOUT:-200}" python3 -m pytest "${common[@]}" -m bigmem >> "$log" 2>&1
+timeout "${BIGMEM_TIMEOUT:-300}" python3 -m pytest "${common[@]}" -m bigmem --durations=0 >> "$log" 2>&1
 rc3=$?
 grep -E "^(FAILED|ERROR)|Timeout|passed|failed" "$log" | tail -n 30
 python3 -m ge2jit.demo 2>&1 | tee "$OUT/demo.log"

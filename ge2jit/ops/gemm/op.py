@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -527,7 +528,8 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, args):
         try:
             launch(a_ptr, b_ptr, c_ptr if use_c else 0, bias_ptr, y_ptr, z_ptr, alpha, beta,
                    leaky_slope, current_stream().ptr)
-        except OverflowError:   # a scalar of the signature's type that no double holds
+        except (OverflowError, struct.error):   # a scalar of the signature's type that no
+            # double holds (struct says "required argument is not a float" for a huge int)
             for value, name in ((alpha, "alpha"), (beta, "beta"), (leaky_slope, "leaky_slope")):
                 check_scalar(value, name)
             raise
