@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from ._deps import require_cupy
 from .jit.cache import default_cache
 from .jit.device import device_arch, gpu_count
 from .jit.loader import build, get_kernel
@@ -79,9 +80,7 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
     if arch is None:
         if not on_gpu:
             raise ValueError("arch: no GPU here; name an architecture such as 'sm_90'")
-        import cupy
-
-        arch = device_arch(cupy.cuda.runtime.getDevice())
+        arch = device_arch(require_cupy().cuda.runtime.getDevice())
     given_arch = arch
     arch = spec.target_arch(arch)          # what it compiles for: sm_90a for the Hopper kernel
     entry, _ = build(spec, arch)
@@ -91,8 +90,7 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
                                                         None)
     occupancy = blocks = None
     if on_gpu and threads:
-        import cupy
-
+        cupy = require_cupy()
         dev = cupy.cuda.runtime.getDevice()
         if device_arch(dev) == given_arch:
             loaded = get_kernel(spec, dev)

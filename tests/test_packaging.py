@@ -52,3 +52,45 @@ def test_wheel_ships_templates_and_compiles(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("OK gemm_f32_rc_128x128x8_8x8_gelu_colbias_z")
+
+
+def test_without_cupy_each_call_names_the_extra():
+    """``pip install ge2jit`` without a CUDA extra: import works; the first call that needs
+    CuPy (or NVRTC through it) says which extra to install."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["cupy"] = sys.modules["cupy_backends"] = None   # as if not installed
+        import numpy as np
+        import ge2jit
+        from ge2jit.errors import MissingDependencyError
+        from ge2jit.jit.loader import build
+        from ge2jit.ops.gemm.spec import *
+        a = np.ones((4, 4), np.float32)
+        calls = {
+            "gemm_bias_act": lambda: ge2jit.gemm_bias_act(a, a),
+            "explain": lambda: ge2jit.explain(a, a),
+            "adam_update": lambda: ge2jit.adam_update(a, a, a, a, step=1),
+            "nvrtc_info": ge2jit.nvrtc_info,
+            "compile": lambda: build(GemmSpec(DType.F32, Layout.ROW, Layout.COL, None,
+                                              Act.GELU, BiasKind.COL, True,
+                                              SIMT_F32_TILES[0]), "sm_80"),
+            "device_arch": lambda: ge2jit.jit.device.device_arch(0),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except MissingDependencyError as e:
+                print(name, "|", e)
+            else:
+                print(name, "| no error")
+        print("gpu_count", ge2jit.jit.device.gpu_count())
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 7 and lines[-1] == "gpu_count 0", r.stdout
+    for line in lines[:-1]:
+        assert line.split(" | ")[1].startswith("cupy is not installed; install ge2jit with a "
+                                              'CUDA extra: pip install "ge2jit[cuda13]"'), line
+        assert '"ge2jit[cuda12]"' in line, line

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import KernelCompileError, NvrtcError
+from .._deps import require_cupy
+from ..errors import KernelCompileError, MissingDependencyError, NvrtcError
 from ..settings import get_settings
 
 _lock = threading.Lock()
@@ -183,9 +184,10 @@ def _ensure_loaded() -> None:
         if "nvrtc" in _loaded:
             return
         try:
-            from cupy_backends.cuda.libs import nvrtc as _nvrtc
-
+            _nvrtc = require_cupy("cupy_backends.cuda.libs.nvrtc")   # CuPy's binding
             _nvrtc.getVersion()
+        except MissingDependencyError:
+            raise
         except Exception as e:  # noqa: BLE001 - any failure here means "no usable NVRTC"
             raise NvrtcError(
                 "NVRTC could not be loaded. Install it with pip (the 'cuda13' or 'cuda12' extra "

@@ -17,9 +17,9 @@ BIAS_SHAPES_TEXT = "None, () or (1,) for a scalar, (N,) or (1, N) per column, (M
 
 
 def _cupy():
-    import cupy
+    from ..._deps import require_cupy
 
-    return cupy
+    return require_cupy()
 
 
 def check_array(x, name: str):
