@@ -3,11 +3,14 @@ ships the kernel templates and compiles kernels from them."""
 
 from __future__ import annotations
 
+import email
+import re
 import subprocess
 import sys
 import sysconfig
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,12 +18,33 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_wheel_ships_templates_and_compiles(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from the repository."""
     pytest.importorskip("hatchling")
-    dist = tmp_path / "dist"
+    dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(dist), str(ROOT)], check=True, timeout=300)
-    (wheel,) = dist.glob("ge2jit-*.whl")
+    (built,) = dist.glob("ge2jit-*.whl")
+    return built
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(z.read(name))
+
+
+def test_cuda_extras_bring_what_the_readme_uses(wheel):
+    """The README's bfloat16 example needs ml_dtypes: each CUDA extra brings it."""
+    requires = _metadata(wheel).get_all("Requires-Dist")
+    for extra in ("cuda13", "cuda12"):
+        names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower().replace("_", "-")
+                 for r in requires if f"extra == '{extra}'" in r.replace('"', "'")}
+        assert "ml-dtypes" in names and "cupy-" + extra + "x" in names, (extra, names)
+
+
+def test_wheel_ships_templates_and_compiles(tmp_path, wheel):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
