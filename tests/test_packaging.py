@@ -44,6 +44,26 @@ def test_cuda_extras_bring_what_the_readme_uses(wheel):
         assert "ml-dtypes" in names and "cupy-" + extra + "x" in names, (extra, names)
 
 
+def test_wheel_metadata_license_and_typing_marker(wheel):
+    meta = _metadata(wheel)
+    assert meta["License-Expression"] == "MIT"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert set(urls) >= {"Homepage", "Source", "Issues"}
+    assert all(u.startswith("https://") for u in urls.values())
+    classifiers = meta.get_all("Classifier")
+    for wanted in ("Programming Language :: Python :: 3.11", "Environment :: GPU :: NVIDIA CUDA",
+                   "Typing :: Typed"):
+        assert wanted in classifiers, wanted
+    assert not [c for c in classifiers if c.startswith("License ::")], "PEP 639: the expression"
+    assert any(c.startswith("Topic :: ") for c in classifiers)
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert z.read(license_file).startswith(b"MIT License")
+        assert "ge2jit/py.typed" in names
+
+
 def test_wheel_ships_templates_and_compiles(tmp_path, wheel):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
