@@ -42,6 +42,8 @@ def cache_info() -> dict:
     return default_cache().info()
 
 
+# ``inspect`` is public (ge2jit.inspect) but not star-exported: it would replace the standard
+# library's inspect module in the importer's namespace.
 __all__ = [
     "__version__",
     "gemm_bias_act",
@@ -52,7 +54,6 @@ __all__ = [
     "tune",
     "explain",
     "warmup",
-    "inspect",
     "benchmark_configs",
     "cache_info",
     "PipelineConfig",

@@ -60,3 +60,12 @@ def test_records_print_as_a_table():
     assert text[0].split() == ["config", "ms", "TFLOP/s", "error"]
     assert text[1].split()[:3] == ["a", "1.235", "40"] and "failed" in text[2]
     assert r._repr_html_().count("<tr>") == 3
+
+
+def test_star_import_keeps_the_standard_inspect_module():
+    import inspect as stdlib_inspect
+
+    scope: dict = {}
+    exec("import inspect\nfrom ge2jit import *", scope)
+    assert scope["inspect"] is stdlib_inspect
+    assert "gemm_bias_act" in scope and ge2jit.inspect.__module__ == "ge2jit.notebook"
