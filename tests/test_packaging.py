@@ -118,6 +118,7 @@ def test_without_cupy_each_call_names_the_extra():
             "compile": lambda: build(GemmSpec(DType.F32, Layout.ROW, Layout.COL, None,
                                               Act.GELU, BiasKind.COL, True,
                                               SIMT_F32_TILES[0]), "sm_80"),
+            "inspect": lambda: ge2jit.inspect("64x64x8_4x4", arch="sm_80"),
             "device_arch": lambda: ge2jit.jit.device.device_arch(0),
         }
         for name, call in calls.items():
@@ -133,7 +134,7 @@ def test_without_cupy_each_call_names_the_extra():
                        timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 7 and lines[-1] == "gpu_count 0", r.stdout
+    assert len(lines) == 8 and lines[-1] == "gpu_count 0", r.stdout
     for line in lines[:-1]:
         assert line.split(" | ")[1].startswith("cupy is not installed; install ge2jit with a "
                                               'CUDA extra: pip install "ge2jit[cuda13]"'), line

@@ -30,7 +30,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from .._deps import require_cupy
-from ..errors import KernelCompileError, MissingDependencyError, NvrtcError
+from ..errors import (
+    ArgumentValueError,
+    KernelCompileError,
+    MissingDependencyError,
+    NvrtcError,
+)
 from ..settings import get_settings
 
 _lock = threading.Lock()
@@ -250,7 +255,7 @@ def normalize_arch(arch: str | int) -> str:
     text = str(arch).strip().lower()
     m = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})([af]?)", text)
     if not m:
-        raise ValueError(
+        raise ArgumentValueError(
             f"arch: expected a CUDA architecture such as 'sm_80', 'sm_90' or 'sm_90a', got {arch!r}"
         )
     return f"sm_{m.group(1)}{m.group(2)}"
