@@ -67,8 +67,12 @@ class KernelInfo:
     cubin: bytes = field(default=b"", repr=False)
 
     def sass(self) -> str:
-        """The kernel's machine code (``cuobjdump --dump-sass``; needs cuobjdump, from the
-        nvidia-cuda-cuobjdump wheel or a CUDA toolkit)."""
+        """The kernel's machine code (``cuobjdump --dump-sass``).
+
+        Raises:
+            MissingDependencyError: no cuobjdump or nvdisasm; ``pip install "ge2jit[tools]"``
+                (or a CUDA toolkit) brings them.
+        """
         return dump_sass(self.cubin)
 
     def instruction_mix(self) -> dict[str, int]:

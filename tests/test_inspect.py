@@ -120,3 +120,19 @@ def test_inspect_by_name_bad_arguments_are_one_line(name, kwargs, start):
     with pytest.raises(ge2jit.ArgumentValueError) as e:
         ge2jit.inspect(name, **kwargs)
     assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("missing", ["cuobjdump", "nvdisasm"])
+def test_sass_without_cuobjdump_names_the_extra(monkeypatch, tmp_path, missing):
+    from ge2jit.errors import MissingDependencyError
+    from ge2jit.jit import sass
+
+    lonely = tmp_path / "cuobjdump"   # a cuobjdump with no nvdisasm beside it (never run)
+    lonely.write_text("")
+    monkeypatch.setattr(sass, "_find", lambda tool: None if tool == missing else str(lonely))
+    info = ge2jit.inspect("64x64x8_4x4", arch="sm_80")
+    with pytest.raises(MissingDependencyError) as e:
+        info.sass()
+    text = str(e.value)
+    assert text.startswith(f"{missing} not found") and "\n" not in text
+    assert 'pip install "ge2jit[tools]"' in text and "nvidia-cuda-cuobjdump" in text

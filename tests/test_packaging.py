@@ -44,6 +44,14 @@ def test_cuda_extras_bring_what_the_readme_uses(wheel):
         assert "ml-dtypes" in names and "cupy-" + extra + "x" in names, (extra, names)
 
 
+def test_tools_extra_brings_the_disassemblers(wheel):
+    """KernelInfo.sass()'s error names this extra."""
+    requires = [r.replace('"', "'") for r in _metadata(wheel).get_all("Requires-Dist")]
+    for tool in ("nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm"):
+        for extra in ("tools", "test"):
+            assert any(r.startswith(tool) and f"extra == '{extra}'" in r for r in requires)
+
+
 def test_wheel_metadata_license_and_typing_marker(wheel):
     meta = _metadata(wheel)
     assert meta["License-Expression"] == "MIT"
