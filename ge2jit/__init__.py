@@ -14,6 +14,7 @@ from .errors import (
     Ge2jitError,
     KernelCompileError,
     KernelLaunchError,
+    MissingDependencyError,
     NvrtcError,
 )
 from .jit import nvrtc as _nvrtc
@@ -67,6 +68,7 @@ __all__ = [
     "DeviceMismatchError",
     "KernelCompileError",
     "KernelLaunchError",
+    "MissingDependencyError",
     "NvrtcError",
     "CacheWarning",
 ]

@@ -114,7 +114,7 @@ def test_without_cupy_each_call_names_the_extra():
         sys.modules["cupy"] = sys.modules["cupy_backends"] = None   # as if not installed
         import numpy as np
         import ge2jit
-        from ge2jit.errors import MissingDependencyError
+        from ge2jit import MissingDependencyError
         from ge2jit.jit.loader import build
         from ge2jit.ops.gemm.spec import *
         a = np.ones((4, 4), np.float32)
