@@ -19,6 +19,8 @@ from .errors import (
 )
 from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
+from .notebook import benchmark_configs
+from .notebook import inspect as inspect  # public, not in __all__ (see below)
 from .ops.gemm import (
     Gradients,
     MmaConfig,
@@ -30,8 +32,6 @@ from .ops.gemm import (
     gemm_bias_act_backward,
     tune,
 )
-
-from .notebook import benchmark_configs, inspect
 from .ops.optim import adam_update, sgd_update
 from .precompile import warmup
 

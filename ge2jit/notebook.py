@@ -13,7 +13,7 @@ from .errors import ArgumentTypeError, ArgumentValueError
 from .jit.cache import default_cache
 from .jit.device import device_arch, gpu_count
 from .jit.loader import build, get_kernel
-from .jit.nvrtc import arch_number, normalize_arch
+from .jit.nvrtc import normalize_arch
 from .jit.render import render
 from .jit.sass import dump_sass, instruction_mix
 from .jit.spec import KernelSpec
@@ -320,7 +320,8 @@ def benchmark_configs(configs, a, b, bias=None, *, reps: int = 20, **kwargs) -> 
         name = getattr(config, "name", config)
         try:
             info = explain(a, b, bias, config=config, **kwargs)
-            ms = time_ms(lambda: gemm_bias_act(a, b, bias, config=config, **kwargs),
+            ms = time_ms(lambda config=config: gemm_bias_act(a, b, bias, config=config,
+                                                             **kwargs),
                          warmup=3, reps=reps)
             records.append({"config": info.config, "ms": ms,
                             "TFLOP/s": 2.0 * m * n * k / ms / 1e9,

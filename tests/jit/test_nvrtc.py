@@ -42,8 +42,9 @@ def test_normalize_arch_rejects(bad):
         nvrtc.normalize_arch(bad)
 
 
-SAXPY = 'extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {\n' \
-        '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = a * x[i] + y[i];\n}\n'
+SAXPY = ('extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {\n'
+         '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+         '  if (i < n) y[i] = a * x[i] + y[i];\n}\n')
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
@@ -72,7 +73,8 @@ def test_compile_error_carries_name_log_and_source():
 def test_resource_parse():
     log = ("ptxas info    : Function properties for k\n"
            "ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
-           "ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem, 400 bytes cmem[0]\n")
+           "ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem, "
+           "400 bytes cmem[0]\n")
     r = nvrtc.Resources.parse(log)
     assert (r.registers, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads) == \
         (255, 8448, 16, 8, 12)
