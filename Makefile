@@ -1,4 +1,5 @@
-# Two commands do everything: `make demo` (the main job) and `make test` (the test suite).
+# Two commands do everything: `make demo` (the main job) and `make test` (ruff, then the
+# test suite).
 # Both install ge2jit with its dependencies into .venv first (CuPy, NVRTC and the CUDA headers
 # come from pip; no CUDA toolkit is needed). CUDA 12 drivers: `make test CUDA=cuda12`.
 PYTHON ?= python3
@@ -18,6 +19,7 @@ demo: $(VENV)/.installed-$(CUDA)
 	$(PY) -m ge2jit.demo
 
 test: $(VENV)/.installed-$(CUDA)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 test-slow: $(VENV)/.installed-$(CUDA)

@@ -1,7 +1,10 @@
-"""Train a 3-layer MLP on ge2jit alone: two interleaved spirals, classified.
+"""Train a 3-layer MLP on ge2jit alone: two interleaved spirals, classified. Needs a CUDA GPU.
 
     python examples/train_mlp.py [--dtype float32|bfloat16] [--optimizer adam|sgd]
                                  [--steps 400] [--seed 0] [--act gelu_tanh]
+
+Without a GPU it says so in one line, with what works without one (compiling and inspecting
+kernels), and exits with status 2: nothing was trained.
 
 The network is Linear -> act -> Linear -> act -> Linear (two logits). Each Linear's forward is
 ``ge2jit.gemm_bias_act`` (saving Z), its backward ``ge2jit.gemm_bias_act_backward`` (dX, dW
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 import numpy as np
 
@@ -186,6 +190,20 @@ def numpy_losses(steps: int, *, seed: int = 0, act: str = "gelu_tanh", hidden: i
     return losses
 
 
+NO_GPU = ("train_mlp.py: no CUDA GPU found; training needs one. Without a GPU, ge2jit still "
+          "compiles and inspects kernels: python -m ge2jit.demo --arch sm_90 compiles the "
+          'demo\'s, ge2jit.inspect("128x128x16_w32x64_s3", arch="sm_90") shows one.')
+
+
+def gpu_available() -> bool:
+    """Whether CuPy sees a CUDA GPU (False without CuPy, a driver or a device)."""
+    try:
+        import cupy
+    except ImportError:
+        return False
+    return bool(cupy.cuda.is_available())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -195,6 +213,9 @@ def main(argv=None) -> int:
     parser.add_argument("--act", default="gelu_tanh", choices=ACTS)
     parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args(argv)
+    if not gpu_available():
+        print(NO_GPU, file=sys.stderr)
+        return 2
     losses, acc = train(args.steps, dtype=args.dtype, optimizer=args.optimizer, seed=args.seed,
                         act=args.act, lr=args.lr)
     print(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}), accuracy {acc:.3f} on the "

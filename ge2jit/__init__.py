@@ -14,10 +14,13 @@ from .errors import (
     Ge2jitError,
     KernelCompileError,
     KernelLaunchError,
+    MissingDependencyError,
     NvrtcError,
 )
 from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
+from .notebook import benchmark_configs
+from .notebook import inspect as inspect  # public, not in __all__ (see below)
 from .ops.gemm import (
     Gradients,
     MmaConfig,
@@ -29,8 +32,6 @@ from .ops.gemm import (
     gemm_bias_act_backward,
     tune,
 )
-
-from .notebook import benchmark_configs, inspect
 from .ops.optim import adam_update, sgd_update
 from .precompile import warmup
 
@@ -42,6 +43,8 @@ def cache_info() -> dict:
     return default_cache().info()
 
 
+# ``inspect`` is public (ge2jit.inspect) but not star-exported: it would replace the standard
+# library's inspect module in the importer's namespace.
 __all__ = [
     "__version__",
     "gemm_bias_act",
@@ -52,7 +55,6 @@ __all__ = [
     "tune",
     "explain",
     "warmup",
-    "inspect",
     "benchmark_configs",
     "cache_info",
     "PipelineConfig",
@@ -66,6 +68,7 @@ __all__ = [
     "DeviceMismatchError",
     "KernelCompileError",
     "KernelLaunchError",
+    "MissingDependencyError",
     "NvrtcError",
     "CacheWarning",
 ]

@@ -95,7 +95,8 @@ def compile_only(arch: str, m: int, n: int, k: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ge2jit.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ge2jit.demo",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--shape", type=int, nargs=3, default=(4096, 4096, 1024),
                         metavar=("M", "N", "K"), help="problem size (default: 4096 4096 1024)")
     parser.add_argument("--arch", default="sm_90",

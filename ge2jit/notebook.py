@@ -8,12 +8,42 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from ._deps import require_cupy
+from .errors import ArgumentTypeError, ArgumentValueError
 from .jit.cache import default_cache
 from .jit.device import device_arch, gpu_count
 from .jit.loader import build, get_kernel
+from .jit.nvrtc import normalize_arch
 from .jit.render import render
 from .jit.sass import dump_sass, instruction_mix
 from .jit.spec import KernelSpec
+from .ops.gemm.problem import (
+    SUPPORTED_DTYPES,
+    _dtype_name,
+    check_act,
+    check_out_dtype,
+    check_precision,
+)
+from .ops.gemm.select import Choice, kernel_set, parse_config, uses_tensor_cores
+from .ops.gemm.spec import (
+    BiasKind,
+    DType,
+    Layout,
+    MmaConfig,
+    PipelineConfig,
+    TileConfig,
+    WgmmaConfig,
+)
+
+#: what ``inspect`` takes as a kernel configuration besides its name
+CONFIG_TYPES = (PipelineConfig, MmaConfig, WgmmaConfig, TileConfig, Choice)
+#: ``bias=`` and ``c_layout=`` names: "none" (or None), "scalar", "col", "row"; "r", "c"
+_BIAS = {kind.name.lower(): kind for kind in BiasKind}
+_C_LAYOUTS = {"none": None, **{layout.value: layout for layout in Layout}}
+_LAYOUTS = [a.value + b.value for a in Layout for b in Layout]
+#: K of the problem a config is inspected for: only how split-K slices it depends on K, and a
+#: long K gives every slice work
+_INSPECT_K = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -37,8 +67,12 @@ class KernelInfo:
     cubin: bytes = field(default=b"", repr=False)
 
     def sass(self) -> str:
-        """The kernel's machine code (``cuobjdump --dump-sass``; needs cuobjdump, from the
-        nvidia-cuda-cuobjdump wheel or a CUDA toolkit)."""
+        """The kernel's machine code (``cuobjdump --dump-sass``).
+
+        Raises:
+            MissingDependencyError: no cuobjdump or nvdisasm; ``pip install "ge2jit[tools]"``
+                (or a CUDA toolkit) brings them.
+        """
         return dump_sass(self.cubin)
 
     def instruction_mix(self) -> dict[str, int]:
@@ -73,15 +107,20 @@ class KernelInfo:
                 f"{html.escape(self.source)}</pre></details>")
 
 
-def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
+def _arch(arch: str | None, on_gpu: bool) -> str:
+    """``arch`` normalized, or the current device's when None (there must be a GPU then)."""
+    if arch is not None:
+        return normalize_arch(arch)
+    if not on_gpu:
+        raise ArgumentValueError("arch: no GPU here; name an architecture such as 'sm_90'")
+    return device_arch(require_cupy().cuda.runtime.getDevice())
+
+
+def kernel_info(spec: KernelSpec, arch: str | None = None,
+                extra: dict | None = None) -> KernelInfo:
     """Compile (or find in the cache) ``spec`` and describe it. Without a GPU, name ``arch``."""
     on_gpu = gpu_count() > 0
-    if arch is None:
-        if not on_gpu:
-            raise ValueError("arch: no GPU here; name an architecture such as 'sm_90'")
-        import cupy
-
-        arch = device_arch(cupy.cuda.runtime.getDevice())
+    arch = _arch(arch, on_gpu)
     given_arch = arch
     arch = spec.target_arch(arch)          # what it compiles for: sm_90a for the Hopper kernel
     entry, _ = build(spec, arch)
@@ -91,8 +130,7 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
                                                         None)
     occupancy = blocks = None
     if on_gpu and threads:
-        import cupy
-
+        cupy = require_cupy()
         dev = cupy.cuda.runtime.getDevice()
         if device_arch(dev) == given_arch:
             loaded = get_kernel(spec, dev)
@@ -105,7 +143,94 @@ def kernel_info(spec: KernelSpec, arch: str | None = None) -> KernelInfo:
         registers=entry.registers, shared_bytes=entry.shared_bytes,
         dynamic_shared_bytes=spec.smem_bytes, spill_bytes=entry.spill_bytes, threads=threads,
         occupancy=occupancy, blocks_per_sm=blocks, compile_seconds=entry.compile_seconds,
-        cache_path=str(path) if path.exists() else None, cubin=entry.cubin)
+        cache_path=str(path) if path.exists() else None, extra=dict(extra or {}),
+        cubin=entry.cubin)
+
+
+def _choose(value, name: str, accepted: dict, text: str):
+    """``accepted[value]``, or a one-line error naming ``name``, ``text`` and the value."""
+    if isinstance(value, str) or value is None:
+        key = "none" if value is None else value
+        if key in accepted:
+            return accepted[key]
+    raise ArgumentValueError(f"{name}: expected {text}, got {value!r}")
+
+
+def config_info(config, *, arch: str | None = None, dtype="float32", act: str = "none",
+                bias: str | None = None, bias_dtype=None, layouts: str = "rr",
+                c_layout: str | None = None, save_preact: bool = False, out_dtype=None,
+                precision: str | None = None, aligned: bool = True) -> KernelInfo:
+    """Compile and describe the GEMM kernel that ``config`` runs for one specialization; no
+    arrays, and no GPU when ``arch`` is named. ``ge2jit.inspect(name, ...)`` calls this.
+
+    Args:
+        config: a name as ``gemm_bias_act``'s ``config=`` takes (``"128x128x16_w32x64_s3"``,
+            ``"..._k4"`` for split K, ``"mma_128x128x32_w64x64_s4"``, ``"wgmma_128x256_s4"``,
+            ``"64x64x8_4x4"``) or a config object.
+        arch: the architecture to compile for (``"sm_80"``, ``"sm_90"``); default: the GPU's.
+        dtype: the inputs' type: "float32", "float16" or "bfloat16" (or a NumPy dtype).
+        act: the activation, as ``gemm_bias_act``'s ``act``.
+        bias: None, "scalar", "col" (one value per column) or "row" (one per row).
+        bias_dtype: the bias' type: ``dtype`` (default) or "float32".
+        layouts: A's then B's layout, "r" (row-major) or "c" (column-major): "rr", "rc", ...
+        c_layout: None (no C), "r" or "c" (a C added as ``beta * C``, row- or column-major).
+        save_preact: the kernel also stores Z.
+        out_dtype: Y's type: ``dtype`` (default) or "float32".
+        precision: float32 inputs: "ieee", "tf32" or "tf32x3" (None: as ``gemm_bias_act``).
+        aligned: operands with 16-byte aligned pointers and rows (False: only element
+            alignment, which runs the kernels' narrow copies, or another family).
+
+    Returns:
+        The ``KernelInfo`` of the GEMM kernel; ``extra`` names the config and any other
+        kernels it launches (a split-K reduction, operand copies).
+
+    Raises:
+        ArgumentValueError: a bad name, argument, or a config that cannot run this
+            specialization on ``arch`` (the message names the argument).
+    """
+    cfg, split = parse_config(config)
+    choice = Choice(cfg, split)
+    arch = _arch(arch, gpu_count() > 0)
+    name = _dtype_name(dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise ArgumentValueError(f"dtype: expected one of {', '.join(SUPPORTED_DTYPES)}, got "
+                                 f"{dtype!r}")
+    dt = SUPPORTED_DTYPES[name]
+    if bias_dtype is None:
+        bias_dt = dt
+    else:
+        bias_dt = SUPPORTED_DTYPES.get(_dtype_name(bias_dtype))
+        if bias_dt not in (dt, DType.F32):
+            raise ArgumentValueError(
+                f"bias_dtype: expected {' or '.join(sorted({name, 'float32'}))} (dtype is "
+                f"{name}), got {bias_dtype!r}")
+    act_ = check_act(act)
+    bias_kind = _choose(bias, "bias", _BIAS, "None, 'scalar', 'col' or 'row'")
+    if layouts not in _LAYOUTS:
+        raise ArgumentValueError(f"layouts: expected 'rr', 'rc', 'cr' or 'cc' (A's then B's "
+                                 f"layout: row- or column-major), got {layouts!r}")
+    layout_c = _choose(c_layout, "c_layout", _C_LAYOUTS, "None, 'r' or 'c'")
+    for flag, value in (("save_preact", save_preact), ("aligned", aligned)):
+        if not isinstance(value, bool):
+            raise ArgumentTypeError(f"{flag}: expected True or False, got {value!r}")
+    out_dt = check_out_dtype(out_dtype, dt, None)
+    prec = check_precision(precision, dt)
+    if isinstance(cfg, (MmaConfig, WgmmaConfig)) and not uses_tensor_cores(dt, prec):
+        raise ArgumentValueError(
+            f"config: {cfg.name} runs on the tensor cores: float32 inputs need "
+            f"precision='tf32' or 'tf32x3' (or dtype='bfloat16' or 'float16')")
+    aligns = (16, 16, 16) if aligned else (dt.itemsize, dt.itemsize, out_dt.itemsize)
+    ks = kernel_set(dt, Layout(layouts[0]), Layout(layouts[1]), layout_c, act_, bias_kind,
+                    save_preact, cfg, split, _INSPECT_K, aligns, out_dt, dt, bias_dt, prec)
+    if not ks.main.supports_arch(arch):
+        need = "sm_90 (Hopper)" if choice.family == "wgmma" else "sm_80 or newer"
+        raise ArgumentValueError(f"arch: {cfg.name} is a {choice.family} config, which runs on "
+                                 f"{need}; got {arch!r}")
+    extra = {"config": choice.name}
+    others = [s.kernel_name for s in ks.specs if s is not ks.main]
+    if others:
+        extra["also launches"] = ", ".join(others)
+    return kernel_info(ks.main, arch, extra)
 
 
 @dataclass(frozen=True)
@@ -123,11 +248,23 @@ class CallInfo:
         return head + "".join(k._repr_html_() for k in self.kernels)
 
 
-def inspect(obj, *args, arch: str | None = None, **kwargs):
-    """Describe a kernel: ``inspect(spec, arch=...)`` for a spec, or ``inspect(a, b, bias,
-    act=..., ...)`` with gemm_bias_act's arguments for the kernels that call would run."""
+def inspect(obj, *args, arch: str | None = None, **kwargs) -> KernelInfo | CallInfo:
+    """Describe a kernel: its spec, source, registers, shared memory, spills, occupancy.
+
+    Three forms:
+        - ``inspect("128x128x16_w32x64_s3", arch="sm_90", dtype="float32", act="gelu",
+          bias="col", ...)``: the kernel a config runs for one specialization (no arrays, no
+          GPU needed; the keywords are ``config_info``'s).
+        - ``inspect(spec, arch="sm_90")``: any kernel spec.
+        - ``inspect(a, b, bias, act=..., ...)``: with ``gemm_bias_act``'s arguments, the
+          configuration that call chooses, why, and each kernel it runs (on the GPU).
+
+    ``arch`` defaults to the current GPU's; without a GPU it must be named.
+    """
     if isinstance(obj, KernelSpec):
         return kernel_info(obj, arch)
+    if isinstance(obj, (str, *CONFIG_TYPES)):
+        return config_info(obj, *args, arch=arch, **kwargs)
     from .ops.gemm.op import explain
 
     info = explain(obj, *args, **kwargs)
@@ -183,7 +320,8 @@ def benchmark_configs(configs, a, b, bias=None, *, reps: int = 20, **kwargs) -> 
         name = getattr(config, "name", config)
         try:
             info = explain(a, b, bias, config=config, **kwargs)
-            ms = time_ms(lambda: gemm_bias_act(a, b, bias, config=config, **kwargs),
+            ms = time_ms(lambda config=config: gemm_bias_act(a, b, bias, config=config,
+                                                             **kwargs),
                          warmup=3, reps=reps)
             records.append({"config": info.config, "ms": ms,
                             "TFLOP/s": 2.0 * m * n * k / ms / 1e9,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ge2jit
-from ge2jit.notebook import Records, kernel_info
+from ge2jit.notebook import KernelInfo, Records, kernel_info
 from ge2jit.ops.gemm.spec import (
     PIPELINED_F32_CONFIGS,
     Act,
@@ -60,3 +60,79 @@ def test_records_print_as_a_table():
     assert text[0].split() == ["config", "ms", "TFLOP/s", "error"]
     assert text[1].split()[:3] == ["a", "1.235", "40"] and "failed" in text[2]
     assert r._repr_html_().count("<tr>") == 3
+
+
+def test_star_import_keeps_the_standard_inspect_module():
+    import inspect as stdlib_inspect
+
+    scope: dict = {}
+    exec("import inspect\nfrom ge2jit import *", scope)
+    assert scope["inspect"] is stdlib_inspect
+    assert "gemm_bias_act" in scope and ge2jit.inspect.__module__ == "ge2jit.notebook"
+
+
+@pytest.mark.parametrize("name, arch, kwargs, fragments", [
+    ("128x128x16_w32x64_s3", "sm_80", {}, ("128x128x16", "f32")),
+    ("128x128x16_w32x64_s3_k4", "sm_90", {"act": "gelu", "bias": "col"}, ("splitk",)),
+    ("mma_128x128x32_w64x64_s4", "sm_80", {"dtype": "bfloat16", "act": "silu"}, ("silu",)),
+    ("wgmma_128x256_s4", "sm_90", {"dtype": "bfloat16", "act": "gelu_tanh", "bias": "col",
+                                   "bias_dtype": "float32"}, ("gelu_tanh", "colbias")),
+    ("64x64x8_4x4", "sm_90", {"dtype": "float16", "layouts": "rc", "bias": "row"},
+     ("64x64x8", "rowbias")),
+])
+def test_inspect_a_config_by_name_without_gpu(name, arch, kwargs, fragments):
+    info = ge2jit.inspect(name, arch=arch, **kwargs)
+    assert isinstance(info, KernelInfo)
+    assert info.registers > 0 and info.spill_bytes == 0
+    assert info.arch == (f"{arch}a" if name.startswith("wgmma") else arch)
+    assert info.kernel_name == info.spec.kernel_name
+    assert f"{info.kernel_name}(" in info.source
+    assert all(f in info.kernel_name for f in fragments), info.kernel_name
+    assert info.extra["config"] == name
+    if name.endswith("_k4"):   # split K: the GEMM writes partial sums, a second kernel reduces
+        assert "reduce_f32_gelu_colbias" in info.extra["also launches"]   # ... and applies
+
+
+def test_inspect_by_name_takes_config_objects_and_numpy_dtypes():
+    np = pytest.importorskip("numpy")
+    info = ge2jit.inspect(ge2jit.TileConfig.parse("64x64x8_4x4"), arch="sm_80",
+                          dtype=np.float32, out_dtype=np.float32, act="relu")
+    assert info.extra["config"] == "64x64x8_4x4" and "relu" in info.kernel_name
+
+
+@pytest.mark.parametrize("name, kwargs, start", [
+    ("bogus", {}, "config: expected a name like '128x128x8_w32x64_s3'"),
+    ("128x128x16_w32x64_s3", {"dtype": "int8"}, "dtype: expected one of float32, float16, "
+                                                "bfloat16, got 'int8'"),
+    ("128x128x16_w32x64_s3", {"act": "swish"}, "act: unknown activation 'swish'"),
+    ("128x128x16_w32x64_s3", {"bias": "diag"}, "bias: expected None, 'scalar', 'col' or 'row'"),
+    ("128x128x16_w32x64_s3", {"layouts": "rx"}, "layouts: expected 'rr', 'rc', 'cr' or 'cc'"),
+    ("128x128x16_w32x64_s3", {"c_layout": "x"}, "c_layout: expected None, 'r' or 'c'"),
+    ("128x128x16_w32x64_s3", {"bias_dtype": "float16"}, "bias_dtype: expected float32"),
+    ("128x128x16_w32x64_s3", {"arch": "hopper"}, "arch: expected a CUDA architecture"),
+    ("wgmma_128x256_s4", {"dtype": "bfloat16", "arch": "sm_80"},
+     "arch: wgmma_128x256_s4 is a wgmma config, which runs on sm_90"),
+    ("mma_128x128x32_w64x64_s4", {}, "config: mma_128x128x32_w64x64_s4 runs on the tensor cores"),
+    ("128x128x16_w32x64_s3", {"dtype": "bfloat16"}, "config: 128x128x16_w32x64_s3 is a float32"),
+])
+def test_inspect_by_name_bad_arguments_are_one_line(name, kwargs, start):
+    kwargs = {"arch": "sm_90", **kwargs}
+    with pytest.raises(ge2jit.ArgumentValueError) as e:
+        ge2jit.inspect(name, **kwargs)
+    assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("missing", ["cuobjdump", "nvdisasm"])
+def test_sass_without_cuobjdump_names_the_extra(monkeypatch, tmp_path, missing):
+    from ge2jit.errors import MissingDependencyError
+    from ge2jit.jit import sass
+
+    lonely = tmp_path / "cuobjdump"   # a cuobjdump with no nvdisasm beside it (never run)
+    lonely.write_text("")
+    monkeypatch.setattr(sass, "_find", lambda tool: None if tool == missing else str(lonely))
+    info = ge2jit.inspect("64x64x8_4x4", arch="sm_80")
+    with pytest.raises(MissingDependencyError) as e:
+        info.sass()
+    text = str(e.value)
+    assert text.startswith(f"{missing} not found") and "\n" not in text
+    assert 'pip install "ge2jit[tools]"' in text and "nvidia-cuda-cuobjdump" in text

@@ -3,11 +3,14 @@ ships the kernel templates and compiles kernels from them."""
 
 from __future__ import annotations
 
+import email
+import re
 import subprocess
 import sys
 import sysconfig
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,12 +18,61 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_wheel_ships_templates_and_compiles(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from the repository."""
     pytest.importorskip("hatchling")
-    dist = tmp_path / "dist"
+    dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(dist), str(ROOT)], check=True, timeout=300)
-    (wheel,) = dist.glob("ge2jit-*.whl")
+    (built,) = dist.glob("ge2jit-*.whl")
+    return built
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(z.read(name))
+
+
+def test_cuda_extras_bring_what_the_readme_uses(wheel):
+    """The README's bfloat16 example needs ml_dtypes: each CUDA extra brings it."""
+    requires = _metadata(wheel).get_all("Requires-Dist")
+    for extra in ("cuda13", "cuda12"):
+        names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower().replace("_", "-")
+                 for r in requires if f"extra == '{extra}'" in r.replace('"', "'")}
+        assert "ml-dtypes" in names and "cupy-" + extra + "x" in names, (extra, names)
+
+
+def test_tools_extra_brings_the_disassemblers(wheel):
+    """KernelInfo.sass()'s error names this extra."""
+    requires = [r.replace('"', "'") for r in _metadata(wheel).get_all("Requires-Dist")]
+    for tool in ("nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm"):
+        for extra in ("tools", "test"):
+            assert any(r.startswith(tool) and f"extra == '{extra}'" in r for r in requires)
+
+
+def test_wheel_metadata_license_and_typing_marker(wheel):
+    meta = _metadata(wheel)
+    assert meta["License-Expression"] == "MIT"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert set(urls) >= {"Homepage", "Source", "Issues"}
+    assert all(u.startswith("https://") for u in urls.values())
+    classifiers = meta.get_all("Classifier")
+    for wanted in ("Programming Language :: Python :: 3.11", "Environment :: GPU :: NVIDIA CUDA",
+                   "Typing :: Typed"):
+        assert wanted in classifiers, wanted
+    assert not [c for c in classifiers if c.startswith("License ::")], "PEP 639: the expression"
+    assert any(c.startswith("Topic :: ") for c in classifiers)
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert z.read(license_file).startswith(b"MIT License")
+        assert "ge2jit/py.typed" in names
+
+
+def test_wheel_ships_templates_and_compiles(tmp_path, wheel):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
@@ -52,3 +104,46 @@ def test_wheel_ships_templates_and_compiles(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("OK gemm_f32_rc_128x128x8_8x8_gelu_colbias_z")
+
+
+def test_without_cupy_each_call_names_the_extra():
+    """``pip install ge2jit`` without a CUDA extra: import works; the first call that needs
+    CuPy (or NVRTC through it) says which extra to install."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["cupy"] = sys.modules["cupy_backends"] = None   # as if not installed
+        import numpy as np
+        import ge2jit
+        from ge2jit import MissingDependencyError
+        from ge2jit.jit.loader import build
+        from ge2jit.ops.gemm.spec import *
+        a = np.ones((4, 4), np.float32)
+        calls = {
+            "gemm_bias_act": lambda: ge2jit.gemm_bias_act(a, a),
+            "explain": lambda: ge2jit.explain(a, a),
+            "adam_update": lambda: ge2jit.adam_update(a, a, a, a, step=1),
+            "nvrtc_info": ge2jit.nvrtc_info,
+            "compile": lambda: build(GemmSpec(DType.F32, Layout.ROW, Layout.COL, None,
+                                              Act.GELU, BiasKind.COL, True,
+                                              SIMT_F32_TILES[0]), "sm_80"),
+            "inspect": lambda: ge2jit.inspect("64x64x8_4x4", arch="sm_80"),
+            "device_arch": lambda: ge2jit.jit.device.device_arch(0),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except MissingDependencyError as e:
+                print(name, "|", e)
+            else:
+                print(name, "| no error")
+        print("gpu_count", ge2jit.jit.device.gpu_count())
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 8 and lines[-1] == "gpu_count 0", r.stdout
+    for line in lines[:-1]:
+        assert line.split(" | ")[1].startswith("cupy is not installed; install ge2jit with a "
+                                              'CUDA extra: pip install "ge2jit[cuda13]"'), line
+        assert '"ge2jit[cuda12]"' in line, line

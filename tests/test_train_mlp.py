@@ -4,13 +4,17 @@ NumPy implementation of the same network."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytest.importorskip("cupy")
-pytestmark = pytest.mark.gpu
+from ge2jit.jit.device import gpu_count
+
+gpu = pytest.mark.gpu
 
 #: Bounds on the final loss after 400 steps (measured on an H200: 0.002 in float32 and bfloat16,
 #: from about 0.64 at the start) and on the training accuracy.
@@ -23,18 +27,21 @@ train_mlp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train_mlp)
 
 
+@gpu
 def test_first_steps_match_numpy_float64():
     got, _ = train_mlp.train(6, seed=3, progress=False)
     want = train_mlp.numpy_losses(6, seed=3)
     np.testing.assert_allclose(got, want, rtol=2e-4)
 
 
+@gpu
 def test_float32_adam_learns_the_spirals():
     losses, acc = train_mlp.train(400, seed=0, progress=False)
     assert losses[0] > 0.5 and losses[-1] < LOSS_F32, losses[::50]
     assert acc > 0.99
 
 
+@gpu
 def test_bfloat16_and_sgd_learn_too():
     losses, acc = train_mlp.train(400, dtype="bfloat16", seed=1, progress=False)
     assert losses[-1] < LOSS_BF16 and acc > 0.99, losses[::50]
@@ -42,3 +49,14 @@ def test_bfloat16_and_sgd_learn_too():
     want = train_mlp.numpy_losses(6, seed=2, optimizer="sgd", lr=0.05)
     np.testing.assert_allclose(sgd, want, rtol=2e-4)
 
+
+@pytest.mark.skipif(gpu_count() > 0, reason="with a GPU the script trains")
+def test_without_gpu_says_so_in_one_line():
+    env = {**os.environ, "PYTHONPATH": str(_path.parent.parent)}   # this checkout's ge2jit
+    r = subprocess.run([sys.executable, str(_path), "--steps", "1"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("train_mlp.py: no CUDA GPU found; training needs one.")
+    assert "python -m ge2jit.demo --arch sm_90" in r.stderr
+    assert 'ge2jit.inspect("128x128x16_w32x64_s3", arch="sm_90")' in r.stderr

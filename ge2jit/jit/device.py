@@ -4,32 +4,27 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .._deps import require_cupy
 from .nvrtc import normalize_arch
 
 
 def gpu_count() -> int:
     """Number of CUDA devices visible; 0 when there is no GPU or no driver."""
     try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # noqa: BLE001 - no driver, no device: all mean "no GPU"
+        return int(require_cupy().cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
         return 0
 
 
 @lru_cache(maxsize=64)
 def device_arch(device_id: int) -> str:
     """The real architecture of a device, e.g. 'sm_90'."""
-    import cupy
-
-    return normalize_arch(cupy.cuda.Device(device_id).compute_capability)
+    return normalize_arch(require_cupy().cuda.Device(device_id).compute_capability)
 
 
 @lru_cache(maxsize=64)
 def device_attributes(device_id: int) -> dict:
-    import cupy
-
-    return dict(cupy.cuda.Device(device_id).attributes)
+    return dict(require_cupy().cuda.Device(device_id).attributes)
 
 
 def sm_count(device_id: int) -> int:
@@ -38,8 +33,6 @@ def sm_count(device_id: int) -> int:
 
 @lru_cache(maxsize=64)
 def device_name(device_id: int) -> str:
-    import cupy
-
-    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    props = require_cupy().cuda.runtime.getDeviceProperties(device_id)
     name = props["name"]
     return name.decode() if isinstance(name, bytes) else str(name)

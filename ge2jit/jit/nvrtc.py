@@ -5,9 +5,11 @@ through CuPy's binding (``cupy_backends.cuda.libs.nvrtc``) and handles the cubin
 works on machines with no GPU, for any architecture NVRTC supports.
 
 Which NVRTC is used: ``GE2JIT_NVRTC`` (a path to ``libnvrtc.so.*``) if set; otherwise the newest
-one shipped in an ``nvidia-cuda-nvrtc`` wheel on ``sys.path``; otherwise whatever CuPy finds.
-The choice must be made before CuPy first touches NVRTC, so it happens at import of ge2jit's
-compile path; ``nvrtc_info()`` reports what was loaded.
+one shipped in an ``nvidia-cuda-nvrtc`` wheel installed in a site-packages directory (see
+``_install_dirs``: never the working directory or the script's, where a planted library would
+run its code in this process); otherwise whatever CuPy finds. The choice must be made before
+CuPy first touches NVRTC, so it happens at import of ge2jit; ``nvrtc_info()`` reports what was
+loaded and why.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import ctypes
 import glob
 import hashlib
+import importlib.util
 import os
 import re
+import site
 import sys
 import threading
 import time
@@ -25,7 +29,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import KernelCompileError, NvrtcError
+from .._deps import require_cupy
+from ..errors import (
+    ArgumentValueError,
+    KernelCompileError,
+    MissingDependencyError,
+    NvrtcError,
+)
 from ..settings import get_settings
 
 _lock = threading.Lock()
@@ -49,19 +59,57 @@ def _loaded_nvrtc_paths() -> list[str]:
     return seen
 
 
-def _wheel_candidates() -> list[tuple[tuple[int, int], Path]]:
-    """libnvrtc libraries shipped by pip wheels on sys.path, with their (major, minor)."""
-    found: dict[Path, tuple[int, int]] = {}
-    for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
-            continue
-        for libdir in glob.glob(os.path.join(entry, "nvidia", "*", "lib")):
+def _in_install_dir(path: str) -> bool:
+    """Whether ``path`` lies in a site-packages or dist-packages directory, or under the
+    interpreter's prefix: places an installer writes to, not a user's working folders."""
+    parts = Path(path).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    return any(Path(path).is_relative_to(os.path.realpath(prefix))
+               for prefix in {sys.prefix, sys.base_prefix})
+
+
+def _install_dirs() -> list[str]:
+    """Directories that installed packages live in: this interpreter's site-packages (and the
+    user's), and the parents of the installed ``nvidia`` namespace package's folders that lie
+    in an install directory (a ``pip install --target`` directory on PYTHONPATH, a ``.pth``
+    line). ``sys.path`` itself is not searched: it starts with the working directory or the
+    script's directory, where anyone who can write a file could plant a library."""
+    dirs = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    untrusted = set()
+    try:
+        untrusted.add(os.path.realpath(os.getcwd()))
+    except OSError:   # the working directory was removed: nothing to exclude
+        pass
+    if sys.path and not sys.flags.safe_path:   # the script's directory (or the cwd again)
+        untrusted.add(os.path.realpath(sys.path[0] or os.curdir))
+    try:
+        spec = importlib.util.find_spec("nvidia")   # finds, imports nothing (top level)
+    except (ImportError, ValueError):
+        spec = None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        parent = os.path.realpath(os.path.dirname(location))
+        if parent not in untrusted and _in_install_dir(parent):
+            dirs.append(parent)
+    return list(dict.fromkeys(os.path.realpath(d) for d in dirs if d and os.path.isdir(d)))
+
+
+def _wheel_candidates() -> list[tuple[tuple[int, int], Path, str]]:
+    """libnvrtc libraries shipped by installed pip wheels: ((major, minor), library, the
+    directory it is installed in), newest first."""
+    found: dict[Path, tuple[tuple[int, int], str]] = {}
+    for entry in _install_dirs():
+        for libdir in sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib"))):
             for builtins in glob.glob(os.path.join(libdir, "libnvrtc-builtins.so.*")):
                 m = _BUILTINS_RE.search(os.path.basename(builtins))
                 libs = sorted(glob.glob(os.path.join(libdir, "libnvrtc.so.*")))
                 if m and libs:
-                    found[Path(libs[0]).resolve()] = (int(m.group(1)), int(m.group(2)))
-    return sorted(((v, p) for p, v in found.items()), reverse=True)
+                    found.setdefault(Path(libs[0]),
+                                     ((int(m.group(1)), int(m.group(2))), entry))
+    return sorted(((v, p, d) for p, (v, d) in found.items()), key=lambda c: c[0],
+                  reverse=True)
 
 
 def _preload(lib: Path) -> None:
@@ -71,7 +119,8 @@ def _preload(lib: Path) -> None:
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
 
 
-def _choose_library() -> Path | None:
+def _choose_library() -> tuple[Path, str] | None:
+    """The library to load and why (``NvrtcInfo.reason``), or None to leave it to CuPy."""
     requested = get_settings().nvrtc_path
     if requested:
         chosen = Path(requested).expanduser()
@@ -80,9 +129,12 @@ def _choose_library() -> Path | None:
                 f"GE2JIT_NVRTC={requested!r}: expected the path of a libnvrtc.so.* file, "
                 "but no such file exists"
             )
-        return chosen
+        return chosen, "GE2JIT_NVRTC"
     candidates = _wheel_candidates()
-    return candidates[0][1] if candidates else None
+    if not candidates:
+        return None
+    (major, minor), path, where = candidates[0]
+    return path, f"nvidia-cuda-nvrtc {major}.{minor} wheel in {where}"
 
 
 def preload() -> None:
@@ -101,11 +153,16 @@ def preload() -> None:
         except NvrtcError as e:
             _loaded["preload_error"] = e
             raise
-        if chosen is None:
-            return
         already = _loaded_nvrtc_paths()
+        if chosen is None:
+            if already:
+                _loaded["reason"] = "already loaded in the process"
+            return
+        chosen, reason = chosen
+        _loaded["reason"] = reason
         if already:
             if chosen.resolve() not in {Path(p).resolve() for p in already}:
+                _loaded["reason"] = "already loaded in the process"
                 warnings.warn(
                     f"NVRTC was already loaded from {already[0]} before ge2jit could load "
                     f"{chosen}; using the one already loaded. Import ge2jit before compiling "
@@ -132,9 +189,10 @@ def _ensure_loaded() -> None:
         if "nvrtc" in _loaded:
             return
         try:
-            from cupy_backends.cuda.libs import nvrtc as _nvrtc
-
+            _nvrtc = require_cupy("cupy_backends.cuda.libs.nvrtc")   # CuPy's binding
             _nvrtc.getVersion()
+        except MissingDependencyError:
+            raise
         except Exception as e:  # noqa: BLE001 - any failure here means "no usable NVRTC"
             raise NvrtcError(
                 "NVRTC could not be loaded. Install it with pip (the 'cuda13' or 'cuda12' extra "
@@ -157,14 +215,19 @@ class NvrtcInfo:
     path: str | None
     fingerprint: str
     supported_archs: tuple[str, ...]
+    #: why this library: "GE2JIT_NVRTC", "nvidia-cuda-nvrtc 13.5 wheel in <site-packages>",
+    #: "already loaded in the process" (before ge2jit's import) or "loaded by CuPy"
+    reason: str = ""
 
     def __str__(self) -> str:
-        return f"NVRTC {self.version[0]}.{self.version[1]} ({self.path or 'path unknown'})"
+        return (f"NVRTC {self.version[0]}.{self.version[1]} ({self.path or 'path unknown'}; "
+                f"{self.reason})")
 
 
 @lru_cache(maxsize=1)
 def nvrtc_info() -> NvrtcInfo:
-    """The NVRTC in use: version, library path, build fingerprint, supported architectures."""
+    """The NVRTC in use: version, library path, build fingerprint, supported architectures,
+    and why that library (``reason``)."""
     nv = _binding()
     version = tuple(nv.getVersion())
     paths = _loaded_nvrtc_paths()
@@ -184,7 +247,7 @@ def nvrtc_info() -> NvrtcInfo:
     except Exception:  # noqa: BLE001 - older NVRTC builds lack the call
         archs = ()
     return NvrtcInfo(version=version, path=path, fingerprint=h.hexdigest()[:16],
-                     supported_archs=archs)
+                     supported_archs=archs, reason=_loaded.get("reason", "loaded by CuPy"))
 
 
 def normalize_arch(arch: str | int) -> str:
@@ -192,7 +255,7 @@ def normalize_arch(arch: str | int) -> str:
     text = str(arch).strip().lower()
     m = re.fullmatch(r"(?:sm_|compute_)?(\d{2,3})([af]?)", text)
     if not m:
-        raise ValueError(
+        raise ArgumentValueError(
             f"arch: expected a CUDA architecture such as 'sm_80', 'sm_90' or 'sm_90a', got {arch!r}"
         )
     return f"sm_{m.group(1)}{m.group(2)}"
@@ -230,7 +293,8 @@ def header_checksum(include_dir: str | None) -> str:
 
 _REG_RE = re.compile(r"Used (\d+) registers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
-_STACK_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The machine code (SASS) of a compiled kernel, through ``cuobjdump``; no GPU needed.
 
 ``cuobjdump`` (and the ``nvdisasm`` it runs) come from a CUDA toolkit or the
-``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels (in ge2jit's ``test`` extra);
-``cuda.pathfinder`` finds either.
+``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels (ge2jit's ``tools`` extra; the
+``test`` extra has them too); ``cuda.pathfinder`` finds either.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import Ge2jitError
+from ..errors import Ge2jitError, MissingDependencyError
+
+#: where the disassemblers come from, for the error when one is missing
+_INSTALL = ('pip install "ge2jit[tools]" (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm '
+            'wheels) or install a CUDA toolkit')
 
 
 def _find(utility: str) -> str | None:
@@ -39,15 +43,25 @@ def find_cuobjdump() -> str | None:
 
 
 def dump_sass(cubin: bytes, tool: str | None = None) -> str:
-    """The SASS listing of a cubin (``cuobjdump --dump-sass``)."""
+    """The SASS listing of a cubin (``cuobjdump --dump-sass``).
+
+    Raises:
+        MissingDependencyError: cuobjdump or nvdisasm is not installed (the message says how
+            to install them).
+    """
     tool = tool or find_cuobjdump()
     if tool is None:
-        raise Ge2jitError("cuobjdump not found: install nvidia-cuda-cuobjdump (pip) or a CUDA "
-                          "toolkit")
+        raise MissingDependencyError(f"cuobjdump not found: {_INSTALL}")
+    # cuobjdump runs nvdisasm for --dump-sass, looking on PATH; a toolkit has it alongside
+    nvdisasm = _find("nvdisasm")
+    beside = os.path.join(os.path.dirname(tool), "nvdisasm")
+    if nvdisasm is None and os.path.isfile(beside):
+        nvdisasm = beside
+    if nvdisasm is None:
+        raise MissingDependencyError(f"nvdisasm not found (cuobjdump needs it to print SASS): "
+                                     f"{_INSTALL}")
     env = dict(os.environ)
-    nvdisasm = _find("nvdisasm")   # cuobjdump runs it for --dump-sass, looking on PATH
-    if nvdisasm:
-        env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
+    env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

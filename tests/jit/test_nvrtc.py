@@ -42,8 +42,9 @@ def test_normalize_arch_rejects(bad):
         nvrtc.normalize_arch(bad)
 
 
-SAXPY = 'extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {\n' \
-        '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = a * x[i] + y[i];\n}\n'
+SAXPY = ('extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {\n'
+         '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+         '  if (i < n) y[i] = a * x[i] + y[i];\n}\n')
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
@@ -72,7 +73,8 @@ def test_compile_error_carries_name_log_and_source():
 def test_resource_parse():
     log = ("ptxas info    : Function properties for k\n"
            "ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
-           "ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem, 400 bytes cmem[0]\n")
+           "ptxas info    : Used 255 registers, used 1 barriers, 8448 bytes smem, "
+           "400 bytes cmem[0]\n")
     r = nvrtc.Resources.parse(log)
     assert (r.registers, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads) == \
         (255, 8448, 16, 8, 12)
@@ -97,3 +99,74 @@ def test_ge2jit_nvrtc_bad_path_is_a_clear_error():
              " print('ERR', e)", GE2JIT_NVRTC="/nonexistent/libnvrtc.so.13")
     assert r.returncode == 0, r.stderr
     assert "ERR GE2JIT_NVRTC='/nonexistent/libnvrtc.so.13'" in r.stdout
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROBE = "import ge2jit\nprint('INFO', ge2jit.nvrtc_info())\n"
+
+
+def _plant(folder) -> str:
+    """A fake NVRTC wheel layout, newer than any real one, whose 'libraries' are text files:
+    loading one would fail (and a real one would run the planter's code)."""
+    lib = folder / "nvidia" / "planted" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.99").write_text("not a library\n")
+    (lib / "libnvrtc-builtins.so.99.9").write_text("not a library\n")
+    return str(folder)
+
+
+@pytest.mark.parametrize("how", ["-c in the folder", "-m from the folder", "script in it"])
+def test_nvrtc_in_the_working_or_script_directory_is_never_loaded(tmp_path, how):
+    folder = tmp_path / "planted"
+    planted = _plant(folder)
+    (folder / "probe.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "GE2JIT_NVRTC"}
+    env["PYTHONPATH"] = ROOT   # this checkout's ge2jit
+    cmd, cwd = {"-c in the folder": ([sys.executable, "-c", PROBE], folder),
+                "-m from the folder": ([sys.executable, "-m", "probe"], folder),
+                "script in it": ([sys.executable, str(folder / "probe.py")], tmp_path)}[how]
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert planted not in r.stdout + r.stderr
+    assert r.stdout.startswith("INFO NVRTC ")
+
+
+def test_nvrtc_info_says_why_this_library():
+    info = ge2jit.nvrtc_info()
+    if os.environ.get("GE2JIT_NVRTC"):
+        assert info.reason == "GE2JIT_NVRTC"
+    else:   # the test environment installs the nvidia-cuda-nvrtc wheel
+        major, minor = info.version
+        assert info.reason.startswith(f"nvidia-cuda-nvrtc {major}.{minor} wheel in ")
+        assert os.path.realpath(info.path).startswith(
+            os.path.realpath(info.reason.split(" wheel in ", 1)[1]))
+    assert f"; {info.reason})" in str(info)
+
+
+def test_ge2jit_nvrtc_is_the_reason():
+    path = ge2jit.nvrtc_info().path
+    r = _run("import ge2jit; print(ge2jit.nvrtc_info().reason)", GE2JIT_NVRTC=path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "GE2JIT_NVRTC"
+
+
+@pytest.mark.parametrize("folder, used", [("deps/site-packages", True), ("deps", False)])
+def test_wheels_on_pythonpath_count_in_an_install_directory(tmp_path, folder, used):
+    """A ``pip install --target`` directory (or a .pth line) named site-packages is searched;
+    any other folder on the path is not."""
+    real = ge2jit.nvrtc_info().path
+    lib = tmp_path / folder / "nvidia" / "cu99" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.99").symlink_to(real)
+    for builtins in os.listdir(os.path.dirname(real)):
+        if builtins.startswith("libnvrtc-builtins.so."):
+            (lib / "libnvrtc-builtins.so.99.9").symlink_to(os.path.join(os.path.dirname(real),
+                                                                        builtins))
+            break
+    env = {k: v for k, v in os.environ.items() if k != "GE2JIT_NVRTC"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path / folder)])
+    r = subprocess.run([sys.executable, "-c", "import ge2jit; print(ge2jit.nvrtc_info().reason)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    wanted = f"nvidia-cuda-nvrtc 99.9 wheel in {tmp_path / folder}"
+    assert (r.stdout.strip() == wanted) is used, r.stdout

@@ -447,9 +447,9 @@ _cupy = None
 def _cp():
     global _cupy
     if _cupy is None:
-        import cupy
+        from ..._deps import require_cupy
 
-        _cupy = cupy
+        _cupy = require_cupy()
     return _cupy
 
 

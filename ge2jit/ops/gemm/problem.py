@@ -22,9 +22,9 @@ MAX_MN = 2**31 - 2**16
 
 
 def _cupy():
-    import cupy
+    from ..._deps import require_cupy
 
-    return cupy
+    return require_cupy()
 
 
 def check_array(x, name: str):
