@@ -32,7 +32,7 @@ def table(rows) -> str:
     for r in rows:
         g = r["ge2jit"]
 
-        def ratio(key):
+        def ratio(key, r=r, g=g):
             return "–" if r.get(key) is None else f"{r[key] / g:.2f}"
 
         lines.append(
@@ -131,7 +131,8 @@ linear + activation + autograd backward: the ratio is PyTorch's time over ge2jit
 ge2jit faster). Implementations timed in turns. float32 with `--precision tf32x3` runs
 ge2jit's GEMMs in 3xTF32 (float32 accuracy) against PyTorch's exact float32.
 
-| dtype | M×N×K | backward ms | chained ms | two cuBLAS GEMMs ms | ratio | chained ratio | step ms | PyTorch step ms | ×PyTorch |
+| dtype | M×N×K | backward ms | chained ms | two cuBLAS GEMMs ms | ratio | chained ratio \
+| step ms | PyTorch step ms | ×PyTorch |
 |---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(lines) + "\n"
     if sources:
@@ -163,8 +164,9 @@ def main(argv=None) -> int:
     for run in runs:
         for r in run["rows"]:
             r.setdefault("dtype", "float32")
-            r["_run"] = (f"{run['meta']['date']}, commit {run['meta'].get('commit') or args.commit}, "
-                         f"{'autotuned' if run['meta'].get('tuned') else 'heuristic'} configs")
+            meta = run["meta"]
+            r["_run"] = (f"{meta['date']}, commit {meta.get('commit') or args.commit}, "
+                         f"{'autotuned' if meta.get('tuned') else 'heuristic'} configs")
             rows.append(r)
     commit = ", ".join(dict.fromkeys(str(run["meta"].get("commit") or args.commit)
                                      for run in runs))
@@ -211,11 +213,13 @@ def main(argv=None) -> int:
 - Device: {meta['device']} ({meta['sms']} SMs)
 - Date: {meta['date']}
 - Commit: {commit}
-- Software: {meta['nvrtc']}, CuPy {meta['cupy']}, PyTorch {meta.get('torch')}, Python {meta['python']}
+- Software: {meta['nvrtc']}, CuPy {meta['cupy']}, PyTorch {meta.get('torch')}, \
+Python {meta['python']}
 - ge2jit configs: {'autotuned per shape (`--tune`)' if meta.get('tuned') else 'heuristic'}
 - Command: `python bench/bench_gemm.py{' --tune' if meta.get('tuned') else ''}` (all baselines in
   the same process on the same inputs; median of CUDA-event timings after warm-up, input sets
-  rotated so that L2 does not hold them); this page: `python bench/report.py {' '.join(p.name for p in args.results)}`.
+  rotated so that L2 does not hold them); this page: \
+`python bench/report.py {' '.join(p.name for p in args.results)}`.
 
 Ratios are baseline time / ge2jit time: above 1 means ge2jit is faster.
 {"".join(chr(10) + n + chr(10) for n in args.note)}

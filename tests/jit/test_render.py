@@ -12,13 +12,13 @@ from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
     SIMT_F32_TILES,
-    MmaConfig,
-    MmaGemmSpec,
     Act,
     BiasKind,
     DType,
     GemmSpec,
     Layout,
+    MmaConfig,
+    MmaGemmSpec,
     TileConfig,
 )
 

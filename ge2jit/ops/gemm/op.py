@@ -730,7 +730,7 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None 
         choice = Choice(cfg, split, "tuned")
         try:
             plan = _build_plan(p, choice, save_z, vecs)
-            ms = time_ms(lambda: plan.launch(p, y, z, stream), warmup=2, reps=reps)
+            ms = time_ms(lambda plan=plan: plan.launch(p, y, z, stream), warmup=2, reps=reps)
             records.append({"config": plan.choice.name, "ms": ms,
                             "tflops": flops / ms / 1e9 if ms > 0 else 0.0})
         except (KernelCompileError, KernelLaunchError, ArgumentValueError) as e:

@@ -266,9 +266,9 @@ def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
 class Problem:
     """A validated call: sizes, kinds and the operands as the kernel will read them."""
 
-    __slots__ = ("m", "n", "k", "dtype", "out_dtype", "y_numpy_dtype", "c_dtype", "bias_dtype", "precision",
-                 "act", "bias_kind", "bias_stride", "alpha", "beta",
-                 "leaky_slope", "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
+    __slots__ = ("m", "n", "k", "dtype", "out_dtype", "y_numpy_dtype", "c_dtype", "bias_dtype",
+                 "precision", "act", "bias_kind", "bias_stride", "alpha", "beta", "leaky_slope",
+                 "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
                  "layout_b", "ldb", "layout_c", "ldc", "copied", "gate", "gate_from_y", "bgrad")
 
     def __init__(self, **kw):
@@ -358,7 +358,8 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     use_c = c is not None and beta != 0.0
     p = Problem(m=m, n=n, k=k, dtype=dtype, out_dtype=y_dtype, y_numpy_dtype=np_y,
                 c_dtype=c_dtype,
-                bias_dtype=bias_dtype, precision=prec, act=act_e, bias_kind=kind, bias_stride=bias_stride,
+                bias_dtype=bias_dtype, precision=prec, act=act_e, bias_kind=kind,
+                bias_stride=bias_stride,
                 alpha=alpha, beta=beta, leaky_slope=slope, device_id=device_id, bias=bias,
                 out=out, preact_out=preact_out, c=c if use_c else None, ldc=0)
     if not use_c:

@@ -7,26 +7,26 @@ from dataclasses import dataclass, replace
 from ...errors import ArgumentTypeError, ArgumentValueError
 from .spec import (
     PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
     WGMMA_CONFIGS,
     WGMMA_X3_CONFIGS,
-    MmaConfig,
-    MmaGemmSpec,
-    Precision,
-    WgmmaConfig,
-    WgmmaGemmSpec,
-    mma_configs,
-    SIMT_F32_TILES,
     Act,
     BiasKind,
     DType,
     GemmSpec,
     Layout,
+    MmaConfig,
+    MmaGemmSpec,
     PipelineConfig,
     PipelinedGemmSpec,
+    Precision,
     SplitKReduceSpec,
-    TileConfig,
     Tf32SplitSpec,
+    TileConfig,
     TransposeSpec,
+    WgmmaConfig,
+    WgmmaGemmSpec,
+    mma_configs,
 )
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -289,7 +289,7 @@ def staged(dtype: DType, layouts: str, precision: Precision = Precision.IEEE
     return tf32 and layouts[0] == "c", tf32 and layouts[1] == "r"
 
 
-def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int,
+def tma_fits(aligns: Aligns, dtype: DType, layouts: str, k: int,
              precision: Precision = Precision.IEEE) -> str | None:
     """Why the Hopper kernel cannot take this problem, or None when it can: TMA needs 16-byte
     aligned pointers and rows (a staged copy is aligned by construction)."""
@@ -301,7 +301,7 @@ def tma_fits(aligns: "Aligns", dtype: DType, layouts: str, k: int,
     return None
 
 
-def resolve(choice: Choice, dtype: DType, layouts: str, aligns: "Aligns", m: int, n: int,
+def resolve(choice: Choice, dtype: DType, layouts: str, aligns: Aligns, m: int, n: int,
             k: int, sms: int, precision: Precision = Precision.IEEE) -> Choice:
     """``choice``, or the family below it that this problem's layout and alignment allow:
     wgmma -> mma.sync -> the fallback kernel (each step says why)."""

@@ -788,7 +788,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
                 f"{self.config.name}_"
-                f"{'yt' if self.tma_store else 'y16' if self.store16 else 'y2' if self.vec_y else 'y1'}"
+                + ("yt" if self.tma_store else "y16" if self.store16 else
+                   "y2" if self.vec_y else "y1")
                 + ("_p" if self.promote else "")
                 + ("_splitk" if self.split_k else self._epilogue_name())
                 + ("_bg" if self.bgrad else ""))

@@ -299,7 +299,7 @@ def test_full_product_compiles_without_spills(tmp_path):
     """Every distinct kernel of every family (about 50,000 compiles: hours on 2 cores; it uses
     all cores)."""
     jobs = []
-    for family, (params, make) in FAMILIES.items():
+    for params, make in FAMILIES.values():
         for p in full_product(params):
             jobs.append((make(p), p["arch"]))
     outcomes = compile_many(jobs, cache_root=tmp_path)

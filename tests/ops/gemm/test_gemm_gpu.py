@@ -13,14 +13,13 @@ import pytest
 
 import ge2jit
 from ge2jit.jit.device import gpu_count
-from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, SIMT_F32_TILES, Act
-
 from ge2jit.ops.gemm.reference import (
     activation,
     gemm_bias_act_ref,
     magnitude_scale,
     rel_error,
 )
+from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, SIMT_F32_TILES, Act
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu

@@ -16,10 +16,16 @@ import numpy as np
 import pytest
 
 import ge2jit
-from ge2jit.ops.gemm.reference import gemm_bias_act_ref, magnitude_scale, rel_error
 from ge2jit.jit.device import device_arch
-from ge2jit.ops.gemm.spec import (MMA_16BIT_CONFIGS, MMA_TF32_CONFIGS, MMA_X3_CONFIGS,
-                                  WGMMA_CONFIGS, WGMMA_X3_CONFIGS, Act)
+from ge2jit.ops.gemm.reference import gemm_bias_act_ref, magnitude_scale, rel_error
+from ge2jit.ops.gemm.spec import (
+    MMA_16BIT_CONFIGS,
+    MMA_TF32_CONFIGS,
+    MMA_X3_CONFIGS,
+    WGMMA_CONFIGS,
+    WGMMA_X3_CONFIGS,
+    Act,
+)
 
 cp = pytest.importorskip("cupy")
 ml_dtypes = pytest.importorskip("ml_dtypes")

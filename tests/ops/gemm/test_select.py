@@ -131,8 +131,15 @@ def test_resolve_steps_down_by_layout_and_alignment():
 @pytest.mark.parametrize("family", ["wgmma", "mma"])
 def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
     from ge2jit.ops.gemm.select import Choice, k_parts, kernel_set, resolve
-    from ge2jit.ops.gemm.spec import (MMA_TF32_CONFIGS, WGMMA_CONFIGS, Act, BiasKind, DType,
-                                      Layout, Precision)
+    from ge2jit.ops.gemm.spec import (
+        MMA_TF32_CONFIGS,
+        WGMMA_CONFIGS,
+        Act,
+        BiasKind,
+        DType,
+        Layout,
+        Precision,
+    )
 
     cfg = WGMMA_CONFIGS[3] if family == "wgmma" else MMA_TF32_CONFIGS[3]
     x3 = Precision.TF32X3
@@ -169,9 +176,7 @@ def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
 
 
 def test_tf32x3_heuristic_and_candidates():
-    from ge2jit.ops.gemm.spec import DType, Precision
-
-    from ge2jit.ops.gemm.spec import WGMMA_X3_CONFIGS, WgmmaConfig
+    from ge2jit.ops.gemm.spec import WGMMA_X3_CONFIGS, DType, Precision, WgmmaConfig
 
     x3 = Precision.TF32X3
     assert heuristic(8192, 4096, 1024, 132, 90, "rr", DType.F32, x3).config.name == \
