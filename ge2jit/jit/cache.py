@@ -18,12 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import struct
 import sys
 import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +36,16 @@ from ..settings import get_settings
 MAGIC = b"GE2JITK1"
 _HEADER_LEN = struct.Struct("<I")
 SUFFIX = ".cubin"
+SOURCE_SUFFIX = ".cu"
+TMP_PREFIX = ".tmp-ge2jit-"
+
+# The only names that clear and prune may delete: a shard directory is two hex digits, an entry
+# the key's other 62 (with its optional source beside it), a temporary file ours by prefix.
+_SHARD_RE = re.compile(r"[0-9a-f]{2}")
+_ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu)")
+_TMP_RE = re.compile(re.escape(TMP_PREFIX) + r"[0-9]+-[a-z0-9_]+")
+_TMP_MAX_AGE_S = 3600.0          # prune: a temporary file this old belongs to a killed writer
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
 def cache_key(*, source: str, options: tuple[str, ...], arch: str, nvrtc_fingerprint: str,
@@ -99,12 +112,48 @@ class CacheEntry:
         return cls(cubin=cubin, **header)
 
 
-class KernelCache:
-    """Disk cache of compiled kernels, with an in-memory fallback."""
+@dataclass(frozen=True)
+class RemoveResult:
+    """What ``KernelCache.clear`` or ``KernelCache.prune`` did.
 
-    def __init__(self, root: Path | None = None, *, enabled: bool | None = None):
+    Attributes:
+        removed: cache entries removed.
+        freed: bytes freed (entries, their sources and leftover temporary files).
+        failed: (path, reason) of everything that should have been removed and was not,
+            including a cache directory that is unusable.
+    """
+
+    removed: int = 0
+    freed: int = 0
+    failed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.failed
+
+
+class KernelCache:
+    """Disk cache of compiled kernels, with an in-memory fallback.
+
+    Args:
+        root: one directory or several in look-up order (default: ``GE2JIT_CACHE_DIR``).
+            Misses are written to the first; the others are only read (a shared, warmed cache).
+        enabled: False keeps kernels in memory only (default: not ``GE2JIT_DISABLE_CACHE``).
+    """
+
+    def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None, *,
+                 enabled: bool | None = None):
         settings = get_settings()
-        self.root = Path(root) if root is not None else settings.cache_dir
+        if root is None:
+            self.roots: tuple[Path, ...] = tuple(settings.cache_dirs)
+        elif isinstance(root, (str, os.PathLike)):
+            self.roots = (Path(root),)
+        else:
+            self.roots = tuple(Path(r) for r in root)
+        if not self.roots:
+            raise ValueError("KernelCache: expected at least one directory, got none")
+        self.root = self.roots[0]
         self.enabled = (not settings.disable_cache) if enabled is None else enabled
         self._memory: dict[str, CacheEntry] = {}
         self._disk_ok = self.enabled
@@ -197,100 +246,209 @@ class KernelCache:
             "kernels_in_memory": len(self._memory),
         }
 
-    def clear(self) -> int:
-        """Remove every entry (and leftover temporary file); returns the number of entries."""
-        removed = 0
+    def clear(self) -> RemoveResult:
+        """Remove every entry of the first directory, with its source and any temporary file.
+
+        Only ge2jit's own file names are touched (``<2 hex>/<62 hex>.cubin``, the ``.cu``
+        beside it, ``.tmp-ge2jit-*``), and no symlink is followed. The directories listed after
+        the first (read-only shared caches) and the tuning database (``tuning/``) are left as
+        they are.
+        """
         self._memory.clear()
-        if not self.root.is_dir():
-            return 0
-        for shard in self.root.iterdir():
-            if shard.is_dir() and len(shard.name) == 2:
-                for path in shard.iterdir():
-                    try:
-                        path.unlink()
-                        removed += path.suffix == SUFFIX
-                    except OSError:
-                        pass
-        return removed
+        result = _Removal()
+        root_fd = result.open_root(self.root)
+        if root_fd is None:
+            return result.done()
+        try:
+            for shard, shard_fd in _shards(root_fd):
+                try:
+                    for name, st in _own_files(shard_fd):
+                        result.unlink(shard_fd, self.root / shard / name, st,
+                                      counts=name.endswith(SUFFIX))
+                finally:
+                    os.close(shard_fd)
+        finally:
+            os.close(root_fd)
+        return result.done()
 
     def prune(self, *, max_bytes: int | None = None, older_than_s: float | None = None
-              ) -> tuple[int, int]:
-        """Remove entries unused for ``older_than_s`` seconds, then the least recently used
-        ones until the cache holds at most ``max_bytes``; returns (entries removed, bytes freed).
-        Temporary files left by killed writers (older than an hour) go too."""
-        if not self.root.is_dir():
-            return 0, 0
+              ) -> RemoveResult:
+        """Shrink the first directory.
+
+        Removes the entries unused for ``older_than_s`` seconds, then the least recently used
+        ones until the entries take at most ``max_bytes``; temporary files left by killed
+        writers (older than an hour) go too. The same file rules as ``clear`` apply.
+        """
+        result = _Removal()
+        root_fd = result.open_root(self.root)
+        if root_fd is None:
+            return result.done()
         now = time.time()
-        files = []
-        for shard in self.root.iterdir():
-            if not (shard.is_dir() and len(shard.name) == 2):
-                continue
-            for path in shard.iterdir():
+        try:
+            entries: dict[str, list] = {}            # key -> [mtime, bytes, [(shard, name)]]
+            for shard, shard_fd in _shards(root_fd):
                 try:
-                    st = path.stat()
+                    for name, st in _own_files(shard_fd):
+                        m = _ENTRY_RE.fullmatch(name)
+                        if m is None:                # a temporary file
+                            if now - st.st_mtime > _TMP_MAX_AGE_S:
+                                result.unlink(shard_fd, self.root / shard / name, st)
+                            continue
+                        e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
+                        if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
+                            e[0] = st.st_mtime
+                        e[1] += st.st_size
+                        e[2].append(name)
+                finally:
+                    os.close(shard_fd)
+            total = sum(e[1] for e in entries.values())
+            for key, (mtime, size, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+                too_old = older_than_s is not None and now - mtime > older_than_s
+                too_big = max_bytes is not None and total > max_bytes
+                if not (too_old or too_big):
+                    continue
+                before = result.freed
+                result.unlink_in(root_fd, self.root, key[:2], sorted(names, reverse=True))
+                total -= result.freed - before
+        finally:
+            os.close(root_fd)
+        return result.done()
+
+    def entries(self) -> Iterator[tuple[Path, CacheEntry | None]]:
+        """Yield (path, entry or None if unreadable) for every entry file of the first
+        directory; files with other names and symlinks are not entries."""
+        try:
+            root_fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return
+        try:
+            for shard, shard_fd in _shards(root_fd):
+                try:
+                    names = [n for n, _ in _own_files(shard_fd) if n.endswith(SUFFIX)
+                             and _ENTRY_RE.fullmatch(n)]
+                finally:
+                    os.close(shard_fd)
+                for name in names:
+                    path = self.root / shard / name
+                    try:
+                        yield path, CacheEntry.from_bytes(path.read_bytes(),
+                                                          expected_key=shard + name[:-len(SUFFIX)])
+                    except Exception:  # noqa: BLE001 - any defect makes it unreadable
+                        yield path, None
+        finally:
+            os.close(root_fd)
+
+
+class _Removal:
+    """Counts of one clear or prune, and its removals through directory descriptors."""
+
+    def __init__(self) -> None:
+        self.removed = 0
+        self.freed = 0
+        self.failed: list[tuple[str, str]] = []
+
+    def done(self) -> RemoveResult:
+        return RemoveResult(self.removed, self.freed, tuple(self.failed))
+
+    def open_root(self, root: Path) -> int | None:
+        """A descriptor of ``root`` (the user named it: a symlink there is followed), or None
+        with the reason recorded; a missing directory holds nothing to remove."""
+        try:
+            fd = os.open(root, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            self.failed.append((str(root), "not a directory"))
+            return None
+        except OSError as e:
+            self.failed.append((str(root), f"cannot open the directory ({e.strerror or e})"))
+            return None
+        if not os.access(root, os.W_OK | os.X_OK):
+            os.close(fd)
+            self.failed.append((str(root), "the directory is not writable"))
+            return None
+        return fd
+
+    def unlink(self, dir_fd: int, path: Path, st: os.stat_result, counts: bool = False) -> bool:
+        try:
+            os.unlink(path.name, dir_fd=dir_fd)
+        except FileNotFoundError:            # another process removed it first
+            return False
+        except OSError as e:
+            self.failed.append((str(path), e.strerror or str(e)))
+            return False
+        self.freed += st.st_size
+        self.removed += counts
+        return True
+
+    def unlink_in(self, root_fd: int, root: Path, shard: str, names: list[str]) -> None:
+        """Remove one entry's files (the cubin last: it is what makes the entry)."""
+        try:
+            shard_fd = os.open(shard, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError as e:
+            self.failed.append((str(root / shard), e.strerror or str(e)))
+            return
+        try:
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=shard_fd, follow_symlinks=False)
                 except OSError:
                     continue
-                if path.name.startswith(".tmp-"):
-                    if now - st.st_mtime > 3600:
-                        _unlink(path)
-                    continue
-                if path.suffix == SUFFIX:
-                    side = path.with_suffix(".cu")
-                    extra = side.stat().st_size if side.exists() else 0
-                    files.append((st.st_mtime, st.st_size + extra, path))
-        files.sort()
-        total = sum(f[1] for f in files)
-        removed = freed = 0
-        for mtime, size, path in files:
-            too_old = older_than_s is not None and now - mtime > older_than_s
-            too_big = max_bytes is not None and total > max_bytes
-            if not (too_old or too_big):
-                continue
-            if _unlink(path):
-                _unlink(path.with_suffix(".cu"))
-                total -= size
-                freed += size
-                removed += 1
-        return removed, freed
-
-    def entries(self):
-        """Yield (path, entry-or-None) for every entry file on disk (None if unreadable)."""
-        if not self.root.is_dir():
-            return
-        for shard in sorted(self.root.iterdir()):
-            if not shard.is_dir() or len(shard.name) != 2:
-                continue
-            for path in sorted(shard.glob("*" + SUFFIX)):
-                key = shard.name + path.name[: -len(SUFFIX)]
-                try:
-                    yield path, CacheEntry.from_bytes(path.read_bytes(), expected_key=key)
-                except Exception:  # noqa: BLE001
-                    yield path, None
+                if stat.S_ISREG(st.st_mode):
+                    self.unlink(shard_fd, root / shard / name, st, counts=name.endswith(SUFFIX))
+        finally:
+            os.close(shard_fd)
 
 
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-        return True
-    except OSError:
-        return False
+def _shards(root_fd: int) -> Iterator[tuple[str, int]]:
+    """(name, open descriptor) of each shard directory, in order; the caller closes it.
+    A symlink or anything but a directory under a shard's name is skipped."""
+    names = sorted(e.name for e in os.scandir(root_fd) if _SHARD_RE.fullmatch(e.name))
+    for name in names:
+        try:
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError:                      # a symlink (ELOOP), a file, or gone
+            continue
+        yield name, fd
+
+
+def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of the regular files in a shard that have ge2jit's names, sorted."""
+    out = []
+    for e in os.scandir(shard_fd):
+        if not (_ENTRY_RE.fullmatch(e.name) or _TMP_RE.fullmatch(e.name)):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((e.name, st))
+    return sorted(out, key=lambda x: x[0])
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=f"-{os.getpid()}")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+    """Write ``data`` to ``path`` through a temporary file in the same directory."""
+    for attempt in range(3):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{os.getpid()}-")
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return
+        except FileNotFoundError:
+            # A concurrent ``clear`` removed the temporary file (or its shard): write again.
+            if attempt == 2:
+                raise
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
 
 _default: KernelCache | None = None

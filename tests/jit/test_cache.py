@@ -211,3 +211,118 @@ def test_info_counts_entries_and_this_process_hits(tmp_path):
     assert info["entries"] == 1 and info["size_bytes"] > 0 and info["unreadable_entries"] == 0
     assert (info["process_hits"], info["process_misses"], info["process_writes"]) == (1, 0, 0)
     assert c.info()["process_writes"] == 1 and c.info()["process_misses"] == 1
+
+
+# --- clear and prune: only ge2jit's own files, never through a symlink, counted --------------
+
+def _fill(root: Path, n: int = 3, size: int = 100) -> list[CacheEntry]:
+    c = KernelCache(root)
+    out = []
+    for i in range(n):
+        e = _entry(key=f"{i:02x}" + "c" * 62, cubin=b"\x7fELF" + os.urandom(size))
+        c.put(e)
+        out.append(e)
+    return out
+
+
+def test_clear_removes_only_entries_and_reports_counts(tmp_path):
+    root = tmp_path / "cache"
+    entries = _fill(root)
+    c = KernelCache(root)
+    sizes = sum(c.path_for(e.key).stat().st_size for e in entries)
+    c.path_for(entries[0].key).with_suffix(".cu").write_text("source")
+    tmp_file = root / "01" / ".tmp-ge2jit-123-abcdefgh"
+    tmp_file.write_bytes(b"partial")
+    # files that look a bit like the cache's but are not ge2jit's own
+    strangers = [root / "01" / "notes.txt", root / "01" / ("c" * 62 + ".cubin.bak"),
+                 root / "01" / ("C" * 62 + ".cubin"), root / "01" / ".tmp-other",
+                 root / "go" / "main.go", root / "ab" / "x.cubin", root / "top.cubin",
+                 root / "abc" / ("c" * 62 + ".cubin")]
+    for p in strangers:
+        p.parent.mkdir(exist_ok=True)
+        p.write_text("keep me")
+    result = c.clear()
+    assert (result.removed, result.ok, result.failed) == (3, True, ())
+    assert result.freed == sizes + len("source") + len("partial")
+    assert all(p.read_text() == "keep me" for p in strangers)
+    assert not tmp_file.exists() and list(c.entries()) == []
+    assert c.clear() == cache_mod.RemoveResult(0, 0, ())
+
+
+def test_clear_and_prune_never_follow_symlinks(tmp_path):
+    root, victim = tmp_path / "cache", tmp_path / "victim"
+    victim.mkdir()
+    precious = victim / ("d" * 62 + ".cubin")
+    precious.write_bytes(b"precious")
+    root.mkdir()
+    (root / "dd").symlink_to(victim)                       # a symlinked shard
+    _fill(root, n=1)
+    linked_entry = root / "00" / ("e" * 62 + ".cubin")
+    linked_entry.symlink_to(precious)                      # a symlinked entry
+    c = KernelCache(root)
+    assert c.prune(older_than_s=-1).removed == 1
+    assert c.clear().removed == 0
+    assert precious.read_bytes() == b"precious" and (root / "dd").is_symlink()
+    assert linked_entry.is_symlink()
+
+
+def test_prune_returns_a_remove_result(tmp_path):
+    root = tmp_path / "cache"
+    entries = _fill(root, n=4)
+    c = KernelCache(root)
+    paths = [c.path_for(e.key) for e in entries]
+    for age, p in enumerate(paths):                        # entries[0] is the oldest
+        os.utime(p, (1000.0 + age, 1000.0 + age))
+    size = paths[0].stat().st_size
+    r = c.prune(max_bytes=2 * size)
+    assert (r.removed, r.freed, r.ok) == (2, 2 * size, True)
+    assert [p.exists() for p in paths] == [False, False, True, True]
+    assert c.prune(older_than_s=1e12) == cache_mod.RemoveResult(0, 0, ())
+
+
+def test_clear_leaves_the_tuning_database(tmp_path):
+    from ge2jit.tune.db import TuningDB
+
+    root = tmp_path / "cache"
+    _fill(root, n=1)
+    TuningDB(root / "tuning").put({"op": "x"}, {"config": "a"})
+    assert KernelCache(root).clear().removed == 1
+    assert TuningDB(root / "tuning").get({"op": "x"}) == {"config": "a"}
+
+
+def test_clear_and_prune_report_an_unusable_root(tmp_path):
+    not_dir = tmp_path / "file"
+    not_dir.write_text("x")
+    for result in (KernelCache(not_dir).clear(), KernelCache(not_dir).prune(max_bytes=0)):
+        assert not result.ok and result.removed == 0
+        assert result.failed[0][0] == str(not_dir) and "not a directory" in result.failed[0][1]
+    assert KernelCache(tmp_path / "missing").clear().ok, "nothing to remove is not a failure"
+
+
+def test_clear_reports_what_it_could_not_remove(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    _fill(root, n=2)
+    real_unlink, calls = os.unlink, []
+
+    def unlink(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:                                # the first entry, in shard 00
+            raise PermissionError(13, "Permission denied")
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(cache_mod.os, "unlink", unlink)
+    r = KernelCache(root).clear()
+    assert r.removed == 1 and not r.ok
+    assert r.failed == ((str(root / "00" / ("c" * 62 + ".cubin")), "Permission denied"),)
+
+
+def test_clear_and_prune_touch_only_the_first_directory(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    _fill(mine, n=1)
+    _fill(shared, n=2)
+    c = KernelCache([mine, shared])
+    assert c.roots == (mine, shared) and c.root == mine
+    assert c.prune(max_bytes=0).removed == 1
+    _fill(mine, n=1)
+    assert c.clear().removed == 1
+    assert len(list(KernelCache(shared).entries())) == 2
