@@ -7,7 +7,9 @@ Rules (each one learned from a bug in another JIT's tracker):
 - an entry is written to a temporary file in its own directory and moved into place with
   ``os.replace``, so readers see a whole entry or none, and any number of processes may write
   the same key at once;
-- each entry carries a checksum of its cubin; on read, any mismatch or error is a miss;
+- each entry ends with a checksum of its header and cubin; on read, any mismatch or error is a
+  miss, and so is an entry whose key, kernel name or architecture is not the one asked for, or
+  whose cubin does not define that kernel;
 - the directory is sharded by the key's first two hex digits;
 - an unwritable directory (read-only, full) makes the cache keep kernels in memory, with one
   warning per process.
@@ -33,8 +35,9 @@ from pathlib import Path
 from ..errors import CacheWarning
 from ..settings import get_settings
 
-MAGIC = b"GE2JITK1"
+MAGIC = b"GE2JITK2"               # K1 entries checksummed the cubin only: now misses
 _HEADER_LEN = struct.Struct("<I")
+_CHECKSUM_LEN = 32                # sha256 of everything before it
 SUFFIX = ".cubin"
 SOURCE_SUFFIX = ".cu"
 TMP_PREFIX = ".tmp-ge2jit-"
@@ -83,33 +86,74 @@ class CacheEntry:
         return max(self.spill_stores, 0) + max(self.spill_loads, 0)
 
     def header(self) -> dict:
+        """The entry's facts as stored: every field but the cubin, plus its size."""
         d = asdict(self)
         del d["cubin"]
         d["cubin_size"] = len(self.cubin)
-        d["cubin_sha256"] = hashlib.sha256(self.cubin).hexdigest()
         return d
 
     def to_bytes(self) -> bytes:
+        """The entry as stored: magic, header length, JSON header, cubin, sha256 of them all."""
         header = json.dumps(self.header(), sort_keys=True).encode()
-        return MAGIC + _HEADER_LEN.pack(len(header)) + header + self.cubin
+        body = MAGIC + _HEADER_LEN.pack(len(header)) + header + self.cubin
+        return body + hashlib.sha256(body).digest()
 
     @classmethod
-    def from_bytes(cls, data: bytes, expected_key: str | None = None) -> CacheEntry:
-        """Parse and verify an entry; raises ValueError on any defect."""
+    def from_bytes(cls, data: bytes, expected_key: str | None = None, *,
+                   kernel_name: str | None = None, arch: str | None = None) -> CacheEntry:
+        """Parse and verify an entry.
+
+        Args:
+            data: the stored bytes.
+            expected_key: the key it must carry (None: any).
+            kernel_name: the kernel it must hold: named in its header and defined by its cubin.
+            arch: the architecture it must be compiled for.
+
+        Raises:
+            ValueError: any defect or mismatch.
+        """
         if not data.startswith(MAGIC):
             raise ValueError("bad magic")
+        body, checksum = data[:-_CHECKSUM_LEN], data[-_CHECKSUM_LEN:]
+        if len(data) < len(MAGIC) + _HEADER_LEN.size + _CHECKSUM_LEN or \
+                hashlib.sha256(body).digest() != checksum:
+            raise ValueError("checksum mismatch")
         off = len(MAGIC)
-        (n,) = _HEADER_LEN.unpack_from(data, off)
+        (n,) = _HEADER_LEN.unpack_from(body, off)
         off += _HEADER_LEN.size
-        header = json.loads(data[off:off + n].decode())
-        cubin = data[off + n:]
-        if len(cubin) != header.pop("cubin_size"):
+        header = json.loads(body[off:off + n].decode())
+        if not isinstance(header, dict):
+            raise ValueError("the header is not an object")
+        cubin = body[off + n:]
+        if len(cubin) != header.pop("cubin_size", None):
             raise ValueError("truncated cubin")
-        if hashlib.sha256(cubin).hexdigest() != header.pop("cubin_sha256"):
-            raise ValueError("cubin checksum mismatch")
-        if expected_key is not None and header.get("key") != expected_key:
-            raise ValueError("key mismatch")
-        return cls(cubin=cubin, **header)
+        if set(header) != set(_HEADER_TYPES) - {"log"} and set(header) != set(_HEADER_TYPES):
+            raise ValueError(f"header fields {sorted(header)} are not an entry's")
+        for field, value in header.items():
+            if not isinstance(value, _HEADER_TYPES[field]) or isinstance(value, bool):
+                raise ValueError(f"header field {field}: {type(value).__name__} value")
+        entry = cls(cubin=cubin, **header)
+        if expected_key is not None and entry.key != expected_key:
+            raise ValueError(f"key {entry.key!r} where {expected_key!r} was expected")
+        if arch is not None and entry.arch != arch:
+            raise ValueError(f"compiled for {entry.arch!r}, not {arch!r}")
+        if kernel_name is not None:
+            if entry.kernel_name != kernel_name:
+                raise ValueError(f"holds kernel {entry.kernel_name!r}, not {kernel_name!r}")
+            # The symbol, or a section named after it: kernel names have no dots, so either
+            # occurs only in a cubin that defines this kernel.
+            name = kernel_name.encode()
+            if b"\0" + name + b"\0" not in cubin and b"." + name + b"\0" not in cubin:
+                raise ValueError(f"the cubin does not define kernel {kernel_name!r}")
+        return entry
+
+
+_HEADER_TYPES = {
+    **dict.fromkeys(("key", "kernel_name", "arch", "nvrtc_version", "ge2jit_version", "log"), str),
+    **dict.fromkeys(("registers", "shared_bytes", "stack_bytes", "spill_stores", "spill_loads"),
+                    int),
+    **dict.fromkeys(("compile_seconds", "created"), (int, float)),
+}
 
 
 @dataclass(frozen=True)
@@ -167,8 +211,14 @@ class KernelCache:
     def path_for(self, key: str) -> Path:
         return self.root / key[:2] / (key[2:] + SUFFIX)
 
-    def get(self, key: str) -> CacheEntry | None:
-        """The entry for ``key``, or None (a missing, unreadable or corrupt entry is a miss)."""
+    def get(self, key: str, *, kernel_name: str | None = None, arch: str | None = None
+            ) -> CacheEntry | None:
+        """The entry for ``key``, or None.
+
+        A missing, unreadable or damaged entry is a miss, and so is one that does not hold
+        ``kernel_name`` compiled for ``arch`` (when given); damaged or mismatched entries are
+        counted in ``corrupt``, and the next ``put`` overwrites them.
+        """
         entry = self._memory.get(key)
         if entry is not None:
             self.hits += 1
@@ -181,7 +231,8 @@ class KernelCache:
                 data = None
             if data is not None:
                 try:
-                    entry = CacheEntry.from_bytes(data, expected_key=key)
+                    entry = CacheEntry.from_bytes(data, expected_key=key,
+                                                  kernel_name=kernel_name, arch=arch)
                 except Exception:  # noqa: BLE001 - any defect is a miss that recompiles
                     self.corrupt += 1
                     entry = None

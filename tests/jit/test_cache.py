@@ -326,3 +326,81 @@ def test_clear_and_prune_touch_only_the_first_directory(tmp_path):
     _fill(mine, n=1)
     assert c.clear().removed == 1
     assert len(list(KernelCache(shared).entries())) == 2
+
+
+# --- an entry is what was asked for: key, kernel name, architecture, checksummed header -------
+
+def _forge(path: Path, **changes) -> None:
+    """Rewrite an entry's header fields and fix up every checksum, as a forger would."""
+    e = CacheEntry.from_bytes(path.read_bytes())
+    path.write_bytes(CacheEntry(**{**e.__dict__, **changes}).to_bytes())
+
+
+def test_an_entry_of_another_kernel_under_this_key_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    other = GemmSpec(**{**SPEC.__dict__, "act": Act.TANH})
+    mine, _ = build(SPEC, "sm_80", cache=c)
+    theirs, _ = build(other, "sm_80", cache=c)
+    path = c.path_for(mine.key)
+    path.write_bytes(c.path_for(theirs.key).read_bytes())
+    _forge(path, key=mine.key)                        # the other kernel, its key rewritten
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80") is None
+    assert fresh.corrupt == 1
+    entry, cached = build(SPEC, "sm_80", cache=fresh)
+    assert not cached and entry.kernel_name == SPEC.kernel_name
+    assert KernelCache(tmp_path).get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80")
+    # the header made to name this kernel: the cubin still defines the other one
+    path.write_bytes(c.path_for(theirs.key).read_bytes())
+    _forge(path, key=mine.key, kernel_name=SPEC.kernel_name)
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80") is None
+    assert fresh.corrupt == 1 and not build(SPEC, "sm_80", cache=fresh)[1]
+
+
+def test_an_entry_for_another_architecture_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    mine, _ = build(SPEC, "sm_80", cache=c)
+    _forge(c.path_for(mine.key), arch="sm_90")
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80") is None
+    assert fresh.corrupt == 1 and not build(SPEC, "sm_80", cache=fresh)[1]
+
+
+def test_a_header_edited_without_its_checksum_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    data = path.read_bytes()
+    assert b'"registers": 10' in data
+    path.write_bytes(data.replace(b'"registers": 10', b'"registers": 99'))
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(e.key) is None and fresh.corrupt == 1
+
+
+def test_an_entry_of_the_previous_format_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    assert path.read_bytes().startswith(b"GE2JITK2")
+    path.write_bytes(b"GE2JITK1" + path.read_bytes()[8:])
+    assert KernelCache(tmp_path).get(e.key) is None
+
+
+@pytest.mark.parametrize("header", [{"key": 1}, {"registers": "10"}, {"unknown": 1}, [1, 2]])
+def test_a_header_of_the_wrong_shape_is_a_miss(tmp_path, header):
+    import hashlib
+    import json
+    import struct
+
+    e = _entry()
+    good = json.loads(e.to_bytes()[12:12 + struct.unpack_from("<I", e.to_bytes(), 8)[0]])
+    fields = [*header] if isinstance(header, list) else {**good, **header}
+    blob = json.dumps(fields).encode()
+    body = b"GE2JITK2" + struct.pack("<I", len(blob)) + blob + e.cubin
+    with pytest.raises(ValueError):
+        CacheEntry.from_bytes(body + hashlib.sha256(body).digest())
+    c = KernelCache(tmp_path)
+    c.path_for(e.key).parent.mkdir(parents=True)
+    c.path_for(e.key).write_bytes(body + hashlib.sha256(body).digest())
+    assert c.get(e.key) is None and c.corrupt == 1
