@@ -12,13 +12,20 @@ Rules (each one learned from a bug in another JIT's tracker):
   whose cubin does not define that kernel;
 - the directory is sharded by the key's first two hex digits;
 - an unwritable directory (read-only, full) makes the cache keep kernels in memory, with one
-  warning per process.
+  warning per process;
+- nothing in a directory is trusted that ge2jit could not have written (see ``untrusted``):
+  only regular files up to ``MAX_ENTRY_BYTES`` are read, without following a symlink or
+  blocking on a FIFO, and a directory that other users can write is refused, as ssh refuses
+  such key files;
+- ``GE2JIT_CACHE_DIR`` may list several directories: look-ups go through them in order and
+  misses are written to the first; the others are read only (a shared, warmed cache).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -41,6 +48,7 @@ _CHECKSUM_LEN = 32                # sha256 of everything before it
 SUFFIX = ".cubin"
 SOURCE_SUFFIX = ".cu"
 TMP_PREFIX = ".tmp-ge2jit-"
+MAX_ENTRY_BYTES = 64 * 1024 * 1024   # the largest cubins are a few MiB; anything more is not ours
 
 # The only names that clear and prune may delete: a shard directory is two hex digits, an entry
 # the key's other 62 (with its optional source beside it), a temporary file ours by prefix.
@@ -49,6 +57,10 @@ _ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu)")
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r"[0-9]+-[a-z0-9_]+")
 _TMP_MAX_AGE_S = 3600.0          # prune: a temporary file this old belongs to a killed writer
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: opening a FIFO planted under an entry's name must not wait for a writer.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+logger = logging.getLogger("ge2jit.cache")
 
 
 def cache_key(*, source: str, options: tuple[str, ...], arch: str, nvrtc_fingerprint: str,
@@ -202,6 +214,7 @@ class KernelCache:
         self._memory: dict[str, CacheEntry] = {}
         self._disk_ok = self.enabled
         self._warned = False
+        self._refused: dict[int, str | None] = {}   # root index -> why it is not used
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -224,39 +237,45 @@ class KernelCache:
             self.hits += 1
             return entry
         if self.enabled:
-            path = self.path_for(key)
-            try:
-                data = path.read_bytes()
-            except OSError:
-                data = None
-            if data is not None:
+            for i, root in enumerate(self.roots):
+                if (i == 0 and not self._disk_ok) or self._root_problem(i):
+                    continue
                 try:
+                    data = _read_entry_file(root, key[:2], key[2:] + SUFFIX, shared=i > 0,
+                                            touch=i == 0)   # the use, for LRU eviction
+                    if data is None:
+                        continue
                     entry = CacheEntry.from_bytes(data, expected_key=key,
                                                   kernel_name=kernel_name, arch=arch)
-                except Exception:  # noqa: BLE001 - any defect is a miss that recompiles
+                except Exception as e:  # noqa: BLE001 - any defect is a miss that recompiles
                     self.corrupt += 1
-                    entry = None
-                if entry is not None:
-                    self.hits += 1
-                    try:  # record the use for least-recently-used eviction
-                        os.utime(path)
-                    except OSError:
-                        pass
-                    self._memory[key] = entry
-                    return entry
+                    logger.debug("cache entry %s in %s refused: %s", key, root, e)
+                    continue
+                self.hits += 1
+                self._memory[key] = entry
+                return entry
         self.misses += 1
         return None
 
     def put(self, entry: CacheEntry, source: str | None = None) -> Path | None:
-        """Store ``entry``; returns its path, or None when it is kept in memory only."""
+        """Store ``entry`` in the first directory; returns its path, or None when it is kept in
+        memory only (the disk cache is disabled, refused or unwritable)."""
         self._memory[entry.key] = entry
         if not self._disk_ok:
             return None
         path = self.path_for(entry.key)
         try:
+            _make_dirs(self.root)
+            if self._root_problem(0):
+                return None
+            _make_dirs(path.parent)
+            why = _dir_problem(path.parent, shared=False, follow=False)
+            if why:
+                self._refuse(0, f"its subdirectory {path.parent.name} is {why}")
+                return None
             _atomic_write(path, entry.to_bytes())
             if source is not None and get_settings().save_source:
-                _atomic_write(path.with_suffix(".cu"), source.encode())
+                _atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
         except OSError as e:
             self._fall_back_to_memory(e)
             return None
@@ -266,24 +285,75 @@ class KernelCache:
             self.prune(max_bytes=cap)
         return path
 
+    def writable_problem(self) -> str | None:
+        """Why the first directory cannot take new entries (disabled, refused, not writable),
+        or None when it can. Creates the directory; warns of nothing."""
+        if not self.enabled:
+            return "the disk cache is disabled (GE2JIT_DISABLE_CACHE)"
+        try:
+            _make_dirs(self.root)
+            why = _dir_problem(self.root, shared=False, follow=True)
+            if why:
+                return f"{self.root} is {why}"
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=f"{TMP_PREFIX}{os.getpid()}-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            return f"{self.root} is not writable ({e.strerror or e})"
+        return None
+
     def _fall_back_to_memory(self, err: OSError) -> None:
         with self._lock:
             self._disk_ok = False
-            if not self._warned:
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            f"ge2jit cannot write its kernel cache at {self.root} ({err.strerror or err}); "
+            "compiled kernels are kept in memory for this process only. Set "
+            "GE2JIT_CACHE_DIR to a writable directory to keep them across runs.",
+            CacheWarning,
+            stacklevel=4,
+        )
+
+    def _root_problem(self, i: int) -> str | None:
+        """Why directory ``i`` is not used (checked once it exists), or None."""
+        if i in self._refused:
+            return self._refused[i]
+        root = self.roots[i]
+        if not root.is_dir():
+            return None if i == 0 else "missing"   # the first is made at the first write
+        why = _dir_problem(root, shared=i > 0, follow=True)
+        if why:
+            self._refuse(i, f"it is {why}")
+        else:
+            self._refused[i] = None
+        return why
+
+    def _refuse(self, i: int, why: str) -> None:
+        root = self.roots[i]
+        with self._lock:
+            self._refused[i] = why
+            if i == 0:
+                self._disk_ok = False
+                if self._warned:
+                    return
                 self._warned = True
-                warnings.warn(
-                    f"ge2jit cannot write its kernel cache at {self.root} ({err.strerror or err}); "
-                    "compiled kernels are kept in memory for this process only. Set "
-                    "GE2JIT_CACHE_DIR to a writable directory to keep them across runs.",
-                    CacheWarning,
-                    stacklevel=4,
-                )
+                msg = (f"ge2jit does not use the kernel cache directory {root}: {why}; "
+                       "compiled kernels are kept in memory for this process only. Make it "
+                       f"yours and writable by you alone (chmod go-w {root}) or set "
+                       "GE2JIT_CACHE_DIR to a private directory.")
+            else:
+                msg = (f"ge2jit does not read the shared kernel cache directory {root}: {why}; "
+                       "a shared cache must be writable by its owner alone (chmod go-w).")
+        warnings.warn(msg, CacheWarning, stacklevel=4)
 
     def info(self) -> dict:
         """Location, entries, size on disk, and this process's hit/miss counters."""
         entries = list(self.entries())
         return {
             "location": str(self.root),
+            "read_only_locations": [str(r) for r in self.roots[1:]],
             "disk_cache": "enabled" if self.enabled else "disabled (GE2JIT_DISABLE_CACHE)",
             "writable": self._disk_ok,
             "entries": len(entries),
@@ -367,7 +437,10 @@ class KernelCache:
 
     def entries(self) -> Iterator[tuple[Path, CacheEntry | None]]:
         """Yield (path, entry or None if unreadable) for every entry file of the first
-        directory; files with other names and symlinks are not entries."""
+        directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
+        entries; a file that breaks the other rules of ``get`` is unreadable."""
+        if not self.enabled or self._root_problem(0):
+            return
         try:
             root_fd = os.open(self.root, _DIR_FLAGS)
         except OSError:
@@ -375,17 +448,20 @@ class KernelCache:
         try:
             for shard, shard_fd in _shards(root_fd):
                 try:
-                    names = [n for n, _ in _own_files(shard_fd) if n.endswith(SUFFIX)
-                             and _ENTRY_RE.fullmatch(n)]
+                    if untrusted(os.fstat(shard_fd), shared=False):
+                        continue
+                    for name, _ in _own_files(shard_fd):
+                        if not name.endswith(SUFFIX):
+                            continue
+                        try:
+                            data = _read_at(shard_fd, name, shared=False)
+                            entry = CacheEntry.from_bytes(
+                                data or b"", expected_key=shard + name[:-len(SUFFIX)])
+                        except Exception:  # noqa: BLE001 - any defect makes it unreadable
+                            entry = None
+                        yield self.root / shard / name, entry
                 finally:
                     os.close(shard_fd)
-                for name in names:
-                    path = self.root / shard / name
-                    try:
-                        yield path, CacheEntry.from_bytes(path.read_bytes(),
-                                                          expected_key=shard + name[:-len(SUFFIX)])
-                    except Exception:  # noqa: BLE001 - any defect makes it unreadable
-                        yield path, None
         finally:
             os.close(root_fd)
 
@@ -413,6 +489,11 @@ class _Removal:
             return None
         except OSError as e:
             self.failed.append((str(root), f"cannot open the directory ({e.strerror or e})"))
+            return None
+        why = untrusted(os.fstat(fd), shared=False)
+        if why:
+            os.close(fd)
+            self.failed.append((str(root), f"refused: the directory is {why}"))
             return None
         if not os.access(root, os.W_OK | os.X_OK):
             os.close(fd)
@@ -478,10 +559,164 @@ def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
     return sorted(out, key=lambda x: x[0])
 
 
+class _Refused(Exception):
+    """A file under an entry's name that ge2jit could not have written."""
+
+
+def untrusted(st: os.stat_result, *, shared: bool) -> str | None:
+    """Why a cache file or directory with status ``st`` cannot be trusted, or None.
+
+    The rules, as ssh applies to key files: it belongs to this user or root, and no one else
+    can write it, that is, it is not world-writable, and group-writable only when the group is
+    this user's private group (same name, no other member: the usual umask 002 set-up). In a
+    read-only shared directory (``shared``) the owner may be anyone (the one who warmed it),
+    but then neither group nor world may write.
+    """
+    mine = st.st_uid in (os.geteuid(), 0)
+    mode = stat.S_IMODE(st.st_mode)
+    if not (mine or shared):
+        return f"owned by another user (uid {st.st_uid})"
+    if mode & stat.S_IWOTH:
+        return f"writable by every user (mode {mode:#o})"
+    if mode & stat.S_IWGRP and not (mine and _group_is_private(st.st_gid)):
+        return f"writable by group {_group_name(st.st_gid)} (mode {mode:#o})"
+    return None
+
+
+def _group_is_private(gid: int) -> bool:
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except (KeyError, OSError):
+        return False
+    return (gid == user.pw_gid and group.gr_name == user.pw_name
+            and all(m == user.pw_name for m in group.gr_mem))
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return repr(grp.getgrgid(gid).gr_name)
+    except (KeyError, OSError):
+        return str(gid)
+
+
+def _dir_problem(path: Path, *, shared: bool, follow: bool) -> str | None:
+    """Why the directory ``path`` is refused, or None (also when it cannot be examined: the
+    write that needs it reports that). ``follow``: a symlink there is followed (only for a
+    directory the user named)."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    return untrusted(st, shared=shared)
+
+
+def _read_entry_file(root: Path, shard: str, name: str, *, shared: bool,
+                     touch: bool = False) -> bytes | None:
+    """The bytes of ``root/shard/name``, or None when there is none.
+
+    The shard directory and the file are opened without following symlinks and must pass
+    ``untrusted``; raises _Refused otherwise. ``touch`` records the use (mtime) for eviction.
+    """
+    try:
+        root_fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        try:
+            shard_fd = os.open(shard, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:                 # ELOOP: a symlink; ENOTDIR: not a directory
+            raise _Refused(f"{shard}: {e.strerror or e}") from None
+        try:
+            why = untrusted(os.fstat(shard_fd), shared=shared)
+            if why:
+                raise _Refused(f"{shard} is {why}")
+            return _read_at(shard_fd, name, shared=shared, touch=touch)
+        finally:
+            os.close(shard_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _read_at(dir_fd: int, name: str, *, shared: bool, touch: bool = False,
+             max_bytes: int | None = None) -> bytes | None:
+    """The bytes of the regular file ``name`` in ``dir_fd`` (None if there is none), read only
+    if it passes ``untrusted`` and holds at most ``max_bytes`` (default MAX_ENTRY_BYTES)."""
+    limit = MAX_ENTRY_BYTES if max_bytes is None else max_bytes
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _Refused(f"{name}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):         # never open a device, FIFO or symlink
+        raise _Refused(f"{name} is not a regular file")
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _Refused(f"{name}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)                    # what was opened, if it changed since the stat
+        if not stat.S_ISREG(st.st_mode):
+            raise _Refused(f"{name} is not a regular file")
+        if st.st_size > limit:
+            raise _Refused(f"{name} holds {st.st_size} bytes, more than {limit}")
+        why = untrusted(st, shared=shared)
+        if why:
+            raise _Refused(f"{name} is {why}")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(f"{name} holds more than {limit} bytes")
+        if touch:
+            try:
+                os.utime(fd)
+            except OSError:
+                pass
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, mode 0o755 less the umask: a directory that
+    ge2jit makes is never group- or world-writable (a writable cache is private)."""
+    try:
+        path.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        _make_dirs(path.parent)
+        try:
+            path.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory."""
     for attempt in range(3):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{os.getpid()}-")
         try:
             with os.fdopen(fd, "wb") as f:

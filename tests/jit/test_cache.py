@@ -404,3 +404,197 @@ def test_a_header_of_the_wrong_shape_is_a_miss(tmp_path, header):
     c.path_for(e.key).parent.mkdir(parents=True)
     c.path_for(e.key).write_bytes(body + hashlib.sha256(body).digest())
     assert c.get(e.key) is None and c.corrupt == 1
+
+
+# --- reading trusts only regular files of a bounded size, owned right, in private dirs -------
+
+class _Hang(Exception):
+    pass
+
+
+def _within(seconds: int, fn):
+    """fn(), or _Hang if it blocks longer than ``seconds`` (a FIFO opened for reading would)."""
+    import signal
+
+    def alarm(*_):
+        raise _Hang
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_fifo_in_place_of_an_entry_is_a_miss_without_blocking(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    path.unlink()
+    os.mkfifo(path)
+    fresh = KernelCache(tmp_path)
+    assert _within(5, lambda: fresh.get(e.key)) is None and fresh.corrupt == 1
+    assert _within(5, lambda: list(fresh.entries())) == []
+    assert _within(5, lambda: fresh.info())["entries"] == 0
+
+
+@pytest.mark.parametrize("target", ["entry", "dev"])
+def test_a_symlinked_entry_is_a_miss(tmp_path, target):
+    c = KernelCache(tmp_path / "c")
+    e = _entry()
+    path = c.put(e)
+    elsewhere = tmp_path / "elsewhere.cubin"
+    path.replace(elsewhere)
+    path.symlink_to(elsewhere if target == "entry" else Path("/dev/zero"))
+    fresh = KernelCache(tmp_path / "c")
+    assert _within(5, lambda: fresh.get(e.key)) is None and fresh.corrupt == 1
+    assert list(fresh.entries()) == []
+    assert fresh.put(e) == path and not path.is_symlink(), "the link is replaced, not followed"
+    assert KernelCache(tmp_path / "c").get(e.key) == e
+
+
+def test_a_symlinked_shard_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path / "other")
+    e = _entry()
+    c.put(e)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "ab").symlink_to(tmp_path / "other" / "ab")
+    fresh = KernelCache(tmp_path / "c")
+    assert fresh.get(e.key) is None and list(fresh.entries()) == []
+
+
+def test_an_oversized_entry_is_a_miss_and_is_not_read(tmp_path, monkeypatch):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    monkeypatch.setattr(cache_mod, "MAX_ENTRY_BYTES", path.stat().st_size - 1)
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(e.key) is None and fresh.corrupt == 1
+    assert [x for _, x in fresh.entries()] == [None]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_an_entry_owned_by_another_user_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    os.chown(c.put(e), 12345, 12345)
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(e.key) is None and fresh.corrupt == 1
+    assert [x for _, x in fresh.entries()] == [None]
+
+
+# --- a directory that other users can write is refused ----------------------------------------
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o722])
+def test_a_directory_others_can_write_is_refused(tmp_path, mode):
+    root = tmp_path / "c"
+    e = _entry()
+    KernelCache(root).put(e)
+    root.chmod(mode)
+    c = KernelCache(root)
+    with pytest.warns(CacheWarning, match="writable by") as w:
+        assert c.get(e.key) is None, "nothing is read from it"
+        other = _entry(key="ef" + "0" * 62)
+        assert c.put(other) is None, "nothing is written to it"
+        c.put(_entry(key="ef" + "1" * 62))
+    assert len(w) == 1 and str(root) in str(w[0].message)
+    assert c.get(other.key) is other, "kept in memory"
+    assert not (root / "ef").exists()
+    assert not c.clear().ok and (root / "ab").exists(), "clear refuses it too"
+
+
+def test_a_shard_others_can_write_is_refused(tmp_path):
+    e = _entry()
+    path = KernelCache(tmp_path).put(e)
+    path.parent.chmod(0o777)
+    c = KernelCache(tmp_path)
+    assert c.get(e.key) is None and c.corrupt == 1
+    assert list(c.entries()) == []
+    with pytest.warns(CacheWarning, match="writable by"):
+        assert c.put(e) is None
+
+
+def test_a_group_writable_directory_is_refused_unless_the_group_is_private(tmp_path,
+                                                                         monkeypatch):
+    root = tmp_path / "c"
+    e = _entry()
+    KernelCache(root).put(e)
+    root.chmod(0o775)
+    monkeypatch.setattr(cache_mod, "_group_is_private", lambda gid: True)
+    assert KernelCache(root).get(e.key) == e, "a user-private group (umask 002) is fine"
+    monkeypatch.setattr(cache_mod, "_group_is_private", lambda gid: False)
+    with pytest.warns(CacheWarning, match="writable by group"):
+        assert KernelCache(root).get(e.key) is None
+
+
+# --- several directories: look-ups in order, writes to the first ------------------------------
+
+def test_lookups_go_through_the_directories_in_order_and_misses_go_to_the_first(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    warm = _entry(key="aa" + "1" * 62)
+    KernelCache(shared).put(warm)
+    shared_files = sorted(p for p in shared.rglob("*"))
+    shared.chmod(0o555)
+    try:
+        c = KernelCache([mine, shared])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert c.get(warm.key) == warm and c.hits == 1
+            cold = _entry(key="bb" + "2" * 62)
+            assert c.get(cold.key) is None
+            assert c.put(cold) == mine / "bb" / ("2" * 62 + ".cubin")
+        assert sorted(p for p in shared.rglob("*")) == shared_files
+        # the first directory wins when both hold a key
+        KernelCache(mine).put(_entry(key=warm.key, cubin=b"\x7fELF mine"))
+        assert KernelCache([mine, shared]).get(warm.key).cubin == b"\x7fELF mine"
+    finally:
+        shared.chmod(0o755)
+
+
+def test_cache_dir_variable_lists_directories(tmp_path, monkeypatch):
+    from ge2jit.settings import reload_settings
+
+    monkeypatch.setenv("GE2JIT_CACHE_DIR", f"{tmp_path}/a:{tmp_path}/b::~/c")
+    reload_settings()
+    try:
+        c = KernelCache()
+        assert c.roots == (tmp_path / "a", tmp_path / "b", Path("~/c").expanduser())
+        assert c.root == tmp_path / "a"
+    finally:
+        monkeypatch.undo()
+        reload_settings()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_a_shared_directory_may_belong_to_another_user_if_only_they_can_write(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    e = _entry()
+    path = KernelCache(shared).put(e)
+    for p in (shared, path.parent, path):
+        os.chown(p, 12345, 12345)
+    assert KernelCache([mine, shared]).get(e.key) == e
+    with pytest.warns(CacheWarning, match="owned by another user"):
+        assert KernelCache(shared).get(e.key) is None, "as the first directory it must be mine"
+    path.chmod(0o664)
+    c = KernelCache([mine, shared])
+    assert c.get(e.key) is None and c.corrupt == 1, "a file its group can write is refused"
+    path.chmod(0o644)
+    path.parent.chmod(0o775)
+    assert KernelCache([mine, shared]).get(e.key) is None
+    path.parent.chmod(0o755)
+    shared.chmod(0o777)
+    with pytest.warns(CacheWarning, match="writable by every user"):
+        assert KernelCache([mine, shared]).get(e.key) is None
+
+
+def test_writable_problem_names_why_the_first_directory_cannot_take_entries(tmp_path):
+    assert KernelCache(tmp_path / "new").writable_problem() is None
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())
+    (tmp_path / "file").write_text("x")
+    assert "Not a directory" in KernelCache(tmp_path / "file" / "c").writable_problem()
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    assert "writable by every user" in KernelCache(tmp_path / "open").writable_problem()
+    assert "disabled" in KernelCache(tmp_path, enabled=False).writable_problem()
