@@ -56,11 +56,32 @@ _SHARD_RE = re.compile(r"[0-9a-f]{2}")
 _ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu)")
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r"[0-9]+-[a-z0-9_]+")
 _TMP_MAX_AGE_S = 3600.0          # prune: a temporary file this old belongs to a killed writer
+_FILE_MODE = 0o644               # less the umask; never group- or world-writable (see untrusted)
+_RESCAN_EVERY = 64               # writes between scans that see other processes' entries
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 # O_NONBLOCK: opening a FIFO planted under an entry's name must not wait for a writer.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 logger = logging.getLogger("ge2jit.cache")
+
+
+def _read_umask() -> int:
+    """This process's umask, read without changing it where Linux tells (/proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:                    # elsewhere: set and restore it, once, at import
+        old = os.umask(0o022)
+        os.umask(old)
+    return old
+
+
+_umask_lock = threading.Lock()
+_UMASK = _read_umask()
 
 
 def cache_key(*, source: str, options: tuple[str, ...], arch: str, nvrtc_fingerprint: str,
@@ -215,6 +236,7 @@ class KernelCache:
         self._disk_ok = self.enabled
         self._warned = False
         self._refused: dict[int, str | None] = {}   # root index -> why it is not used
+        self._disk_bytes: int | None = None         # the first directory's entries, in bytes
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -273,6 +295,8 @@ class KernelCache:
             if why:
                 self._refuse(0, f"its subdirectory {path.parent.name} is {why}")
                 return None
+            cap = get_settings().cache_max_size
+            replaced = _file_bytes(path) if cap is not None else 0
             _atomic_write(path, entry.to_bytes())
             if source is not None and get_settings().save_source:
                 _atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
@@ -280,10 +304,34 @@ class KernelCache:
             self._fall_back_to_memory(e)
             return None
         self.writes += 1
-        cap = get_settings().cache_max_size
-        if cap is not None and self.writes % 32 == 1:  # the first write, then every 32nd
-            self.prune(max_bytes=cap)
+        if cap is not None and not self._hold_cap(cap, _file_bytes(path) - replaced, path):
+            return None
         return path
+
+    def _hold_cap(self, cap: int, added: int, path: Path) -> bool:
+        """Evict least recently used entries if the first directory now holds more than
+        ``cap`` bytes; False if that evicted ``path``, the entry just written.
+
+        The total is kept in memory between scans, so a write under the cap costs no scan.
+        Other processes' writes are seen at the next scan (every ``_RESCAN_EVERY`` writes).
+        """
+        if self._disk_bytes is None or self.writes % _RESCAN_EVERY == 0:
+            try:
+                root_fd = os.open(self.root, _DIR_FLAGS)
+            except OSError:
+                return True
+            try:
+                entries, _ = _entry_files(root_fd)
+            finally:
+                os.close(root_fd)
+            self._disk_bytes = sum(e[1] for e in entries.values())
+        else:
+            self._disk_bytes += added
+        if self._disk_bytes <= cap:
+            return True
+        # Down to nine tenths of the cap, so that evictions (each a scan) come in batches.
+        self.prune(max_bytes=cap - cap // 10)
+        return os.path.lexists(path)
 
     def writable_problem(self) -> str | None:
         """Why the first directory cannot take new entries (disabled, refused, not writable),
@@ -376,6 +424,7 @@ class KernelCache:
         they are.
         """
         self._memory.clear()
+        self._disk_bytes = None
         result = _Removal()
         root_fd = result.open_root(self.root)
         if root_fd is None:
@@ -406,22 +455,10 @@ class KernelCache:
             return result.done()
         now = time.time()
         try:
-            entries: dict[str, list] = {}            # key -> [mtime, bytes, [(shard, name)]]
-            for shard, shard_fd in _shards(root_fd):
-                try:
-                    for name, st in _own_files(shard_fd):
-                        m = _ENTRY_RE.fullmatch(name)
-                        if m is None:                # a temporary file
-                            if now - st.st_mtime > _TMP_MAX_AGE_S:
-                                result.unlink(shard_fd, self.root / shard / name, st)
-                            continue
-                        e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
-                        if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
-                            e[0] = st.st_mtime
-                        e[1] += st.st_size
-                        e[2].append(name)
-                finally:
-                    os.close(shard_fd)
+            entries, temporary = _entry_files(root_fd)
+            for shard, name, st in temporary:
+                if now - st.st_mtime > _TMP_MAX_AGE_S:
+                    result.unlink_in(root_fd, self.root, shard, [name])
             total = sum(e[1] for e in entries.values())
             for key, (mtime, size, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
                 too_old = older_than_s is not None and now - mtime > older_than_s
@@ -431,6 +468,7 @@ class KernelCache:
                 before = result.freed
                 result.unlink_in(root_fd, self.root, key[:2], sorted(names, reverse=True))
                 total -= result.freed - before
+            self._disk_bytes = total
         finally:
             os.close(root_fd)
         return result.done()
@@ -542,6 +580,39 @@ def _shards(root_fd: int) -> Iterator[tuple[str, int]]:
         except OSError:                      # a symlink (ELOOP), a file, or gone
             continue
         yield name, fd
+
+
+def _entry_files(root_fd: int) -> tuple[dict[str, list], list[tuple[str, str, os.stat_result]]]:
+    """The first directory's entries, key -> [last use, bytes with the source, file names], and
+    its temporary files, (shard, name, lstat)."""
+    entries: dict[str, list] = {}
+    temporary = []
+    for shard, shard_fd in _shards(root_fd):
+        try:
+            for name, st in _own_files(shard_fd):
+                m = _ENTRY_RE.fullmatch(name)
+                if m is None:
+                    temporary.append((shard, name, st))
+                    continue
+                e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
+                if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
+                    e[0] = st.st_mtime
+                e[1] += st.st_size
+                e[2].append(name)
+        finally:
+            os.close(shard_fd)
+    return entries, temporary
+
+
+def _file_bytes(path: Path) -> int:
+    """Bytes of an entry file and the source beside it (0 for what is not there)."""
+    total = 0
+    for p in (path, path.with_suffix(SOURCE_SUFFIX)):
+        try:
+            total += os.lstat(p).st_size
+        except OSError:
+            pass
+    return total
 
 
 def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
@@ -720,6 +791,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{os.getpid()}-")
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(fd, _FILE_MODE & ~_UMASK)  # mkstemp's 0600 would hide it from a group
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
