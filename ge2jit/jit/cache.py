@@ -30,7 +30,6 @@ import os
 import re
 import stat
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -824,8 +823,3 @@ def reset_default_cache() -> None:
     """Forget the process-wide cache object (after changing GE2JIT_* variables)."""
     global _default
     _default = None
-
-
-def log(msg: str) -> None:
-    if get_settings().verbose:
-        print(f"[ge2jit {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr)
