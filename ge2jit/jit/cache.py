@@ -209,6 +209,108 @@ class RemoveResult:
         return not self.failed
 
 
+class CacheDirs:
+    """The directories of one store (kernels, tuning records): the first takes the writes,
+    the others are only read. Keeps which are refused and warns once per directory.
+
+    Args:
+        roots: the directories in look-up order.
+        enabled: False: no directory is used at all.
+        what: the store's name in warnings ("kernel cache").
+        kept: what is kept in memory instead ("compiled kernels").
+    """
+
+    def __init__(self, roots: tuple[Path, ...], *, enabled: bool, what: str, kept: str):
+        if not roots:
+            raise ValueError(f"{what}: expected at least one directory, got none")
+        self.roots = roots
+        self.root = roots[0]
+        self.enabled = enabled
+        self.writable = enabled              # False after a refusal or a failed write
+        self.what, self.kept = what, kept
+        self._refused: dict[int, str | None] = {}   # index -> why it is not used
+        self._warned = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def parse(root: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[Path, ...]:
+        """One directory or several, as a tuple of paths."""
+        if isinstance(root, (str, os.PathLike)):
+            return (Path(root),)
+        return tuple(Path(r) for r in root)
+
+    def readable(self) -> Iterator[tuple[int, Path]]:
+        """(index, directory) of each directory to look in, in order."""
+        if not self.enabled:
+            return
+        for i, root in enumerate(self.roots):
+            if (i > 0 or self.writable) and not self.problem(i):
+                yield i, root
+
+    def problem(self, i: int) -> str | None:
+        """Why directory ``i`` is not used (checked once it exists), or None."""
+        if i in self._refused:
+            return self._refused[i]
+        root = self.roots[i]
+        if not root.is_dir():
+            return None if i == 0 else "missing"   # the first is made at the first write
+        why = _dir_problem(root, shared=i > 0, follow=True)
+        if why:
+            self.refuse(i, f"it is {why}")
+        else:
+            self._refused[i] = None
+        return why
+
+    def prepare(self, shard: Path) -> bool:
+        """Make the first directory and its subdirectory ``shard``; False when either may not
+        be used (refused, with the warning). Raises OSError when they cannot be made."""
+        if not self.writable:
+            return False
+        _make_dirs(self.root)
+        if self.problem(0):
+            return False
+        _make_dirs(shard)
+        why = _dir_problem(shard, shared=False, follow=False)
+        if why:
+            self.refuse(0, f"its subdirectory {shard.name} is {why}")
+            return False
+        return True
+
+    def refuse(self, i: int, why: str) -> None:
+        """Stop using directory ``i`` for this process; warn once."""
+        root = self.roots[i]
+        with self._lock:
+            self._refused[i] = why
+            if i == 0:
+                self.writable = False
+                if self._warned:
+                    return
+                self._warned = True
+                msg = (f"ge2jit does not use the {self.what} directory {root}: {why}; "
+                       f"{self.kept} are kept in memory for this process only. Make it yours "
+                       f"and writable by you alone (chmod go-w {root}) or set GE2JIT_CACHE_DIR "
+                       "to a private directory.")
+            else:
+                msg = (f"ge2jit does not read the shared {self.what} directory {root}: {why}; "
+                       "a shared cache must be writable by its owner alone (chmod go-w).")
+        warnings.warn(msg, CacheWarning, stacklevel=2)
+
+    def fall_back(self, err: OSError) -> None:
+        """A write failed (read-only, full): keep to memory for this process; warn once."""
+        with self._lock:
+            self.writable = False
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            f"ge2jit cannot write its {self.what} at {self.root} ({err.strerror or err}); "
+            f"{self.kept} are kept in memory for this process only. Set GE2JIT_CACHE_DIR to a "
+            "writable directory to keep them across runs.",
+            CacheWarning,
+            stacklevel=2,
+        )
+
+
 class KernelCache:
     """Disk cache of compiled kernels, with an in-memory fallback.
 
@@ -221,22 +323,15 @@ class KernelCache:
     def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None, *,
                  enabled: bool | None = None):
         settings = get_settings()
-        if root is None:
-            self.roots: tuple[Path, ...] = tuple(settings.cache_dirs)
-        elif isinstance(root, (str, os.PathLike)):
-            self.roots = (Path(root),)
-        else:
-            self.roots = tuple(Path(r) for r in root)
-        if not self.roots:
-            raise ValueError("KernelCache: expected at least one directory, got none")
-        self.root = self.roots[0]
-        self.enabled = (not settings.disable_cache) if enabled is None else enabled
+        roots = tuple(settings.cache_dirs) if root is None else CacheDirs.parse(root)
+        enabled = (not settings.disable_cache) if enabled is None else enabled
+        self._dirs = CacheDirs(roots, enabled=enabled, what="kernel cache",
+                               kept="compiled kernels")
+        self.roots: tuple[Path, ...] = self._dirs.roots
+        self.root: Path = self._dirs.root
+        self.enabled: bool = enabled
         self._memory: dict[str, CacheEntry] = {}
-        self._disk_ok = self.enabled
-        self._warned = False
-        self._refused: dict[int, str | None] = {}   # root index -> why it is not used
         self._disk_bytes: int | None = None         # the first directory's entries, in bytes
-        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.corrupt = 0
@@ -257,24 +352,21 @@ class KernelCache:
         if entry is not None:
             self.hits += 1
             return entry
-        if self.enabled:
-            for i, root in enumerate(self.roots):
-                if (i == 0 and not self._disk_ok) or self._root_problem(i):
+        for i, root in self._dirs.readable():
+            try:
+                data = read_trusted(root, key[:2], key[2:] + SUFFIX, shared=i > 0,
+                                    touch=i == 0)       # the use, for LRU eviction
+                if data is None:
                     continue
-                try:
-                    data = _read_entry_file(root, key[:2], key[2:] + SUFFIX, shared=i > 0,
-                                            touch=i == 0)   # the use, for LRU eviction
-                    if data is None:
-                        continue
-                    entry = CacheEntry.from_bytes(data, expected_key=key,
-                                                  kernel_name=kernel_name, arch=arch)
-                except Exception as e:  # noqa: BLE001 - any defect is a miss that recompiles
-                    self.corrupt += 1
-                    logger.debug("cache entry %s in %s refused: %s", key, root, e)
-                    continue
-                self.hits += 1
-                self._memory[key] = entry
-                return entry
+                entry = CacheEntry.from_bytes(data, expected_key=key, kernel_name=kernel_name,
+                                              arch=arch)
+            except Exception as e:  # noqa: BLE001 - any defect is a miss that recompiles
+                self.corrupt += 1
+                logger.debug("cache entry %s in %s refused: %s", key, root, e)
+                continue
+            self.hits += 1
+            self._memory[key] = entry
+            return entry
         self.misses += 1
         return None
 
@@ -282,17 +374,9 @@ class KernelCache:
         """Store ``entry`` in the first directory; returns its path, or None when it is kept in
         memory only (the disk cache is disabled, refused or unwritable)."""
         self._memory[entry.key] = entry
-        if not self._disk_ok:
-            return None
         path = self.path_for(entry.key)
         try:
-            _make_dirs(self.root)
-            if self._root_problem(0):
-                return None
-            _make_dirs(path.parent)
-            why = _dir_problem(path.parent, shared=False, follow=False)
-            if why:
-                self._refuse(0, f"its subdirectory {path.parent.name} is {why}")
+            if not self._dirs.prepare(path.parent):
                 return None
             cap = get_settings().cache_max_size
             replaced = _file_bytes(path) if cap is not None else 0
@@ -300,7 +384,7 @@ class KernelCache:
             if source is not None and get_settings().save_source:
                 _atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
         except OSError as e:
-            self._fall_back_to_memory(e)
+            self._dirs.fall_back(e)
             return None
         self.writes += 1
         if cap is not None and not self._hold_cap(cap, _file_bytes(path) - replaced, path):
@@ -349,52 +433,6 @@ class KernelCache:
             return f"{self.root} is not writable ({e.strerror or e})"
         return None
 
-    def _fall_back_to_memory(self, err: OSError) -> None:
-        with self._lock:
-            self._disk_ok = False
-            if self._warned:
-                return
-            self._warned = True
-        warnings.warn(
-            f"ge2jit cannot write its kernel cache at {self.root} ({err.strerror or err}); "
-            "compiled kernels are kept in memory for this process only. Set "
-            "GE2JIT_CACHE_DIR to a writable directory to keep them across runs.",
-            CacheWarning,
-            stacklevel=4,
-        )
-
-    def _root_problem(self, i: int) -> str | None:
-        """Why directory ``i`` is not used (checked once it exists), or None."""
-        if i in self._refused:
-            return self._refused[i]
-        root = self.roots[i]
-        if not root.is_dir():
-            return None if i == 0 else "missing"   # the first is made at the first write
-        why = _dir_problem(root, shared=i > 0, follow=True)
-        if why:
-            self._refuse(i, f"it is {why}")
-        else:
-            self._refused[i] = None
-        return why
-
-    def _refuse(self, i: int, why: str) -> None:
-        root = self.roots[i]
-        with self._lock:
-            self._refused[i] = why
-            if i == 0:
-                self._disk_ok = False
-                if self._warned:
-                    return
-                self._warned = True
-                msg = (f"ge2jit does not use the kernel cache directory {root}: {why}; "
-                       "compiled kernels are kept in memory for this process only. Make it "
-                       f"yours and writable by you alone (chmod go-w {root}) or set "
-                       "GE2JIT_CACHE_DIR to a private directory.")
-            else:
-                msg = (f"ge2jit does not read the shared kernel cache directory {root}: {why}; "
-                       "a shared cache must be writable by its owner alone (chmod go-w).")
-        warnings.warn(msg, CacheWarning, stacklevel=4)
-
     def info(self) -> dict:
         """Location, entries, size on disk, and this process's hit/miss counters."""
         entries = list(self.entries())
@@ -402,7 +440,7 @@ class KernelCache:
             "location": str(self.root),
             "read_only_locations": [str(r) for r in self.roots[1:]],
             "disk_cache": "enabled" if self.enabled else "disabled (GE2JIT_DISABLE_CACHE)",
-            "writable": self._disk_ok,
+            "writable": self._dirs.writable,
             "entries": len(entries),
             "unreadable_entries": sum(1 for _, e in entries if e is None),
             "size_bytes": sum(p.stat().st_size for p, _ in entries),
@@ -476,7 +514,7 @@ class KernelCache:
         """Yield (path, entry or None if unreadable) for every entry file of the first
         directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
         entries; a file that breaks the other rules of ``get`` is unreadable."""
-        if not self.enabled or self._root_problem(0):
+        if not self.enabled or self._dirs.problem(0):
             return
         try:
             root_fd = os.open(self.root, _DIR_FLAGS)
@@ -614,11 +652,16 @@ def _file_bytes(path: Path) -> int:
     return total
 
 
-def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of the regular files in a shard that have ge2jit's names, sorted."""
+def _own_files(shard_fd: int, pattern: re.Pattern | None = None
+               ) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of the regular files in a shard that have ge2jit's names (entries and
+    temporary files, or those ``pattern`` matches), sorted."""
     out = []
     for e in os.scandir(shard_fd):
-        if not (_ENTRY_RE.fullmatch(e.name) or _TMP_RE.fullmatch(e.name)):
+        if pattern is not None:
+            if not pattern.fullmatch(e.name):
+                continue
+        elif not (_ENTRY_RE.fullmatch(e.name) or _TMP_RE.fullmatch(e.name)):
             continue
         try:
             st = e.stat(follow_symlinks=False)
@@ -629,8 +672,8 @@ def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
     return sorted(out, key=lambda x: x[0])
 
 
-class _Refused(Exception):
-    """A file under an entry's name that ge2jit could not have written."""
+class UntrustedFile(ValueError):
+    """A file (or its directory) under a cache name that ge2jit could not have written."""
 
 
 def untrusted(st: os.stat_result, *, shared: bool) -> str | None:
@@ -690,12 +733,16 @@ def _dir_problem(path: Path, *, shared: bool, follow: bool) -> str | None:
     return untrusted(st, shared=shared)
 
 
-def _read_entry_file(root: Path, shard: str, name: str, *, shared: bool,
-                     touch: bool = False) -> bytes | None:
+def read_trusted(root: Path, shard: str, name: str, *, shared: bool, touch: bool = False,
+                 max_bytes: int | None = None) -> bytes | None:
     """The bytes of ``root/shard/name``, or None when there is none.
 
     The shard directory and the file are opened without following symlinks and must pass
-    ``untrusted``; raises _Refused otherwise. ``touch`` records the use (mtime) for eviction.
+    ``untrusted``; the file must be regular and hold at most ``max_bytes`` (default
+    MAX_ENTRY_BYTES). ``touch`` records the use (mtime) for eviction.
+
+    Raises:
+        UntrustedFile: something is there that breaks these rules (the reason says what).
     """
     try:
         root_fd = os.open(root, _DIR_FLAGS)
@@ -707,12 +754,12 @@ def _read_entry_file(root: Path, shard: str, name: str, *, shared: bool,
         except FileNotFoundError:
             return None
         except OSError as e:                 # ELOOP: a symlink; ENOTDIR: not a directory
-            raise _Refused(f"{shard}: {e.strerror or e}") from None
+            raise UntrustedFile(f"{shard}: {e.strerror or e}") from None
         try:
             why = untrusted(os.fstat(shard_fd), shared=shared)
             if why:
-                raise _Refused(f"{shard} is {why}")
-            return _read_at(shard_fd, name, shared=shared, touch=touch)
+                raise UntrustedFile(f"{shard} is {why}")
+            return _read_at(shard_fd, name, shared=shared, touch=touch, max_bytes=max_bytes)
         finally:
             os.close(shard_fd)
     finally:
@@ -729,24 +776,24 @@ def _read_at(dir_fd: int, name: str, *, shared: bool, touch: bool = False,
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise _Refused(f"{name}: {e.strerror or e}") from None
+        raise UntrustedFile(f"{name}: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):         # never open a device, FIFO or symlink
-        raise _Refused(f"{name} is not a regular file")
+        raise UntrustedFile(f"{name} is not a regular file")
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise _Refused(f"{name}: {e.strerror or e}") from None
+        raise UntrustedFile(f"{name}: {e.strerror or e}") from None
     try:
         st = os.fstat(fd)                    # what was opened, if it changed since the stat
         if not stat.S_ISREG(st.st_mode):
-            raise _Refused(f"{name} is not a regular file")
+            raise UntrustedFile(f"{name} is not a regular file")
         if st.st_size > limit:
-            raise _Refused(f"{name} holds {st.st_size} bytes, more than {limit}")
+            raise UntrustedFile(f"{name} holds {st.st_size} bytes, more than {limit}")
         why = untrusted(st, shared=shared)
         if why:
-            raise _Refused(f"{name} is {why}")
+            raise UntrustedFile(f"{name} is {why}")
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
@@ -755,7 +802,7 @@ def _read_at(dir_fd: int, name: str, *, shared: bool, touch: bool = False,
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
-                raise _Refused(f"{name} holds more than {limit} bytes")
+                raise UntrustedFile(f"{name} holds more than {limit} bytes")
         if touch:
             try:
                 os.utime(fd)
