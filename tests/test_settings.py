@@ -66,10 +66,10 @@ def test_bad_values_raise_settings_error_naming_the_variable(env):
     s = get_settings()                                   # reading the rest works
     assert s.cache_dirs and s.disable_cache is False
     with pytest.raises(SettingsError, match=r"^GE2JIT_CACHE_MAX_SIZE: expected a size") as e:
-        s.cache_max_size
+        _ = s.cache_max_size
     assert "\n" not in str(e.value) and "'12 parsecs'" in str(e.value)
     with pytest.raises(SettingsError, match=r"^GE2JIT_FLOAT32_PRECISION: expected one of"):
-        s.float32_precision
+        _ = s.float32_precision
 
 
 def test_good_values(env):

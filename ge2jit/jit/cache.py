@@ -244,7 +244,7 @@ class CacheDirs:
         if not self.enabled:
             return
         for i, root in enumerate(self.roots):
-            if (i > 0 or self.writable) and not self.problem(i):
+            if not self.problem(i):      # a failed write (disk full) still lets entries be read
                 yield i, root
 
     def problem(self, i: int) -> str | None:
@@ -497,7 +497,7 @@ class KernelCache:
                 if now - st.st_mtime > _TMP_MAX_AGE_S:
                     result.unlink_in(root_fd, self.root, shard, [name])
             total = sum(e[1] for e in entries.values())
-            for key, (mtime, size, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+            for key, (mtime, _, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
                 too_old = older_than_s is not None and now - mtime > older_than_s
                 too_big = max_bytes is not None and total > max_bytes
                 if not (too_old or too_big):

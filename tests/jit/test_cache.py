@@ -42,7 +42,10 @@ def test_key_follows_rendered_source_not_spec():
     assert "--gpu-architecture=sm_90" in opts and "extern \"C\"" in src
 
 
-def _entry(key="ab" + "c" * 62, cubin=b"\x7fELF" + os.urandom(100)) -> CacheEntry:
+_CUBIN = b"\x7fELF" + os.urandom(100)
+
+
+def _entry(key="ab" + "c" * 62, cubin=_CUBIN) -> CacheEntry:
     return CacheEntry(key=key, kernel_name="k", arch="sm_90", cubin=cubin, registers=10,
                       shared_bytes=0, stack_bytes=0, spill_stores=0, spill_loads=0,
                       compile_seconds=0.1, nvrtc_version="13.5", ge2jit_version="0.1.0",
@@ -677,3 +680,17 @@ def test_entries_and_directories_follow_the_umask(tmp_path, monkeypatch, umask, 
     assert path.stat().st_mode & 0o777 == file_mode
     assert path.parent.stat().st_mode & 0o777 == dir_mode
     assert (tmp_path / "c").stat().st_mode & 0o777 == dir_mode
+
+
+def test_entries_are_still_read_after_a_failed_write(tmp_path, monkeypatch):
+    old = _entry(key="aa" + "1" * 62)
+    KernelCache(tmp_path).put(old)
+    c = KernelCache(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_mod.os, "replace", full)
+    with pytest.warns(CacheWarning, match="No space left"):
+        assert c.put(_entry(key="bb" + "2" * 62)) is None
+    assert c.get(old.key) == old, "the disk is full, not unreadable"
