@@ -93,7 +93,7 @@ def _cmd_cache(args) -> int:
             print(f"{name:60s} {arch:7s} {_human(size):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
         return 0
     if args.action == "clear":
-        removed = cache.clear()
+        removed = cache.clear().removed
         print(f"removed {removed} entries from {cache.root}")
         return 0
     if args.action in ("export", "import"):
@@ -113,7 +113,8 @@ def _cmd_cache(args) -> int:
         if args.max_size is None and args.older_than is None:
             print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
             return 2
-        removed, freed = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
+        r = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
+        removed, freed = r.removed, r.freed
         print(f"removed {removed} entries ({_human(freed)}) from {cache.root}")
         return 0
     return 2
