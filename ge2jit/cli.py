@@ -57,95 +57,169 @@ def _cmd_warmup(args) -> int:
     return 0 if summary.ok else 1
 
 
-def _cmd_cache(args) -> int:
+def _cache_info(args) -> int:
     from .jit.cache import default_cache
     from .jit.nvrtc import nvrtc_info
 
-    cache = default_cache()
-    if args.action == "info":
-        info = cache.info()
-        print(f"location:  {info['location']}")
-        bad = info["unreadable_entries"]
-        print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
-        cap = info["max_size_bytes"]
-        print(f"size:      {_human(info['size_bytes'])}"
-              + (f" (cap {_human(cap)}, GE2JIT_CACHE_MAX_SIZE)" if cap else ""))
-        try:
-            print(f"NVRTC:     {nvrtc_info()}")
-        except Exception as e:  # noqa: BLE001 - info must work without NVRTC
-            print(f"NVRTC:     not loadable ({e})")
-        print(f"disk cache {info['disk_cache']}")
-        print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
-        return 0
-    if args.action == "list":
-        rows = []
-        for path, e in cache.entries():
-            st = path.stat()
-            if e is None:
-                rows.append(("<unreadable>", "?", st.st_size, "?", "?", st.st_mtime))
-            else:
-                rows.append((e.kernel_name, e.arch, st.st_size, e.registers, e.spill_bytes,
-                             st.st_mtime))
-        rows.sort(key=lambda r: -r[5])
-        print(f"{'kernel':60s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
-        for name, arch, size, regs, spill, mtime in rows:
-            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime))
-            print(f"{name:60s} {arch:7s} {_human(size):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
-        return 0
-    if args.action == "clear":
-        removed = cache.clear()
-        print(f"removed {removed} entries from {cache.root}")
-        return 0
-    if args.action in ("export", "import"):
-        from .bundle import BundleError, export_bundle, import_bundle
+    info = default_cache().info()
+    print(f"location:  {info['location']}")
+    bad = info["unreadable_entries"]
+    print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
+    cap = info["max_size_bytes"]
+    print(f"size:      {_human(info['size_bytes'])}"
+          + (f" (cap {_human(cap)}, GE2JIT_CACHE_MAX_SIZE)" if cap else ""))
+    try:
+        print(f"NVRTC:     {nvrtc_info()}")
+    except Exception as e:  # noqa: BLE001 - info must work without NVRTC
+        print(f"NVRTC:     not loadable ({e})")
+    print(f"disk cache {info['disk_cache']}")
+    print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
+    return 0
 
-        if not args.file:
-            print(f"ge2jit cache {args.action}: give the bundle's FILE", file=sys.stderr)
-            return 2
-        try:
-            done = (export_bundle if args.action == "export" else import_bundle)(args.file)
-        except BundleError as e:
-            print(f"ge2jit cache {args.action}: {e}", file=sys.stderr)
-            return 1
-        print(f"{args.action}ed {done}")
-        return 0
-    if args.action == "prune":
-        if args.max_size is None and args.older_than is None:
-            print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
-            return 2
-        removed, freed = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
-        print(f"removed {removed} entries ({_human(freed)}) from {cache.root}")
-        return 0
-    return 2
+
+def _cache_list(args) -> int:
+    from .jit.cache import default_cache
+
+    rows = []
+    for path, e in default_cache().entries():
+        st = path.stat()
+        if e is None:
+            rows.append(("<unreadable>", "?", st.st_size, "?", "?", st.st_mtime))
+        else:
+            rows.append((e.kernel_name, e.arch, st.st_size, e.registers, e.spill_bytes,
+                         st.st_mtime))
+    rows.sort(key=lambda r: -r[5])
+    print(f"{'kernel':60s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
+    for name, arch, size, regs, spill, mtime in rows:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime))
+        print(f"{name:60s} {arch:7s} {_human(size):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
+    return 0
+
+
+def _cache_clear(args) -> int:
+    from .jit.cache import default_cache
+
+    cache = default_cache()
+    removed = cache.clear()
+    print(f"removed {removed} entries from {cache.root}")
+    return 0
+
+
+def _cache_prune(args) -> int:
+    from .jit.cache import default_cache
+
+    if args.max_size is None and args.older_than is None:
+        print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
+        return 2
+    cache = default_cache()
+    removed, freed = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
+    print(f"removed {removed} entries ({_human(freed)}) from {cache.root}")
+    return 0
+
+
+def _cache_export(args) -> int:
+    return _bundle("export", args.file)
+
+
+def _cache_import(args) -> int:
+    return _bundle("import", args.file)
+
+
+def _bundle(action: str, file: str) -> int:
+    from .bundle import BundleError, export_bundle, import_bundle
+
+    try:
+        done = (export_bundle if action == "export" else import_bundle)(file)
+    except BundleError as e:
+        print(f"ge2jit cache {action}: {e}", file=sys.stderr)
+        return 1
+    print(f"{action}ed {done}")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line reported in one line: the command, the
+    argument, what was expected and what came (argparse prints the usage as well)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse leaves arguments no subcommand takes to the top parser, whose message
+        # would name "ge2jit" alone: name the subcommand they were given to.
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            prog = getattr(ns, "prog", self.prog)
+            self.exit(2, f"{prog}: unrecognized arguments: {' '.join(extra)} "
+                         f"(see {prog} --help)\n")
+        return ns
+
+
+def _add(sub, name: str, func=None, **kw) -> argparse.ArgumentParser:
+    # a subcommand that remembers its own name for the messages of _Parser.parse_args
+    parser = sub.add_parser(name, **kw)
+    parser.set_defaults(prog=parser.prog, func=func)
+    return parser
+
+
+def positive_int(text: str) -> int:
+    """'4' -> 4; zero, negative numbers and anything else are refused."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ge2jit", description="ge2jit kernel cache tools")
+    """The ``ge2jit`` command line: ``warmup`` and ``cache <action>``."""
+    parser = _Parser(prog="ge2jit", description="ge2jit kernel cache tools")
     parser.add_argument("--version", action="version", version=f"ge2jit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{warmup,cache}")
 
-    w = sub.add_parser("warmup", help="compile the kernels a TOML file lists into the cache")
+    w = _add(sub, "warmup", _cmd_warmup,
+             help="compile the kernels a TOML file lists into the cache")
     w.add_argument("config", help="warm-up file (TOML); see examples/warmup.toml")
     w.add_argument("--arch", action="append", metavar="ARCH",
                    help="architecture to compile for (repeatable), e.g. sm_90a; works without "
                         "a GPU. Default: the file's archs, else the GPUs present")
     w.add_argument("--from-tuning-db", action="store_true",
                    help="also compile the configurations recorded in the tuning database")
-    w.add_argument("-j", "--jobs", type=int, default=None,
+    w.add_argument("-j", "--jobs", type=positive_int, default=None, metavar="N",
                    help="parallel compiler processes (default: one per core)")
-    w.add_argument("--sms", type=int, default=None,
+    w.add_argument("--sms", type=positive_int, default=None, metavar="N",
                    help="multiprocessor count for configs = 'heuristic' without a GPU")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
-    w.set_defaults(func=_cmd_warmup)
 
-    c = sub.add_parser("cache", help="inspect and manage the kernel cache")
-    c.add_argument("action", choices=("info", "list", "clear", "prune", "export", "import"))
-    c.add_argument("file", nargs="?", help="export/import: the bundle (a zip file)")
-    c.add_argument("--max-size", type=parse_size, default=None,
-                   help="prune: evict least recently used entries down to this size (2GB)")
-    c.add_argument("--older-than", type=parse_age, default=None,
-                   help="prune: remove entries not used for this long (30d)")
-    c.set_defaults(func=_cmd_cache)
+    c = _add(sub, "cache", help="inspect and manage the kernel cache",
+             description="Inspect and manage the kernel cache (GE2JIT_CACHE_DIR).")
+    actions = c.add_subparsers(dest="action", required=True,
+                               metavar="{info,list,clear,prune,export,import}")
+    _add(actions, "info", _cache_info, help="location, entries, size, NVRTC in use",
+         description="Where the cache is, what it holds, and the NVRTC in use.")
+    _add(actions, "list", _cache_list, help="one line per kernel: arch, size, registers, spills",
+         description="List the kernels in the cache, most recently used first.")
+    _add(actions, "clear", _cache_clear, help="remove every kernel from the cache",
+         description="Remove every kernel from the cache.")
+    a = _add(actions, "prune", _cache_prune, help="remove old or least recently used kernels",
+             description="Remove the kernels unused for a time, then the least recently used "
+                         "ones down to a size. Give at least one of the options.")
+    a.add_argument("--max-size", type=parse_size, default=None, metavar="SIZE",
+                   help="evict least recently used entries down to this size (2GB)")
+    a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",
+                   help="remove entries not used for this long (30d)")
+    a = _add(actions, "export", _cache_export,
+             help="write the cache's kernels and tuning records into a bundle",
+             description="Write every kernel of this ge2jit and NVRTC build, and the tuning "
+                         "records, into a zip bundle.")
+    a.add_argument("file", metavar="FILE", help="the bundle to write (a zip file)")
+    a = _add(actions, "import", _cache_import,
+             help="add a bundle's kernels and tuning records to the cache",
+             description="Verify a bundle completely, then add its kernels and tuning records "
+                         "to the cache.")
+    a.add_argument("file", metavar="FILE", help="the bundle to read (a zip file)")
     return parser
 
 

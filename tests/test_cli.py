@@ -26,8 +26,12 @@ SMALL = textwrap.dedent("""
 """)
 
 
-def ge2jit(args, cache: Path, timeout=600, **kw):
-    env = {**os.environ, "GE2JIT_CACHE_DIR": str(cache)}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ge2jit(args, cache: Path, timeout=600, env=None, **kw):
+    # PYTHONPATH: this checkout's ge2jit, also from another working directory
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GE2JIT_CACHE_DIR": str(cache), **(env or {})}
     return subprocess.run([sys.executable, "-m", "ge2jit", *args], capture_output=True,
                           text=True, env=env, timeout=timeout, **kw)
 
@@ -397,3 +401,57 @@ def test_backward_warmup_entry_errors_name_the_key(entry, words):
         validate_entry(entry)
     assert words in str(e.value)
 
+
+
+def one_line_error(r, prefix: str, code: int = 2) -> str:
+    """The command failed with ``code`` and said why in one line starting with ``prefix``."""
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix + ": "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["warmup", "w.toml", "-j", "0"], ["-j/--jobs", "a positive integer", "'0'"]),
+    (["warmup", "w.toml", "-j", "-1"], ["-j/--jobs", "a positive integer", "'-1'"]),
+    (["warmup", "w.toml", "-j", "two"], ["-j/--jobs", "a positive integer", "'two'"]),
+    (["warmup", "w.toml", "--sms", "0"], ["--sms", "a positive integer", "'0'"]),
+    (["warmup", "w.toml", "--sms", "-132"], ["--sms", "a positive integer", "'-132'"]),
+])
+def test_bad_warmup_arguments_are_one_line_errors(tmp_path, args, words):
+    write(tmp_path, SMALL)
+    line = one_line_error(ge2jit(args, tmp_path / "c", cwd=tmp_path), "ge2jit warmup")
+    for w in words:
+        assert w in line, line
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("args, prefix, words", [
+    (["cache", "list", "extra.zip"], "ge2jit cache list", ["unrecognized", "extra.zip"]),
+    (["cache", "info", "--max-size", "1G"], "ge2jit cache info", ["--max-size"]),
+    (["cache", "clear", "x"], "ge2jit cache clear", ["x"]),
+    (["cache", "export"], "ge2jit cache export", ["FILE"]),
+    (["cache", "import", "a.zip", "b.zip"], "ge2jit cache import", ["b.zip"]),
+    (["cache", "prune", "--max-size", "lots"], "ge2jit cache prune", ["2GB", "'lots'"]),
+    (["cache", "prune", "--older-than", "soon"], "ge2jit cache prune", ["30d", "'soon'"]),
+    (["cache", "prune"], "ge2jit cache prune", ["--max-size", "--older-than"]),
+    (["cache", "tidy"], "ge2jit cache", ["tidy", "list"]),
+    (["cache"], "ge2jit cache", ["info"]),
+    (["warm"], "ge2jit", ["warm", "warmup"]),
+])
+def test_cache_actions_take_only_their_own_arguments(tmp_path, args, prefix, words):
+    line = one_line_error(ge2jit(args, tmp_path / "c"), prefix)
+    for w in words:
+        assert w in line, line
+
+
+def test_each_cache_action_has_its_own_help(tmp_path):
+    helps = {a: ge2jit(["cache", a, "--help"], tmp_path / "c") for a in
+             ("info", "list", "clear", "prune", "export", "import")}
+    assert all(r.returncode == 0 for r in helps.values())
+    assert "--max-size" in helps["prune"].stdout and "--older-than" in helps["prune"].stdout
+    assert "FILE" in helps["export"].stdout and "FILE" in helps["import"].stdout
+    for action in ("info", "list", "clear", "export", "import"):
+        assert "--max-size" not in helps[action].stdout, action
+    assert "FILE" not in helps["list"].stdout
