@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
+from datetime import datetime
 
 from . import __version__
 
@@ -82,17 +84,28 @@ def _cache_list(args) -> int:
 
     rows = []
     for path, e in default_cache().entries():
-        st = path.stat()
-        if e is None:
-            rows.append(("<unreadable>", "?", st.st_size, "?", "?", st.st_mtime))
-        else:
-            rows.append((e.kernel_name, e.arch, st.st_size, e.registers, e.spill_bytes,
-                         st.st_mtime))
-    rows.sort(key=lambda r: -r[5])
-    print(f"{'kernel':60s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
-    for name, arch, size, regs, spill, mtime in rows:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime))
-        print(f"{name:60s} {arch:7s} {_human(size):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
+        try:
+            st = path.stat()
+        except OSError:  # removed since it was listed (a prune in another process)
+            continue
+        rows.append({"kernel": e.kernel_name if e else None, "arch": e.arch if e else None,
+                     "size": st.st_size, "registers": e.registers if e else None,
+                     "spill_bytes": e.spill_bytes if e else None,
+                     "last_used": datetime.fromtimestamp(st.st_mtime).astimezone()
+                     .isoformat("T", "seconds"), "path": str(path), "mtime": st.st_mtime})
+    rows.sort(key=lambda r: -r["mtime"])
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "mtime"} for r in rows], indent=1))
+        return 0
+    # the name column as wide as the longest name, so that the columns after it stay aligned
+    width = max([len("kernel")] + [len(r["kernel"] or "<unreadable>") for r in rows])
+    print(f"{'kernel':{width}s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
+    for r in rows:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["mtime"]))
+        regs, spill = (("?", "?") if r["kernel"] is None
+                       else (r["registers"], r["spill_bytes"]))
+        print(f"{r['kernel'] or '<unreadable>':{width}s} {r['arch'] or '?':7s} "
+              f"{_human(r['size']):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
     return 0
 
 
@@ -199,8 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
                                metavar="{info,list,clear,prune,export,import}")
     _add(actions, "info", _cache_info, help="location, entries, size, NVRTC in use",
          description="Where the cache is, what it holds, and the NVRTC in use.")
-    _add(actions, "list", _cache_list, help="one line per kernel: arch, size, registers, spills",
-         description="List the kernels in the cache, most recently used first.")
+    a = _add(actions, "list", _cache_list,
+             help="one line per kernel: arch, size, registers, spills, last used",
+             description="List the kernels in the cache, most recently used first.")
+    a.add_argument("--json", action="store_true",
+                   help="print a JSON array of objects (kernel, arch, size, registers, "
+                        "spill_bytes, last_used, path) for scripts; null for unreadable entries")
     _add(actions, "clear", _cache_clear, help="remove every kernel from the cache",
          description="Remove every kernel from the cache.")
     a = _add(actions, "prune", _cache_prune, help="remove old or least recently used kernels",

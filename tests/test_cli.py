@@ -455,3 +455,57 @@ def test_each_cache_action_has_its_own_help(tmp_path):
     for action in ("info", "list", "clear", "export", "import"):
         assert "--max-size" not in helps[action].stdout, action
     assert "FILE" not in helps["list"].stdout
+
+
+def fake_entries(cache: Path, names: list[str], arch: str = "sm_80") -> list:
+    """Store entries with these kernel names (a few bytes of cubin each) without compiling."""
+    import hashlib
+
+    from ge2jit.jit.cache import CacheEntry
+
+    c = KernelCache(cache)
+    out = []
+    for i, name in enumerate(names):
+        e = CacheEntry(key=hashlib.sha256(f"{name}-{i}".encode()).hexdigest(), kernel_name=name,
+                       arch=arch, cubin=bytes(100 + i), registers=32 + i, shared_bytes=0,
+                       stack_bytes=0, spill_stores=i, spill_loads=0, compile_seconds=0.1,
+                       nvrtc_version="13.0", ge2jit_version="0", created=time.time())
+        assert c.put(e) is not None
+        out.append(e)
+    return out
+
+
+def test_cache_list_json_for_scripts(tmp_path):
+    import datetime
+    import json
+
+    cache = tmp_path / "c"
+    entries = fake_entries(cache, ["gemm_a", "gemm_b"])
+    r = ge2jit(["cache", "list", "--json"], cache)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["kernel"] for row in rows} == {"gemm_a", "gemm_b"}
+    for row in rows:
+        e = next(e for e in entries if e.kernel_name == row["kernel"])
+        path = Path(row["path"])
+        assert path == KernelCache(cache).path_for(e.key)
+        assert row["arch"] == "sm_80" and row["size"] == path.stat().st_size
+        assert row["registers"] == e.registers and row["spill_bytes"] == e.spill_bytes
+        used = datetime.datetime.fromisoformat(row["last_used"])
+        assert abs(used.timestamp() - path.stat().st_mtime) < 1
+    assert json.loads(ge2jit(["cache", "list", "--json"], tmp_path / "empty").stdout) == []
+    assert "--json" in ge2jit(["cache", "list", "--help"], cache).stdout
+
+
+def test_cache_list_columns_stay_aligned_with_long_names(tmp_path):
+    cache = tmp_path / "c"
+    names = ["gemm_short", "gemm_" + "x" * 90 + "_long", "gemm_" + "y" * 70]
+    fake_entries(cache, names)
+    lines = ge2jit(["cache", "list"], cache).stdout.splitlines()
+    assert len(lines) == 4
+    header, rows = lines[0], lines[1:]
+    arch_col = header.index("arch")
+    for name in names:
+        (row,) = [r for r in rows if r.startswith(name + " ")]
+        assert row[arch_col:arch_col + 5] == "sm_80", (header, row)
+    assert len({len(r) for r in rows}) == 1 and len(header) <= len(rows[0]), lines
