@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
 from datetime import datetime
 
 from . import __version__
+from .errors import ArgumentTypeError, ArgumentValueError, Ge2jitError
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
 
@@ -43,15 +45,11 @@ def _human(n: float) -> str:
 
 
 def _cmd_warmup(args) -> int:
-    from .precompile import WarmupConfigError, warmup
+    from .precompile import warmup
 
-    try:
-        summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
-                         progress=not args.no_progress, from_tuning_db=args.from_tuning_db,
-                         sms=args.sms)
-    except WarmupConfigError as e:
-        print(f"ge2jit warmup: {e}", file=sys.stderr)
-        return 2
+    summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
+                     progress=not args.no_progress, from_tuning_db=args.from_tuning_db,
+                     sms=args.sms)
     from .jit.cache import default_cache
 
     print(f"ge2jit warmup: {summary}")
@@ -241,8 +239,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``ge2jit`` command; returns its exit status.
+
+    Exit status: 0 done; 2 a mistake in what was given (the command line, a warm-up file, a
+    bundle, a ``GE2JIT_*`` variable); 1 the work failed (a kernel did not compile or could not
+    be stored, a file could not be written or removed, NVRTC or CuPy is missing); 130
+    interrupted. Each error is one line on stderr, ``ge2jit <command>: ...``. An error that is
+    a bug in ge2jit is one line too, with its type; ``GE2JIT_VERBOSE=1`` shows its traceback.
+    """
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, so that a closed pipe is met inside the handler below
+        return code
+    except BrokenPipeError:
+        # The reader went away (``ge2jit cache list | head``): stop quietly. Python's docs
+        # (signal module, "Note on SIGPIPE"): point stdout at devnull, or the flush at exit
+        # fails once more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ArgumentValueError, ArgumentTypeError) as e:  # SettingsError and bad files too
+        _say(args.prog, str(e))
+        return 2
+    except Ge2jitError as e:
+        _say(args.prog, str(e))
+        return 1
+    except OSError as e:
+        _say(args.prog, f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        return 1
+    except Exception as e:
+        if _verbose():
+            raise
+        _say(args.prog, f"internal error (please report it): {type(e).__name__}: {e}; run with "
+                        "GE2JIT_VERBOSE=1 for the traceback")
+        return 1
+
+
+def _say(prog: str, message: str) -> None:
+    print(f"{prog}: {message}", file=sys.stderr)
+
+
+def _verbose() -> bool:
+    # read here, not through the settings, which may be the very thing that failed
+    return os.environ.get("GE2JIT_VERBOSE", "").strip().lower() not in ("", "0", "false",
+                                                                           "no", "off")
 
 
 if __name__ == "__main__":

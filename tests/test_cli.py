@@ -509,3 +509,38 @@ def test_cache_list_columns_stay_aligned_with_long_names(tmp_path):
         (row,) = [r for r in rows if r.startswith(name + " ")]
         assert row[arch_col:arch_col + 5] == "sm_80", (header, row)
     assert len({len(r) for r in rows}) == 1 and len(header) <= len(rows[0]), lines
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    cache = tmp_path / "c"
+    fake_entries(cache, [f"gemm_{i:04d}_" + "x" * 200 for i in range(400)])  # > a pipe's 64 KiB
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GE2JIT_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "ge2jit", "cache", "list"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()  # `ge2jit cache list | head -1`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+def test_a_failure_of_the_work_is_one_line(tmp_path):
+    r = ge2jit(["cache", "export", str(tmp_path / "b.zip")], tmp_path / "c",
+               env={"GE2JIT_NVRTC": str(tmp_path / "no-nvrtc.so")})
+    assert "GE2JIT_NVRTC" in one_line_error(r, "ge2jit cache export", 1)
+
+
+def test_an_unexpected_error_is_one_line_unless_verbose(monkeypatch, capsys):
+    from ge2jit import cli
+
+    def broken(args):
+        raise RuntimeError("something no user can fix")
+
+    monkeypatch.setattr(cli, "_cache_info", broken)
+    monkeypatch.delenv("GE2JIT_VERBOSE", raising=False)
+    assert cli.main(["cache", "info"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ge2jit cache info: internal error"), err
+    assert "RuntimeError: something no user can fix" in err[0] and "GE2JIT_VERBOSE=1" in err[0]
+    monkeypatch.setenv("GE2JIT_VERBOSE", "1")
+    with pytest.raises(RuntimeError, match="something no user can fix"):
+        cli.main(["cache", "info"])
