@@ -88,9 +88,15 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
     """
     path = str(path)
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise WarmupConfigError(f"{path}: cannot read the warm-up file: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _error(path, raw.count(b"\n", 0, e.start) + 1,
+                     f"not a UTF-8 text file (byte 0x{raw[e.start]:02x}); TOML files are "
+                     "UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -79,6 +79,15 @@ def test_arch_option_overrides_the_file(tmp_path):
     (SMALL.replace('["rr"]', '["rx"]'), 7, ["layouts: expected", "'rc'"]),
     (SMALL.replace('"64x64x8_4x4"', '"huge"'), 8, ["configs:", "128x128x8_w32x64_s3"]),
     (SMALL.replace("[[256, 256, 256]]", "[[256, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 2147483648, 256]]"), 9,
+     ["shapes:", "N = 2147483648", "2**31 - 1"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256, 256], [-1, 256, 256]]"), 9,
+     ["shapes: expected", "positive integers"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 0, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256.0, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, true, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256, 256]]\nsms = 4294967296"), 10,
+     ["sms:", "up to 2**31 - 1"]),
     (SMALL.replace('["sm_80"]', '["sm_8"]'), 2, ["arch: expected a CUDA architecture"]),
     (SMALL.replace("acts = [", "acts = [[", 1), 6, ["not valid TOML"]),
     (SMALL.replace('configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
@@ -95,6 +104,13 @@ def test_config_errors_name_file_line_and_accepted_values(tmp_path, text, line, 
     for w in words:
         assert w in r.stderr, (w, r.stderr)
     assert not (tmp_path / "c").exists() or valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_a_warmup_file_that_is_not_utf8_is_one_line(tmp_path):
+    cfg = tmp_path / "w.toml"
+    cfg.write_bytes(SMALL.encode() + b"# caf\xe9 au lait\n")
+    line = one_line_error(ge2jit(["warmup", str(cfg)], tmp_path / "c"), "ge2jit warmup")
+    assert f"{cfg}:10:" in line and "UTF-8" in line, line
 
 
 def test_heuristic_configs_with_sms_on_a_machine_without_gpu(tmp_path):
