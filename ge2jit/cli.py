@@ -45,8 +45,17 @@ def _human(n: float) -> str:
 
 
 def _cmd_warmup(args) -> int:
-    from .precompile import warmup
+    from .precompile import example, warmup
 
+    if args.example:
+        if args.config is not None:
+            raise ArgumentValueError(f"--example: prints the example file; give {args.config} "
+                                     "or --example, not both")
+        print(example(), end="")
+        return 0
+    if args.config is None:
+        raise ArgumentValueError("give the warm-up FILE (TOML); `ge2jit warmup --example > "
+                                 "warmup.toml` writes an example to start from")
     summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
                      progress=not args.no_progress, from_tuning_db=args.from_tuning_db,
                      sms=args.sms)
@@ -191,8 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{warmup,cache}")
 
     w = _add(sub, "warmup", _cmd_warmup,
-             help="compile the kernels a TOML file lists into the cache")
-    w.add_argument("config", help="warm-up file (TOML); see examples/warmup.toml")
+             help="compile the kernels a TOML file lists into the cache",
+             description="Compile every kernel a warm-up file lists into the kernel cache, in "
+                         "parallel, skipping what the cache holds. `ge2jit warmup --example > "
+                         "warmup.toml` writes an example to start from.",
+             epilog="Exit status: 0 every kernel asked for is in the cache; 1 a kernel failed "
+                    "to compile or could not be stored on disk, or NVRTC is unusable; 2 a "
+                    "mistake in the command line or the file (named with its line).")
+    w.add_argument("config", nargs="?", metavar="FILE",
+                   help="the warm-up file (TOML): what to compile, per op")
+    w.add_argument("--example", action="store_true",
+                   help="print an example warm-up file, with comments, and exit: "
+                        "ge2jit warmup --example > warmup.toml")
     w.add_argument("--arch", action="append", metavar="ARCH",
                    help="architecture to compile for (repeatable), e.g. sm_90a; works without "
                         "a GPU. Default: the file's archs, else the GPUs present")

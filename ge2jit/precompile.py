@@ -155,6 +155,13 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
     return WarmupPlan(tuple(dict.fromkeys(jobs)), tuple(arch_list))
 
 
+def example() -> str:
+    """The example warm-up file shipped with ge2jit (``ge2jit warmup --example`` prints it)."""
+    from importlib.resources import files
+
+    return files("ge2jit").joinpath("data", "warmup.toml").read_text(encoding="utf-8")
+
+
 def _check_cache_writable() -> None:
     """A warm-up whose results cannot be stored is pointless: say so before compiling."""
     import os

@@ -151,11 +151,14 @@ def test_tensor_core_warmup_for_hopper_without_gpu(tmp_path):
     assert any(n.startswith("gemm_f32_rc_mma_") for n in by_name), by_name
 
 
-def test_example_warmup_file_expands(tmp_path):
-    from ge2jit.precompile import load
+def test_example_warmup_file_is_printed_by_the_command_and_expands(tmp_path):
+    from ge2jit.precompile import example, load
 
-    plan = load(Path(__file__).resolve().parent.parent / "examples" / "warmup.toml",
-                archs=["sm_90"], sms=132)
+    r = ge2jit(["warmup", "--example"], tmp_path / "c")
+    assert r.returncode == 0 and r.stdout == example() and r.stderr == "", r.stderr
+    assert r.stdout.startswith("# ge2jit warm-up") and "ge2jit warmup --example" in r.stdout
+    (tmp_path / "warmup.toml").write_text(r.stdout)
+    plan = load(tmp_path / "warmup.toml", archs=["sm_90"], sms=132)
     names = {spec.kernel_name for spec, _ in plan.jobs}
     assert any(n.startswith("gemm_bf16_") and "_wgmma_" in n for n in names)
     assert any(n.startswith("gemm_f16_") and n.endswith("_of32") for n in names)
@@ -163,6 +166,29 @@ def test_example_warmup_file_expands(tmp_path):
     assert any(n.startswith("gemm_dz_gelu_tanh_zbf16") for n in names), names
     assert any(n.endswith("_gzgelu_tanh_cr_bg") for n in names), names
     assert {"adam_update_gbf16_copybf16", "adam_update_gf32"} <= names
+
+
+def test_the_wheel_ships_the_example_warmup_file(tmp_path):
+    import zipfile
+
+    pytest.importorskip("hatchling")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("ge2jit-*.whl")
+    from ge2jit.precompile import example
+
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("ge2jit/data/warmup.toml").decode() == example()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["warmup"], ["give the warm-up FILE", "--example"]),
+    (["warmup", "w.toml", "--example"], ["--example", "not both"]),
+])
+def test_warmup_needs_a_file_or_example(tmp_path, args, words):
+    line = one_line_error(ge2jit(args, tmp_path / "c"), "ge2jit warmup")
+    for w in words:
+        assert w in line, line
 
 
 def test_optimizer_warmup_tables():
@@ -290,6 +316,7 @@ def test_version_and_help():
     r = subprocess.run([sys.executable, "-m", "ge2jit", "warmup", "--help"],
                        capture_output=True, text=True)
     assert "--arch" in r.stdout and "--from-tuning-db" in r.stdout
+    assert "--example" in r.stdout and "examples/warmup.toml" not in r.stdout
 
 
 def test_export_import_round_trip_and_refusals(tmp_path):
