@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ArgumentValueError
-from .jit.nvrtc import normalize_arch
+from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
 from .ops.gemm import warmup_backward as gemm_backward_warmup
@@ -119,8 +119,10 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
             raise _error(path, None, "archs: no GPU here and no architecture given; set "
                          "archs = [...] in the file or pass --arch sm_90a")
     try:
-        arch_list = [normalize_arch(a) for a in arch_list]
-    except ValueError as e:
+        arch_list = list(check_archs(arch_list))
+    except ArgumentValueError as e:
+        if archs:  # given as an argument, not by the file
+            raise WarmupConfigError(str(e)) from None
         raise _error(path, _line_of(text, "archs", None, 0), str(e)) from None
     if sms is None and _present_archs():
         from .jit.device import sm_count

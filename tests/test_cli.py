@@ -587,3 +587,21 @@ def test_an_unexpected_error_is_one_line_unless_verbose(monkeypatch, capsys):
     monkeypatch.setenv("GE2JIT_VERBOSE", "1")
     with pytest.raises(RuntimeError, match="something no user can fix"):
         cli.main(["cache", "info"])
+
+
+@pytest.mark.parametrize("where", ["file", "option"])
+def test_an_architecture_nvrtc_lacks_is_refused_once_up_front(tmp_path, where):
+    from ge2jit.jit.nvrtc import nvrtc_info
+
+    if where == "file":
+        cfg = write(tmp_path, SMALL.replace('["sm_80"]', '["sm_80", "sm_999"]'))
+        r = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
+    else:
+        cfg = write(tmp_path, SMALL)
+        r = ge2jit(["warmup", str(cfg), "--arch", "sm_80", "--arch", "sm_999", "--no-progress"],
+                   tmp_path / "c")
+    line = one_line_error(r, "ge2jit warmup")
+    assert "sm_999: not supported by NVRTC" in line and ", ".join(
+        nvrtc_info().supported_archs) in line, line
+    assert (f"{cfg}:2: arch:" in line) == (where == "file"), line
+    assert not (tmp_path / "c").exists()
