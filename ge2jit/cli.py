@@ -45,6 +45,7 @@ def _human(n: float) -> str:
 
 
 def _cmd_warmup(args) -> int:
+    from .jit.parallel import usable_cores
     from .precompile import example, warmup
 
     if args.example:
@@ -56,6 +57,12 @@ def _cmd_warmup(args) -> int:
     if args.config is None:
         raise ArgumentValueError("give the warm-up FILE (TOML); `ge2jit warmup --example > "
                                  "warmup.toml` writes an example to start from")
+    cores = usable_cores()
+    if args.jobs is not None and args.jobs > cores:
+        # more compiler processes than cores only cost memory (a few hundred MB each)
+        _say(args.prog, f"note: -j {args.jobs} reduced to {cores}, the cores this process may "
+                        "use")
+        args.jobs = cores
     summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
                      progress=not args.no_progress, from_tuning_db=args.from_tuning_db,
                      sms=args.sms)

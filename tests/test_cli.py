@@ -605,3 +605,12 @@ def test_an_architecture_nvrtc_lacks_is_refused_once_up_front(tmp_path, where):
         nvrtc_info().supported_archs) in line, line
     assert (f"{cfg}:2: arch:" in line) == (where == "file"), line
     assert not (tmp_path / "c").exists()
+
+
+def test_more_jobs_than_cores_is_reduced_with_a_note(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "60", "--no-progress"],
+               tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == (f"ge2jit warmup: note: -j 60 reduced to {cores}, the cores this "
+                                "process may use"), r.stderr

@@ -35,3 +35,53 @@ def test_check_archs_against_the_loaded_nvrtc():
     assert "sm_80" in supported
     with pytest.raises(ArgumentValueError, match="sm_999"):
         nvrtc.check_archs(["sm_999"])
+
+
+def _jobs(n: int):
+    from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+
+    acts = [Act.RELU, Act.GELU, Act.SILU, Act.TANH, Act.SIGMOID, Act.NONE]
+    return [(GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, act, BiasKind.COL, False,
+                      tile), "sm_80") for act in acts for tile in SIMT_F32_TILES][:n]
+
+
+class _Pools:
+    """Records the size of each process pool compile_many starts (then starts it)."""
+
+    def __init__(self, monkeypatch):
+        from ge2jit.jit import parallel
+
+        self.sizes: list[int] = []
+        real = parallel.ProcessPoolExecutor
+
+        def pool(max_workers, **kw):
+            self.sizes.append(max_workers)
+            return real(max_workers, **kw)
+
+        monkeypatch.setattr(parallel, "ProcessPoolExecutor", pool)
+
+
+@pytest.mark.parametrize("cores, requested, jobs, expected", [
+    (2, 60, 5, 2),      # -j 60 on two cores: two processes
+    (64, 60, 3, 3),     # never more processes than jobs
+    (64, None, 3, 3),
+    (2, None, 5, 2),
+    (64, 1, 3, None),   # one process: in this one, no pool
+])
+def test_compiler_processes_are_bounded_by_cores_and_jobs(tmp_path, monkeypatch, cores,
+                                                          requested, jobs, expected):
+    from ge2jit.jit import parallel
+
+    monkeypatch.setattr(parallel, "usable_cores", lambda: cores)
+    pools = _Pools(monkeypatch)
+    out = parallel.compile_many(_jobs(jobs), processes=requested, cache_root=tmp_path)
+    assert [r.status for r in out] == ["compiled"] * jobs
+    assert pools.sizes == ([expected] if expected else [])
+
+
+def test_compile_many_refuses_a_process_count_below_one(tmp_path):
+    from ge2jit.jit.parallel import compile_many
+
+    for bad in (0, -1):
+        with pytest.raises(ArgumentValueError, match="processes: expected a positive"):
+            compile_many(_jobs(2), processes=bad, cache_root=tmp_path)

@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ArgumentValueError
 from .spec import KernelSpec
 
 
@@ -42,15 +43,32 @@ def _compile_one(spec: KernelSpec, arch: str, cache_root: str | None) -> Compile
                           0.0 if cached else entry.compile_seconds)
 
 
+def usable_cores() -> int:
+    """The number of cores this process may run on (its affinity mask, where there is one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def compile_many(jobs: Iterable[tuple[KernelSpec, str]], *, processes: int | None = None,
                  cache_root: str | Path | None = None,
                  on_result: Callable[[CompileOutcome], None] | None = None,
                  ) -> list[CompileOutcome]:
-    """Compile every (spec, arch) into the disk cache, ``processes`` at a time (default: all
-    cores), skipping what the cache holds. Failures are returned, not raised."""
+    """Compile every (spec, arch) into the disk cache, skipping what the cache holds.
+
+    ``processes`` compile at once: by default one per usable core, and never more than the
+    cores or the jobs (each compiler process holds a few hundred MB). Failures are returned,
+    not raised.
+
+    Raises:
+        ArgumentValueError: ``processes`` below 1.
+    """
+    if processes is not None and (not isinstance(processes, int) or processes < 1):
+        raise ArgumentValueError(f"processes: expected a positive integer, got {processes!r}")
     jobs = list(dict.fromkeys(jobs))
     root = str(cache_root) if cache_root is not None else None
-    processes = processes or os.cpu_count() or 1
+    processes = max(1, min(processes or usable_cores(), usable_cores(), len(jobs)))
     results: list[CompileOutcome] = []
     if processes == 1 or len(jobs) <= 1:
         for spec, arch in jobs:
