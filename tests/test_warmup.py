@@ -85,3 +85,126 @@ def test_compile_many_refuses_a_process_count_below_one(tmp_path):
     for bad in (0, -1):
         with pytest.raises(ArgumentValueError, match="processes: expected a positive"):
             compile_many(_jobs(2), processes=bad, cache_root=tmp_path)
+
+
+# --- compiler processes end with the command ---------------------------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: 5 activations x every config: enough kernels to keep two compiler processes busy a while
+MANY = textwrap.dedent("""
+    archs = ["sm_80"]
+
+    [[gemm_bias_act]]
+    acts = ["relu", "gelu", "silu", "tanh", "sigmoid"]
+    bias = ["col"]
+    layouts = ["rr"]
+    configs = "all"
+""")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (Linux /proc)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = {int(k) for k in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo.extend(kids - found)
+            found |= kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status waits to be collected
+
+
+def _start_warmup(tmp_path) -> tuple[subprocess.Popen, set[int]]:
+    """A warm-up with -j 2, once both its compiler processes run: (process, descendants)."""
+    cfg = tmp_path / "many.toml"
+    cfg.write_text(MANY)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GE2JIT_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.Popen([sys.executable, "-m", "ge2jit", "warmup", str(cfg), "-j", "2",
+                             "--no-progress"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        kids = _descendants(proc.pid)
+        workers = [k for k in kids if b"spawn_main" in _cmdline(k)]
+        if len(workers) == 2:
+            time.sleep(1.0)  # well into their first compiles
+            return proc, _descendants(proc.pid)
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"no compiler processes came up: {proc.communicate()}")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _wait_gone(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return {p for p in pids if _alive(p)}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_compiler_processes_die_with_a_killed_warmup(tmp_path):
+    proc, kids = _start_warmup(tmp_path)
+    assert len(kids) >= 2, kids
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    left = _wait_gone(kids, 5)
+    for p in left:  # clean up before failing
+        os.kill(p, signal.SIGKILL)
+    assert not left, [_cmdline(p) for p in left]
+
+
+def test_without_prctl_a_thread_ends_the_worker_with_its_parent(tmp_path):
+    # parent -> worker, the worker armed as on a system without prctl (not Linux)
+    worker = textwrap.dedent("""
+        import os, sys, time
+        from ge2jit.jit import parallel
+        sys.platform = "darwin"
+        parallel._die_with_parent(os.getppid())
+        print("armed", flush=True)
+        time.sleep(120)
+    """)
+    parent = textwrap.dedent(f"""
+        import subprocess, sys, time
+        w = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE)
+        assert w.stdout.readline() == b"armed\\n"
+        print(w.pid, flush=True)
+        time.sleep(120)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", parent], env=env, stdout=subprocess.PIPE)
+    pid = int(proc.stdout.readline())
+    assert _alive(pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    left = _wait_gone({pid}, 5)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left

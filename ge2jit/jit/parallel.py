@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -26,6 +31,33 @@ class CompileOutcome:
     stack_bytes: int = -1
     seconds: float = 0.0
     error: str = ""
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: end this compiler process when the command that started it ends,
+    even by kill -9 (which runs no clean-up in the parent), instead of finishing its queue."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+        if armed:
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
+            return
+    # elsewhere (or without prctl): a thread that watches for the parent to go
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                     name="ge2jit-parent-watch").start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _compile_one(spec: KernelSpec, arch: str, cache_root: str | None) -> CompileOutcome:
@@ -78,7 +110,8 @@ def compile_many(jobs: Iterable[tuple[KernelSpec, str]], *, processes: int | Non
                 on_result(r)
         return results
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit.
-    with ProcessPoolExecutor(max_workers=processes, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=processes, mp_context=mp.get_context("spawn"),
+                             initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(_compile_one, spec, arch, root) for spec, arch in jobs]
         for f in as_completed(futures):
             r = f.result()
