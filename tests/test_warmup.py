@@ -4,10 +4,20 @@ reported as stored."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
 import pytest
 
 from ge2jit.errors import ArgumentValueError
 from ge2jit.jit import nvrtc
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_check_archs_normalizes_and_keeps_the_order():
@@ -89,15 +99,6 @@ def test_compile_many_refuses_a_process_count_below_one(tmp_path):
 
 # --- compiler processes end with the command ---------------------------------------------------
 
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import textwrap  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: 5 activations x every config: enough kernels to keep two compiler processes busy a while
 MANY = textwrap.dedent("""
@@ -205,6 +206,51 @@ def test_without_prctl_a_thread_ends_the_worker_with_its_parent(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     left = _wait_gone({pid}, 5)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left
+
+
+# --- an error that every kernel would meet stops the warm-up --------------------------------
+
+
+def test_an_unusable_nvrtc_in_the_workers_stops_everything_at_once(tmp_path, monkeypatch):
+    from ge2jit.errors import NvrtcError
+    from ge2jit.jit.parallel import compile_many
+
+    # the workers start with this environment: each one fails to load NVRTC
+    monkeypatch.setenv("GE2JIT_NVRTC", str(tmp_path / "no-libnvrtc.so"))
+    seen = []
+    t0 = time.time()
+    with pytest.raises(NvrtcError, match="GE2JIT_NVRTC"):
+        compile_many(_jobs(40), processes=2, cache_root=tmp_path / "c", on_result=seen.append)
+    assert seen == [] and time.time() - t0 < 60
+
+
+def test_a_missing_dependency_stops_a_serial_warmup_at_the_first_kernel(tmp_path, monkeypatch):
+    from ge2jit.errors import MissingDependencyError
+    from ge2jit.jit import loader
+    from ge2jit.jit.parallel import compile_many
+
+    calls = []
+
+    def build(spec, arch, cache=None):
+        calls.append(spec)
+        raise MissingDependencyError("cupy is not installed: pip install 'ge2jit[cuda13]'")
+
+    monkeypatch.setattr(loader, "build", build)
+    with pytest.raises(MissingDependencyError, match="cupy is not installed"):
+        compile_many(_jobs(5), processes=1, cache_root=tmp_path)
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interrupted_warmup_stops_its_compiler_processes(tmp_path):
+    proc, kids = _start_warmup(tmp_path)
+    os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, to the command alone
+    err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 130 and err.strip() == "ge2jit warmup: interrupted", err
+    left = _wait_gone(kids, 5)
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left

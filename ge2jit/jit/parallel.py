@@ -11,10 +11,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ArgumentValueError
+from ..errors import ArgumentValueError, Ge2jitError, MissingDependencyError, NvrtcError
 from .spec import KernelSpec
 
 
@@ -31,6 +32,12 @@ class CompileOutcome:
     stack_bytes: int = -1
     seconds: float = 0.0
     error: str = ""
+    fatal: str = ""             # failed with an error every kernel would meet: its class
+
+
+#: Errors that every other kernel would meet as well (NVRTC unusable, CuPy not installed): the
+#: first one stops the whole run instead of being reported once per kernel.
+FATAL = (NvrtcError, MissingDependencyError)
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -61,13 +68,16 @@ def _watch_parent(parent: int) -> None:
 
 
 def _compile_one(spec: KernelSpec, arch: str, cache_root: str | None) -> CompileOutcome:
-    from ..errors import Ge2jitError
     from .cache import KernelCache, default_cache
     from .loader import build
 
     cache = KernelCache(Path(cache_root)) if cache_root else default_cache()
     try:
         entry, cached = build(spec, arch, cache=cache)
+    except FATAL as e:
+        # by the name of its class in FATAL: exceptions do not all survive pickling
+        fatal = next(c.__name__ for c in FATAL if isinstance(e, c))
+        return CompileOutcome(spec, arch, spec.kernel_name, "failed", error=str(e), fatal=fatal)
     except Ge2jitError as e:
         return CompileOutcome(spec, arch, spec.kernel_name, "failed", error=str(e))
     return CompileOutcome(spec, arch, spec.kernel_name, "cached" if cached else "compiled",
@@ -90,11 +100,13 @@ def compile_many(jobs: Iterable[tuple[KernelSpec, str]], *, processes: int | Non
     """Compile every (spec, arch) into the disk cache, skipping what the cache holds.
 
     ``processes`` compile at once: by default one per usable core, and never more than the
-    cores or the jobs (each compiler process holds a few hundred MB). Failures are returned,
-    not raised.
+    cores or the jobs (each compiler process holds a few hundred MB). Failures of single
+    kernels are returned, not raised; an error that every kernel would meet stops the run.
 
     Raises:
         ArgumentValueError: ``processes`` below 1.
+        NvrtcError, MissingDependencyError: NVRTC or CuPy is unusable; nothing more compiles.
+        Ge2jitError: a compiler process ended without a result (killed, out of memory).
     """
     if processes is not None and (not isinstance(processes, int) or processes < 1):
         raise ArgumentValueError(f"processes: expected a positive integer, got {processes!r}")
@@ -102,20 +114,44 @@ def compile_many(jobs: Iterable[tuple[KernelSpec, str]], *, processes: int | Non
     root = str(cache_root) if cache_root is not None else None
     processes = max(1, min(processes or usable_cores(), usable_cores(), len(jobs)))
     results: list[CompileOutcome] = []
+
+    def done(r: CompileOutcome) -> None:
+        if r.fatal:
+            raise next(c for c in FATAL if c.__name__ == r.fatal)(r.error)
+        results.append(r)
+        if on_result:
+            on_result(r)
+
     if processes == 1 or len(jobs) <= 1:
         for spec, arch in jobs:
-            r = _compile_one(spec, arch, root)
-            results.append(r)
-            if on_result:
-                on_result(r)
+            done(_compile_one(spec, arch, root))
         return results
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit.
-    with ProcessPoolExecutor(max_workers=processes, mp_context=mp.get_context("spawn"),
-                             initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
+    pool = ProcessPoolExecutor(max_workers=processes, mp_context=mp.get_context("spawn"),
+                               initializer=_die_with_parent, initargs=(os.getpid(),))
+    try:
         futures = [pool.submit(_compile_one, spec, arch, root) for spec, arch in jobs]
         for f in as_completed(futures):
-            r = f.result()
-            results.append(r)
-            if on_result:
-                on_result(r)
+            try:
+                r = f.result()
+            except BrokenProcessPool as e:
+                raise Ge2jitError(f"a compiler process ended without a result ({e}); if memory "
+                                  "ran out, use fewer processes") from None
+            done(r)
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
     return results
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Drop the jobs not started and end the compiles under way (a fatal error, Ctrl-C): their
+    results would not be reported, and waiting for them could take minutes."""
+    # The pool has no public way to end its workers before Python 3.14 (terminate_workers).
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        w.kill()
+    for w in workers:
+        w.join(timeout=10)
