@@ -127,7 +127,7 @@ def _cache_clear(args) -> int:
     from .jit.cache import default_cache
 
     cache = default_cache()
-    removed = cache.clear()
+    removed = cache.clear().removed
     print(f"removed {removed} entries from {cache.root}")
     return 0
 
@@ -139,7 +139,8 @@ def _cache_prune(args) -> int:
         print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
         return 2
     cache = default_cache()
-    removed, freed = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
+    r = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
+    removed, freed = r.removed, r.freed
     print(f"removed {removed} entries ({_human(freed)}) from {cache.root}")
     return 0
 

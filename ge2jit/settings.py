@@ -2,7 +2,8 @@
 
 | variable               | meaning                                                         |
 |------------------------|-----------------------------------------------------------------|
-| GE2JIT_CACHE_DIR       | where compiled kernels are stored (default: the user cache dir) |
+| GE2JIT_CACHE_DIR       | where compiled kernels are stored (default: the user cache dir); |
+|                        | several directories separated by ':' (misses go to the first)   |
 | GE2JIT_DISABLE_CACHE   | 1: never read or write the disk cache (memory only)             |
 | GE2JIT_SAVE_SOURCE     | 1: write each kernel's rendered .cu next to its cache entry     |
 | GE2JIT_NVRTC           | path of the libnvrtc shared library to load                     |
@@ -26,13 +27,25 @@ def _flag(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    cache_dir: Path
+    """The ``GE2JIT_*`` variables of this process.
+
+    Attributes:
+        cache_dirs: the kernel cache's directories in look-up order; misses are written to the
+            first, the others are read only (a shared, warmed cache).
+    """
+
+    cache_dirs: tuple[Path, ...]
     disable_cache: bool
     save_source: bool
     nvrtc_path: str | None
     verbose: bool
     cache_max_size: int | None = None
     float32_precision: str = "ieee"
+
+    @property
+    def cache_dir(self) -> Path:
+        """The first (writable) cache directory."""
+        return self.cache_dirs[0]
 
 
 def _default_cache_dir() -> Path:
@@ -46,9 +59,8 @@ def _default_cache_dir() -> Path:
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The settings of this process, read from the environment at first use."""
-    cache_dir = os.environ.get("GE2JIT_CACHE_DIR")
     return Settings(
-        cache_dir=Path(cache_dir).expanduser() if cache_dir else _default_cache_dir(),
+        cache_dirs=_cache_dirs(os.environ.get("GE2JIT_CACHE_DIR", "")),
         disable_cache=_flag("GE2JIT_DISABLE_CACHE"),
         save_source=_flag("GE2JIT_SAVE_SOURCE"),
         nvrtc_path=os.environ.get("GE2JIT_NVRTC") or None,
@@ -57,6 +69,11 @@ def get_settings() -> Settings:
         float32_precision=_choice("GE2JIT_FLOAT32_PRECISION", ("ieee", "tf32", "tf32x3"),
                                    "ieee"),
     )
+
+
+def _cache_dirs(text: str) -> tuple[Path, ...]:
+    dirs = tuple(Path(p.strip()).expanduser() for p in text.split(os.pathsep) if p.strip())
+    return dirs or (_default_cache_dir(),)
 
 
 def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:

@@ -7,32 +7,60 @@ Rules (each one learned from a bug in another JIT's tracker):
 - an entry is written to a temporary file in its own directory and moved into place with
   ``os.replace``, so readers see a whole entry or none, and any number of processes may write
   the same key at once;
-- each entry carries a checksum of its cubin; on read, any mismatch or error is a miss;
+- each entry ends with a checksum of its header and cubin; on read, any mismatch or error is a
+  miss, and so is an entry whose key, kernel name or architecture is not the one asked for, or
+  whose cubin does not define that kernel;
 - the directory is sharded by the key's first two hex digits;
 - an unwritable directory (read-only, full) makes the cache keep kernels in memory, with one
-  warning per process.
+  warning per process;
+- nothing in a directory is trusted that ge2jit could not have written (see ``untrusted``):
+  only regular files up to ``MAX_ENTRY_BYTES`` are read, without following a symlink or
+  blocking on a FIFO, and a directory that other users can write is refused, as ssh refuses
+  such key files;
+- ``GE2JIT_CACHE_DIR`` may list several directories: look-ups go through them in order and
+  misses are written to the first; the others are read only (a shared, warmed cache).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
+import stat
 import struct
 import sys
 import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import CacheWarning
 from ..settings import get_settings
 
-MAGIC = b"GE2JITK1"
+MAGIC = b"GE2JITK2"               # K1 entries checksummed the cubin only: now misses
 _HEADER_LEN = struct.Struct("<I")
+_CHECKSUM_LEN = 32                # sha256 of everything before it
 SUFFIX = ".cubin"
+SOURCE_SUFFIX = ".cu"
+TMP_PREFIX = ".tmp-ge2jit-"
+MAX_ENTRY_BYTES = 64 * 1024 * 1024   # the largest cubins are a few MiB; anything more is not ours
+
+# The only names that clear and prune may delete: a shard directory is two hex digits, an entry
+# the key's other 62 (with its optional source beside it), a temporary file ours by prefix.
+_SHARD_RE = re.compile(r"[0-9a-f]{2}")
+_ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu)")
+_TMP_RE = re.compile(re.escape(TMP_PREFIX) + r"[0-9]+-[a-z0-9_]+")
+_TMP_MAX_AGE_S = 3600.0          # prune: a temporary file this old belongs to a killed writer
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: opening a FIFO planted under an entry's name must not wait for a writer.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+logger = logging.getLogger("ge2jit.cache")
 
 
 def cache_key(*, source: str, options: tuple[str, ...], arch: str, nvrtc_fingerprint: str,
@@ -70,45 +98,123 @@ class CacheEntry:
         return max(self.spill_stores, 0) + max(self.spill_loads, 0)
 
     def header(self) -> dict:
+        """The entry's facts as stored: every field but the cubin, plus its size."""
         d = asdict(self)
         del d["cubin"]
         d["cubin_size"] = len(self.cubin)
-        d["cubin_sha256"] = hashlib.sha256(self.cubin).hexdigest()
         return d
 
     def to_bytes(self) -> bytes:
+        """The entry as stored: magic, header length, JSON header, cubin, sha256 of them all."""
         header = json.dumps(self.header(), sort_keys=True).encode()
-        return MAGIC + _HEADER_LEN.pack(len(header)) + header + self.cubin
+        body = MAGIC + _HEADER_LEN.pack(len(header)) + header + self.cubin
+        return body + hashlib.sha256(body).digest()
 
     @classmethod
-    def from_bytes(cls, data: bytes, expected_key: str | None = None) -> CacheEntry:
-        """Parse and verify an entry; raises ValueError on any defect."""
+    def from_bytes(cls, data: bytes, expected_key: str | None = None, *,
+                   kernel_name: str | None = None, arch: str | None = None) -> CacheEntry:
+        """Parse and verify an entry.
+
+        Args:
+            data: the stored bytes.
+            expected_key: the key it must carry (None: any).
+            kernel_name: the kernel it must hold: named in its header and defined by its cubin.
+            arch: the architecture it must be compiled for.
+
+        Raises:
+            ValueError: any defect or mismatch.
+        """
         if not data.startswith(MAGIC):
             raise ValueError("bad magic")
+        body, checksum = data[:-_CHECKSUM_LEN], data[-_CHECKSUM_LEN:]
+        if len(data) < len(MAGIC) + _HEADER_LEN.size + _CHECKSUM_LEN or \
+                hashlib.sha256(body).digest() != checksum:
+            raise ValueError("checksum mismatch")
         off = len(MAGIC)
-        (n,) = _HEADER_LEN.unpack_from(data, off)
+        (n,) = _HEADER_LEN.unpack_from(body, off)
         off += _HEADER_LEN.size
-        header = json.loads(data[off:off + n].decode())
-        cubin = data[off + n:]
-        if len(cubin) != header.pop("cubin_size"):
+        header = json.loads(body[off:off + n].decode())
+        if not isinstance(header, dict):
+            raise ValueError("the header is not an object")
+        cubin = body[off + n:]
+        if len(cubin) != header.pop("cubin_size", None):
             raise ValueError("truncated cubin")
-        if hashlib.sha256(cubin).hexdigest() != header.pop("cubin_sha256"):
-            raise ValueError("cubin checksum mismatch")
-        if expected_key is not None and header.get("key") != expected_key:
-            raise ValueError("key mismatch")
-        return cls(cubin=cubin, **header)
+        if set(header) != set(_HEADER_TYPES) - {"log"} and set(header) != set(_HEADER_TYPES):
+            raise ValueError(f"header fields {sorted(header)} are not an entry's")
+        for field, value in header.items():
+            if not isinstance(value, _HEADER_TYPES[field]) or isinstance(value, bool):
+                raise ValueError(f"header field {field}: {type(value).__name__} value")
+        entry = cls(cubin=cubin, **header)
+        if expected_key is not None and entry.key != expected_key:
+            raise ValueError(f"key {entry.key!r} where {expected_key!r} was expected")
+        if arch is not None and entry.arch != arch:
+            raise ValueError(f"compiled for {entry.arch!r}, not {arch!r}")
+        if kernel_name is not None:
+            if entry.kernel_name != kernel_name:
+                raise ValueError(f"holds kernel {entry.kernel_name!r}, not {kernel_name!r}")
+            # The symbol, or a section named after it: kernel names have no dots, so either
+            # occurs only in a cubin that defines this kernel.
+            name = kernel_name.encode()
+            if b"\0" + name + b"\0" not in cubin and b"." + name + b"\0" not in cubin:
+                raise ValueError(f"the cubin does not define kernel {kernel_name!r}")
+        return entry
+
+
+_HEADER_TYPES = {
+    **dict.fromkeys(("key", "kernel_name", "arch", "nvrtc_version", "ge2jit_version", "log"), str),
+    **dict.fromkeys(("registers", "shared_bytes", "stack_bytes", "spill_stores", "spill_loads"),
+                    int),
+    **dict.fromkeys(("compile_seconds", "created"), (int, float)),
+}
+
+
+@dataclass(frozen=True)
+class RemoveResult:
+    """What ``KernelCache.clear`` or ``KernelCache.prune`` did.
+
+    Attributes:
+        removed: cache entries removed.
+        freed: bytes freed (entries, their sources and leftover temporary files).
+        failed: (path, reason) of everything that should have been removed and was not,
+            including a cache directory that is unusable.
+    """
+
+    removed: int = 0
+    freed: int = 0
+    failed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.failed
 
 
 class KernelCache:
-    """Disk cache of compiled kernels, with an in-memory fallback."""
+    """Disk cache of compiled kernels, with an in-memory fallback.
 
-    def __init__(self, root: Path | None = None, *, enabled: bool | None = None):
+    Args:
+        root: one directory or several in look-up order (default: ``GE2JIT_CACHE_DIR``).
+            Misses are written to the first; the others are only read (a shared, warmed cache).
+        enabled: False keeps kernels in memory only (default: not ``GE2JIT_DISABLE_CACHE``).
+    """
+
+    def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None, *,
+                 enabled: bool | None = None):
         settings = get_settings()
-        self.root = Path(root) if root is not None else settings.cache_dir
+        if root is None:
+            self.roots: tuple[Path, ...] = tuple(settings.cache_dirs)
+        elif isinstance(root, (str, os.PathLike)):
+            self.roots = (Path(root),)
+        else:
+            self.roots = tuple(Path(r) for r in root)
+        if not self.roots:
+            raise ValueError("KernelCache: expected at least one directory, got none")
+        self.root = self.roots[0]
         self.enabled = (not settings.disable_cache) if enabled is None else enabled
         self._memory: dict[str, CacheEntry] = {}
         self._disk_ok = self.enabled
         self._warned = False
+        self._refused: dict[int, str | None] = {}   # root index -> why it is not used
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -118,45 +224,58 @@ class KernelCache:
     def path_for(self, key: str) -> Path:
         return self.root / key[:2] / (key[2:] + SUFFIX)
 
-    def get(self, key: str) -> CacheEntry | None:
-        """The entry for ``key``, or None (a missing, unreadable or corrupt entry is a miss)."""
+    def get(self, key: str, *, kernel_name: str | None = None, arch: str | None = None
+            ) -> CacheEntry | None:
+        """The entry for ``key``, or None.
+
+        A missing, unreadable or damaged entry is a miss, and so is one that does not hold
+        ``kernel_name`` compiled for ``arch`` (when given); damaged or mismatched entries are
+        counted in ``corrupt``, and the next ``put`` overwrites them.
+        """
         entry = self._memory.get(key)
         if entry is not None:
             self.hits += 1
             return entry
         if self.enabled:
-            path = self.path_for(key)
-            try:
-                data = path.read_bytes()
-            except OSError:
-                data = None
-            if data is not None:
+            for i, root in enumerate(self.roots):
+                if (i == 0 and not self._disk_ok) or self._root_problem(i):
+                    continue
                 try:
-                    entry = CacheEntry.from_bytes(data, expected_key=key)
-                except Exception:  # noqa: BLE001 - any defect is a miss that recompiles
+                    data = _read_entry_file(root, key[:2], key[2:] + SUFFIX, shared=i > 0,
+                                            touch=i == 0)   # the use, for LRU eviction
+                    if data is None:
+                        continue
+                    entry = CacheEntry.from_bytes(data, expected_key=key,
+                                                  kernel_name=kernel_name, arch=arch)
+                except Exception as e:  # noqa: BLE001 - any defect is a miss that recompiles
                     self.corrupt += 1
-                    entry = None
-                if entry is not None:
-                    self.hits += 1
-                    try:  # record the use for least-recently-used eviction
-                        os.utime(path)
-                    except OSError:
-                        pass
-                    self._memory[key] = entry
-                    return entry
+                    logger.debug("cache entry %s in %s refused: %s", key, root, e)
+                    continue
+                self.hits += 1
+                self._memory[key] = entry
+                return entry
         self.misses += 1
         return None
 
     def put(self, entry: CacheEntry, source: str | None = None) -> Path | None:
-        """Store ``entry``; returns its path, or None when it is kept in memory only."""
+        """Store ``entry`` in the first directory; returns its path, or None when it is kept in
+        memory only (the disk cache is disabled, refused or unwritable)."""
         self._memory[entry.key] = entry
         if not self._disk_ok:
             return None
         path = self.path_for(entry.key)
         try:
+            _make_dirs(self.root)
+            if self._root_problem(0):
+                return None
+            _make_dirs(path.parent)
+            why = _dir_problem(path.parent, shared=False, follow=False)
+            if why:
+                self._refuse(0, f"its subdirectory {path.parent.name} is {why}")
+                return None
             _atomic_write(path, entry.to_bytes())
             if source is not None and get_settings().save_source:
-                _atomic_write(path.with_suffix(".cu"), source.encode())
+                _atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
         except OSError as e:
             self._fall_back_to_memory(e)
             return None
@@ -166,24 +285,75 @@ class KernelCache:
             self.prune(max_bytes=cap)
         return path
 
+    def writable_problem(self) -> str | None:
+        """Why the first directory cannot take new entries (disabled, refused, not writable),
+        or None when it can. Creates the directory; warns of nothing."""
+        if not self.enabled:
+            return "the disk cache is disabled (GE2JIT_DISABLE_CACHE)"
+        try:
+            _make_dirs(self.root)
+            why = _dir_problem(self.root, shared=False, follow=True)
+            if why:
+                return f"{self.root} is {why}"
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=f"{TMP_PREFIX}{os.getpid()}-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            return f"{self.root} is not writable ({e.strerror or e})"
+        return None
+
     def _fall_back_to_memory(self, err: OSError) -> None:
         with self._lock:
             self._disk_ok = False
-            if not self._warned:
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            f"ge2jit cannot write its kernel cache at {self.root} ({err.strerror or err}); "
+            "compiled kernels are kept in memory for this process only. Set "
+            "GE2JIT_CACHE_DIR to a writable directory to keep them across runs.",
+            CacheWarning,
+            stacklevel=4,
+        )
+
+    def _root_problem(self, i: int) -> str | None:
+        """Why directory ``i`` is not used (checked once it exists), or None."""
+        if i in self._refused:
+            return self._refused[i]
+        root = self.roots[i]
+        if not root.is_dir():
+            return None if i == 0 else "missing"   # the first is made at the first write
+        why = _dir_problem(root, shared=i > 0, follow=True)
+        if why:
+            self._refuse(i, f"it is {why}")
+        else:
+            self._refused[i] = None
+        return why
+
+    def _refuse(self, i: int, why: str) -> None:
+        root = self.roots[i]
+        with self._lock:
+            self._refused[i] = why
+            if i == 0:
+                self._disk_ok = False
+                if self._warned:
+                    return
                 self._warned = True
-                warnings.warn(
-                    f"ge2jit cannot write its kernel cache at {self.root} ({err.strerror or err}); "
-                    "compiled kernels are kept in memory for this process only. Set "
-                    "GE2JIT_CACHE_DIR to a writable directory to keep them across runs.",
-                    CacheWarning,
-                    stacklevel=4,
-                )
+                msg = (f"ge2jit does not use the kernel cache directory {root}: {why}; "
+                       "compiled kernels are kept in memory for this process only. Make it "
+                       f"yours and writable by you alone (chmod go-w {root}) or set "
+                       "GE2JIT_CACHE_DIR to a private directory.")
+            else:
+                msg = (f"ge2jit does not read the shared kernel cache directory {root}: {why}; "
+                       "a shared cache must be writable by its owner alone (chmod go-w).")
+        warnings.warn(msg, CacheWarning, stacklevel=4)
 
     def info(self) -> dict:
         """Location, entries, size on disk, and this process's hit/miss counters."""
         entries = list(self.entries())
         return {
             "location": str(self.root),
+            "read_only_locations": [str(r) for r in self.roots[1:]],
             "disk_cache": "enabled" if self.enabled else "disabled (GE2JIT_DISABLE_CACHE)",
             "writable": self._disk_ok,
             "entries": len(entries),
@@ -197,100 +367,374 @@ class KernelCache:
             "kernels_in_memory": len(self._memory),
         }
 
-    def clear(self) -> int:
-        """Remove every entry (and leftover temporary file); returns the number of entries."""
-        removed = 0
+    def clear(self) -> RemoveResult:
+        """Remove every entry of the first directory, with its source and any temporary file.
+
+        Only ge2jit's own file names are touched (``<2 hex>/<62 hex>.cubin``, the ``.cu``
+        beside it, ``.tmp-ge2jit-*``), and no symlink is followed. The directories listed after
+        the first (read-only shared caches) and the tuning database (``tuning/``) are left as
+        they are.
+        """
         self._memory.clear()
-        if not self.root.is_dir():
-            return 0
-        for shard in self.root.iterdir():
-            if shard.is_dir() and len(shard.name) == 2:
-                for path in shard.iterdir():
-                    try:
-                        path.unlink()
-                        removed += path.suffix == SUFFIX
-                    except OSError:
-                        pass
-        return removed
+        result = _Removal()
+        root_fd = result.open_root(self.root)
+        if root_fd is None:
+            return result.done()
+        try:
+            for shard, shard_fd in _shards(root_fd):
+                try:
+                    for name, st in _own_files(shard_fd):
+                        result.unlink(shard_fd, self.root / shard / name, st,
+                                      counts=name.endswith(SUFFIX))
+                finally:
+                    os.close(shard_fd)
+        finally:
+            os.close(root_fd)
+        return result.done()
 
     def prune(self, *, max_bytes: int | None = None, older_than_s: float | None = None
-              ) -> tuple[int, int]:
-        """Remove entries unused for ``older_than_s`` seconds, then the least recently used
-        ones until the cache holds at most ``max_bytes``; returns (entries removed, bytes freed).
-        Temporary files left by killed writers (older than an hour) go too."""
-        if not self.root.is_dir():
-            return 0, 0
+              ) -> RemoveResult:
+        """Shrink the first directory.
+
+        Removes the entries unused for ``older_than_s`` seconds, then the least recently used
+        ones until the entries take at most ``max_bytes``; temporary files left by killed
+        writers (older than an hour) go too. The same file rules as ``clear`` apply.
+        """
+        result = _Removal()
+        root_fd = result.open_root(self.root)
+        if root_fd is None:
+            return result.done()
         now = time.time()
-        files = []
-        for shard in self.root.iterdir():
-            if not (shard.is_dir() and len(shard.name) == 2):
-                continue
-            for path in shard.iterdir():
+        try:
+            entries: dict[str, list] = {}            # key -> [mtime, bytes, [(shard, name)]]
+            for shard, shard_fd in _shards(root_fd):
                 try:
-                    st = path.stat()
+                    for name, st in _own_files(shard_fd):
+                        m = _ENTRY_RE.fullmatch(name)
+                        if m is None:                # a temporary file
+                            if now - st.st_mtime > _TMP_MAX_AGE_S:
+                                result.unlink(shard_fd, self.root / shard / name, st)
+                            continue
+                        e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
+                        if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
+                            e[0] = st.st_mtime
+                        e[1] += st.st_size
+                        e[2].append(name)
+                finally:
+                    os.close(shard_fd)
+            total = sum(e[1] for e in entries.values())
+            for key, (mtime, size, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+                too_old = older_than_s is not None and now - mtime > older_than_s
+                too_big = max_bytes is not None and total > max_bytes
+                if not (too_old or too_big):
+                    continue
+                before = result.freed
+                result.unlink_in(root_fd, self.root, key[:2], sorted(names, reverse=True))
+                total -= result.freed - before
+        finally:
+            os.close(root_fd)
+        return result.done()
+
+    def entries(self) -> Iterator[tuple[Path, CacheEntry | None]]:
+        """Yield (path, entry or None if unreadable) for every entry file of the first
+        directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
+        entries; a file that breaks the other rules of ``get`` is unreadable."""
+        if not self.enabled or self._root_problem(0):
+            return
+        try:
+            root_fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return
+        try:
+            for shard, shard_fd in _shards(root_fd):
+                try:
+                    if untrusted(os.fstat(shard_fd), shared=False):
+                        continue
+                    for name, _ in _own_files(shard_fd):
+                        if not name.endswith(SUFFIX):
+                            continue
+                        try:
+                            data = _read_at(shard_fd, name, shared=False)
+                            entry = CacheEntry.from_bytes(
+                                data or b"", expected_key=shard + name[:-len(SUFFIX)])
+                        except Exception:  # noqa: BLE001 - any defect makes it unreadable
+                            entry = None
+                        yield self.root / shard / name, entry
+                finally:
+                    os.close(shard_fd)
+        finally:
+            os.close(root_fd)
+
+
+class _Removal:
+    """Counts of one clear or prune, and its removals through directory descriptors."""
+
+    def __init__(self) -> None:
+        self.removed = 0
+        self.freed = 0
+        self.failed: list[tuple[str, str]] = []
+
+    def done(self) -> RemoveResult:
+        return RemoveResult(self.removed, self.freed, tuple(self.failed))
+
+    def open_root(self, root: Path) -> int | None:
+        """A descriptor of ``root`` (the user named it: a symlink there is followed), or None
+        with the reason recorded; a missing directory holds nothing to remove."""
+        try:
+            fd = os.open(root, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            self.failed.append((str(root), "not a directory"))
+            return None
+        except OSError as e:
+            self.failed.append((str(root), f"cannot open the directory ({e.strerror or e})"))
+            return None
+        why = untrusted(os.fstat(fd), shared=False)
+        if why:
+            os.close(fd)
+            self.failed.append((str(root), f"refused: the directory is {why}"))
+            return None
+        if not os.access(root, os.W_OK | os.X_OK):
+            os.close(fd)
+            self.failed.append((str(root), "the directory is not writable"))
+            return None
+        return fd
+
+    def unlink(self, dir_fd: int, path: Path, st: os.stat_result, counts: bool = False) -> bool:
+        try:
+            os.unlink(path.name, dir_fd=dir_fd)
+        except FileNotFoundError:            # another process removed it first
+            return False
+        except OSError as e:
+            self.failed.append((str(path), e.strerror or str(e)))
+            return False
+        self.freed += st.st_size
+        self.removed += counts
+        return True
+
+    def unlink_in(self, root_fd: int, root: Path, shard: str, names: list[str]) -> None:
+        """Remove one entry's files (the cubin last: it is what makes the entry)."""
+        try:
+            shard_fd = os.open(shard, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError as e:
+            self.failed.append((str(root / shard), e.strerror or str(e)))
+            return
+        try:
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=shard_fd, follow_symlinks=False)
                 except OSError:
                     continue
-                if path.name.startswith(".tmp-"):
-                    if now - st.st_mtime > 3600:
-                        _unlink(path)
-                    continue
-                if path.suffix == SUFFIX:
-                    side = path.with_suffix(".cu")
-                    extra = side.stat().st_size if side.exists() else 0
-                    files.append((st.st_mtime, st.st_size + extra, path))
-        files.sort()
-        total = sum(f[1] for f in files)
-        removed = freed = 0
-        for mtime, size, path in files:
-            too_old = older_than_s is not None and now - mtime > older_than_s
-            too_big = max_bytes is not None and total > max_bytes
-            if not (too_old or too_big):
-                continue
-            if _unlink(path):
-                _unlink(path.with_suffix(".cu"))
-                total -= size
-                freed += size
-                removed += 1
-        return removed, freed
-
-    def entries(self):
-        """Yield (path, entry-or-None) for every entry file on disk (None if unreadable)."""
-        if not self.root.is_dir():
-            return
-        for shard in sorted(self.root.iterdir()):
-            if not shard.is_dir() or len(shard.name) != 2:
-                continue
-            for path in sorted(shard.glob("*" + SUFFIX)):
-                key = shard.name + path.name[: -len(SUFFIX)]
-                try:
-                    yield path, CacheEntry.from_bytes(path.read_bytes(), expected_key=key)
-                except Exception:  # noqa: BLE001
-                    yield path, None
+                if stat.S_ISREG(st.st_mode):
+                    self.unlink(shard_fd, root / shard / name, st, counts=name.endswith(SUFFIX))
+        finally:
+            os.close(shard_fd)
 
 
-def _unlink(path: Path) -> bool:
+def _shards(root_fd: int) -> Iterator[tuple[str, int]]:
+    """(name, open descriptor) of each shard directory, in order; the caller closes it.
+    A symlink or anything but a directory under a shard's name is skipped."""
+    names = sorted(e.name for e in os.scandir(root_fd) if _SHARD_RE.fullmatch(e.name))
+    for name in names:
+        try:
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except OSError:                      # a symlink (ELOOP), a file, or gone
+            continue
+        yield name, fd
+
+
+def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of the regular files in a shard that have ge2jit's names, sorted."""
+    out = []
+    for e in os.scandir(shard_fd):
+        if not (_ENTRY_RE.fullmatch(e.name) or _TMP_RE.fullmatch(e.name)):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((e.name, st))
+    return sorted(out, key=lambda x: x[0])
+
+
+class _Refused(Exception):
+    """A file under an entry's name that ge2jit could not have written."""
+
+
+def untrusted(st: os.stat_result, *, shared: bool) -> str | None:
+    """Why a cache file or directory with status ``st`` cannot be trusted, or None.
+
+    The rules, as ssh applies to key files: it belongs to this user or root, and no one else
+    can write it, that is, it is not world-writable, and group-writable only when the group is
+    this user's private group (same name, no other member: the usual umask 002 set-up). In a
+    read-only shared directory (``shared``) the owner may be anyone (the one who warmed it),
+    but then neither group nor world may write.
+    """
+    mine = st.st_uid in (os.geteuid(), 0)
+    mode = stat.S_IMODE(st.st_mode)
+    if not (mine or shared):
+        return f"owned by another user (uid {st.st_uid})"
+    if mode & stat.S_IWOTH:
+        return f"writable by every user (mode {mode:#o})"
+    if mode & stat.S_IWGRP and not (mine and _group_is_private(st.st_gid)):
+        return f"writable by group {_group_name(st.st_gid)} (mode {mode:#o})"
+    return None
+
+
+def _group_is_private(gid: int) -> bool:
+    import grp
+    import pwd
+
     try:
-        path.unlink()
-        return True
-    except OSError:
+        user = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except (KeyError, OSError):
         return False
+    return (gid == user.pw_gid and group.gr_name == user.pw_name
+            and all(m == user.pw_name for m in group.gr_mem))
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return repr(grp.getgrgid(gid).gr_name)
+    except (KeyError, OSError):
+        return str(gid)
+
+
+def _dir_problem(path: Path, *, shared: bool, follow: bool) -> str | None:
+    """Why the directory ``path`` is refused, or None (also when it cannot be examined: the
+    write that needs it reports that). ``follow``: a symlink there is followed (only for a
+    directory the user named)."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    return untrusted(st, shared=shared)
+
+
+def _read_entry_file(root: Path, shard: str, name: str, *, shared: bool,
+                     touch: bool = False) -> bytes | None:
+    """The bytes of ``root/shard/name``, or None when there is none.
+
+    The shard directory and the file are opened without following symlinks and must pass
+    ``untrusted``; raises _Refused otherwise. ``touch`` records the use (mtime) for eviction.
+    """
+    try:
+        root_fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        try:
+            shard_fd = os.open(shard, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:                 # ELOOP: a symlink; ENOTDIR: not a directory
+            raise _Refused(f"{shard}: {e.strerror or e}") from None
+        try:
+            why = untrusted(os.fstat(shard_fd), shared=shared)
+            if why:
+                raise _Refused(f"{shard} is {why}")
+            return _read_at(shard_fd, name, shared=shared, touch=touch)
+        finally:
+            os.close(shard_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _read_at(dir_fd: int, name: str, *, shared: bool, touch: bool = False,
+             max_bytes: int | None = None) -> bytes | None:
+    """The bytes of the regular file ``name`` in ``dir_fd`` (None if there is none), read only
+    if it passes ``untrusted`` and holds at most ``max_bytes`` (default MAX_ENTRY_BYTES)."""
+    limit = MAX_ENTRY_BYTES if max_bytes is None else max_bytes
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _Refused(f"{name}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):         # never open a device, FIFO or symlink
+        raise _Refused(f"{name} is not a regular file")
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _Refused(f"{name}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)                    # what was opened, if it changed since the stat
+        if not stat.S_ISREG(st.st_mode):
+            raise _Refused(f"{name} is not a regular file")
+        if st.st_size > limit:
+            raise _Refused(f"{name} holds {st.st_size} bytes, more than {limit}")
+        why = untrusted(st, shared=shared)
+        if why:
+            raise _Refused(f"{name} is {why}")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(f"{name} holds more than {limit} bytes")
+        if touch:
+            try:
+                os.utime(fd)
+            except OSError:
+                pass
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, mode 0o755 less the umask: a directory that
+    ge2jit makes is never group- or world-writable (a writable cache is private)."""
+    try:
+        path.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        _make_dirs(path.parent)
+        try:
+            path.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=f"-{os.getpid()}")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+    """Write ``data`` to ``path`` through a temporary file in the same directory."""
+    for attempt in range(3):
+        _make_dirs(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{os.getpid()}-")
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return
+        except FileNotFoundError:
+            # A concurrent ``clear`` removed the temporary file (or its shard): write again.
+            if attempt == 2:
+                raise
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
 
 _default: KernelCache | None = None

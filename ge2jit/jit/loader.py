@@ -43,7 +43,7 @@ def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
     cache = default_cache() if cache is None else cache
     arch = nvrtc.normalize_arch(arch)
     key, source, _ = key_for(spec, arch)
-    entry = cache.get(key)
+    entry = cache.get(key, kernel_name=spec.kernel_name, arch=arch)
     if entry is not None:
         return entry, True
     result = nvrtc.compile_to_cubin(source, spec.kernel_name, arch, spec.compile_options())

@@ -211,3 +211,390 @@ def test_info_counts_entries_and_this_process_hits(tmp_path):
     assert info["entries"] == 1 and info["size_bytes"] > 0 and info["unreadable_entries"] == 0
     assert (info["process_hits"], info["process_misses"], info["process_writes"]) == (1, 0, 0)
     assert c.info()["process_writes"] == 1 and c.info()["process_misses"] == 1
+
+
+# --- clear and prune: only ge2jit's own files, never through a symlink, counted --------------
+
+def _fill(root: Path, n: int = 3, size: int = 100) -> list[CacheEntry]:
+    c = KernelCache(root)
+    out = []
+    for i in range(n):
+        e = _entry(key=f"{i:02x}" + "c" * 62, cubin=b"\x7fELF" + os.urandom(size))
+        c.put(e)
+        out.append(e)
+    return out
+
+
+def test_clear_removes_only_entries_and_reports_counts(tmp_path):
+    root = tmp_path / "cache"
+    entries = _fill(root)
+    c = KernelCache(root)
+    sizes = sum(c.path_for(e.key).stat().st_size for e in entries)
+    c.path_for(entries[0].key).with_suffix(".cu").write_text("source")
+    tmp_file = root / "01" / ".tmp-ge2jit-123-abcdefgh"
+    tmp_file.write_bytes(b"partial")
+    # files that look a bit like the cache's but are not ge2jit's own
+    strangers = [root / "01" / "notes.txt", root / "01" / ("c" * 62 + ".cubin.bak"),
+                 root / "01" / ("C" * 62 + ".cubin"), root / "01" / ".tmp-other",
+                 root / "go" / "main.go", root / "ab" / "x.cubin", root / "top.cubin",
+                 root / "abc" / ("c" * 62 + ".cubin")]
+    for p in strangers:
+        p.parent.mkdir(exist_ok=True)
+        p.write_text("keep me")
+    result = c.clear()
+    assert (result.removed, result.ok, result.failed) == (3, True, ())
+    assert result.freed == sizes + len("source") + len("partial")
+    assert all(p.read_text() == "keep me" for p in strangers)
+    assert not tmp_file.exists() and list(c.entries()) == []
+    assert c.clear() == cache_mod.RemoveResult(0, 0, ())
+
+
+def test_clear_and_prune_never_follow_symlinks(tmp_path):
+    root, victim = tmp_path / "cache", tmp_path / "victim"
+    victim.mkdir()
+    precious = victim / ("d" * 62 + ".cubin")
+    precious.write_bytes(b"precious")
+    root.mkdir()
+    (root / "dd").symlink_to(victim)                       # a symlinked shard
+    _fill(root, n=1)
+    linked_entry = root / "00" / ("e" * 62 + ".cubin")
+    linked_entry.symlink_to(precious)                      # a symlinked entry
+    c = KernelCache(root)
+    assert c.prune(older_than_s=-1).removed == 1
+    assert c.clear().removed == 0
+    assert precious.read_bytes() == b"precious" and (root / "dd").is_symlink()
+    assert linked_entry.is_symlink()
+
+
+def test_prune_returns_a_remove_result(tmp_path):
+    root = tmp_path / "cache"
+    entries = _fill(root, n=4)
+    c = KernelCache(root)
+    paths = [c.path_for(e.key) for e in entries]
+    for age, p in enumerate(paths):                        # entries[0] is the oldest
+        os.utime(p, (1000.0 + age, 1000.0 + age))
+    size = paths[0].stat().st_size
+    r = c.prune(max_bytes=2 * size)
+    assert (r.removed, r.freed, r.ok) == (2, 2 * size, True)
+    assert [p.exists() for p in paths] == [False, False, True, True]
+    assert c.prune(older_than_s=1e12) == cache_mod.RemoveResult(0, 0, ())
+
+
+def test_clear_leaves_the_tuning_database(tmp_path):
+    from ge2jit.tune.db import TuningDB
+
+    root = tmp_path / "cache"
+    _fill(root, n=1)
+    TuningDB(root / "tuning").put({"op": "x"}, {"config": "a"})
+    assert KernelCache(root).clear().removed == 1
+    assert TuningDB(root / "tuning").get({"op": "x"}) == {"config": "a"}
+
+
+def test_clear_and_prune_report_an_unusable_root(tmp_path):
+    not_dir = tmp_path / "file"
+    not_dir.write_text("x")
+    for result in (KernelCache(not_dir).clear(), KernelCache(not_dir).prune(max_bytes=0)):
+        assert not result.ok and result.removed == 0
+        assert result.failed[0][0] == str(not_dir) and "not a directory" in result.failed[0][1]
+    assert KernelCache(tmp_path / "missing").clear().ok, "nothing to remove is not a failure"
+
+
+def test_clear_reports_what_it_could_not_remove(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    _fill(root, n=2)
+    real_unlink, calls = os.unlink, []
+
+    def unlink(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:                                # the first entry, in shard 00
+            raise PermissionError(13, "Permission denied")
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(cache_mod.os, "unlink", unlink)
+    r = KernelCache(root).clear()
+    assert r.removed == 1 and not r.ok
+    assert r.failed == ((str(root / "00" / ("c" * 62 + ".cubin")), "Permission denied"),)
+
+
+def test_clear_and_prune_touch_only_the_first_directory(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    _fill(mine, n=1)
+    _fill(shared, n=2)
+    c = KernelCache([mine, shared])
+    assert c.roots == (mine, shared) and c.root == mine
+    assert c.prune(max_bytes=0).removed == 1
+    _fill(mine, n=1)
+    assert c.clear().removed == 1
+    assert len(list(KernelCache(shared).entries())) == 2
+
+
+# --- an entry is what was asked for: key, kernel name, architecture, checksummed header -------
+
+def _forge(path: Path, **changes) -> None:
+    """Rewrite an entry's header fields and fix up every checksum, as a forger would."""
+    e = CacheEntry.from_bytes(path.read_bytes())
+    path.write_bytes(CacheEntry(**{**e.__dict__, **changes}).to_bytes())
+
+
+def test_an_entry_of_another_kernel_under_this_key_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    other = GemmSpec(**{**SPEC.__dict__, "act": Act.TANH})
+    mine, _ = build(SPEC, "sm_80", cache=c)
+    theirs, _ = build(other, "sm_80", cache=c)
+    path = c.path_for(mine.key)
+    path.write_bytes(c.path_for(theirs.key).read_bytes())
+    _forge(path, key=mine.key)                        # the other kernel, its key rewritten
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80") is None
+    assert fresh.corrupt == 1
+    entry, cached = build(SPEC, "sm_80", cache=fresh)
+    assert not cached and entry.kernel_name == SPEC.kernel_name
+    assert KernelCache(tmp_path).get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80")
+    # the header made to name this kernel: the cubin still defines the other one
+    path.write_bytes(c.path_for(theirs.key).read_bytes())
+    _forge(path, key=mine.key, kernel_name=SPEC.kernel_name)
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80") is None
+    assert fresh.corrupt == 1 and not build(SPEC, "sm_80", cache=fresh)[1]
+
+
+def test_an_entry_for_another_architecture_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    mine, _ = build(SPEC, "sm_80", cache=c)
+    _forge(c.path_for(mine.key), arch="sm_90")
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(mine.key, kernel_name=SPEC.kernel_name, arch="sm_80") is None
+    assert fresh.corrupt == 1 and not build(SPEC, "sm_80", cache=fresh)[1]
+
+
+def test_a_header_edited_without_its_checksum_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    data = path.read_bytes()
+    assert b'"registers": 10' in data
+    path.write_bytes(data.replace(b'"registers": 10', b'"registers": 99'))
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(e.key) is None and fresh.corrupt == 1
+
+
+def test_an_entry_of_the_previous_format_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    assert path.read_bytes().startswith(b"GE2JITK2")
+    path.write_bytes(b"GE2JITK1" + path.read_bytes()[8:])
+    assert KernelCache(tmp_path).get(e.key) is None
+
+
+@pytest.mark.parametrize("header", [{"key": 1}, {"registers": "10"}, {"unknown": 1}, [1, 2]])
+def test_a_header_of_the_wrong_shape_is_a_miss(tmp_path, header):
+    import hashlib
+    import json
+    import struct
+
+    e = _entry()
+    good = json.loads(e.to_bytes()[12:12 + struct.unpack_from("<I", e.to_bytes(), 8)[0]])
+    fields = [*header] if isinstance(header, list) else {**good, **header}
+    blob = json.dumps(fields).encode()
+    body = b"GE2JITK2" + struct.pack("<I", len(blob)) + blob + e.cubin
+    with pytest.raises(ValueError):
+        CacheEntry.from_bytes(body + hashlib.sha256(body).digest())
+    c = KernelCache(tmp_path)
+    c.path_for(e.key).parent.mkdir(parents=True)
+    c.path_for(e.key).write_bytes(body + hashlib.sha256(body).digest())
+    assert c.get(e.key) is None and c.corrupt == 1
+
+
+# --- reading trusts only regular files of a bounded size, owned right, in private dirs -------
+
+class _Hang(Exception):
+    pass
+
+
+def _within(seconds: int, fn):
+    """fn(), or _Hang if it blocks longer than ``seconds`` (a FIFO opened for reading would)."""
+    import signal
+
+    def alarm(*_):
+        raise _Hang
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_fifo_in_place_of_an_entry_is_a_miss_without_blocking(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    path.unlink()
+    os.mkfifo(path)
+    fresh = KernelCache(tmp_path)
+    assert _within(5, lambda: fresh.get(e.key)) is None and fresh.corrupt == 1
+    assert _within(5, lambda: list(fresh.entries())) == []
+    assert _within(5, lambda: fresh.info())["entries"] == 0
+
+
+@pytest.mark.parametrize("target", ["entry", "dev"])
+def test_a_symlinked_entry_is_a_miss(tmp_path, target):
+    c = KernelCache(tmp_path / "c")
+    e = _entry()
+    path = c.put(e)
+    elsewhere = tmp_path / "elsewhere.cubin"
+    path.replace(elsewhere)
+    path.symlink_to(elsewhere if target == "entry" else Path("/dev/zero"))
+    fresh = KernelCache(tmp_path / "c")
+    assert _within(5, lambda: fresh.get(e.key)) is None and fresh.corrupt == 1
+    assert list(fresh.entries()) == []
+    assert fresh.put(e) == path and not path.is_symlink(), "the link is replaced, not followed"
+    assert KernelCache(tmp_path / "c").get(e.key) == e
+
+
+def test_a_symlinked_shard_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path / "other")
+    e = _entry()
+    c.put(e)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "ab").symlink_to(tmp_path / "other" / "ab")
+    fresh = KernelCache(tmp_path / "c")
+    assert fresh.get(e.key) is None and list(fresh.entries()) == []
+
+
+def test_an_oversized_entry_is_a_miss_and_is_not_read(tmp_path, monkeypatch):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    path = c.put(e)
+    monkeypatch.setattr(cache_mod, "MAX_ENTRY_BYTES", path.stat().st_size - 1)
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(e.key) is None and fresh.corrupt == 1
+    assert [x for _, x in fresh.entries()] == [None]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_an_entry_owned_by_another_user_is_a_miss(tmp_path):
+    c = KernelCache(tmp_path)
+    e = _entry()
+    os.chown(c.put(e), 12345, 12345)
+    fresh = KernelCache(tmp_path)
+    assert fresh.get(e.key) is None and fresh.corrupt == 1
+    assert [x for _, x in fresh.entries()] == [None]
+
+
+# --- a directory that other users can write is refused ----------------------------------------
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o722])
+def test_a_directory_others_can_write_is_refused(tmp_path, mode):
+    root = tmp_path / "c"
+    e = _entry()
+    KernelCache(root).put(e)
+    root.chmod(mode)
+    c = KernelCache(root)
+    with pytest.warns(CacheWarning, match="writable by") as w:
+        assert c.get(e.key) is None, "nothing is read from it"
+        other = _entry(key="ef" + "0" * 62)
+        assert c.put(other) is None, "nothing is written to it"
+        c.put(_entry(key="ef" + "1" * 62))
+    assert len(w) == 1 and str(root) in str(w[0].message)
+    assert c.get(other.key) is other, "kept in memory"
+    assert not (root / "ef").exists()
+    assert not c.clear().ok and (root / "ab").exists(), "clear refuses it too"
+
+
+def test_a_shard_others_can_write_is_refused(tmp_path):
+    e = _entry()
+    path = KernelCache(tmp_path).put(e)
+    path.parent.chmod(0o777)
+    c = KernelCache(tmp_path)
+    assert c.get(e.key) is None and c.corrupt == 1
+    assert list(c.entries()) == []
+    with pytest.warns(CacheWarning, match="writable by"):
+        assert c.put(e) is None
+
+
+def test_a_group_writable_directory_is_refused_unless_the_group_is_private(tmp_path,
+                                                                         monkeypatch):
+    root = tmp_path / "c"
+    e = _entry()
+    KernelCache(root).put(e)
+    root.chmod(0o775)
+    monkeypatch.setattr(cache_mod, "_group_is_private", lambda gid: True)
+    assert KernelCache(root).get(e.key) == e, "a user-private group (umask 002) is fine"
+    monkeypatch.setattr(cache_mod, "_group_is_private", lambda gid: False)
+    with pytest.warns(CacheWarning, match="writable by group"):
+        assert KernelCache(root).get(e.key) is None
+
+
+# --- several directories: look-ups in order, writes to the first ------------------------------
+
+def test_lookups_go_through_the_directories_in_order_and_misses_go_to_the_first(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    warm = _entry(key="aa" + "1" * 62)
+    KernelCache(shared).put(warm)
+    shared_files = sorted(p for p in shared.rglob("*"))
+    shared.chmod(0o555)
+    try:
+        c = KernelCache([mine, shared])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert c.get(warm.key) == warm and c.hits == 1
+            cold = _entry(key="bb" + "2" * 62)
+            assert c.get(cold.key) is None
+            assert c.put(cold) == mine / "bb" / ("2" * 62 + ".cubin")
+        assert sorted(p for p in shared.rglob("*")) == shared_files
+        # the first directory wins when both hold a key
+        KernelCache(mine).put(_entry(key=warm.key, cubin=b"\x7fELF mine"))
+        assert KernelCache([mine, shared]).get(warm.key).cubin == b"\x7fELF mine"
+    finally:
+        shared.chmod(0o755)
+
+
+def test_cache_dir_variable_lists_directories(tmp_path, monkeypatch):
+    from ge2jit.settings import reload_settings
+
+    monkeypatch.setenv("GE2JIT_CACHE_DIR", f"{tmp_path}/a:{tmp_path}/b::~/c")
+    reload_settings()
+    try:
+        c = KernelCache()
+        assert c.roots == (tmp_path / "a", tmp_path / "b", Path("~/c").expanduser())
+        assert c.root == tmp_path / "a"
+    finally:
+        monkeypatch.undo()
+        reload_settings()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_a_shared_directory_may_belong_to_another_user_if_only_they_can_write(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    e = _entry()
+    path = KernelCache(shared).put(e)
+    for p in (shared, path.parent, path):
+        os.chown(p, 12345, 12345)
+    assert KernelCache([mine, shared]).get(e.key) == e
+    with pytest.warns(CacheWarning, match="owned by another user"):
+        assert KernelCache(shared).get(e.key) is None, "as the first directory it must be mine"
+    path.chmod(0o664)
+    c = KernelCache([mine, shared])
+    assert c.get(e.key) is None and c.corrupt == 1, "a file its group can write is refused"
+    path.chmod(0o644)
+    path.parent.chmod(0o775)
+    assert KernelCache([mine, shared]).get(e.key) is None
+    path.parent.chmod(0o755)
+    shared.chmod(0o777)
+    with pytest.warns(CacheWarning, match="writable by every user"):
+        assert KernelCache([mine, shared]).get(e.key) is None
+
+
+def test_writable_problem_names_why_the_first_directory_cannot_take_entries(tmp_path):
+    assert KernelCache(tmp_path / "new").writable_problem() is None
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())
+    (tmp_path / "file").write_text("x")
+    assert "Not a directory" in KernelCache(tmp_path / "file" / "c").writable_problem()
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    assert "writable by every user" in KernelCache(tmp_path / "open").writable_problem()
+    assert "disabled" in KernelCache(tmp_path, enabled=False).writable_problem()
