@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ArgumentValueError
+from .errors import ArgumentValueError, Ge2jitError
 from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
@@ -164,27 +164,25 @@ def example() -> str:
     return files("ge2jit").joinpath("data", "warmup.toml").read_text(encoding="utf-8")
 
 
+class CacheNotWritableError(Ge2jitError):
+    """The kernel cache cannot store kernels (disabled, not writable, refused): a warm-up would
+    keep nothing."""
+
+
 def _check_cache_writable() -> None:
     """A warm-up whose results cannot be stored is pointless: say so before compiling."""
-    import os
-    import tempfile
-
     from .jit.cache import default_cache
 
     cache = default_cache()
     if not cache.enabled:
-        raise WarmupConfigError("the disk cache is disabled (GE2JIT_DISABLE_CACHE): a warm-up "
-                                "would keep nothing")
-    try:
-        cache.root.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=cache.root, prefix=".tmp-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise WarmupConfigError(
-            f"the kernel cache {cache.root} is not writable ({e.strerror or e}); set "
-            "GE2JIT_CACHE_DIR to a writable directory. (Without one ge2jit still works, "
-            "compiling into memory in each process.)") from None
+        raise CacheNotWritableError("the disk cache is disabled (GE2JIT_DISABLE_CACHE): a "
+                                    "warm-up would keep nothing")
+    why = cache.writable_problem()
+    if why:
+        raise CacheNotWritableError(
+            f"the kernel cache cannot store kernels: {why}; set GE2JIT_CACHE_DIR to a writable "
+            "directory. (Without one ge2jit still works, compiling into memory in each "
+            "process.)")
 
 
 def _present_archs() -> list[str]:
@@ -195,20 +193,29 @@ def _present_archs() -> list[str]:
 
 @dataclass
 class WarmupSummary:
-    """What a warm-up did."""
+    """What a warm-up did: kernels compiled and stored, found in the cache, kept in memory only
+    (the cache could not store them: lost when the process ends), and failed."""
 
     compiled: int = 0
     cached: int = 0
+    memory: list[CompileOutcome] = field(default_factory=list)
     failed: list[CompileOutcome] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        """True when every kernel asked for is in the disk cache."""
+        return not self.failed and not self.memory
 
     def __str__(self) -> str:
-        text = (f"{self.compiled} compiled, {self.cached} already cached, {len(self.failed)} "
-                f"failed, in {self.seconds:.1f} s")
+        kept = f"{len(self.memory)} kept in memory only, " if self.memory else ""
+        text = (f"{self.compiled} compiled, {self.cached} already cached, {kept}"
+                f"{len(self.failed)} failed, in {self.seconds:.1f} s")
+        if self.memory:
+            why = next((m.error for m in self.memory if m.error), "")
+            text += (f"\nNOT STORED: {len(self.memory)} kernels could not be written to the "
+                     "kernel cache and are lost when this process ends" + (f": {why}" if why
+                                                                           else ""))
         for f in self.failed:
             text += f"\nFAILED {f.kernel_name} ({f.arch}):\n{f.error}"
         return text
@@ -237,6 +244,8 @@ def warmup(config: str | Path, *, archs=None, processes: int | None = None,
             summary.compiled += 1
         elif r.status == "cached":
             summary.cached += 1
+        elif r.status == "memory":
+            summary.memory.append(r)
         else:
             summary.failed.append(r)
         if bar is not None:

@@ -264,8 +264,8 @@ def test_unwritable_cache_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "--no-progress"], blocker / "cache")
-    assert r.returncode == 2
-    assert "is not writable" in r.stderr and "GE2JIT_CACHE_DIR" in r.stderr
+    line = one_line_error(r, "ge2jit warmup", 1)  # the work cannot be done: not a mistake
+    assert "is not writable" in line and "GE2JIT_CACHE_DIR" in line
 
 
 def test_cache_info_list_prune_clear(tmp_path):
@@ -614,3 +614,22 @@ def test_more_jobs_than_cores_is_reduced_with_a_note(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == (f"ge2jit warmup: note: -j 60 reduced to {cores}, the cores this "
                                 "process may use"), r.stderr
+
+
+def test_kernels_the_cache_could_not_store_are_counted_and_fail_the_warmup(tmp_path):
+    from ge2jit.jit.loader import key_for
+    from ge2jit.precompile import load
+
+    cfg = write(tmp_path, SMALL)
+    keys = [key_for(spec, arch)[0] for spec, arch in load(cfg).jobs]
+    assert len(keys) == 6 and keys[2][:2] not in (keys[0][:2], keys[1][:2])
+    cache = tmp_path / "c"
+    cache.mkdir()
+    # the disk "fills up" at the third kernel: a file where its shard directory goes
+    (cache / keys[2][:2]).write_text("")
+    r = ge2jit(["warmup", str(cfg), "-j", "1", "--no-progress"], cache)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "2 compiled, 0 already cached, 4 kept in memory only, 0 failed" in r.stdout, r.stdout
+    assert "NOT STORED" in r.stdout and "Not a directory" in r.stdout, r.stdout
+    assert "CacheWarning" not in r.stderr, r.stderr
+    assert valid_entries(cache) == (2, 0)

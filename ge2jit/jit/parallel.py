@@ -9,24 +9,36 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ArgumentValueError, Ge2jitError, MissingDependencyError, NvrtcError
+from ..errors import (
+    ArgumentValueError,
+    CacheWarning,
+    Ge2jitError,
+    MissingDependencyError,
+    NvrtcError,
+)
 from .spec import KernelSpec
 
 
 @dataclass(frozen=True)
 class CompileOutcome:
-    """What happened to one (spec, arch): compiled, already cached, or failed (with the log)."""
+    """What happened to one (spec, arch).
+
+    ``status``: "compiled" (and stored in the disk cache), "cached" (found there), "memory"
+    (compiled or found, but not on disk: the cache could not store it; ``error`` says why when
+    this process learned it) or "failed" (``error`` holds NVRTC's log).
+    """
 
     spec: KernelSpec
     arch: str
     kernel_name: str
-    status: str                 # "compiled", "cached" or "failed"
+    status: str
     registers: int = -1
     spill_bytes: int = -1
     stack_bytes: int = -1
@@ -68,21 +80,35 @@ def _watch_parent(parent: int) -> None:
 
 
 def _compile_one(spec: KernelSpec, arch: str, cache_root: str | None) -> CompileOutcome:
-    from .cache import KernelCache, default_cache
+    from .cache import SUFFIX, KernelCache, default_cache
     from .loader import build
 
     cache = KernelCache(Path(cache_root)) if cache_root else default_cache()
     try:
-        entry, cached = build(spec, arch, cache=cache)
+        # The cache says once per process, in a warning, that it cannot write: the reason
+        # goes into the outcome instead (a warning from a worker would break the progress bar).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheWarning)
+            entry, cached = build(spec, arch, cache=cache)
     except FATAL as e:
         # by the name of its class in FATAL: exceptions do not all survive pickling
         fatal = next(c.__name__ for c in FATAL if isinstance(e, c))
         return CompileOutcome(spec, arch, spec.kernel_name, "failed", error=str(e), fatal=fatal)
     except Ge2jitError as e:
         return CompileOutcome(spec, arch, spec.kernel_name, "failed", error=str(e))
-    return CompileOutcome(spec, arch, spec.kernel_name, "cached" if cached else "compiled",
-                          entry.registers, entry.spill_bytes, entry.stack_bytes,
-                          0.0 if cached else entry.compile_seconds)
+    reason = ""
+    for w in caught:
+        if issubclass(w.category, CacheWarning):
+            reason = reason or str(w.message)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    # what counts is the file: a cache that cannot write keeps the entry in memory only
+    status = "cached" if cached else "compiled"
+    if not any(Path(r, entry.key[:2], entry.key[2:] + SUFFIX).is_file() for r in cache.roots):
+        status = "memory"
+    return CompileOutcome(spec, arch, spec.kernel_name, status, entry.registers,
+                          entry.spill_bytes, entry.stack_bytes,
+                          0.0 if cached else entry.compile_seconds, error=reason)
 
 
 def usable_cores() -> int:
