@@ -9,8 +9,11 @@ never be found under this build's cache keys.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +28,8 @@ FORMAT = "ge2jit-bundle-1"
 
 
 class BundleError(Ge2jitError):
-    """A bundle that is damaged or was made for another build; nothing was imported."""
+    """A bundle file that cannot be used: damaged, too large, made for another build, or a
+    path where no bundle can be written. Nothing was imported or written."""
 
 
 @dataclass(frozen=True)
@@ -45,27 +49,73 @@ def _build_id() -> dict:
 
 
 def export_bundle(path: str | Path) -> BundleSummary:
-    """Write every valid cache entry and tuning record of this build into a zip file."""
+    """Write every valid cache entry and tuning record of this build into a zip file.
+
+    The bundle is written to a temporary file created exclusively in the target's folder and
+    moved into place when whole: a failure leaves the folder as it was, and no file name can
+    be planted in advance (a symlink) to redirect the write.
+
+    Raises:
+        BundleError: ``path`` is a directory, or its folder does not exist.
+        OSError: writing failed (a full disk); nothing was left behind.
+    """
     path = Path(path)
-    cache, db = default_cache(), default_db()
-    members: dict[str, bytes] = {}
-    for entry_path, entry in cache.entries():
-        if entry is not None:
-            members[f"kernels/{entry_path.parent.name}/{entry_path.name}"] = \
-                entry_path.read_bytes()
-    for record in db.records():
-        digest = db.digest(record["key"])
-        members[f"tuning/{digest[:2]}/{digest[2:]}.json"] = json.dumps(record).encode()
-    manifest = {"format": FORMAT, **_build_id(),
-                "members": {n: hashlib.sha256(d).hexdigest() for n, d in members.items()}}
-    tmp = path.with_name(path.name + ".partial")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        for name, data in members.items():
+    if path.is_dir():
+        raise BundleError(f"{path}: is a directory; give the bundle's file name, such as "
+                          f"{path / 'bundle.zip'}")
+    if not path.parent.is_dir():
+        raise BundleError(f"{path}: the folder {path.parent} does not exist")
+    build = _build_id()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file: mkstemp makes it 0600
+        with os.fdopen(fd, "wb") as f:
+            kernels, records = _write_members(f, build)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return BundleSummary(kernels, records, path)
+
+
+def _write_members(f, build: dict) -> tuple[int, int]:
+    """The cache's entries, the tuning records and the manifest (last: it holds their
+    checksums) into the zip file ``f``; returns (kernels, tuning records)."""
+    members: dict[str, str] = {}
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for entry_path, entry in default_cache().entries():
+            if entry is not None:  # the entry as read and verified, not the file read again
+                name = f"kernels/{entry_path.parent.name}/{entry_path.name}"
+                data = entry.to_bytes()
+                z.writestr(name, data)
+                members[name] = hashlib.sha256(data).hexdigest()
+        db = default_db()
+        for record in db.records():
+            digest = db.digest(record["key"])
+            name = f"tuning/{digest[:2]}/{digest[2:]}.json"
+            data = json.dumps(record).encode()
             z.writestr(name, data)
-    tmp.replace(path)
+            members[name] = hashlib.sha256(data).hexdigest()
+        manifest = {"format": FORMAT, **build, "members": members}
+        z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
     kernels = sum(n.startswith("kernels/") for n in members)
-    return BundleSummary(kernels, len(members) - kernels, path)
+    return kernels, len(members) - kernels
+
+
+def _umask() -> int:
+    try:  # Linux: read it, which unlike os.umask changes nothing for other threads
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def import_bundle(path: str | Path) -> BundleSummary:

@@ -11,6 +11,7 @@ import time
 from datetime import datetime
 
 from . import __version__
+from .bundle import BundleError
 from .errors import ArgumentTypeError, ArgumentValueError, Ge2jitError
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
@@ -154,13 +155,9 @@ def _cache_import(args) -> int:
 
 
 def _bundle(action: str, file: str) -> int:
-    from .bundle import BundleError, export_bundle, import_bundle
+    from .bundle import export_bundle, import_bundle
 
-    try:
-        done = (export_bundle if action == "export" else import_bundle)(file)
-    except BundleError as e:
-        print(f"ge2jit cache {action}: {e}", file=sys.stderr)
-        return 1
+    done = (export_bundle if action == "export" else import_bundle)(file)
     print(f"{action}ed {done}")
     return 0
 
@@ -288,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted", file=sys.stderr)
         return 130
-    except (ArgumentValueError, ArgumentTypeError) as e:  # SettingsError and bad files too
+    except (ArgumentValueError, ArgumentTypeError, BundleError) as e:  # bad files, variables
         _say(args.prog, str(e))
         return 2
     except Ge2jitError as e:
