@@ -30,7 +30,6 @@ import os
 import re
 import stat
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -56,11 +55,32 @@ _SHARD_RE = re.compile(r"[0-9a-f]{2}")
 _ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu)")
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r"[0-9]+-[a-z0-9_]+")
 _TMP_MAX_AGE_S = 3600.0          # prune: a temporary file this old belongs to a killed writer
+_FILE_MODE = 0o644               # less the umask; never group- or world-writable (see untrusted)
+_RESCAN_EVERY = 64               # writes between scans that see other processes' entries
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 # O_NONBLOCK: opening a FIFO planted under an entry's name must not wait for a writer.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 logger = logging.getLogger("ge2jit.cache")
+
+
+def _read_umask() -> int:
+    """This process's umask, read without changing it where Linux tells (/proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:                    # elsewhere: set and restore it, once, at import
+        old = os.umask(0o022)
+        os.umask(old)
+    return old
+
+
+_umask_lock = threading.Lock()
+_UMASK = _read_umask()
 
 
 def cache_key(*, source: str, options: tuple[str, ...], arch: str, nvrtc_fingerprint: str,
@@ -189,6 +209,108 @@ class RemoveResult:
         return not self.failed
 
 
+class CacheDirs:
+    """The directories of one store (kernels, tuning records): the first takes the writes,
+    the others are only read. Keeps which are refused and warns once per directory.
+
+    Args:
+        roots: the directories in look-up order.
+        enabled: False: no directory is used at all.
+        what: the store's name in warnings ("kernel cache").
+        kept: what is kept in memory instead ("compiled kernels").
+    """
+
+    def __init__(self, roots: tuple[Path, ...], *, enabled: bool, what: str, kept: str):
+        if not roots:
+            raise ValueError(f"{what}: expected at least one directory, got none")
+        self.roots = roots
+        self.root = roots[0]
+        self.enabled = enabled
+        self.writable = enabled              # False after a refusal or a failed write
+        self.what, self.kept = what, kept
+        self._refused: dict[int, str | None] = {}   # index -> why it is not used
+        self._warned = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def parse(root: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[Path, ...]:
+        """One directory or several, as a tuple of paths."""
+        if isinstance(root, (str, os.PathLike)):
+            return (Path(root),)
+        return tuple(Path(r) for r in root)
+
+    def readable(self) -> Iterator[tuple[int, Path]]:
+        """(index, directory) of each directory to look in, in order."""
+        if not self.enabled:
+            return
+        for i, root in enumerate(self.roots):
+            if not self.problem(i):      # a failed write (disk full) still lets entries be read
+                yield i, root
+
+    def problem(self, i: int) -> str | None:
+        """Why directory ``i`` is not used (checked once it exists), or None."""
+        if i in self._refused:
+            return self._refused[i]
+        root = self.roots[i]
+        if not root.is_dir():
+            return None if i == 0 else "missing"   # the first is made at the first write
+        why = _dir_problem(root, shared=i > 0, follow=True)
+        if why:
+            self.refuse(i, f"it is {why}")
+        else:
+            self._refused[i] = None
+        return why
+
+    def prepare(self, shard: Path) -> bool:
+        """Make the first directory and its subdirectory ``shard``; False when either may not
+        be used (refused, with the warning). Raises OSError when they cannot be made."""
+        if not self.writable:
+            return False
+        _make_dirs(self.root)
+        if self.problem(0):
+            return False
+        _make_dirs(shard)
+        why = _dir_problem(shard, shared=False, follow=False)
+        if why:
+            self.refuse(0, f"its subdirectory {shard.name} is {why}")
+            return False
+        return True
+
+    def refuse(self, i: int, why: str) -> None:
+        """Stop using directory ``i`` for this process; warn once."""
+        root = self.roots[i]
+        with self._lock:
+            self._refused[i] = why
+            if i == 0:
+                self.writable = False
+                if self._warned:
+                    return
+                self._warned = True
+                msg = (f"ge2jit does not use the {self.what} directory {root}: {why}; "
+                       f"{self.kept} are kept in memory for this process only. Make it yours "
+                       f"and writable by you alone (chmod go-w {root}) or set GE2JIT_CACHE_DIR "
+                       "to a private directory.")
+            else:
+                msg = (f"ge2jit does not read the shared {self.what} directory {root}: {why}; "
+                       "a shared cache must be writable by its owner alone (chmod go-w).")
+        warnings.warn(msg, CacheWarning, stacklevel=2)
+
+    def fall_back(self, err: OSError) -> None:
+        """A write failed (read-only, full): keep to memory for this process; warn once."""
+        with self._lock:
+            self.writable = False
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            f"ge2jit cannot write its {self.what} at {self.root} ({err.strerror or err}); "
+            f"{self.kept} are kept in memory for this process only. Set GE2JIT_CACHE_DIR to a "
+            "writable directory to keep them across runs.",
+            CacheWarning,
+            stacklevel=2,
+        )
+
+
 class KernelCache:
     """Disk cache of compiled kernels, with an in-memory fallback.
 
@@ -201,21 +323,15 @@ class KernelCache:
     def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None, *,
                  enabled: bool | None = None):
         settings = get_settings()
-        if root is None:
-            self.roots: tuple[Path, ...] = tuple(settings.cache_dirs)
-        elif isinstance(root, (str, os.PathLike)):
-            self.roots = (Path(root),)
-        else:
-            self.roots = tuple(Path(r) for r in root)
-        if not self.roots:
-            raise ValueError("KernelCache: expected at least one directory, got none")
-        self.root = self.roots[0]
-        self.enabled = (not settings.disable_cache) if enabled is None else enabled
+        roots = tuple(settings.cache_dirs) if root is None else CacheDirs.parse(root)
+        enabled = (not settings.disable_cache) if enabled is None else enabled
+        self._dirs = CacheDirs(roots, enabled=enabled, what="kernel cache",
+                               kept="compiled kernels")
+        self.roots: tuple[Path, ...] = self._dirs.roots
+        self.root: Path = self._dirs.root
+        self.enabled: bool = enabled
         self._memory: dict[str, CacheEntry] = {}
-        self._disk_ok = self.enabled
-        self._warned = False
-        self._refused: dict[int, str | None] = {}   # root index -> why it is not used
-        self._lock = threading.Lock()
+        self._disk_bytes: int | None = None         # the first directory's entries, in bytes
         self.hits = 0
         self.misses = 0
         self.corrupt = 0
@@ -236,24 +352,21 @@ class KernelCache:
         if entry is not None:
             self.hits += 1
             return entry
-        if self.enabled:
-            for i, root in enumerate(self.roots):
-                if (i == 0 and not self._disk_ok) or self._root_problem(i):
+        for i, root in self._dirs.readable():
+            try:
+                data = read_trusted(root, key[:2], key[2:] + SUFFIX, shared=i > 0,
+                                    touch=i == 0)       # the use, for LRU eviction
+                if data is None:
                     continue
-                try:
-                    data = _read_entry_file(root, key[:2], key[2:] + SUFFIX, shared=i > 0,
-                                            touch=i == 0)   # the use, for LRU eviction
-                    if data is None:
-                        continue
-                    entry = CacheEntry.from_bytes(data, expected_key=key,
-                                                  kernel_name=kernel_name, arch=arch)
-                except Exception as e:  # noqa: BLE001 - any defect is a miss that recompiles
-                    self.corrupt += 1
-                    logger.debug("cache entry %s in %s refused: %s", key, root, e)
-                    continue
-                self.hits += 1
-                self._memory[key] = entry
-                return entry
+                entry = CacheEntry.from_bytes(data, expected_key=key, kernel_name=kernel_name,
+                                              arch=arch)
+            except Exception as e:  # noqa: BLE001 - any defect is a miss that recompiles
+                self.corrupt += 1
+                logger.debug("cache entry %s in %s refused: %s", key, root, e)
+                continue
+            self.hits += 1
+            self._memory[key] = entry
+            return entry
         self.misses += 1
         return None
 
@@ -261,29 +374,47 @@ class KernelCache:
         """Store ``entry`` in the first directory; returns its path, or None when it is kept in
         memory only (the disk cache is disabled, refused or unwritable)."""
         self._memory[entry.key] = entry
-        if not self._disk_ok:
-            return None
         path = self.path_for(entry.key)
         try:
-            _make_dirs(self.root)
-            if self._root_problem(0):
+            if not self._dirs.prepare(path.parent):
                 return None
-            _make_dirs(path.parent)
-            why = _dir_problem(path.parent, shared=False, follow=False)
-            if why:
-                self._refuse(0, f"its subdirectory {path.parent.name} is {why}")
-                return None
+            cap = get_settings().cache_max_size
+            replaced = _file_bytes(path) if cap is not None else 0
             _atomic_write(path, entry.to_bytes())
             if source is not None and get_settings().save_source:
                 _atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
         except OSError as e:
-            self._fall_back_to_memory(e)
+            self._dirs.fall_back(e)
             return None
         self.writes += 1
-        cap = get_settings().cache_max_size
-        if cap is not None and self.writes % 32 == 1:  # the first write, then every 32nd
-            self.prune(max_bytes=cap)
+        if cap is not None and not self._hold_cap(cap, _file_bytes(path) - replaced, path):
+            return None
         return path
+
+    def _hold_cap(self, cap: int, added: int, path: Path) -> bool:
+        """Evict least recently used entries if the first directory now holds more than
+        ``cap`` bytes; False if that evicted ``path``, the entry just written.
+
+        The total is kept in memory between scans, so a write under the cap costs no scan.
+        Other processes' writes are seen at the next scan (every ``_RESCAN_EVERY`` writes).
+        """
+        if self._disk_bytes is None or self.writes % _RESCAN_EVERY == 0:
+            try:
+                root_fd = os.open(self.root, _DIR_FLAGS)
+            except OSError:
+                return True
+            try:
+                entries, _ = _entry_files(root_fd)
+            finally:
+                os.close(root_fd)
+            self._disk_bytes = sum(e[1] for e in entries.values())
+        else:
+            self._disk_bytes += added
+        if self._disk_bytes <= cap:
+            return True
+        # Down to nine tenths of the cap, so that evictions (each a scan) come in batches.
+        self.prune(max_bytes=cap - cap // 10)
+        return os.path.lexists(path)
 
     def writable_problem(self) -> str | None:
         """Why the first directory cannot take new entries (disabled, refused, not writable),
@@ -302,52 +433,6 @@ class KernelCache:
             return f"{self.root} is not writable ({e.strerror or e})"
         return None
 
-    def _fall_back_to_memory(self, err: OSError) -> None:
-        with self._lock:
-            self._disk_ok = False
-            if self._warned:
-                return
-            self._warned = True
-        warnings.warn(
-            f"ge2jit cannot write its kernel cache at {self.root} ({err.strerror or err}); "
-            "compiled kernels are kept in memory for this process only. Set "
-            "GE2JIT_CACHE_DIR to a writable directory to keep them across runs.",
-            CacheWarning,
-            stacklevel=4,
-        )
-
-    def _root_problem(self, i: int) -> str | None:
-        """Why directory ``i`` is not used (checked once it exists), or None."""
-        if i in self._refused:
-            return self._refused[i]
-        root = self.roots[i]
-        if not root.is_dir():
-            return None if i == 0 else "missing"   # the first is made at the first write
-        why = _dir_problem(root, shared=i > 0, follow=True)
-        if why:
-            self._refuse(i, f"it is {why}")
-        else:
-            self._refused[i] = None
-        return why
-
-    def _refuse(self, i: int, why: str) -> None:
-        root = self.roots[i]
-        with self._lock:
-            self._refused[i] = why
-            if i == 0:
-                self._disk_ok = False
-                if self._warned:
-                    return
-                self._warned = True
-                msg = (f"ge2jit does not use the kernel cache directory {root}: {why}; "
-                       "compiled kernels are kept in memory for this process only. Make it "
-                       f"yours and writable by you alone (chmod go-w {root}) or set "
-                       "GE2JIT_CACHE_DIR to a private directory.")
-            else:
-                msg = (f"ge2jit does not read the shared kernel cache directory {root}: {why}; "
-                       "a shared cache must be writable by its owner alone (chmod go-w).")
-        warnings.warn(msg, CacheWarning, stacklevel=4)
-
     def info(self) -> dict:
         """Location, entries, size on disk, and this process's hit/miss counters."""
         entries = list(self.entries())
@@ -355,7 +440,7 @@ class KernelCache:
             "location": str(self.root),
             "read_only_locations": [str(r) for r in self.roots[1:]],
             "disk_cache": "enabled" if self.enabled else "disabled (GE2JIT_DISABLE_CACHE)",
-            "writable": self._disk_ok,
+            "writable": self._dirs.writable,
             "entries": len(entries),
             "unreadable_entries": sum(1 for _, e in entries if e is None),
             "size_bytes": sum(p.stat().st_size for p, _ in entries),
@@ -376,6 +461,7 @@ class KernelCache:
         they are.
         """
         self._memory.clear()
+        self._disk_bytes = None
         result = _Removal()
         root_fd = result.open_root(self.root)
         if root_fd is None:
@@ -406,24 +492,12 @@ class KernelCache:
             return result.done()
         now = time.time()
         try:
-            entries: dict[str, list] = {}            # key -> [mtime, bytes, [(shard, name)]]
-            for shard, shard_fd in _shards(root_fd):
-                try:
-                    for name, st in _own_files(shard_fd):
-                        m = _ENTRY_RE.fullmatch(name)
-                        if m is None:                # a temporary file
-                            if now - st.st_mtime > _TMP_MAX_AGE_S:
-                                result.unlink(shard_fd, self.root / shard / name, st)
-                            continue
-                        e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
-                        if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
-                            e[0] = st.st_mtime
-                        e[1] += st.st_size
-                        e[2].append(name)
-                finally:
-                    os.close(shard_fd)
+            entries, temporary = _entry_files(root_fd)
+            for shard, name, st in temporary:
+                if now - st.st_mtime > _TMP_MAX_AGE_S:
+                    result.unlink_in(root_fd, self.root, shard, [name])
             total = sum(e[1] for e in entries.values())
-            for key, (mtime, size, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+            for key, (mtime, _, names) in sorted(entries.items(), key=lambda kv: kv[1][0]):
                 too_old = older_than_s is not None and now - mtime > older_than_s
                 too_big = max_bytes is not None and total > max_bytes
                 if not (too_old or too_big):
@@ -431,6 +505,7 @@ class KernelCache:
                 before = result.freed
                 result.unlink_in(root_fd, self.root, key[:2], sorted(names, reverse=True))
                 total -= result.freed - before
+            self._disk_bytes = total
         finally:
             os.close(root_fd)
         return result.done()
@@ -439,7 +514,7 @@ class KernelCache:
         """Yield (path, entry or None if unreadable) for every entry file of the first
         directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
         entries; a file that breaks the other rules of ``get`` is unreadable."""
-        if not self.enabled or self._root_problem(0):
+        if not self.enabled or self._dirs.problem(0):
             return
         try:
             root_fd = os.open(self.root, _DIR_FLAGS)
@@ -544,11 +619,49 @@ def _shards(root_fd: int) -> Iterator[tuple[str, int]]:
         yield name, fd
 
 
-def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
-    """(name, lstat) of the regular files in a shard that have ge2jit's names, sorted."""
+def _entry_files(root_fd: int) -> tuple[dict[str, list], list[tuple[str, str, os.stat_result]]]:
+    """The first directory's entries, key -> [last use, bytes with the source, file names], and
+    its temporary files, (shard, name, lstat)."""
+    entries: dict[str, list] = {}
+    temporary = []
+    for shard, shard_fd in _shards(root_fd):
+        try:
+            for name, st in _own_files(shard_fd):
+                m = _ENTRY_RE.fullmatch(name)
+                if m is None:
+                    temporary.append((shard, name, st))
+                    continue
+                e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
+                if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
+                    e[0] = st.st_mtime
+                e[1] += st.st_size
+                e[2].append(name)
+        finally:
+            os.close(shard_fd)
+    return entries, temporary
+
+
+def _file_bytes(path: Path) -> int:
+    """Bytes of an entry file and the source beside it (0 for what is not there)."""
+    total = 0
+    for p in (path, path.with_suffix(SOURCE_SUFFIX)):
+        try:
+            total += os.lstat(p).st_size
+        except OSError:
+            pass
+    return total
+
+
+def _own_files(shard_fd: int, pattern: re.Pattern | None = None
+               ) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of the regular files in a shard that have ge2jit's names (entries and
+    temporary files, or those ``pattern`` matches), sorted."""
     out = []
     for e in os.scandir(shard_fd):
-        if not (_ENTRY_RE.fullmatch(e.name) or _TMP_RE.fullmatch(e.name)):
+        if pattern is not None:
+            if not pattern.fullmatch(e.name):
+                continue
+        elif not (_ENTRY_RE.fullmatch(e.name) or _TMP_RE.fullmatch(e.name)):
             continue
         try:
             st = e.stat(follow_symlinks=False)
@@ -559,8 +672,8 @@ def _own_files(shard_fd: int) -> list[tuple[str, os.stat_result]]:
     return sorted(out, key=lambda x: x[0])
 
 
-class _Refused(Exception):
-    """A file under an entry's name that ge2jit could not have written."""
+class UntrustedFile(ValueError):
+    """A file (or its directory) under a cache name that ge2jit could not have written."""
 
 
 def untrusted(st: os.stat_result, *, shared: bool) -> str | None:
@@ -620,12 +733,16 @@ def _dir_problem(path: Path, *, shared: bool, follow: bool) -> str | None:
     return untrusted(st, shared=shared)
 
 
-def _read_entry_file(root: Path, shard: str, name: str, *, shared: bool,
-                     touch: bool = False) -> bytes | None:
+def read_trusted(root: Path, shard: str, name: str, *, shared: bool, touch: bool = False,
+                 max_bytes: int | None = None) -> bytes | None:
     """The bytes of ``root/shard/name``, or None when there is none.
 
     The shard directory and the file are opened without following symlinks and must pass
-    ``untrusted``; raises _Refused otherwise. ``touch`` records the use (mtime) for eviction.
+    ``untrusted``; the file must be regular and hold at most ``max_bytes`` (default
+    MAX_ENTRY_BYTES). ``touch`` records the use (mtime) for eviction.
+
+    Raises:
+        UntrustedFile: something is there that breaks these rules (the reason says what).
     """
     try:
         root_fd = os.open(root, _DIR_FLAGS)
@@ -637,12 +754,12 @@ def _read_entry_file(root: Path, shard: str, name: str, *, shared: bool,
         except FileNotFoundError:
             return None
         except OSError as e:                 # ELOOP: a symlink; ENOTDIR: not a directory
-            raise _Refused(f"{shard}: {e.strerror or e}") from None
+            raise UntrustedFile(f"{shard}: {e.strerror or e}") from None
         try:
             why = untrusted(os.fstat(shard_fd), shared=shared)
             if why:
-                raise _Refused(f"{shard} is {why}")
-            return _read_at(shard_fd, name, shared=shared, touch=touch)
+                raise UntrustedFile(f"{shard} is {why}")
+            return _read_at(shard_fd, name, shared=shared, touch=touch, max_bytes=max_bytes)
         finally:
             os.close(shard_fd)
     finally:
@@ -659,24 +776,24 @@ def _read_at(dir_fd: int, name: str, *, shared: bool, touch: bool = False,
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise _Refused(f"{name}: {e.strerror or e}") from None
+        raise UntrustedFile(f"{name}: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):         # never open a device, FIFO or symlink
-        raise _Refused(f"{name} is not a regular file")
+        raise UntrustedFile(f"{name} is not a regular file")
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise _Refused(f"{name}: {e.strerror or e}") from None
+        raise UntrustedFile(f"{name}: {e.strerror or e}") from None
     try:
         st = os.fstat(fd)                    # what was opened, if it changed since the stat
         if not stat.S_ISREG(st.st_mode):
-            raise _Refused(f"{name} is not a regular file")
+            raise UntrustedFile(f"{name} is not a regular file")
         if st.st_size > limit:
-            raise _Refused(f"{name} holds {st.st_size} bytes, more than {limit}")
+            raise UntrustedFile(f"{name} holds {st.st_size} bytes, more than {limit}")
         why = untrusted(st, shared=shared)
         if why:
-            raise _Refused(f"{name} is {why}")
+            raise UntrustedFile(f"{name} is {why}")
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
@@ -685,7 +802,7 @@ def _read_at(dir_fd: int, name: str, *, shared: bool, touch: bool = False,
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
-                raise _Refused(f"{name} holds more than {limit} bytes")
+                raise UntrustedFile(f"{name} holds more than {limit} bytes")
         if touch:
             try:
                 os.utime(fd)
@@ -720,6 +837,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{os.getpid()}-")
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(fd, _FILE_MODE & ~_UMASK)  # mkstemp's 0600 would hide it from a group
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -752,8 +870,3 @@ def reset_default_cache() -> None:
     """Forget the process-wide cache object (after changing GE2JIT_* variables)."""
     global _default
     _default = None
-
-
-def log(msg: str) -> None:
-    if get_settings().verbose:
-        print(f"[ge2jit {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr)

@@ -6,6 +6,7 @@ device, so a repeated call costs one dictionary lookup.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 from .._version import __version__
 from ..errors import KernelLaunchError
 from . import nvrtc
-from .cache import CacheEntry, cache_key, default_cache, log
+from .cache import CacheEntry, cache_key, default_cache
 from .device import device_arch
 from .render import render
 from .spec import KernelSpec
+
+logger = logging.getLogger(__name__)
 
 
 def key_for(spec: KernelSpec, arch: str) -> tuple[str, str, tuple[str, ...]]:
@@ -45,6 +48,7 @@ def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
     key, source, _ = key_for(spec, arch)
     entry = cache.get(key, kernel_name=spec.kernel_name, arch=arch)
     if entry is not None:
+        logger.debug("found %s for %s in the cache", spec.kernel_name, arch)
         return entry, True
     result = nvrtc.compile_to_cubin(source, spec.kernel_name, arch, spec.compile_options())
     info = nvrtc.nvrtc_info()
@@ -58,8 +62,8 @@ def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
         created=time.time(), log=result.log,
     )
     path = cache.put(entry, source)
-    log(f"compiled {spec.kernel_name} for {arch} in {result.compile_seconds:.2f} s -> "
-        f"{path or 'memory'}")
+    logger.info("compiled %s for %s in %.2f s -> %s", spec.kernel_name, arch,
+                result.compile_seconds, path or "memory")
     return entry, False
 
 

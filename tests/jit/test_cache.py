@@ -42,7 +42,10 @@ def test_key_follows_rendered_source_not_spec():
     assert "--gpu-architecture=sm_90" in opts and "extern \"C\"" in src
 
 
-def _entry(key="ab" + "c" * 62, cubin=b"\x7fELF" + os.urandom(100)) -> CacheEntry:
+_CUBIN = b"\x7fELF" + os.urandom(100)
+
+
+def _entry(key="ab" + "c" * 62, cubin=_CUBIN) -> CacheEntry:
     return CacheEntry(key=key, kernel_name="k", arch="sm_90", cubin=cubin, registers=10,
                       shared_bytes=0, stack_bytes=0, spill_stores=0, spill_loads=0,
                       compile_seconds=0.1, nvrtc_version="13.5", ge2jit_version="0.1.0",
@@ -598,3 +601,96 @@ def test_writable_problem_names_why_the_first_directory_cannot_take_entries(tmp_
     (tmp_path / "open").chmod(0o777)
     assert "writable by every user" in KernelCache(tmp_path / "open").writable_problem()
     assert "disabled" in KernelCache(tmp_path, enabled=False).writable_problem()
+
+
+# --- the size cap holds at every write, cheaply ---------------------------------------------
+
+def _disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def max_size(monkeypatch):
+    """Sets GE2JIT_CACHE_MAX_SIZE for one test."""
+    from ge2jit.settings import reload_settings
+
+    def set_cap(text: str) -> None:
+        monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", text)
+        reload_settings()
+
+    yield set_cap
+    monkeypatch.undo()
+    reload_settings()
+
+
+def _count_scans(monkeypatch) -> list:
+    scans = []
+    real = cache_mod._shards
+    monkeypatch.setattr(cache_mod, "_shards", lambda fd: scans.append(1) or real(fd))
+    return scans
+
+
+def test_the_size_cap_holds_after_every_write(tmp_path, monkeypatch, max_size):
+    size = len(_entry().to_bytes())
+    cap = 20 * size + size // 2
+    max_size(str(cap))
+    c = KernelCache(tmp_path)
+    scans = _count_scans(monkeypatch)
+    for i in range(80):
+        c.put(_entry(key=f"{i % 256:02x}" + f"{i:062x}"))
+        assert _disk_bytes(tmp_path) <= cap, f"over the cap at write {i}"
+    assert len(list(c.entries())) >= 18, "evicted down to the cap, not far below it"
+    assert len(scans) <= 80 // 2, "the cache is not rescanned at every write"
+    last = _entry(key="ff" + "e" * 62)
+    assert c.put(last) is not None and KernelCache(tmp_path).get(last.key) == last
+
+
+def test_an_entry_larger_than_the_cap_is_kept_in_memory_only(tmp_path, max_size):
+    max_size("100")
+    c = KernelCache(tmp_path)
+    e = _entry()
+    assert c.put(e) is None and c.get(e.key) is e
+    assert _disk_bytes(tmp_path) == 0
+
+
+def test_no_scan_while_under_the_cap(tmp_path, monkeypatch, max_size):
+    max_size("1GB")
+    c = KernelCache(tmp_path)
+    scans = _count_scans(monkeypatch)
+    for i in range(50):
+        c.put(_entry(key=f"{i:02x}" + "c" * 62))
+    assert len(scans) == 1, "one scan at the first write"
+
+
+# --- file modes follow the umask --------------------------------------------------------------
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [
+    (0o022, 0o644, 0o755), (0o027, 0o640, 0o750), (0o077, 0o600, 0o700),
+    (0o002, 0o644, 0o755),           # never group-writable: a writable cache is private
+])
+def test_entries_and_directories_follow_the_umask(tmp_path, monkeypatch, umask, file_mode,
+                                                   dir_mode):
+    old = os.umask(umask)
+    try:
+        monkeypatch.setattr(cache_mod, "_UMASK", cache_mod._read_umask())
+        assert cache_mod._UMASK == umask
+        path = KernelCache(tmp_path / "c").put(_entry())
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == file_mode
+    assert path.parent.stat().st_mode & 0o777 == dir_mode
+    assert (tmp_path / "c").stat().st_mode & 0o777 == dir_mode
+
+
+def test_entries_are_still_read_after_a_failed_write(tmp_path, monkeypatch):
+    old = _entry(key="aa" + "1" * 62)
+    KernelCache(tmp_path).put(old)
+    c = KernelCache(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_mod.os, "replace", full)
+    with pytest.warns(CacheWarning, match="No space left"):
+        assert c.put(_entry(key="bb" + "2" * 62)) is None
+    assert c.get(old.key) == old, "the disk is full, not unreadable"

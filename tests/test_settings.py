@@ -1,0 +1,163 @@
+"""GE2JIT_* variables: a bad value never breaks ``import ge2jit``; it raises SettingsError, one
+line naming the variable, where the value is needed. GE2JIT_VERBOSE drives the logger."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ge2jit.errors import SettingsError
+from ge2jit.settings import get_settings, parse_size, reload_settings
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Sets GE2JIT_* variables for one test and re-reads them."""
+
+    def set_vars(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        reload_settings()
+
+    yield set_vars
+    monkeypatch.undo()
+    reload_settings()
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+PROBE = """
+import ge2jit
+from ge2jit.errors import SettingsError
+try:
+    {call}
+except SettingsError as e:
+    print("SettingsError:", e)
+else:
+    print("no error")
+"""
+
+
+@pytest.mark.parametrize("name, value, call, expected", [
+    ("GE2JIT_CACHE_MAX_SIZE", "lots", "ge2jit.cache_info()",
+     "expected a size such as 2GB or 500MB, got 'lots'"),
+    ("GE2JIT_FLOAT32_PRECISION", "half",
+     "from ge2jit.settings import get_settings; get_settings().float32_precision",
+     "expected one of ieee, tf32, tf32x3, got 'half'"),
+])
+def test_a_bad_variable_does_not_break_import_and_is_reported_at_use(name, value, call,
+                                                                     expected):
+    r = _python(PROBE.format(call=call), **{name: value})
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout.strip() == f"SettingsError: {name}: {expected}"
+
+
+def test_bad_values_raise_settings_error_naming_the_variable(env):
+    env(GE2JIT_CACHE_MAX_SIZE="12 parsecs", GE2JIT_FLOAT32_PRECISION="fp8")
+    s = get_settings()                                   # reading the rest works
+    assert s.cache_dirs and s.disable_cache is False
+    with pytest.raises(SettingsError, match=r"^GE2JIT_CACHE_MAX_SIZE: expected a size") as e:
+        _ = s.cache_max_size
+    assert "\n" not in str(e.value) and "'12 parsecs'" in str(e.value)
+    with pytest.raises(SettingsError, match=r"^GE2JIT_FLOAT32_PRECISION: expected one of"):
+        _ = s.float32_precision
+
+
+def test_good_values(env):
+    env(GE2JIT_CACHE_MAX_SIZE=" 1.5GiB ", GE2JIT_FLOAT32_PRECISION="TF32")
+    s = get_settings()
+    assert s.cache_max_size == int(1.5 * 1024 ** 3) and s.float32_precision == "tf32"
+    assert parse_size("500M") == 500 * 1024 ** 2 and parse_size("1024") == 1024
+    with pytest.raises(ValueError, match="expected a size"):
+        parse_size("-1GB")
+
+
+def test_unset_values_take_their_defaults(env, monkeypatch):
+    for name in ("GE2JIT_CACHE_MAX_SIZE", "GE2JIT_FLOAT32_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    env()
+    assert get_settings().cache_max_size is None
+    assert get_settings().float32_precision == "ieee"
+
+
+def test_cache_dir_lists_directories(env, tmp_path):
+    env(GE2JIT_CACHE_DIR=f"{tmp_path}/a:{tmp_path}/b")
+    assert get_settings().cache_dirs == (tmp_path / "a", tmp_path / "b")
+    assert get_settings().cache_dir == tmp_path / "a"
+    env(GE2JIT_CACHE_DIR="~/x")
+    assert get_settings().cache_dirs == (Path("~/x").expanduser(),)
+
+
+# --- logging --------------------------------------------------------------------------------
+
+def _our_handlers() -> list:
+    from ge2jit import settings
+
+    return [h for h in logging.getLogger("ge2jit").handlers
+            if isinstance(h, settings._StderrHandler)]
+
+
+def test_verbose_attaches_one_stderr_handler(env, monkeypatch, capsys):
+    env(GE2JIT_VERBOSE="1")
+    get_settings()
+    reload_settings()
+    assert len(_our_handlers()) == 1
+    assert logging.getLogger("ge2jit").getEffectiveLevel() == logging.INFO
+    logging.getLogger("ge2jit.cache").info("hello %s", "there")
+    logging.getLogger("ge2jit.cache").debug("not shown at 1")
+    err = capsys.readouterr().err
+    assert "hello there" in err and "ge2jit.cache" in err and "not shown" not in err
+    env(GE2JIT_VERBOSE="2")
+    assert len(_our_handlers()) == 1
+    assert logging.getLogger("ge2jit").getEffectiveLevel() == logging.DEBUG
+    monkeypatch.delenv("GE2JIT_VERBOSE")
+    reload_settings()
+    assert _our_handlers() == []
+
+
+def test_compiles_are_logged(tmp_path, caplog):
+    from ge2jit.jit.cache import KernelCache
+    from ge2jit.jit.loader import build
+    from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+
+    spec = GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.SILU, BiasKind.NONE, False,
+                    SIMT_F32_TILES[0])
+    with caplog.at_level(logging.DEBUG, logger="ge2jit"):
+        build(spec, "sm_80", cache=KernelCache(tmp_path))
+        build(spec, "sm_80", cache=KernelCache(tmp_path))
+    compiled = [r for r in caplog.records if r.getMessage().startswith("compiled ")]
+    assert len(compiled) == 1 and compiled[0].levelno == logging.INFO
+    assert spec.kernel_name in compiled[0].getMessage() and str(tmp_path) in \
+        compiled[0].getMessage()
+    assert compiled[0].name.startswith("ge2jit.")
+
+
+def test_a_refused_entry_is_logged_with_its_reason(tmp_path, caplog):
+    from ge2jit.jit.cache import KernelCache
+
+    path = tmp_path / "ab" / ("c" * 62 + ".cubin")
+    path.parent.mkdir()
+    path.write_bytes(b"not an entry")
+    with caplog.at_level(logging.DEBUG, logger="ge2jit.cache"):
+        assert KernelCache(tmp_path).get("ab" + "c" * 62) is None
+    assert any("bad magic" in r.getMessage() for r in caplog.records)
+
+
+def test_verbose_program_logs_to_stderr(tmp_path):
+    code = ("from ge2jit.jit.loader import build\n"
+            "from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, "
+            "Layout\n"
+            "build(GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE, "
+            "False, SIMT_F32_TILES[0]), 'sm_80')\n")
+    r = _python(code, GE2JIT_VERBOSE="1", GE2JIT_CACHE_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "compiled gemm_f32" in r.stderr and r.stderr.count("compiled ") == 1
