@@ -14,7 +14,7 @@ from . import __version__
 from .bundle import BundleError
 from .errors import ArgumentTypeError, ArgumentValueError, Ge2jitError
 
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
@@ -252,12 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
     a = _add(actions, "export", _cache_export,
              help="write the cache's kernels and tuning records into a bundle",
              description="Write every kernel of this ge2jit and NVRTC build, and the tuning "
-                         "records, into a zip bundle.")
+                         "records, into a zip bundle.",
+             epilog="Exit status: 0 written; 2 FILE is a folder or in a folder that does not "
+                    "exist; 1 writing failed (nothing is left half-written).")
     a.add_argument("file", metavar="FILE", help="the bundle to write (a zip file)")
     a = _add(actions, "import", _cache_import,
              help="add a bundle's kernels and tuning records to the cache",
              description="Verify a bundle completely, then add its kernels and tuning records "
-                         "to the cache.")
+                         "to the cache.",
+             epilog="Exit status: 0 imported; 2 the bundle cannot be used (unreadable, damaged, "
+                    "too large, another build's: nothing is imported); 1 the cache could not "
+                    "store it.")
     a.add_argument("file", metavar="FILE", help="the bundle to read (a zip file)")
     return parser
 
