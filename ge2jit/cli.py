@@ -128,21 +128,31 @@ def _cache_clear(args) -> int:
     from .jit.cache import default_cache
 
     cache = default_cache()
-    removed = cache.clear().removed
-    print(f"removed {removed} entries from {cache.root}")
-    return 0
+    return _removed(args.prog, cache.root, cache.clear())
 
 
 def _cache_prune(args) -> int:
     from .jit.cache import default_cache
 
     if args.max_size is None and args.older_than is None:
-        print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
-        return 2
+        raise ArgumentValueError("give --max-size and/or --older-than")
     cache = default_cache()
-    r = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
-    removed, freed = r.removed, r.freed
-    print(f"removed {removed} entries ({_human(freed)}) from {cache.root}")
+    return _removed(args.prog, cache.root,
+                    cache.prune(max_bytes=args.max_size, older_than_s=args.older_than))
+
+
+def _removed(prog: str, root, result) -> int:
+    """Report a RemoveResult: what was removed, then (one line) what could not be."""
+    at_root = [why for path, why in result.failed if path == str(root)]
+    if at_root:  # the directory itself is unusable: nothing was looked at
+        _say(prog, f"{root}: {at_root[0]}")
+        return 1
+    print(f"removed {result.removed} entries ({_human(result.freed)}) from {root}")
+    if result.failed:
+        n = len(result.failed)
+        path, why = result.failed[0]
+        _say(prog, f"could not remove {n} file{'s' if n > 1 else ''} (first: {path}: {why})")
+        return 1
     return 0
 
 
@@ -240,11 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true",
                    help="print a JSON array of objects (kernel, arch, size, registers, "
                         "spill_bytes, last_used, path) for scripts; null for unreadable entries")
+    removal = ("Exit status: 0 done; 1 a file could not be removed or the directory is not "
+               "usable (the first is named); 2 a mistake in the command line.")
     _add(actions, "clear", _cache_clear, help="remove every kernel from the cache",
-         description="Remove every kernel from the cache.")
+         description="Remove every kernel from the cache (its first directory: the others "
+                     "GE2JIT_CACHE_DIR lists are read only).", epilog=removal)
     a = _add(actions, "prune", _cache_prune, help="remove old or least recently used kernels",
              description="Remove the kernels unused for a time, then the least recently used "
-                         "ones down to a size. Give at least one of the options.")
+                         "ones down to a size. Give at least one of the options.",
+             epilog=removal)
     a.add_argument("--max-size", type=parse_size, default=None, metavar="SIZE",
                    help="evict least recently used entries down to this size (2GB)")
     a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",

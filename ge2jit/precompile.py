@@ -29,6 +29,7 @@ from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
 from .ops.gemm import warmup_backward as gemm_backward_warmup
 from .ops.optim import warmup as optim_warmup
+from .settings import get_settings
 
 #: Registered ops: the name of their TOML array of tables -> the module that expands it.
 OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup,
@@ -231,6 +232,7 @@ def warmup(config: str | Path, *, archs=None, processes: int | None = None,
     """
     plan = load(config, archs=archs, from_tuning_db=from_tuning_db, sms=sms)
     _check_cache_writable()
+    _ = get_settings().cache_max_size  # a bad GE2JIT_CACHE_MAX_SIZE: once, not per kernel
     summary = WarmupSummary()
     t0 = time.perf_counter()
     bar = None

@@ -633,3 +633,88 @@ def test_kernels_the_cache_could_not_store_are_counted_and_fail_the_warmup(tmp_p
     assert "NOT STORED" in r.stdout and "Not a directory" in r.stdout, r.stdout
     assert "CacheWarning" not in r.stderr, r.stderr
     assert valid_entries(cache) == (2, 0)
+
+
+@pytest.fixture
+def in_process(monkeypatch, tmp_path):
+    """Run ``main`` in this process on the cache ``tmp_path / "c"``: (cache, run(args))."""
+    from ge2jit import cli
+    from ge2jit.jit.cache import reset_default_cache
+    from ge2jit.settings import reload_settings
+    from ge2jit.tune.db import reset_default_db
+
+    def fresh():
+        reload_settings()
+        reset_default_cache()
+        reset_default_db()
+
+    cache = tmp_path / "c"
+    monkeypatch.setenv("GE2JIT_CACHE_DIR", str(cache))
+    fresh()
+    yield cache, cli.main
+    monkeypatch.undo()
+    fresh()
+
+
+@pytest.mark.parametrize("action", [["clear"], ["prune", "--max-size", "0"]])
+def test_files_clear_and_prune_cannot_remove_are_counted_and_fail(in_process, monkeypatch,
+                                                                  capsys, action):
+    cache, main = in_process
+    fake_entries(cache, ["gemm_a", "gemm_b", "gemm_c"])
+    real_unlink = os.unlink
+
+    def unlink(path, *, dir_fd=None):
+        if str(path).endswith(".cubin") and not str(path).startswith("1"):
+            raise PermissionError(13, "Permission denied")
+        return real_unlink(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    stuck = sorted(p for p in cache.glob("??/*.cubin") if not p.name.startswith("1"))
+    assert stuck
+    code = main(["cache", *action])
+    out, err = capsys.readouterr()
+    assert code == 1, (out, err)
+    removed = 3 - len(stuck)
+    assert out.startswith(f"removed {removed} entries"), out
+    err = err.strip().splitlines()
+    head = (f"ge2jit cache {action[0]}: could not remove {len(stuck)} "
+            f"file{'s' if len(stuck) > 1 else ''} (first: ")
+    assert len(err) == 1 and err[0].startswith(head), err
+    assert err[0][len(head):] in {f"{p}: Permission denied)" for p in stuck}, err
+
+
+@pytest.mark.parametrize("action", [["clear"], ["prune", "--older-than", "1s"]])
+@pytest.mark.parametrize("how, words", [
+    ("file", ["not a directory"]),
+    ("open to all", ["writable by every user"]),
+])
+def test_clear_and_prune_of_an_unusable_cache_directory_are_one_line(tmp_path, action, how,
+                                                                      words):
+    cache = tmp_path / "c"
+    if how == "file":
+        cache.write_text("")
+    else:
+        fake_entries(cache, ["gemm_a"])
+        cache.chmod(0o777)
+    line = one_line_error(ge2jit(["cache", *action], cache), f"ge2jit cache {action[0]}", 1)
+    assert line.startswith(f"ge2jit cache {action[0]}: {cache}: ") and all(
+        w in line for w in words), line
+
+
+def test_clear_counts_entries_not_files(tmp_path):
+    cache = tmp_path / "c"
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "2", "--no-progress"], cache,
+               env={"GE2JIT_SAVE_SOURCE": "1"})
+    assert r.returncode == 0 and len(list(cache.glob("??/*.cu"))) == 6, r.stderr
+    r = ge2jit(["cache", "clear"], cache)
+    assert r.returncode == 0 and r.stdout.startswith("removed 6 entries ("), r.stdout
+    assert not list(cache.glob("??/*"))
+
+
+@pytest.mark.parametrize("args", [["cache", "info"], ["warmup", "w.toml", "--no-progress"]])
+def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args):
+    write(tmp_path, SMALL)
+    r = ge2jit(args, tmp_path / "c", cwd=tmp_path, env={"GE2JIT_CACHE_MAX_SIZE": "lots"})
+    line = one_line_error(r, f"ge2jit {args[0]}" + (" info" if args[0] == "cache" else ""))
+    assert "GE2JIT_CACHE_MAX_SIZE" in line and "'lots'" in line and "FAILED" not in r.stdout
+    assert valid_entries(tmp_path / "c") == (0, 0)

@@ -214,15 +214,19 @@ def test_without_prctl_a_thread_ends_the_worker_with_its_parent(tmp_path):
 # --- an error that every kernel would meet stops the warm-up --------------------------------
 
 
-def test_an_unusable_nvrtc_in_the_workers_stops_everything_at_once(tmp_path, monkeypatch):
-    from ge2jit.errors import NvrtcError
+@pytest.mark.parametrize("variable, value, error", [
+    ("GE2JIT_NVRTC", "no-libnvrtc.so", "NvrtcError"),   # each worker fails to load NVRTC
+    ("GE2JIT_CACHE_MAX_SIZE", "lots", "SettingsError"),  # each put fails to read the cap
+])
+def test_an_error_every_worker_meets_stops_everything_at_once(tmp_path, monkeypatch, variable,
+                                                              value, error):
+    from ge2jit import errors
     from ge2jit.jit.parallel import compile_many
 
-    # the workers start with this environment: each one fails to load NVRTC
-    monkeypatch.setenv("GE2JIT_NVRTC", str(tmp_path / "no-libnvrtc.so"))
+    monkeypatch.setenv(variable, value)  # the workers start with this environment
     seen = []
     t0 = time.time()
-    with pytest.raises(NvrtcError, match="GE2JIT_NVRTC"):
+    with pytest.raises(getattr(errors, error), match=variable):
         compile_many(_jobs(40), processes=2, cache_root=tmp_path / "c", on_result=seen.append)
     assert seen == [] and time.time() - t0 < 60
 

@@ -22,6 +22,7 @@ from ..errors import (
     Ge2jitError,
     MissingDependencyError,
     NvrtcError,
+    SettingsError,
 )
 from .spec import KernelSpec
 
@@ -47,9 +48,9 @@ class CompileOutcome:
     fatal: str = ""             # failed with an error every kernel would meet: its class
 
 
-#: Errors that every other kernel would meet as well (NVRTC unusable, CuPy not installed): the
-#: first one stops the whole run instead of being reported once per kernel.
-FATAL = (NvrtcError, MissingDependencyError)
+#: Errors that every other kernel would meet as well (NVRTC unusable, CuPy not installed, a bad
+#: GE2JIT_* variable): the first one stops the whole run instead of being reported per kernel.
+FATAL = (NvrtcError, MissingDependencyError, SettingsError)
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -131,7 +132,8 @@ def compile_many(jobs: Iterable[tuple[KernelSpec, str]], *, processes: int | Non
 
     Raises:
         ArgumentValueError: ``processes`` below 1.
-        NvrtcError, MissingDependencyError: NVRTC or CuPy is unusable; nothing more compiles.
+        NvrtcError, MissingDependencyError, SettingsError: NVRTC or CuPy is unusable, or a
+            GE2JIT_* variable; nothing more compiles.
         Ge2jitError: a compiler process ended without a result (killed, out of memory).
     """
     if processes is not None and (not isinstance(processes, int) or processes < 1):
