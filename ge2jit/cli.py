@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from datetime import datetime
 
 from . import __version__
@@ -291,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     a bug in ge2jit is one line too, with its type; ``GE2JIT_VERBOSE=1`` shows its traceback.
     """
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        # a warning (CacheWarning: the cache is refused or full) as one line, like the errors
+        warnings.showwarning = lambda message, *_, **__: _say(args.prog, f"warning: {message}")
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, so that a closed pipe is met inside the handler below

@@ -718,3 +718,14 @@ def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args):
     line = one_line_error(r, f"ge2jit {args[0]}" + (" info" if args[0] == "cache" else ""))
     assert "GE2JIT_CACHE_MAX_SIZE" in line and "'lots'" in line and "FAILED" not in r.stdout
     assert valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_warnings_are_one_line_naming_the_command(tmp_path):
+    cache = tmp_path / "c"
+    cache.mkdir()
+    cache.chmod(0o777)  # refused by the cache: kernels would be kept in memory
+    r = ge2jit(["cache", "list"], cache)
+    assert r.returncode == 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "ge2jit cache list: warning: ge2jit does not use the kernel cache directory"), r.stderr
