@@ -91,7 +91,7 @@ def test_arch_option_overrides_the_file(tmp_path):
     (SMALL.replace('["sm_80"]', '["sm_8"]'), 2, ["arch: expected a CUDA architecture"]),
     (SMALL.replace("acts = [", "acts = [[", 1), 6, ["not valid TOML"]),
     (SMALL.replace('configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
-     4, ["sms:", "multiprocessor count"]),
+     4, ["sms:", "multiprocessor count", "--sms"]),
     (SMALL.replace("shapes = [[256, 256, 256]]\n", "").replace(
         'configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
      4, ["shapes: configs = 'heuristic' needs the shapes"]),

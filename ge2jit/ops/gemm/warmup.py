@@ -191,7 +191,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
             if sms is None:
                 raise ArgumentValueError(
                     "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
-                    "the GPU, or set sms = <count> in the entry")
+                    "the GPU, set sms = <count> in the entry, or pass --sms <count>")
             for m, n, k in entry["shapes"]:
                 ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
                                gated=gate is not None)
