@@ -28,6 +28,7 @@ from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
 from .ops.gemm import warmup_backward as gemm_backward_warmup
+from .ops.gemm.warmup import MAX_SIZE
 from .ops.optim import warmup as optim_warmup
 from .settings import get_settings
 
@@ -35,6 +36,7 @@ from .settings import get_settings
 OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup,
        "adam_update": optim_warmup.adam, "sgd_update": optim_warmup.sgd}
 TOP_KEYS = ("archs", *OPS)
+MAX_FILE_BYTES = 16 << 20  # a warm-up file is a few kB: more is not one
 
 
 class WarmupConfigError(ArgumentValueError):
@@ -88,10 +90,18 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
             message names the file, the line and the accepted values.
     """
     path = str(path)
+    if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool)
+                            or not 0 < sms <= MAX_SIZE):
+        raise WarmupConfigError(f"sms: expected a positive integer (the GPU's multiprocessor "
+                                f"count), got {sms!r}")
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:  # bounded: the path may name a device (/dev/zero)
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise WarmupConfigError(f"{path}: cannot read the warm-up file: {e.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise WarmupConfigError(f"{path}: more than {MAX_FILE_BYTES} bytes; a warm-up file is a "
+                                "few kB of TOML")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

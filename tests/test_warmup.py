@@ -258,3 +258,30 @@ def test_an_interrupted_warmup_stops_its_compiler_processes(tmp_path):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left
+
+
+# --- the warm-up file and arguments from Python -------------------------------------------------
+
+
+def test_a_warmup_file_is_read_up_to_a_size(tmp_path, monkeypatch):
+    from ge2jit import precompile
+    from ge2jit.precompile import WarmupConfigError, load
+
+    monkeypatch.setattr(precompile, "MAX_FILE_BYTES", 100)
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('archs = ["sm_80"]\n' + "#" * 200 + "\n")
+    with pytest.raises(WarmupConfigError, match=r"w.toml: more than 100 bytes"):
+        load(cfg)
+    monkeypatch.undo()
+    with pytest.raises(WarmupConfigError, match=r"/dev/zero: more than 16777216 bytes"):
+        load("/dev/zero")  # endless: read no further than the limit
+
+
+@pytest.mark.parametrize("sms", [0, -4, 2**31, 1.5, True])
+def test_sms_from_python_is_checked(tmp_path, sms):
+    from ge2jit.precompile import WarmupConfigError, load
+
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('archs = ["sm_80"]\n[[adam_update]]\n')
+    with pytest.raises(WarmupConfigError, match=r"sms: expected a positive integer"):
+        load(cfg, sms=sms)
