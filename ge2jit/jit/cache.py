@@ -514,7 +514,7 @@ class KernelCache:
         """Yield (path, entry or None if unreadable) for every entry file of the first
         directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
         entries; a file that breaks the other rules of ``get`` is unreadable."""
-        if not self.enabled or self._dirs.problem(0):
+        if self._dirs.problem(0):        # GE2JIT_DISABLE_CACHE or not, list what is there
             return
         try:
             root_fd = os.open(self.root, _DIR_FLAGS)

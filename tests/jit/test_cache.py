@@ -694,3 +694,9 @@ def test_entries_are_still_read_after_a_failed_write(tmp_path, monkeypatch):
     with pytest.warns(CacheWarning, match="No space left"):
         assert c.put(_entry(key="bb" + "2" * 62)) is None
     assert c.get(old.key) == old, "the disk is full, not unreadable"
+
+
+def test_entries_lists_the_disk_even_when_the_process_does_not_use_it(tmp_path):
+    e = _entry()
+    KernelCache(tmp_path).put(e)
+    assert [x for _, x in KernelCache(tmp_path, enabled=False).entries()] == [e]
