@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import sys
 import time
+import warnings
+from datetime import datetime
 
 from . import __version__
+from .bundle import BundleError
+from .errors import ArgumentTypeError, ArgumentValueError, Ge2jitError
 
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
@@ -41,15 +47,27 @@ def _human(n: float) -> str:
 
 
 def _cmd_warmup(args) -> int:
-    from .precompile import WarmupConfigError, warmup
+    from .jit.parallel import usable_cores
+    from .precompile import example, warmup
 
-    try:
-        summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
-                         progress=not args.no_progress, from_tuning_db=args.from_tuning_db,
-                         sms=args.sms)
-    except WarmupConfigError as e:
-        print(f"ge2jit warmup: {e}", file=sys.stderr)
-        return 2
+    if args.example:
+        if args.config is not None:
+            raise ArgumentValueError(f"--example: prints the example file; give {args.config} "
+                                     "or --example, not both")
+        print(example(), end="")
+        return 0
+    if args.config is None:
+        raise ArgumentValueError("give the warm-up FILE (TOML); `ge2jit warmup --example > "
+                                 "warmup.toml` writes an example to start from")
+    cores = usable_cores()
+    if args.jobs is not None and args.jobs > cores:
+        # more compiler processes than cores only cost memory (a few hundred MB each)
+        _say(args.prog, f"note: -j {args.jobs} reduced to {cores}, the cores this process may "
+                        "use")
+        args.jobs = cores
+    summary = warmup(args.config, archs=args.arch or None, processes=args.jobs,
+                     progress=not args.no_progress, from_tuning_db=args.from_tuning_db,
+                     sms=args.sms)
     from .jit.cache import default_cache
 
     print(f"ge2jit warmup: {summary}")
@@ -57,102 +75,268 @@ def _cmd_warmup(args) -> int:
     return 0 if summary.ok else 1
 
 
-def _cmd_cache(args) -> int:
+def _cache_info(args) -> int:
     from .jit.cache import default_cache
     from .jit.nvrtc import nvrtc_info
 
-    cache = default_cache()
-    if args.action == "info":
-        info = cache.info()
-        print(f"location:  {info['location']}")
-        bad = info["unreadable_entries"]
-        print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
-        cap = info["max_size_bytes"]
-        print(f"size:      {_human(info['size_bytes'])}"
-              + (f" (cap {_human(cap)}, GE2JIT_CACHE_MAX_SIZE)" if cap else ""))
-        try:
-            print(f"NVRTC:     {nvrtc_info()}")
-        except Exception as e:  # noqa: BLE001 - info must work without NVRTC
-            print(f"NVRTC:     not loadable ({e})")
-        print(f"disk cache {info['disk_cache']}")
-        print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
-        return 0
-    if args.action == "list":
-        rows = []
-        for path, e in cache.entries():
-            st = path.stat()
-            if e is None:
-                rows.append(("<unreadable>", "?", st.st_size, "?", "?", st.st_mtime))
-            else:
-                rows.append((e.kernel_name, e.arch, st.st_size, e.registers, e.spill_bytes,
-                             st.st_mtime))
-        rows.sort(key=lambda r: -r[5])
-        print(f"{'kernel':60s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
-        for name, arch, size, regs, spill, mtime in rows:
-            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime))
-            print(f"{name:60s} {arch:7s} {_human(size):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
-        return 0
-    if args.action == "clear":
-        removed = cache.clear().removed
-        print(f"removed {removed} entries from {cache.root}")
-        return 0
-    if args.action in ("export", "import"):
-        from .bundle import BundleError, export_bundle, import_bundle
+    info = default_cache().info()
+    print(f"location:  {info['location']}")
+    bad = info["unreadable_entries"]
+    print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
+    cap = info["max_size_bytes"]
+    print(f"size:      {_human(info['size_bytes'])}"
+          + (f" (cap {_human(cap)}, GE2JIT_CACHE_MAX_SIZE)" if cap else ""))
+    try:
+        print(f"NVRTC:     {nvrtc_info()}")
+    except Exception as e:  # noqa: BLE001 - info must work without NVRTC
+        print(f"NVRTC:     not loadable ({e})")
+    print(f"disk cache {info['disk_cache']}")
+    print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
+    return 0
 
-        if not args.file:
-            print(f"ge2jit cache {args.action}: give the bundle's FILE", file=sys.stderr)
-            return 2
+
+def _cache_list(args) -> int:
+    from .jit.cache import default_cache
+
+    rows = []
+    for path, e in default_cache().entries():
         try:
-            done = (export_bundle if args.action == "export" else import_bundle)(args.file)
-        except BundleError as e:
-            print(f"ge2jit cache {args.action}: {e}", file=sys.stderr)
-            return 1
-        print(f"{args.action}ed {done}")
+            st = path.stat()
+        except OSError:  # removed since it was listed (a prune in another process)
+            continue
+        rows.append({"kernel": e.kernel_name if e else None, "arch": e.arch if e else None,
+                     "size": st.st_size, "registers": e.registers if e else None,
+                     "spill_bytes": e.spill_bytes if e else None,
+                     "last_used": datetime.fromtimestamp(st.st_mtime).astimezone()
+                     .isoformat("T", "seconds"), "path": str(path), "mtime": st.st_mtime})
+    rows.sort(key=lambda r: -r["mtime"])
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "mtime"} for r in rows], indent=1))
         return 0
-    if args.action == "prune":
-        if args.max_size is None and args.older_than is None:
-            print("ge2jit cache prune: give --max-size and/or --older-than", file=sys.stderr)
-            return 2
-        r = cache.prune(max_bytes=args.max_size, older_than_s=args.older_than)
-        removed, freed = r.removed, r.freed
-        print(f"removed {removed} entries ({_human(freed)}) from {cache.root}")
-        return 0
-    return 2
+    # the name column as wide as the longest name, so that the columns after it stay aligned
+    width = max([len("kernel")] + [len(r["kernel"] or "<unreadable>") for r in rows])
+    print(f"{'kernel':{width}s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
+    for r in rows:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["mtime"]))
+        regs, spill = (("?", "?") if r["kernel"] is None
+                       else (r["registers"], r["spill_bytes"]))
+        print(f"{r['kernel'] or '<unreadable>':{width}s} {r['arch'] or '?':7s} "
+              f"{_human(r['size']):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
+    return 0
+
+
+def _cache_clear(args) -> int:
+    from .jit.cache import default_cache
+
+    cache = default_cache()
+    return _removed(args.prog, cache.root, cache.clear())
+
+
+def _cache_prune(args) -> int:
+    from .jit.cache import default_cache
+
+    if args.max_size is None and args.older_than is None:
+        raise ArgumentValueError("give --max-size and/or --older-than")
+    cache = default_cache()
+    return _removed(args.prog, cache.root,
+                    cache.prune(max_bytes=args.max_size, older_than_s=args.older_than))
+
+
+def _removed(prog: str, root, result) -> int:
+    """Report a RemoveResult: what was removed, then (one line) what could not be."""
+    at_root = [why for path, why in result.failed if path == str(root)]
+    if at_root:  # the directory itself is unusable: nothing was looked at
+        _say(prog, f"{root}: {at_root[0]}")
+        return 1
+    print(f"removed {result.removed} entries ({_human(result.freed)}) from {root}")
+    if result.failed:
+        n = len(result.failed)
+        path, why = result.failed[0]
+        _say(prog, f"could not remove {n} file{'s' if n > 1 else ''} (first: {path}: {why})")
+        return 1
+    return 0
+
+
+def _cache_export(args) -> int:
+    return _bundle("export", args.file)
+
+
+def _cache_import(args) -> int:
+    return _bundle("import", args.file)
+
+
+def _bundle(action: str, file: str) -> int:
+    from .bundle import export_bundle, import_bundle
+
+    done = (export_bundle if action == "export" else import_bundle)(file)
+    print(f"{action}ed {done}")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line reported in one line: the command, the
+    argument, what was expected and what came (argparse prints the usage as well)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse leaves arguments no subcommand takes to the top parser, whose message
+        # would name "ge2jit" alone: name the subcommand they were given to.
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            prog = getattr(ns, "prog", self.prog)
+            self.exit(2, f"{prog}: unrecognized arguments: {' '.join(extra)} "
+                         f"(see {prog} --help)\n")
+        return ns
+
+
+def _add(sub, name: str, func=None, **kw) -> argparse.ArgumentParser:
+    # a subcommand that remembers its own name for the messages of _Parser.parse_args
+    parser = sub.add_parser(name, **kw)
+    parser.set_defaults(prog=parser.prog, func=func)
+    return parser
+
+
+def positive_int(text: str) -> int:
+    """'4' -> 4; zero, negative numbers and anything else are refused."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ge2jit", description="ge2jit kernel cache tools")
+    """The ``ge2jit`` command line: ``warmup`` and ``cache <action>``."""
+    parser = _Parser(prog="ge2jit", description="ge2jit kernel cache tools")
     parser.add_argument("--version", action="version", version=f"ge2jit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{warmup,cache}")
 
-    w = sub.add_parser("warmup", help="compile the kernels a TOML file lists into the cache")
-    w.add_argument("config", help="warm-up file (TOML); see examples/warmup.toml")
+    w = _add(sub, "warmup", _cmd_warmup,
+             help="compile the kernels a TOML file lists into the cache",
+             description="Compile every kernel a warm-up file lists into the kernel cache, in "
+                         "parallel, skipping what the cache holds. `ge2jit warmup --example > "
+                         "warmup.toml` writes an example to start from.",
+             epilog="Exit status: 0 every kernel asked for is in the cache; 1 a kernel failed "
+                    "to compile or could not be stored on disk, or NVRTC is unusable; 2 a "
+                    "mistake in the command line or the file (named with its line).")
+    w.add_argument("config", nargs="?", metavar="FILE",
+                   help="the warm-up file (TOML): what to compile, per op")
+    w.add_argument("--example", action="store_true",
+                   help="print an example warm-up file, with comments, and exit: "
+                        "ge2jit warmup --example > warmup.toml")
     w.add_argument("--arch", action="append", metavar="ARCH",
                    help="architecture to compile for (repeatable), e.g. sm_90a; works without "
                         "a GPU. Default: the file's archs, else the GPUs present")
     w.add_argument("--from-tuning-db", action="store_true",
                    help="also compile the configurations recorded in the tuning database")
-    w.add_argument("-j", "--jobs", type=int, default=None,
+    w.add_argument("-j", "--jobs", type=positive_int, default=None, metavar="N",
                    help="parallel compiler processes (default: one per core)")
-    w.add_argument("--sms", type=int, default=None,
+    w.add_argument("--sms", type=positive_int, default=None, metavar="N",
                    help="multiprocessor count for configs = 'heuristic' without a GPU")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
-    w.set_defaults(func=_cmd_warmup)
 
-    c = sub.add_parser("cache", help="inspect and manage the kernel cache")
-    c.add_argument("action", choices=("info", "list", "clear", "prune", "export", "import"))
-    c.add_argument("file", nargs="?", help="export/import: the bundle (a zip file)")
-    c.add_argument("--max-size", type=parse_size, default=None,
-                   help="prune: evict least recently used entries down to this size (2GB)")
-    c.add_argument("--older-than", type=parse_age, default=None,
-                   help="prune: remove entries not used for this long (30d)")
-    c.set_defaults(func=_cmd_cache)
+    c = _add(sub, "cache", help="inspect and manage the kernel cache",
+             description="Inspect and manage the kernel cache (GE2JIT_CACHE_DIR).")
+    actions = c.add_subparsers(dest="action", required=True,
+                               metavar="{info,list,clear,prune,export,import}")
+    _add(actions, "info", _cache_info, help="location, entries, size, NVRTC in use",
+         description="Where the cache is, what it holds, and the NVRTC in use.")
+    a = _add(actions, "list", _cache_list,
+             help="one line per kernel: arch, size, registers, spills, last used",
+             description="List the kernels in the cache, most recently used first.")
+    a.add_argument("--json", action="store_true",
+                   help="print a JSON array of objects (kernel, arch, size, registers, "
+                        "spill_bytes, last_used, path) for scripts; null for unreadable entries")
+    removal = ("Exit status: 0 done; 1 a file could not be removed or the directory is not "
+               "usable (the first is named); 2 a mistake in the command line.")
+    _add(actions, "clear", _cache_clear, help="remove every kernel from the cache",
+         description="Remove every kernel from the cache (its first directory: the others "
+                     "GE2JIT_CACHE_DIR lists are read only).", epilog=removal)
+    a = _add(actions, "prune", _cache_prune, help="remove old or least recently used kernels",
+             description="Remove the kernels unused for a time, then the least recently used "
+                         "ones down to a size. Give at least one of the options.",
+             epilog=removal)
+    a.add_argument("--max-size", type=parse_size, default=None, metavar="SIZE",
+                   help="evict least recently used entries down to this size (2GB)")
+    a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",
+                   help="remove entries not used for this long (30d)")
+    a = _add(actions, "export", _cache_export,
+             help="write the cache's kernels and tuning records into a bundle",
+             description="Write every kernel of this ge2jit and NVRTC build, and the tuning "
+                         "records, into a zip bundle.",
+             epilog="Exit status: 0 written; 2 FILE is a folder or in a folder that does not "
+                    "exist; 1 writing failed (nothing is left half-written).")
+    a.add_argument("file", metavar="FILE", help="the bundle to write (a zip file)")
+    a = _add(actions, "import", _cache_import,
+             help="add a bundle's kernels and tuning records to the cache",
+             description="Verify a bundle completely, then add its kernels and tuning records "
+                         "to the cache.",
+             epilog="Exit status: 0 imported; 2 the bundle cannot be used (unreadable, damaged, "
+                    "too large, another build's: nothing is imported); 1 the cache could not "
+                    "store it.")
+    a.add_argument("file", metavar="FILE", help="the bundle to read (a zip file)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``ge2jit`` command; returns its exit status.
+
+    Exit status: 0 done; 2 a mistake in what was given (the command line, a warm-up file, a
+    bundle, a ``GE2JIT_*`` variable); 1 the work failed (a kernel did not compile or could not
+    be stored, a file could not be written or removed, NVRTC or CuPy is missing); 130
+    interrupted. Each error is one line on stderr, ``ge2jit <command>: ...``. An error that is
+    a bug in ge2jit is one line too, with its type; ``GE2JIT_VERBOSE=1`` shows its traceback.
+    """
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    with warnings.catch_warnings():
+        # a warning (CacheWarning: the cache is refused or full) as one line, like the errors
+        warnings.showwarning = lambda message, *_, **__: _say(args.prog, f"warning: {message}")
+        return _run(args)
+
+
+def _run(args) -> int:
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, so that a closed pipe is met inside the handler below
+        return code
+    except BrokenPipeError:
+        # The reader went away (``ge2jit cache list | head``): stop quietly. Python's docs
+        # (signal module, "Note on SIGPIPE"): point stdout at devnull, or the flush at exit
+        # fails once more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ArgumentValueError, ArgumentTypeError, BundleError) as e:  # bad files, variables
+        _say(args.prog, str(e))
+        return 2
+    except Ge2jitError as e:
+        _say(args.prog, str(e))
+        return 1
+    except OSError as e:
+        _say(args.prog, f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        return 1
+    except Exception as e:
+        if _verbose():
+            raise
+        _say(args.prog, f"internal error (please report it): {type(e).__name__}: {e}; run with "
+                        "GE2JIT_VERBOSE=1 for the traceback")
+        return 1
+
+
+def _say(prog: str, message: str) -> None:
+    print(f"{prog}: {message}", file=sys.stderr)
+
+
+def _verbose() -> bool:
+    # read here, not through the settings, which may be the very thing that failed
+    return os.environ.get("GE2JIT_VERBOSE", "").strip().lower() not in ("", "0", "false",
+                                                                           "no", "off")
 
 
 if __name__ == "__main__":

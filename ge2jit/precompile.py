@@ -23,17 +23,20 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ArgumentValueError
-from .jit.nvrtc import normalize_arch
+from .errors import ArgumentValueError, Ge2jitError
+from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
 from .ops.gemm import warmup_backward as gemm_backward_warmup
+from .ops.gemm.warmup import MAX_SIZE
 from .ops.optim import warmup as optim_warmup
+from .settings import get_settings
 
 #: Registered ops: the name of their TOML array of tables -> the module that expands it.
 OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup,
        "adam_update": optim_warmup.adam, "sgd_update": optim_warmup.sgd}
 TOP_KEYS = ("archs", *OPS)
+MAX_FILE_BYTES = 16 << 20  # a warm-up file is a few kB: more is not one
 
 
 class WarmupConfigError(ArgumentValueError):
@@ -87,10 +90,24 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
             message names the file, the line and the accepted values.
     """
     path = str(path)
+    if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool)
+                            or not 0 < sms <= MAX_SIZE):
+        raise WarmupConfigError(f"sms: expected a positive integer (the GPU's multiprocessor "
+                                f"count), got {sms!r}")
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:  # bounded: the path may name a device (/dev/zero)
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise WarmupConfigError(f"{path}: cannot read the warm-up file: {e.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise WarmupConfigError(f"{path}: more than {MAX_FILE_BYTES} bytes; a warm-up file is a "
+                                "few kB of TOML")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _error(path, raw.count(b"\n", 0, e.start) + 1,
+                     f"not a UTF-8 text file (byte 0x{raw[e.start]:02x}); TOML files are "
+                     "UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -113,8 +130,10 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
             raise _error(path, None, "archs: no GPU here and no architecture given; set "
                          "archs = [...] in the file or pass --arch sm_90a")
     try:
-        arch_list = [normalize_arch(a) for a in arch_list]
-    except ValueError as e:
+        arch_list = list(check_archs(arch_list))
+    except ArgumentValueError as e:
+        if archs:  # given as an argument, not by the file
+            raise WarmupConfigError(str(e)) from None
         raise _error(path, _line_of(text, "archs", None, 0), str(e)) from None
     if sms is None and _present_archs():
         from .jit.device import sm_count
@@ -149,27 +168,32 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
     return WarmupPlan(tuple(dict.fromkeys(jobs)), tuple(arch_list))
 
 
+def example() -> str:
+    """The example warm-up file shipped with ge2jit (``ge2jit warmup --example`` prints it)."""
+    from importlib.resources import files
+
+    return files("ge2jit").joinpath("data", "warmup.toml").read_text(encoding="utf-8")
+
+
+class CacheNotWritableError(Ge2jitError):
+    """The kernel cache cannot store kernels (disabled, not writable, refused): a warm-up would
+    keep nothing."""
+
+
 def _check_cache_writable() -> None:
     """A warm-up whose results cannot be stored is pointless: say so before compiling."""
-    import os
-    import tempfile
-
     from .jit.cache import default_cache
 
     cache = default_cache()
     if not cache.enabled:
-        raise WarmupConfigError("the disk cache is disabled (GE2JIT_DISABLE_CACHE): a warm-up "
-                                "would keep nothing")
-    try:
-        cache.root.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=cache.root, prefix=".tmp-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise WarmupConfigError(
-            f"the kernel cache {cache.root} is not writable ({e.strerror or e}); set "
-            "GE2JIT_CACHE_DIR to a writable directory. (Without one ge2jit still works, "
-            "compiling into memory in each process.)") from None
+        raise CacheNotWritableError("the disk cache is disabled (GE2JIT_DISABLE_CACHE): a "
+                                    "warm-up would keep nothing")
+    why = cache.writable_problem()
+    if why:
+        raise CacheNotWritableError(
+            f"the kernel cache cannot store kernels: {why}; set GE2JIT_CACHE_DIR to a writable "
+            "directory. (Without one ge2jit still works, compiling into memory in each "
+            "process.)")
 
 
 def _present_archs() -> list[str]:
@@ -180,20 +204,29 @@ def _present_archs() -> list[str]:
 
 @dataclass
 class WarmupSummary:
-    """What a warm-up did."""
+    """What a warm-up did: kernels compiled and stored, found in the cache, kept in memory only
+    (the cache could not store them: lost when the process ends), and failed."""
 
     compiled: int = 0
     cached: int = 0
+    memory: list[CompileOutcome] = field(default_factory=list)
     failed: list[CompileOutcome] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        """True when every kernel asked for is in the disk cache."""
+        return not self.failed and not self.memory
 
     def __str__(self) -> str:
-        text = (f"{self.compiled} compiled, {self.cached} already cached, {len(self.failed)} "
-                f"failed, in {self.seconds:.1f} s")
+        kept = f"{len(self.memory)} kept in memory only, " if self.memory else ""
+        text = (f"{self.compiled} compiled, {self.cached} already cached, {kept}"
+                f"{len(self.failed)} failed, in {self.seconds:.1f} s")
+        if self.memory:
+            why = next((m.error for m in self.memory if m.error), "")
+            text += (f"\nNOT STORED: {len(self.memory)} kernels could not be written to the "
+                     "kernel cache and are lost when this process ends" + (f": {why}" if why
+                                                                           else ""))
         for f in self.failed:
             text += f"\nFAILED {f.kernel_name} ({f.arch}):\n{f.error}"
         return text
@@ -209,6 +242,7 @@ def warmup(config: str | Path, *, archs=None, processes: int | None = None,
     """
     plan = load(config, archs=archs, from_tuning_db=from_tuning_db, sms=sms)
     _check_cache_writable()
+    _ = get_settings().cache_max_size  # a bad GE2JIT_CACHE_MAX_SIZE: once, not per kernel
     summary = WarmupSummary()
     t0 = time.perf_counter()
     bar = None
@@ -222,6 +256,8 @@ def warmup(config: str | Path, *, archs=None, processes: int | None = None,
             summary.compiled += 1
         elif r.status == "cached":
             summary.cached += 1
+        elif r.status == "memory":
+            summary.memory.append(r)
         else:
             summary.failed.append(r)
         if bar is not None:

@@ -26,8 +26,12 @@ SMALL = textwrap.dedent("""
 """)
 
 
-def ge2jit(args, cache: Path, timeout=600, **kw):
-    env = {**os.environ, "GE2JIT_CACHE_DIR": str(cache)}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ge2jit(args, cache: Path, timeout=600, env=None, **kw):
+    # PYTHONPATH: this checkout's ge2jit, also from another working directory
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GE2JIT_CACHE_DIR": str(cache), **(env or {})}
     return subprocess.run([sys.executable, "-m", "ge2jit", *args], capture_output=True,
                           text=True, env=env, timeout=timeout, **kw)
 
@@ -75,10 +79,19 @@ def test_arch_option_overrides_the_file(tmp_path):
     (SMALL.replace('["rr"]', '["rx"]'), 7, ["layouts: expected", "'rc'"]),
     (SMALL.replace('"64x64x8_4x4"', '"huge"'), 8, ["configs:", "128x128x8_w32x64_s3"]),
     (SMALL.replace("[[256, 256, 256]]", "[[256, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 2147483648, 256]]"), 9,
+     ["shapes:", "N = 2147483648", "2**31 - 1"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256, 256], [-1, 256, 256]]"), 9,
+     ["shapes: expected", "positive integers"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 0, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256.0, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, true, 256]]"), 9, ["shapes: expected"]),
+    (SMALL.replace("[[256, 256, 256]]", "[[256, 256, 256]]\nsms = 4294967296"), 10,
+     ["sms:", "up to 2**31 - 1"]),
     (SMALL.replace('["sm_80"]', '["sm_8"]'), 2, ["arch: expected a CUDA architecture"]),
     (SMALL.replace("acts = [", "acts = [[", 1), 6, ["not valid TOML"]),
     (SMALL.replace('configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
-     4, ["sms:", "multiprocessor count"]),
+     4, ["sms:", "multiprocessor count", "--sms"]),
     (SMALL.replace("shapes = [[256, 256, 256]]\n", "").replace(
         'configs = ["64x64x8_w32x32_s3", "64x64x8_4x4"]', 'configs = "heuristic"'),
      4, ["shapes: configs = 'heuristic' needs the shapes"]),
@@ -91,6 +104,13 @@ def test_config_errors_name_file_line_and_accepted_values(tmp_path, text, line, 
     for w in words:
         assert w in r.stderr, (w, r.stderr)
     assert not (tmp_path / "c").exists() or valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_a_warmup_file_that_is_not_utf8_is_one_line(tmp_path):
+    cfg = tmp_path / "w.toml"
+    cfg.write_bytes(SMALL.encode() + b"# caf\xe9 au lait\n")
+    line = one_line_error(ge2jit(["warmup", str(cfg)], tmp_path / "c"), "ge2jit warmup")
+    assert f"{cfg}:10:" in line and "UTF-8" in line, line
 
 
 def test_heuristic_configs_with_sms_on_a_machine_without_gpu(tmp_path):
@@ -131,11 +151,14 @@ def test_tensor_core_warmup_for_hopper_without_gpu(tmp_path):
     assert any(n.startswith("gemm_f32_rc_mma_") for n in by_name), by_name
 
 
-def test_example_warmup_file_expands(tmp_path):
-    from ge2jit.precompile import load
+def test_example_warmup_file_is_printed_by_the_command_and_expands(tmp_path):
+    from ge2jit.precompile import example, load
 
-    plan = load(Path(__file__).resolve().parent.parent / "examples" / "warmup.toml",
-                archs=["sm_90"], sms=132)
+    r = ge2jit(["warmup", "--example"], tmp_path / "c")
+    assert r.returncode == 0 and r.stdout == example() and r.stderr == "", r.stderr
+    assert r.stdout.startswith("# ge2jit warm-up") and "ge2jit warmup --example" in r.stdout
+    (tmp_path / "warmup.toml").write_text(r.stdout)
+    plan = load(tmp_path / "warmup.toml", archs=["sm_90"], sms=132)
     names = {spec.kernel_name for spec, _ in plan.jobs}
     assert any(n.startswith("gemm_bf16_") and "_wgmma_" in n for n in names)
     assert any(n.startswith("gemm_f16_") and n.endswith("_of32") for n in names)
@@ -143,6 +166,29 @@ def test_example_warmup_file_expands(tmp_path):
     assert any(n.startswith("gemm_dz_gelu_tanh_zbf16") for n in names), names
     assert any(n.endswith("_gzgelu_tanh_cr_bg") for n in names), names
     assert {"adam_update_gbf16_copybf16", "adam_update_gf32"} <= names
+
+
+def test_the_wheel_ships_the_example_warmup_file(tmp_path):
+    import zipfile
+
+    pytest.importorskip("hatchling")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("ge2jit-*.whl")
+    from ge2jit.precompile import example
+
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("ge2jit/data/warmup.toml").decode() == example()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["warmup"], ["give the warm-up FILE", "--example"]),
+    (["warmup", "w.toml", "--example"], ["--example", "not both"]),
+])
+def test_warmup_needs_a_file_or_example(tmp_path, args, words):
+    line = one_line_error(ge2jit(args, tmp_path / "c"), "ge2jit warmup")
+    for w in words:
+        assert w in line, line
 
 
 def test_optimizer_warmup_tables():
@@ -218,8 +264,8 @@ def test_unwritable_cache_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "--no-progress"], blocker / "cache")
-    assert r.returncode == 2
-    assert "is not writable" in r.stderr and "GE2JIT_CACHE_DIR" in r.stderr
+    line = one_line_error(r, "ge2jit warmup", 1)  # the work cannot be done: not a mistake
+    assert "is not writable" in line and "GE2JIT_CACHE_DIR" in line
 
 
 def test_cache_info_list_prune_clear(tmp_path):
@@ -270,6 +316,7 @@ def test_version_and_help():
     r = subprocess.run([sys.executable, "-m", "ge2jit", "warmup", "--help"],
                        capture_output=True, text=True)
     assert "--arch" in r.stdout and "--from-tuning-db" in r.stdout
+    assert "--example" in r.stdout and "examples/warmup.toml" not in r.stdout
 
 
 def test_export_import_round_trip_and_refusals(tmp_path):
@@ -309,7 +356,7 @@ def test_export_import_round_trip_and_refusals(tmp_path):
                        (write(tmp_path, "not a zip", "junk.zip"), "not a readable")):
         fresh = tmp_path / f"fresh-{bad.stem}"
         r = ge2jit(["cache", "import", str(bad)], fresh)
-        assert r.returncode == 1 and words in r.stderr, r.stderr
+        assert words in one_line_error(r, "ge2jit cache import")  # the file given is unusable
         assert not fresh.exists() or valid_entries(fresh) == (0, 0), "nothing imported"
 
 
@@ -397,3 +444,288 @@ def test_backward_warmup_entry_errors_name_the_key(entry, words):
         validate_entry(entry)
     assert words in str(e.value)
 
+
+
+def one_line_error(r, prefix: str, code: int = 2) -> str:
+    """The command failed with ``code`` and said why in one line starting with ``prefix``."""
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix + ": "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["warmup", "w.toml", "-j", "0"], ["-j/--jobs", "a positive integer", "'0'"]),
+    (["warmup", "w.toml", "-j", "-1"], ["-j/--jobs", "a positive integer", "'-1'"]),
+    (["warmup", "w.toml", "-j", "two"], ["-j/--jobs", "a positive integer", "'two'"]),
+    (["warmup", "w.toml", "--sms", "0"], ["--sms", "a positive integer", "'0'"]),
+    (["warmup", "w.toml", "--sms", "-132"], ["--sms", "a positive integer", "'-132'"]),
+])
+def test_bad_warmup_arguments_are_one_line_errors(tmp_path, args, words):
+    write(tmp_path, SMALL)
+    line = one_line_error(ge2jit(args, tmp_path / "c", cwd=tmp_path), "ge2jit warmup")
+    for w in words:
+        assert w in line, line
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("args, prefix, words", [
+    (["cache", "list", "extra.zip"], "ge2jit cache list", ["unrecognized", "extra.zip"]),
+    (["cache", "info", "--max-size", "1G"], "ge2jit cache info", ["--max-size"]),
+    (["cache", "clear", "x"], "ge2jit cache clear", ["x"]),
+    (["cache", "export"], "ge2jit cache export", ["FILE"]),
+    (["cache", "import", "a.zip", "b.zip"], "ge2jit cache import", ["b.zip"]),
+    (["cache", "prune", "--max-size", "lots"], "ge2jit cache prune", ["2GB", "'lots'"]),
+    (["cache", "prune", "--older-than", "soon"], "ge2jit cache prune", ["30d", "'soon'"]),
+    (["cache", "prune"], "ge2jit cache prune", ["--max-size", "--older-than"]),
+    (["cache", "tidy"], "ge2jit cache", ["tidy", "list"]),
+    (["cache"], "ge2jit cache", ["info"]),
+    (["warm"], "ge2jit", ["warm", "warmup"]),
+])
+def test_cache_actions_take_only_their_own_arguments(tmp_path, args, prefix, words):
+    line = one_line_error(ge2jit(args, tmp_path / "c"), prefix)
+    for w in words:
+        assert w in line, line
+
+
+def test_each_cache_action_has_its_own_help(tmp_path):
+    helps = {a: ge2jit(["cache", a, "--help"], tmp_path / "c") for a in
+             ("info", "list", "clear", "prune", "export", "import")}
+    assert all(r.returncode == 0 for r in helps.values())
+    assert "--max-size" in helps["prune"].stdout and "--older-than" in helps["prune"].stdout
+    assert "FILE" in helps["export"].stdout and "FILE" in helps["import"].stdout
+    for action in ("info", "list", "clear", "export", "import"):
+        assert "--max-size" not in helps[action].stdout, action
+    assert "FILE" not in helps["list"].stdout
+
+
+def fake_entries(cache: Path, names: list[str], arch: str = "sm_80") -> list:
+    """Store entries with these kernel names (a few bytes of cubin each) without compiling."""
+    import hashlib
+
+    from ge2jit.jit.cache import CacheEntry
+
+    c = KernelCache(cache)
+    out = []
+    for i, name in enumerate(names):
+        e = CacheEntry(key=hashlib.sha256(f"{name}-{i}".encode()).hexdigest(), kernel_name=name,
+                       arch=arch, cubin=bytes(100 + i), registers=32 + i, shared_bytes=0,
+                       stack_bytes=0, spill_stores=i, spill_loads=0, compile_seconds=0.1,
+                       nvrtc_version="13.0", ge2jit_version="0", created=time.time())
+        assert c.put(e) is not None
+        out.append(e)
+    return out
+
+
+def test_cache_list_json_for_scripts(tmp_path):
+    import datetime
+    import json
+
+    cache = tmp_path / "c"
+    entries = fake_entries(cache, ["gemm_a", "gemm_b"])
+    r = ge2jit(["cache", "list", "--json"], cache)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["kernel"] for row in rows} == {"gemm_a", "gemm_b"}
+    for row in rows:
+        e = next(e for e in entries if e.kernel_name == row["kernel"])
+        path = Path(row["path"])
+        assert path == KernelCache(cache).path_for(e.key)
+        assert row["arch"] == "sm_80" and row["size"] == path.stat().st_size
+        assert row["registers"] == e.registers and row["spill_bytes"] == e.spill_bytes
+        used = datetime.datetime.fromisoformat(row["last_used"])
+        assert abs(used.timestamp() - path.stat().st_mtime) < 1
+    assert json.loads(ge2jit(["cache", "list", "--json"], tmp_path / "empty").stdout) == []
+    assert "--json" in ge2jit(["cache", "list", "--help"], cache).stdout
+
+
+def test_cache_list_columns_stay_aligned_with_long_names(tmp_path):
+    cache = tmp_path / "c"
+    names = ["gemm_short", "gemm_" + "x" * 90 + "_long", "gemm_" + "y" * 70]
+    fake_entries(cache, names)
+    lines = ge2jit(["cache", "list"], cache).stdout.splitlines()
+    assert len(lines) == 4
+    header, rows = lines[0], lines[1:]
+    arch_col = header.index("arch")
+    for name in names:
+        (row,) = [r for r in rows if r.startswith(name + " ")]
+        assert row[arch_col:arch_col + 5] == "sm_80", (header, row)
+    assert len({len(r) for r in rows}) == 1 and len(header) <= len(rows[0]), lines
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    cache = tmp_path / "c"
+    fake_entries(cache, [f"gemm_{i:04d}_" + "x" * 200 for i in range(400)])  # > a pipe's 64 KiB
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GE2JIT_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "ge2jit", "cache", "list"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()  # `ge2jit cache list | head -1`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+def test_a_failure_of_the_work_is_one_line(tmp_path):
+    r = ge2jit(["cache", "export", str(tmp_path / "b.zip")], tmp_path / "c",
+               env={"GE2JIT_NVRTC": str(tmp_path / "no-nvrtc.so")})
+    assert "GE2JIT_NVRTC" in one_line_error(r, "ge2jit cache export", 1)
+
+
+def test_an_unexpected_error_is_one_line_unless_verbose(monkeypatch, capsys):
+    from ge2jit import cli
+
+    def broken(args):
+        raise RuntimeError("something no user can fix")
+
+    monkeypatch.setattr(cli, "_cache_info", broken)
+    monkeypatch.delenv("GE2JIT_VERBOSE", raising=False)
+    assert cli.main(["cache", "info"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ge2jit cache info: internal error"), err
+    assert "RuntimeError: something no user can fix" in err[0] and "GE2JIT_VERBOSE=1" in err[0]
+    monkeypatch.setenv("GE2JIT_VERBOSE", "1")
+    with pytest.raises(RuntimeError, match="something no user can fix"):
+        cli.main(["cache", "info"])
+
+
+@pytest.mark.parametrize("where", ["file", "option"])
+def test_an_architecture_nvrtc_lacks_is_refused_once_up_front(tmp_path, where):
+    from ge2jit.jit.nvrtc import nvrtc_info
+
+    if where == "file":
+        cfg = write(tmp_path, SMALL.replace('["sm_80"]', '["sm_80", "sm_999"]'))
+        r = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
+    else:
+        cfg = write(tmp_path, SMALL)
+        r = ge2jit(["warmup", str(cfg), "--arch", "sm_80", "--arch", "sm_999", "--no-progress"],
+                   tmp_path / "c")
+    line = one_line_error(r, "ge2jit warmup")
+    assert "sm_999: not supported by NVRTC" in line and ", ".join(
+        nvrtc_info().supported_archs) in line, line
+    assert (f"{cfg}:2: arch:" in line) == (where == "file"), line
+    assert not (tmp_path / "c").exists()
+
+
+def test_more_jobs_than_cores_is_reduced_with_a_note(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "60", "--no-progress"],
+               tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == (f"ge2jit warmup: note: -j 60 reduced to {cores}, the cores this "
+                                "process may use"), r.stderr
+
+
+def test_kernels_the_cache_could_not_store_are_counted_and_fail_the_warmup(tmp_path):
+    from ge2jit.jit.loader import key_for
+    from ge2jit.precompile import load
+
+    cfg = write(tmp_path, SMALL)
+    keys = [key_for(spec, arch)[0] for spec, arch in load(cfg).jobs]
+    assert len(keys) == 6 and keys[2][:2] not in (keys[0][:2], keys[1][:2])
+    cache = tmp_path / "c"
+    cache.mkdir()
+    # the disk "fills up" at the third kernel: a file where its shard directory goes
+    (cache / keys[2][:2]).write_text("")
+    r = ge2jit(["warmup", str(cfg), "-j", "1", "--no-progress"], cache)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "2 compiled, 0 already cached, 4 kept in memory only, 0 failed" in r.stdout, r.stdout
+    assert "NOT STORED" in r.stdout and "Not a directory" in r.stdout, r.stdout
+    assert "CacheWarning" not in r.stderr, r.stderr
+    assert valid_entries(cache) == (2, 0)
+
+
+@pytest.fixture
+def in_process(monkeypatch, tmp_path):
+    """Run ``main`` in this process on the cache ``tmp_path / "c"``: (cache, run(args))."""
+    from ge2jit import cli
+    from ge2jit.jit.cache import reset_default_cache
+    from ge2jit.settings import reload_settings
+    from ge2jit.tune.db import reset_default_db
+
+    def fresh():
+        reload_settings()
+        reset_default_cache()
+        reset_default_db()
+
+    cache = tmp_path / "c"
+    monkeypatch.setenv("GE2JIT_CACHE_DIR", str(cache))
+    fresh()
+    yield cache, cli.main
+    monkeypatch.undo()
+    fresh()
+
+
+@pytest.mark.parametrize("action", [["clear"], ["prune", "--max-size", "0"]])
+def test_files_clear_and_prune_cannot_remove_are_counted_and_fail(in_process, monkeypatch,
+                                                                  capsys, action):
+    cache, main = in_process
+    fake_entries(cache, ["gemm_a", "gemm_b", "gemm_c"])
+    real_unlink = os.unlink
+
+    def unlink(path, *, dir_fd=None):
+        if str(path).endswith(".cubin") and not str(path).startswith("1"):
+            raise PermissionError(13, "Permission denied")
+        return real_unlink(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    stuck = sorted(p for p in cache.glob("??/*.cubin") if not p.name.startswith("1"))
+    assert stuck
+    code = main(["cache", *action])
+    out, err = capsys.readouterr()
+    assert code == 1, (out, err)
+    removed = 3 - len(stuck)
+    assert out.startswith(f"removed {removed} entries"), out
+    err = err.strip().splitlines()
+    head = (f"ge2jit cache {action[0]}: could not remove {len(stuck)} "
+            f"file{'s' if len(stuck) > 1 else ''} (first: ")
+    assert len(err) == 1 and err[0].startswith(head), err
+    assert err[0][len(head):] in {f"{p}: Permission denied)" for p in stuck}, err
+
+
+@pytest.mark.parametrize("action", [["clear"], ["prune", "--older-than", "1s"]])
+@pytest.mark.parametrize("how, words", [
+    ("file", ["not a directory"]),
+    ("open to all", ["writable by every user"]),
+])
+def test_clear_and_prune_of_an_unusable_cache_directory_are_one_line(tmp_path, action, how,
+                                                                      words):
+    cache = tmp_path / "c"
+    if how == "file":
+        cache.write_text("")
+    else:
+        fake_entries(cache, ["gemm_a"])
+        cache.chmod(0o777)
+    line = one_line_error(ge2jit(["cache", *action], cache), f"ge2jit cache {action[0]}", 1)
+    assert line.startswith(f"ge2jit cache {action[0]}: {cache}: ") and all(
+        w in line for w in words), line
+
+
+def test_clear_counts_entries_not_files(tmp_path):
+    cache = tmp_path / "c"
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "2", "--no-progress"], cache,
+               env={"GE2JIT_SAVE_SOURCE": "1"})
+    assert r.returncode == 0 and len(list(cache.glob("??/*.cu"))) == 6, r.stderr
+    r = ge2jit(["cache", "clear"], cache)
+    assert r.returncode == 0 and r.stdout.startswith("removed 6 entries ("), r.stdout
+    assert not list(cache.glob("??/*"))
+
+
+@pytest.mark.parametrize("args", [["cache", "info"], ["warmup", "w.toml", "--no-progress"]])
+def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args):
+    write(tmp_path, SMALL)
+    r = ge2jit(args, tmp_path / "c", cwd=tmp_path, env={"GE2JIT_CACHE_MAX_SIZE": "lots"})
+    line = one_line_error(r, f"ge2jit {args[0]}" + (" info" if args[0] == "cache" else ""))
+    assert "GE2JIT_CACHE_MAX_SIZE" in line and "'lots'" in line and "FAILED" not in r.stdout
+    assert valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_warnings_are_one_line_naming_the_command(tmp_path):
+    cache = tmp_path / "c"
+    cache.mkdir()
+    cache.chmod(0o777)  # refused by the cache: kernels would be kept in memory
+    r = ge2jit(["cache", "list"], cache)
+    assert r.returncode == 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "ge2jit cache list: warning: ge2jit does not use the kernel cache directory"), r.stderr

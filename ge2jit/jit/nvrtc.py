@@ -401,3 +401,36 @@ def compile_to_cubin(source: str, kernel_name: str, arch: str,
     seconds = time.perf_counter() - t0
     return CompileResult(cubin=cubin, log=log, resources=Resources.parse(log),
                          compile_seconds=seconds, options=tuple(options))
+
+
+def check_archs(archs) -> tuple[str, ...]:
+    """Normalize ``archs`` ('90a', 'sm_80', ...) and check them against the loaded NVRTC, once,
+    before anything compiles (rather than one NVRTC failure per kernel).
+
+    The 'a' and 'f' suffixes need their base architecture supported: sm_90a when sm_90 is.
+
+    Returns:
+        The normalized names, duplicates dropped, in the given order.
+
+    Raises:
+        ArgumentValueError: a name that is no architecture, or one this NVRTC cannot compile
+            for; the message lists those it can.
+        NvrtcError: NVRTC cannot be loaded.
+    """
+    from ..errors import ArgumentValueError
+
+    try:
+        names = tuple(dict.fromkeys(normalize_arch(a) for a in archs))
+    except ValueError as e:
+        raise ArgumentValueError(str(e)) from None
+    info = nvrtc_info()
+    if not info.supported_archs:  # an NVRTC too old to say: its compile errors will
+        return names
+    numbers = {arch_number(a) for a in info.supported_archs}
+    refused = [a for a in names if arch_number(a) not in numbers]
+    if refused:
+        raise ArgumentValueError(
+            f"arch: {', '.join(refused)}: not supported by NVRTC {info.version[0]}."
+            f"{info.version[1]}, which compiles for {', '.join(info.supported_archs)} (and "
+            "their 'a' variants, such as sm_90a)")
+    return names

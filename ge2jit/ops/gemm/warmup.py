@@ -39,6 +39,9 @@ BIAS = {"none": BiasKind.NONE, "scalar": BiasKind.SCALAR, "col": BiasKind.COL,
 LAYOUTS = {"rr", "rc", "cr", "cc"}
 C_LAYOUTS = {"none": None, "r": Layout.ROW, "c": Layout.COL}
 
+#: The largest M, N or K (and multiprocessor count) a kernel takes: sizes are 32-bit integers.
+MAX_SIZE = 2**31 - 1
+
 #: key -> (description of accepted values, default)
 KEYS = {
     "dtypes": (f"a list of {sorted(DTYPES)} (the inputs' type; tf32, tf32x3: float32 inputs "
@@ -88,10 +91,18 @@ def check_shapes_and_machine(entry: dict, out: dict, keys: dict = KEYS,
             and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s)
             for s in shapes):
         raise ArgumentValueError(f"shapes: expected {keys['shapes'][0]}, got {shapes!r}")
+    for s in shapes:
+        for name, size in zip("MNK", s):
+            if size > MAX_SIZE:
+                raise ArgumentValueError(f"shapes: {name} = {size} in {s}: sizes up to "
+                                         "2**31 - 1 are supported")
     out["shapes"] = [tuple(s) for s in shapes]
     sms = entry.get("sms")
     if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
         raise ArgumentValueError(f"sms: expected {keys['sms'][0]}, got {sms!r}")
+    if sms is not None and sms > MAX_SIZE:
+        raise ArgumentValueError(f"sms: {sms} multiprocessors: counts up to 2**31 - 1 are "
+                                 "supported")
     out["sms"] = sms
     aligned = entry.get("aligned", True)
     if not isinstance(aligned, bool):
@@ -180,7 +191,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
             if sms is None:
                 raise ArgumentValueError(
                     "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
-                    "the GPU, or set sms = <count> in the entry")
+                    "the GPU, set sms = <count> in the entry, or pass --sms <count>")
             for m, n, k in entry["shapes"]:
                 ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
                                gated=gate is not None)
