@@ -9,6 +9,7 @@ from ._version import __version__
 from .errors import (
     ArgumentTypeError,
     ArgumentValueError,
+    CacheNotWritableError,
     CacheWarning,
     DeviceMismatchError,
     Ge2jitError,
@@ -16,6 +17,7 @@ from .errors import (
     KernelLaunchError,
     MissingDependencyError,
     NvrtcError,
+    SettingsError,
 )
 from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
@@ -70,6 +72,8 @@ __all__ = [
     "KernelLaunchError",
     "MissingDependencyError",
     "NvrtcError",
+    "SettingsError",
+    "CacheNotWritableError",
     "CacheWarning",
 ]
 

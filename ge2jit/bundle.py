@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._version import __version__
-from .errors import CacheWarning, Ge2jitError
-from .jit.cache import MAX_ENTRY_BYTES, CacheEntry, _atomic_write, default_cache
+from .errors import CacheNotWritableError, CacheWarning, Ge2jitError
+from .jit.cache import MAX_ENTRY_BYTES, CacheEntry, atomic_write, default_cache
 from .jit.nvrtc import nvrtc_info
-from .precompile import CacheNotWritableError
 from .tune.db import MAX_RECORD_BYTES, TuningDB, default_db, validate_record
 
 FORMAT = "ge2jit-bundle-1"
@@ -150,7 +149,7 @@ def import_bundle(path: str | Path) -> BundleSummary:
                 # read and checked again: the bundle is not held in memory between the passes
                 blob = _read(z, info, MAX_KERNEL_BYTES, path, expected=sha256)
                 try:
-                    _atomic_write(cache.path_for(key), blob)
+                    atomic_write(cache.path_for(key), blob)
                 except OSError as e:
                     raise CacheNotWritableError(
                         f"the kernel cache could not store {info.filename} ({_reason(e)}); "

@@ -28,6 +28,11 @@ class MissingDependencyError(Ge2jitError, ImportError):
     that brings it (``pip install "ge2jit[cuda13]"``)."""
 
 
+class CacheNotWritableError(Ge2jitError):
+    """The kernel cache cannot store kernels (disabled, not writable, refused): a warm-up or a
+    bundle import would keep nothing."""
+
+
 class NvrtcError(Ge2jitError):
     """NVRTC could not be found or loaded, or a requested NVRTC library is unusable."""
 

@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ArgumentValueError, Ge2jitError
+from .errors import ArgumentValueError, CacheNotWritableError
 from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
 from .ops.gemm import warmup as gemm_warmup
@@ -173,11 +173,6 @@ def example() -> str:
     from importlib.resources import files
 
     return files("ge2jit").joinpath("data", "warmup.toml").read_text(encoding="utf-8")
-
-
-class CacheNotWritableError(Ge2jitError):
-    """The kernel cache cannot store kernels (disabled, not writable, refused): a warm-up would
-    keep nothing."""
 
 
 def _check_cache_writable() -> None:

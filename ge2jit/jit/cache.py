@@ -380,9 +380,9 @@ class KernelCache:
                 return None
             cap = get_settings().cache_max_size
             replaced = _file_bytes(path) if cap is not None else 0
-            _atomic_write(path, entry.to_bytes())
+            atomic_write(path, entry.to_bytes())
             if source is not None and get_settings().save_source:
-                _atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
+                atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
         except OSError as e:
             self._dirs.fall_back(e)
             return None
@@ -830,7 +830,7 @@ def _make_dirs(path: Path) -> None:
             pass
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory."""
     for attempt in range(3):
         _make_dirs(path.parent)

@@ -29,9 +29,9 @@ from ..jit.cache import (
     _DIR_FLAGS,
     CacheDirs,
     UntrustedFile,
-    _atomic_write,
     _own_files,
     _shards,
+    atomic_write,
     read_trusted,
     untrusted,
 )
@@ -179,7 +179,7 @@ class TuningDB:
         try:
             if not self._dirs.prepare(path.parent):
                 return None
-            _atomic_write(path, json.dumps(record, sort_keys=True, indent=1).encode())
+            atomic_write(path, json.dumps(record, sort_keys=True, indent=1).encode())
         except OSError as e:
             self._dirs.fall_back(e)
             return None

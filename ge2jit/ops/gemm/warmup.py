@@ -6,7 +6,7 @@ import itertools
 
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
-from .problem import PRECISIONS, SUPPORTED_DTYPES
+from .problem import MAX_K, MAX_MN, PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
     candidates,
@@ -39,8 +39,10 @@ BIAS = {"none": BiasKind.NONE, "scalar": BiasKind.SCALAR, "col": BiasKind.COL,
 LAYOUTS = {"rr", "rc", "cr", "cc"}
 C_LAYOUTS = {"none": None, "r": Layout.ROW, "c": Layout.COL}
 
-#: The largest M, N or K (and multiprocessor count) a kernel takes: sizes are 32-bit integers.
+#: The largest multiprocessor count (a 32-bit integer); sizes follow gemm_bias_act's limits.
 MAX_SIZE = 2**31 - 1
+SIZE_LIMITS = {"M": (MAX_MN, "2**31 - 2**16"), "N": (MAX_MN, "2**31 - 2**16"),
+               "K": (MAX_K, "2**31 - 1")}
 
 #: key -> (description of accepted values, default)
 KEYS = {
@@ -93,9 +95,10 @@ def check_shapes_and_machine(entry: dict, out: dict, keys: dict = KEYS,
         raise ArgumentValueError(f"shapes: expected {keys['shapes'][0]}, got {shapes!r}")
     for s in shapes:
         for name, size in zip("MNK", s):
-            if size > MAX_SIZE:
-                raise ArgumentValueError(f"shapes: {name} = {size} in {s}: sizes up to "
-                                         "2**31 - 1 are supported")
+            limit, text = SIZE_LIMITS[name]
+            if size > limit:
+                raise ArgumentValueError(f"shapes: {name} = {size} in {s}: at most {limit} "
+                                         f"({text}) is supported")
     out["shapes"] = [tuple(s) for s in shapes]
     sms = entry.get("sms")
     if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
@@ -183,7 +186,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                 BIAS[bias], save_z)
         tc = uses_tensor_cores(dtype, precision)
 
-        def variants(m, n, k):
+        def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype):
             return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize)
 
         choices = []  # (config, split, (m, n, k), alignment variants, from the heuristic)
