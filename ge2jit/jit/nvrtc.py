@@ -71,13 +71,15 @@ def _in_install_dir(path: str) -> bool:
 
 def _install_dirs() -> list[str]:
     """Directories that installed packages live in: this interpreter's site-packages (and the
-    user's), and the parents of the installed ``nvidia`` namespace package's folders that lie
-    in an install directory (a ``pip install --target`` directory on PYTHONPATH, a ``.pth``
-    line). ``sys.path`` itself is not searched: it starts with the working directory or the
-    script's directory, where anyone who can write a file could plant a library."""
+    user's), the absolute folders named in PYTHONPATH (the user's own choice, from which Python
+    imports code already: a ``pip install --target`` directory), and the parents of the
+    installed ``nvidia`` namespace package's folders that lie in an install directory (a
+    ``.pth`` line). ``sys.path`` itself is not searched: it starts with the working directory
+    or the script's directory, where anyone who can write a file could plant a library."""
     dirs = [*site.getsitepackages()]
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
+    dirs += [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(d)]
     untrusted = set()
     try:
         untrusted.add(os.path.realpath(os.getcwd()))
@@ -91,9 +93,10 @@ def _install_dirs() -> list[str]:
         spec = None
     for location in (spec.submodule_search_locations or []) if spec else []:
         parent = os.path.realpath(os.path.dirname(location))
-        if parent not in untrusted and _in_install_dir(parent):
+        if _in_install_dir(parent):
             dirs.append(parent)
-    return list(dict.fromkeys(os.path.realpath(d) for d in dirs if d and os.path.isdir(d)))
+    return list(dict.fromkeys(r for r in (os.path.realpath(d) for d in dirs if d)
+                              if r not in untrusted and os.path.isdir(r)))
 
 
 def _wheel_candidates() -> list[tuple[tuple[int, int], Path, str]]:

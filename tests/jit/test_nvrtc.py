@@ -150,10 +150,13 @@ def test_ge2jit_nvrtc_is_the_reason():
     assert r.stdout.strip() == "GE2JIT_NVRTC"
 
 
-@pytest.mark.parametrize("folder, used", [("deps/site-packages", True), ("deps", False)])
+@pytest.mark.parametrize("folder, used", [("deps/site-packages", True), ("deps", True),
+                                          ("relative", False), ("cwd", False)])
 def test_wheels_on_pythonpath_count_in_an_install_directory(tmp_path, folder, used):
-    """A ``pip install --target`` directory (or a .pth line) named site-packages is searched;
-    any other folder on the path is not."""
+    """An absolute folder named in PYTHONPATH (a ``pip install --target`` directory) is
+    searched; a relative entry, or one that is the working directory, is not."""
+    if folder == "cwd":
+        folder = "."
     real = ge2jit.nvrtc_info().path
     lib = tmp_path / folder / "nvidia" / "cu99" / "lib"
     lib.mkdir(parents=True)
@@ -164,9 +167,10 @@ def test_wheels_on_pythonpath_count_in_an_install_directory(tmp_path, folder, us
                                                                         builtins))
             break
     env = {k: v for k, v in os.environ.items() if k != "GE2JIT_NVRTC"}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path / folder)])
+    entry = folder if folder == "relative" else str(tmp_path / folder)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, entry])
     r = subprocess.run([sys.executable, "-c", "import ge2jit; print(ge2jit.nvrtc_info().reason)"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    wanted = f"nvidia-cuda-nvrtc 99.9 wheel in {tmp_path / folder}"
+    wanted = f"nvidia-cuda-nvrtc 99.9 wheel in {os.path.realpath(tmp_path / folder)}"
     assert (r.stdout.strip() == wanted) is used, r.stdout
