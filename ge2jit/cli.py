@@ -81,6 +81,8 @@ def _cache_info(args) -> int:
 
     info = default_cache().info()
     print(f"location:  {info['location']}")
+    for shared in info["read_only_locations"]:   # looked up after the first, never written
+        print(f"read-only: {shared}")
     bad = info["unreadable_entries"]
     print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
     cap = info["max_size_bytes"]

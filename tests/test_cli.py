@@ -278,6 +278,10 @@ def test_cache_info_list_prune_clear(tmp_path):
     info = ge2jit(["cache", "info"], cache)
     assert info.returncode == 0 and f"location:  {cache}" in info.stdout
     assert "entries:   6" in info.stdout and "NVRTC:     NVRTC" in info.stdout
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    info = ge2jit(["cache", "info"], cache, env={"GE2JIT_CACHE_DIR": f"{cache}:{shared}"})
+    assert f"location:  {cache}\nread-only: {shared}\n" in info.stdout
     listing = ge2jit(["cache", "list"], cache).stdout
     assert "gemm_f32_rr_64x64x8_w32x32_s3" in listing and "sm_80" in listing
     # make one entry old: --older-than removes it alone
