@@ -19,12 +19,12 @@ from .jit.sass import dump_sass, instruction_mix
 from .jit.spec import KernelSpec
 from .ops.gemm.problem import (
     SUPPORTED_DTYPES,
-    _dtype_name,
     check_act,
     check_out_dtype,
     check_precision,
+    dtype_name,
 )
-from .ops.gemm.select import Choice, kernel_set, parse_config, uses_tensor_cores
+from .ops.gemm.select import Choice, check_config, kernel_set, parse_config
 from .ops.gemm.spec import (
     BiasKind,
     DType,
@@ -191,7 +191,7 @@ def config_info(config, *, arch: str | None = None, dtype="float32", act: str = 
     cfg, split = parse_config(config)
     choice = Choice(cfg, split)
     arch = _arch(arch, gpu_count() > 0)
-    name = _dtype_name(dtype)
+    name = dtype_name(dtype)
     if name not in SUPPORTED_DTYPES:
         raise ArgumentValueError(f"dtype: expected one of {', '.join(SUPPORTED_DTYPES)}, got "
                                  f"{dtype!r}")
@@ -199,7 +199,7 @@ def config_info(config, *, arch: str | None = None, dtype="float32", act: str = 
     if bias_dtype is None:
         bias_dt = dt
     else:
-        bias_dt = SUPPORTED_DTYPES.get(_dtype_name(bias_dtype))
+        bias_dt = SUPPORTED_DTYPES.get(dtype_name(bias_dtype))
         if bias_dt not in (dt, DType.F32):
             raise ArgumentValueError(
                 f"bias_dtype: expected {' or '.join(sorted({name, 'float32'}))} (dtype is "
@@ -215,17 +215,10 @@ def config_info(config, *, arch: str | None = None, dtype="float32", act: str = 
             raise ArgumentTypeError(f"{flag}: expected True or False, got {value!r}")
     out_dt = check_out_dtype(out_dtype, dt, None)
     prec = check_precision(precision, dt)
-    if isinstance(cfg, (MmaConfig, WgmmaConfig)) and not uses_tensor_cores(dt, prec):
-        raise ArgumentValueError(
-            f"config: {cfg.name} runs on the tensor cores: float32 inputs need "
-            f"precision='tf32' or 'tf32x3' (or dtype='bfloat16' or 'float16')")
+    check_config(cfg, arch, dt, prec, who="arch", target="the arch asked for")
     aligns = (16, 16, 16) if aligned else (dt.itemsize, dt.itemsize, out_dt.itemsize)
     ks = kernel_set(dt, Layout(layouts[0]), Layout(layouts[1]), layout_c, act_, bias_kind,
                     save_preact, cfg, split, _INSPECT_K, aligns, out_dt, dt, bias_dt, prec)
-    if not ks.main.supports_arch(arch):
-        need = "sm_90 (Hopper)" if choice.family == "wgmma" else "sm_80 or newer"
-        raise ArgumentValueError(f"arch: {cfg.name} is a {choice.family} config, which runs on "
-                                 f"{need}; got {arch!r}")
     extra = {"config": choice.name}
     others = [s.kernel_name for s in ks.specs if s is not ks.main]
     if others:

@@ -26,10 +26,6 @@ class KernelSpec:
         """Extra NVRTC options this kernel needs (beyond the architecture)."""
         return ()
 
-    def supports_arch(self, arch: str) -> bool:
-        """Whether this kernel can be compiled for ``arch`` ('sm_80', 'sm_90a', ...)."""
-        return True
-
     def target_arch(self, device_arch: str) -> str:
         """The architecture to compile for on a device of ``device_arch``: the plain one
         ('sm_90a' -> 'sm_90'), except for kernels that use architecture-specific instructions,

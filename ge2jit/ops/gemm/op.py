@@ -27,17 +27,15 @@ from .select import (
     KernelSet,
     alignment,
     candidates,
+    check_config,
     heuristic,
     kernel_set,
     parse_config,
     resolve,
-    uses_tensor_cores,
 )
 from .spec import (
     Act,
     Layout,
-    MmaConfig,
-    PipelineConfig,
     WgmmaConfig,
     WgmmaGemmSpec,
 )
@@ -306,19 +304,7 @@ def _tuning_key(p: Problem, arch: str) -> dict:
 
 def _kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> KernelSet:
     cfg = choice.config
-    if isinstance(cfg, WgmmaConfig) and _arch_number(p.device_id) != 90:
-        raise ArgumentValueError(
-            f"config: {cfg.name} is a Hopper (wgmma, sm_90a) config; this GPU is "
-            f"{device_arch(p.device_id)}")
-    if isinstance(cfg, (PipelineConfig, MmaConfig)) and _arch_number(p.device_id) < 80:
-        raise ArgumentValueError(
-            f"config: {cfg.name} is a {choice.family} (cp.async) config, which needs sm_80 "
-            f"or newer; this GPU is {device_arch(p.device_id)}")
-    if isinstance(cfg, (MmaConfig, WgmmaConfig)) and not uses_tensor_cores(p.dtype,
-                                                                           p.precision):
-        raise ArgumentValueError(
-            f"config: {cfg.name} runs on the tensor cores; float32 inputs use them only with "
-            f"precision='tf32' or 'tf32x3'")
+    check_config(cfg, device_arch(p.device_id), p.dtype, p.precision, target="this GPU")
     return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
                       cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype,
                       p.precision, p.gate, bool(p.gate_from_y), bool(p.bgrad))

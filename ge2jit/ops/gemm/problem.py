@@ -49,7 +49,7 @@ def check_dtype(x, name: str) -> DType:
     return dt
 
 
-def _dtype_name(x) -> str | None:
+def dtype_name(x) -> str | None:
     """'float32' for 'float32', numpy.float32, cupy.float32, numpy.dtype('float32'),
     ml_dtypes.bfloat16, ...; None when ``x`` names no dtype."""
     if isinstance(x, str):
@@ -73,7 +73,7 @@ def check_out_dtype(out_dtype, dtype: DType, out) -> DType:
             raise ArgumentValueError(f"out: expected dtype {text} (a and b are "
                                      f"{dtype.numpy_name}), got {out.dtype}")
         return SUPPORTED_DTYPES[name]
-    name = _dtype_name(out_dtype)
+    name = dtype_name(out_dtype)
     if name not in allowed:
         raise ArgumentValueError(f"out_dtype: expected {text} (a and b are {dtype.numpy_name}),"
                                  f" got {out_dtype!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...errors import ArgumentTypeError, ArgumentValueError
+from ...jit.nvrtc import arch_number as number_of_arch
 from .spec import (
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
@@ -100,6 +101,26 @@ def parse_config(config) -> tuple[PipelineConfig | MmaConfig | WgmmaConfig | Til
 
 def uses_tensor_cores(dtype: DType, precision: Precision = Precision.IEEE) -> bool:
     return dtype is not DType.F32 or precision is not Precision.IEEE
+
+
+def check_config(config, arch: str, dtype: DType, precision: Precision, *,
+                 who: str = "config", target: str = "the target") -> None:
+    """Refuse, in one line, a config that cannot run on ``arch`` (``sm_XX``) for these inputs.
+
+    ``who`` names the argument at fault (the config of a call on a GPU, the arch asked of
+    ``inspect``) and ``target`` what ``arch`` is ("this GPU")."""
+    number = number_of_arch(arch)
+    family = Choice(config, 1, "").family
+    need = ("sm_90 (Hopper)" if isinstance(config, WgmmaConfig) and number != 90 else
+            "sm_80 or newer" if isinstance(config, (PipelineConfig, MmaConfig)) and number < 80
+            else None)
+    if need is not None:
+        raise ArgumentValueError(f"{who}: {config.name} is a {family} config, which runs on "
+                                 f"{need}; {target} is {arch}")
+    if isinstance(config, (MmaConfig, WgmmaConfig)) and not uses_tensor_cores(dtype, precision):
+        raise ArgumentValueError(
+            f"config: {config.name} runs on the tensor cores: float32 inputs need "
+            f"precision='tf32' or 'tf32x3' (or bfloat16 or float16 inputs)")
 
 
 def wgmma_configs(precision: Precision) -> tuple[WgmmaConfig, ...]:

@@ -397,9 +397,6 @@ class CpAsyncKernel:
     """Mixin of the kernel families with a cp.async pipeline and a ``config``: sm_80 or newer,
     one block of ``config.threads`` threads."""
 
-    def supports_arch(self, arch: str) -> bool:
-        return arch_number(arch) >= 80
-
     @property
     def threads(self) -> int:
         return self.config.threads
@@ -804,9 +801,6 @@ class WgmmaGemmSpec(GemmKernelSpec):
     def tma_store(self) -> bool:
         """16-bit Y (and Z) leave shared memory by TMA stores; the kernel takes their maps."""
         return self.store16 and self.out_dtype.itemsize == 2
-
-    def supports_arch(self, arch: str) -> bool:
-        return arch_number(arch) == 90
 
     def target_arch(self, device_arch: str) -> str:
         return f"sm_{arch_number(device_arch)}a"

@@ -5,8 +5,22 @@ from __future__ import annotations
 import pytest
 
 from ge2jit.errors import ArgumentValueError
-from ge2jit.ops.gemm.select import FALLBACK_TILE, Choice, candidates, heuristic, parse_config
-from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, SIMT_F32_TILES, PipelineConfig, TileConfig
+from ge2jit.ops.gemm.select import (
+    FALLBACK_TILE,
+    Choice,
+    candidates,
+    check_config,
+    heuristic,
+    parse_config,
+)
+from ge2jit.ops.gemm.spec import (
+    PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
+    DType,
+    PipelineConfig,
+    Precision,
+    TileConfig,
+)
 
 
 def test_parse_config_names():
@@ -244,3 +258,21 @@ def test_hopper_split_k_specs_and_names():
     few = [s for c, s in candidates(256, 256, 8192, 90, DType.BF16) if c == cfg]
     many = [s for c, s in candidates(8192, 8192, 8192, 90, DType.BF16) if c == cfg]
     assert few == [1, 2, 4] and many == [1]
+
+
+@pytest.mark.parametrize("name, arch, dtype, precision, start", [
+    ("wgmma_128x256_s4", "sm_80", DType.BF16, Precision.IEEE,
+     "config: wgmma_128x256_s4 is a wgmma config, which runs on sm_90 (Hopper); this GPU is sm_80"),
+    ("mma_128x128x32_w64x64_s4", "sm_75", DType.F16, Precision.IEEE,
+     "config: mma_128x128x32_w64x64_s4 is a mma config, which runs on sm_80 or newer"),
+    ("128x128x16_w32x64_s3", "sm_75", DType.F32, Precision.IEEE,
+     "config: 128x128x16_w32x64_s3 is a pipelined config, which runs on sm_80 or newer"),
+    ("mma_128x128x32_w64x64_s4", "sm_90", DType.F32, Precision.IEEE,
+     "config: mma_128x128x32_w64x64_s4 runs on the tensor cores: float32 inputs need"),
+])
+def test_check_config_refuses_in_one_line(name, arch, dtype, precision, start):
+    cfg, _ = parse_config(name)
+    with pytest.raises(ArgumentValueError) as e:
+        check_config(cfg, arch, dtype, precision, target="this GPU")
+    assert str(e.value).startswith(start) and "\n" not in str(e.value)
+    check_config(cfg, "sm_90", DType.BF16, Precision.IEEE)      # runs there: no error
