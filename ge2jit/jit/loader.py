@@ -122,9 +122,3 @@ def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
                          function=function, max_threads=max_threads)
         table[spec] = k
         return k
-
-
-def clear_loaded() -> None:
-    """Drop every loaded kernel of this process (the disk cache is untouched)."""
-    with _lock:
-        _tables.clear()

@@ -8,27 +8,7 @@ from enum import Enum
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
 from ...jit.spec import KernelSpec
-
-
-class DType(Enum):
-    """Element type of an operand or output as it is stored in memory."""
-
-    F32 = "f32"
-    F16 = "f16"
-    BF16 = "bf16"
-
-    @property
-    def itemsize(self) -> int:
-        return 4 if self is DType.F32 else 2
-
-    @property
-    def ctype(self) -> str:
-        """The type the kernel templates use for it (``common/types.cuh``)."""
-        return {"f32": "float", "f16": "f16_t", "bf16": "bf16_t"}[self.value]
-
-    @property
-    def numpy_name(self) -> str:
-        return {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[self.value]
+from ...runtime.dtypes import DType
 
 
 class Precision(Enum):

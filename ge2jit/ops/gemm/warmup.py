@@ -6,6 +6,7 @@ import itertools
 
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
+from ...runtime.tables import check_keys, check_list
 from .problem import MAX_K, MAX_MN, PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
@@ -65,24 +66,6 @@ KEYS = {
 }
 
 
-def check_list(entry: dict, key: str, allowed, keys: dict = KEYS) -> list:
-    """``entry[key]`` (or its default in ``keys``): a non-empty list of ``allowed`` values
-    (booleans only where booleans are allowed)."""
-    value = entry.get(key, keys[key][1])
-    allowed = list(allowed)
-    if not isinstance(value, list) or not value or any(
-            isinstance(v, bool) != isinstance(allowed[0], bool) or v not in allowed
-            for v in value):
-        raise ArgumentValueError(f"{key}: expected {keys[key][0]}, got {value!r}")
-    return value
-
-
-def check_keys(entry: dict, keys: dict = KEYS) -> None:
-    for key in entry:
-        if key not in keys:
-            raise ArgumentValueError(f"{key}: unknown key; accepted keys: {', '.join(keys)}")
-
-
 def check_shapes_and_machine(entry: dict, out: dict, keys: dict = KEYS,
                              required: bool = False) -> dict:
     """``shapes`` (a list of [M, N, K]; at least one when ``required``), ``sms`` and
@@ -116,17 +99,17 @@ def check_shapes_and_machine(entry: dict, out: dict, keys: dict = KEYS,
 
 def validate_entry(entry: dict) -> dict:
     """Check one [[gemm_bias_act]] table; raise ArgumentValueError naming the key."""
-    check_keys(entry)
+    check_keys(entry, KEYS)
     out = {
-        "dtypes": check_list(entry, "dtypes", DTYPES),
-        "out_dtypes": check_list(entry, "out_dtypes", ("input", "float32")),
-        "bias_dtypes": check_list(entry, "bias_dtypes", ("input", "float32")),
-        "c_dtypes": check_list(entry, "c_dtypes", ("input", "float32")),
-        "acts": check_list(entry, "acts", ACT_NAMES),
-        "bias": check_list(entry, "bias", BIAS),
-        "layouts": check_list(entry, "layouts", LAYOUTS),
-        "c": check_list(entry, "c", C_LAYOUTS),
-        "save_preact": check_list(entry, "save_preact", (True, False)),
+        "dtypes": check_list(entry, "dtypes", DTYPES, KEYS),
+        "out_dtypes": check_list(entry, "out_dtypes", ("input", "float32"), KEYS),
+        "bias_dtypes": check_list(entry, "bias_dtypes", ("input", "float32"), KEYS),
+        "c_dtypes": check_list(entry, "c_dtypes", ("input", "float32"), KEYS),
+        "acts": check_list(entry, "acts", ACT_NAMES, KEYS),
+        "bias": check_list(entry, "bias", BIAS, KEYS),
+        "layouts": check_list(entry, "layouts", LAYOUTS, KEYS),
+        "c": check_list(entry, "c", C_LAYOUTS, KEYS),
+        "save_preact": check_list(entry, "save_preact", (True, False), KEYS),
     }
     configs = entry.get("configs", "all")
     if configs in ("all", "heuristic"):

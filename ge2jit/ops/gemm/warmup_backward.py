@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 
 from ...errors import ArgumentValueError
+from ...runtime.tables import check_keys, check_list
 from . import warmup
 from .backward import _CHUNK, _pass_shape
 from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
@@ -38,12 +39,12 @@ TYPES = ("input", "float32")
 
 
 def _check_list(entry: dict, key: str, allowed) -> list:
-    return warmup.check_list(entry, key, allowed, KEYS)
+    return check_list(entry, key, allowed, KEYS)
 
 
 def validate_entry(entry: dict) -> dict:
     """Check one [[gemm_bias_act_backward]] table; raise ArgumentValueError naming the key."""
-    warmup.check_keys(entry, KEYS)
+    check_keys(entry, KEYS)
     out = {
         "dtypes": _check_list(entry, "dtypes", warmup.DTYPES),
         "acts": _check_list(entry, "acts", ACT_NAMES),

@@ -12,8 +12,8 @@ from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
 from ...jit.spec import KernelSpec
-from ..gemm.problem import _cupy, check_array, check_scalar, check_shaped
-from ..gemm.spec import DType
+from ...runtime.checks import _cupy, check_array, check_scalar, check_shaped
+from ...runtime.dtypes import DType
 
 __all__ = ["UpdateSpec", "adam_update", "sgd_update"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from ..gemm import warmup as gemm_warmup
-from ..gemm.problem import SUPPORTED_DTYPES
+from ...runtime.dtypes import SUPPORTED_DTYPES
+from ...runtime.tables import check_keys, check_list
 from . import UpdateSpec
 
 COPIES = {"none": None, **SUPPORTED_DTYPES}
@@ -33,8 +33,8 @@ class _Table:
 
     def validate_entry(self, entry: dict) -> dict:
         """Check one table; raise ArgumentValueError naming the key."""
-        gemm_warmup.check_keys(entry, self.KEYS)
-        return {key: gemm_warmup.check_list(entry, key, allowed, self.KEYS)
+        check_keys(entry, self.KEYS)
+        return {key: check_list(entry, key, allowed, self.KEYS)
                 for key, allowed in (("grad_dtypes", SUPPORTED_DTYPES),
                                      ("copy_dtypes", COPIES),
                                      *((("nesterov", [False, True]),) if self.rule == "sgd"

@@ -11,14 +11,17 @@ from ge2jit.ops.gemm import problem
 from ge2jit.ops.gemm.problem import layout_of, validate
 from ge2jit.ops.gemm.spec import ACT_NAMES, Act, BiasKind, DType, Layout, Precision
 
-from .fake_cupy import FakeArray, make_module
+from ...fake_cupy import FakeArray, make_module
 
 M, K, N = 6, 5, 7
 
 
 @pytest.fixture(autouse=True)
 def fake_cupy(monkeypatch):
-    monkeypatch.setattr(problem, "_cupy", lambda: make_module(0))
+    from ge2jit.runtime import checks
+
+    for module in (problem, checks):   # the op's checks and the shared kit's
+        monkeypatch.setattr(module, "_cupy", lambda: make_module(0))
 
 
 def ok(**kw):
@@ -339,25 +342,6 @@ def test_backward_refuses_bad_a_bias():
                      a_bias=FakeArray((1, K), np.float16))
     backward_refused("a_bias: expected a cupy.ndarray", TypeError, a_act="relu",
                      a_bias=np.zeros(K, np.float32))
-
-
-def test_optimizer_steps_refuse_bad_arguments():
-    p, z = FakeArray((4, 3)), FakeArray((4, 3))
-    with pytest.raises(ValueError, match="step: expected an int >= 1"):
-        ge2jit.adam_update(p, p, z, z, step=0)
-    with pytest.raises(ValueError, match="betas: expected two floats"):
-        ge2jit.adam_update(p, p, z, z, step=1, betas=(0.9,))
-    with pytest.raises(ValueError,
-                       match=r"grad: expected shape \(4, 3\) \(param's\), got \(2, 3\)"):
-        ge2jit.adam_update(p, FakeArray((2, 3)), z, z, step=1)
-    with pytest.raises(ValueError, match="param: expected dtype float32, got float16"):
-        ge2jit.sgd_update(FakeArray((4, 3), np.float16), p, z, lr=0.1)
-    with pytest.raises(ValueError, match="momentum_buffer: expected dtype float32"):
-        ge2jit.sgd_update(p, p, FakeArray((4, 3), np.float16), lr=0.1)
-    with pytest.raises(TypeError, match="lr: expected a real number"):
-        ge2jit.sgd_update(p, p, z, lr="fast")
-    with pytest.raises(ValueError, match="momentum_buffer: expected a C-contiguous array"):
-        ge2jit.sgd_update(p, p, FakeArray((3, 4)).T, lr=0.1)
 
 
 # ---- sizes, strides and pointers the kernels cannot take are refused, never rounded ------------

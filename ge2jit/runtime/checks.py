@@ -1,0 +1,109 @@
+"""Checks of an op's array and scalar arguments, shared by every op: each raises one line that
+names the argument, what was expected and what came."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
+from .dtypes import SUPPORTED_DTYPES, SUPPORTED_TEXT, DType
+
+
+def _cupy():
+    from .._deps import require_cupy
+
+    return require_cupy()
+
+
+def check_array(x, name: str):
+    """``x`` must be a CuPy ndarray; a NumPy array gets a hint to move it."""
+    cp = _cupy()
+    if isinstance(x, cp.ndarray):
+        return x
+    if isinstance(x, np.ndarray):
+        raise ArgumentTypeError(
+            f"{name}: expected a cupy.ndarray on the GPU, got a numpy.ndarray of shape "
+            f"{x.shape}; move it to the GPU with cupy.asarray({name})"
+        )
+    raise ArgumentTypeError(f"{name}: expected a cupy.ndarray, got {type(x).__name__}")
+
+
+def check_dtype(x, name: str) -> DType:
+    dt = SUPPORTED_DTYPES.get(x.dtype.name)
+    if dt is None:
+        raise ArgumentValueError(
+            f"{name}: dtype {x.dtype} is not supported; supported dtypes: {SUPPORTED_TEXT}"
+        )
+    return dt
+
+
+def check_aligned(x, name: str) -> None:
+    """The kernels read and write whole elements: ``x``'s pointer and every stride that is
+    used (a dimension longer than 1) must be multiples of its item size. (A view at an odd
+    byte offset of a larger buffer would fault or be read rounded down, never right.)"""
+    item = x.itemsize
+    if x.size == 0:
+        return
+    if x.data.ptr % item:
+        raise ArgumentValueError(
+            f"{name}: expected a pointer aligned to its {item}-byte elements, got one "
+            f"{x.data.ptr % item} bytes past that; pass an aligned array (a copy: "
+            f"cupy.ascontiguousarray({name}) will not fix the pointer, cupy.array({name}) does)")
+    for size, stride in zip(x.shape, x.strides):
+        if size > 1 and stride % item:
+            raise ArgumentValueError(
+                f"{name}: expected strides that are multiples of its {item}-byte elements, got "
+                f"strides {x.strides} (bytes); pass cupy.array({name})")
+
+
+def check_shaped(x, name: str, shape: tuple, shape_text: str,
+                  allowed: tuple[DType, ...]) -> DType:
+    """``x`` must be a CuPy array of ``shape`` (``shape_text`` says whose) with a dtype in
+    ``allowed``; returns its DType."""
+    check_array(x, name)
+    if x.shape != shape:
+        raise ArgumentValueError(f"{name}: expected shape {shape} {shape_text}, got {x.shape}")
+    dt = check_dtype(x, name)
+    if dt not in allowed:
+        names = " or ".join(sorted({d.numpy_name for d in allowed}))
+        raise ArgumentValueError(f"{name}: expected dtype {names}, got {x.dtype}")
+    check_aligned(x, name)
+    return dt
+
+
+def check_scalar(x, name: str) -> float:
+    """A real number that a double holds (the kernels take their scalars as doubles)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise ArgumentTypeError(f"{name}: expected a real number, got {x!r}")
+    try:
+        return float(x)
+    except OverflowError:
+        raise ArgumentValueError(f"{name}: expected a real number within float64's range "
+                                 f"(magnitude below about 1.8e308), got a {type(x).__name__} "
+                                 "beyond it") from None
+
+
+def check_same_device(arrays: dict, device_id: int) -> None:
+    for name, x in arrays.items():
+        if x is not None and x.data.device_id != device_id:
+            raise DeviceMismatchError(
+                f"{name}: expected an array on the current device (GPU {device_id}), got one on "
+                f"GPU {x.data.device_id}; move it with cupy.asarray inside "
+                f"`with cupy.cuda.Device({device_id}):` or switch devices"
+            )
+
+
+def byte_span(x) -> tuple[int, int]:
+    """[first byte, one past the last byte] an array can touch."""
+    lo = hi = x.data.ptr
+    for size, stride in zip(x.shape, x.strides):
+        if size == 0:
+            return lo, lo
+        d = (size - 1) * stride
+        if d < 0:
+            lo += d
+        else:
+            hi += d
+    return lo, hi + x.itemsize
