@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .errors import CacheNotWritableError, CacheWarning, Ge2jitError
-from .jit.cache import MAX_ENTRY_BYTES, CacheEntry, atomic_write, default_cache
+from .jit.cache import MAX_ENTRY_BYTES, CacheEntry, default_cache
 from .jit.nvrtc import nvrtc_info
 from .tune.db import MAX_RECORD_BYTES, TuningDB, default_db, validate_record
 
@@ -148,12 +148,15 @@ def import_bundle(path: str | Path) -> BundleSummary:
             for done, (info, key, sha256) in enumerate(kernels):
                 # read and checked again: the bundle is not held in memory between the passes
                 blob = _read(z, info, MAX_KERNEL_BYTES, path, expected=sha256)
-                try:
-                    atomic_write(cache.path_for(key), blob)
-                except OSError as e:
+                with warnings.catch_warnings(record=True) as caught:  # the reason: the error's
+                    warnings.simplefilter("always", CacheWarning)
+                    stored = cache.store(key, blob)
+                if stored is None:
+                    why = next((str(w.message) for w in caught),
+                               "larger than GE2JIT_CACHE_MAX_SIZE")
                     raise CacheNotWritableError(
-                        f"the kernel cache could not store {info.filename} ({_reason(e)}); "
-                        f"{done} of {len(kernels)} kernels were imported") from None
+                        f"the kernel cache could not store {info.filename} ({why}); "
+                        f"{done} of {len(kernels)} kernels were imported")
     except (OSError, zipfile.BadZipFile) as e:  # the bundle file itself; not the cache's
         raise BundleError(f"{path}: not a readable ge2jit bundle ({_reason(e)})") from None
     for done, record in enumerate(records):

@@ -333,3 +333,25 @@ def test_tuning_records_are_validated_before_anything_is_imported(good, tmp_path
     bad = _zip(tmp_path / "bad.zip", _with_member(members, name, json.dumps(record).encode()))
     _refused(bad, "damaged tuning record", name, *words)
     assert not (tmp_path / "dst").exists() or not list((tmp_path / "dst").rglob("*.json"))
+
+
+def test_import_writes_by_the_cache_rules_never_through_a_symlinked_shard(good, tmp_path):
+    from ge2jit.errors import CacheNotWritableError
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    dst = tmp_path / "dst"
+    dst.mkdir(exist_ok=True)
+    for i in range(256):   # whichever shard the bundle's kernels fall in
+        (dst / f"{i:02x}").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(CacheNotWritableError, match="a symlink"):
+        import_bundle(good)
+    assert list(victim.iterdir()) == []
+
+
+def test_import_holds_the_size_cap(good, tmp_path, monkeypatch):
+    monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1000")   # about two of the three entries
+    reload_settings()
+    import_bundle(good)
+    total = sum(p.stat().st_size for p in (tmp_path / "dst").glob("??/*.cubin"))
+    assert 0 < total <= 1000

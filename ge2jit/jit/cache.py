@@ -374,13 +374,20 @@ class KernelCache:
         """Store ``entry`` in the first directory; returns its path, or None when it is kept in
         memory only (the disk cache is disabled, refused or unwritable)."""
         self._memory[entry.key] = entry
-        path = self.path_for(entry.key)
+        return self.store(entry.key, entry.to_bytes(), source)
+
+    def store(self, key: str, data: bytes, source: str | None = None) -> Path | None:
+        """Write one entry's bytes (as ``CacheEntry.to_bytes`` makes them) under ``key`` in the
+        first directory, by the directory rules and within the size cap, keeping no copy in
+        memory; returns the path, or None when they are not on disk (the directory is
+        refused or unwritable, with one warning; or the entry alone exceeds the cap)."""
+        path = self.path_for(key)
         try:
             if not self._dirs.prepare(path.parent):
                 return None
             cap = get_settings().cache_max_size
             replaced = _file_bytes(path) if cap is not None else 0
-            atomic_write(path, entry.to_bytes())
+            atomic_write(path, data)
             if source is not None and get_settings().save_source:
                 atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
         except OSError as e:
