@@ -240,6 +240,7 @@ def host_time_us(calls: int = 20000) -> dict:
     out = cp.empty((64, 64), dtype=cp.float32)
     noop = cp.RawKernel('extern "C" __global__ void noop(float* x) {}', "noop")
     from ge2jit.ops.gemm import op
+    from ge2jit.runtime.arrays import CUPY
 
     dev = cp.cuda.runtime.getDevice()
     cases = {
@@ -248,16 +249,16 @@ def host_time_us(calls: int = 20000) -> dict:
         "cupy.matmul": lambda: cp.matmul(a, b, out=out),
         "cupy.RawKernel (empty kernel)": lambda: noop((1,), (32,), (out,)),
         # pieces of ge2jit's cached path, to see where its time goes
-        "  part: call signature": lambda: op._signature(a, b, bias, "gelu", None, 1.0, 0.0, 0.01,
-                                                      False, out, None, None, False, dev, None,
-                                                      None),
+        "  part: call signature": lambda: op._signature(CUPY, a, b, bias, "gelu", None, 1.0, 0.0,
+                                                      0.01, False, out, None, None, False, dev,
+                                                      None, None),
         "  part: cupy.ndarray((64, 64))": lambda: cp.ndarray((64, 64), np.float32),
         "  part: get_current_stream().ptr": lambda: cp.cuda.get_current_stream().ptr,
         "  part: getDevice()": cp.cuda.runtime.getDevice,
     }
     ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out)
-    plan = op._fast[op._signature(a, b, bias, "gelu", None, 1.0, 0.0, 0.01, False, out, None,
-                                  None, False, dev, None, None)].plan
+    plan = op._fast.get(op._signature(CUPY, a, b, bias, "gelu", None, 1.0, 0.0, 0.01, False,
+                                      out, None, None, False, dev, None, None)).plan
     stream_ptr = cp.cuda.get_current_stream().ptr
     args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
             64, 64, 64, 1.0, 0.0, 0.01, stream_ptr)

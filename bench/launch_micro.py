@@ -45,7 +45,27 @@ def main():
                        0.0, 0.01, 1)
         one((1,), (128,), (blob,))
 
+    # the `extra` form: one buffer of all parameters (CU_LAUNCH_PARAM_BUFFER_POINTER = 1,
+    # CU_LAUNCH_PARAM_BUFFER_SIZE = 2, CU_LAUNCH_PARAM_END = 0)
+    size = np.array([152], np.uintp)
+    extra = np.array([1, vals.ctypes.data, 2, size.ctypes.data, 0], np.uintp)
+    extra_ptr, ptrs_ptr = extra.ctypes.data, ptrs.ctypes.data
+    one_ptr = one.kernel.ptr
+    stream = cp.cuda.get_current_stream().ptr
+
+    def extra_path():
+        pack.pack_into(vals, 0, ptr, 1, ptr, 2, 0, 0, ptr, 1, ptr, 3, 0, 0, 64, 64, 64, 1.0, 0.0,
+                       0.01, 1)
+        launch(many_ptr, 1, 1, 1, 128, 1, 1, 0, stream, 0, extra_ptr)
+
     cases = {
+        "driver.launchKernel alone, 19 params (pre-packed)":
+            lambda: launch(many_ptr, 1, 1, 1, 128, 1, 1, 0, stream, ptrs_ptr, 0),
+        "driver.launchKernel alone, extra buffer (pre-packed)":
+            lambda: launch(many_ptr, 1, 1, 1, 128, 1, 1, 0, stream, 0, extra_ptr),
+        "driver.launchKernel alone, one 152-byte struct param":
+            lambda: launch(one_ptr, 1, 1, 1, 128, 1, 1, 0, stream, ptrs_ptr, 0),
+        "pack + driver.launchKernel, extra buffer": extra_path,
         "Function.__call__, 19 Python args": lambda: many((1,), (128,), args),
         "pack + driver.launchKernel, 19 params": driver_path,
         "pack + Function.__call__, one 152-byte struct": struct_path,

@@ -11,6 +11,16 @@ from ..errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from .dtypes import SUPPORTED_DTYPES, SUPPORTED_TEXT, DType
 
 
+def not_an_array(x, name: str) -> ArgumentTypeError:
+    """The error for an argument that is no GPU array (a NumPy array gets a hint)."""
+    what = ("expected a GPU array (cupy.ndarray, torch.Tensor on a CUDA device, or an object "
+            "with __cuda_array_interface__)")
+    if isinstance(x, np.ndarray):
+        return ArgumentTypeError(f"{name}: {what}, got a numpy.ndarray of shape {x.shape}; move "
+                                 f"it to the GPU with cupy.asarray({name})")
+    return ArgumentTypeError(f"{name}: {what}, got {type(x).__name__}")
+
+
 def _cupy():
     from .._deps import require_cupy
 
@@ -18,16 +28,12 @@ def _cupy():
 
 
 def check_array(x, name: str):
-    """``x`` must be a CuPy ndarray; a NumPy array gets a hint to move it."""
+    """``x`` must be a CuPy ndarray (ops read other frameworks' arrays through CuPy views,
+    ``runtime.arrays``); a NumPy array gets a hint to move it."""
     cp = _cupy()
     if isinstance(x, cp.ndarray):
         return x
-    if isinstance(x, np.ndarray):
-        raise ArgumentTypeError(
-            f"{name}: expected a cupy.ndarray on the GPU, got a numpy.ndarray of shape "
-            f"{x.shape}; move it to the GPU with cupy.asarray({name})"
-        )
-    raise ArgumentTypeError(f"{name}: expected a cupy.ndarray, got {type(x).__name__}")
+    raise not_an_array(x, name)
 
 
 def check_dtype(x, name: str) -> DType:

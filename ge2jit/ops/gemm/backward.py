@@ -15,6 +15,8 @@ import numpy as np
 from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
+from ...runtime.arrays import call_arguments, framework_of_type, views
+from ...runtime.prepared import PreparedCalls
 from . import op, problem
 from .op import gemm_bias_act
 from .problem import check_shaped, validate
@@ -26,8 +28,7 @@ _DBIAS_PARAMS = "<QqqQq"
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _GRID_Y_MAX = 65535
 _launchers: dict[tuple, Launcher] = {}
-_prepared: dict = {}
-_PREPARED_MAX = 256
+_prepared = PreparedCalls("gemm_bias_act_backward", 256)
 
 
 class Gradients(NamedTuple):
@@ -55,24 +56,19 @@ def _check_mn(x, name: str, m: int, n: int, allowed: tuple[DType, ...]) -> DType
     return dt
 
 
-def _signature(gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision, a_act, a_z,
-               a_slope, a_bias):
+def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision, a_act,
+               a_z, a_slope, a_bias):
     """Everything validation depends on, except pointers. Raises AttributeError or TypeError
-    for arguments that are not CuPy arrays (or unhashable ones)."""
-    def arr(x):
-        return None if x is None else (x.shape, x.strides, x.dtype, x.data.device_id,
-                                       x.data.ptr & 15)
+    for arguments that are not ``fw``'s arrays (or unhashable ones)."""
+    key = fw.key
 
-    return (arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
+    def arr(x):
+        return None if x is None else key(x)
+
+    return (fw, arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
             arr(a_z), type(a_slope), a_slope < 0, arr(a_bias),
             problem._cupy().cuda.runtime.getDevice())
-
-
-def clear_prepared() -> None:
-    """Forget the prepared backward calls (``ge2jit.clear_plans`` calls this: they hold the
-    forward's plans)."""
-    _prepared.clear()
 
 
 def _launcher(spec, device_id: int, fmt: str) -> Launcher:
@@ -144,15 +140,42 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
         dC in C's shape and dtype; with ``a_bias``, ``Gradients.a_bias`` in its shape and
         dtype. None for a gradient not in ``needs`` or for an input that was None.
     """
-    try:
-        sig = _signature(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                         precision, a_act, a_z, a_leaky_slope, a_bias)
-        run = _prepared.get(sig)
-    except (AttributeError, TypeError):   # not CuPy arrays, or unhashable: validation says why
-        sig = run = None
+    fw = framework_of_type(type(gy))
+    sig = run = None
+    if fw is not None:
+        try:
+            sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
+                             precision, a_act, a_z, a_leaky_slope, a_bias)
+            run = _prepared.get(sig)
+        except (AttributeError, TypeError):   # other arrays, or unhashable: validation says why
+            sig = run = None
     if run is not None:
         return run(gy, a, b, bias, c, z if z is not None else y, alpha, beta, leaky_slope,
                    a_z, a_leaky_slope)
+    native = {"gy": gy, "a": a, "b": b, "bias": bias, "c": c, "z": z, "y": y, "a_z": a_z,
+              "a_bias": a_bias}
+    fw, device_id, native = call_arguments(native)
+    if sig is None and framework_of_type(type(gy)) is fw:
+        try:
+            sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
+                             precision, a_act, a_z, a_leaky_slope, a_bias)
+        except (AttributeError, TypeError):
+            sig = None
+    with fw.context(device_id):
+        run = _first_call(fw, views(fw, native), act, alpha, beta, leaky_slope, needs,
+                          precision, a_act, a_leaky_slope)
+        if sig is not None and device_id == problem._cupy().cuda.runtime.getDevice():
+            _prepared.put(sig, run)
+        n = native
+        return run(n["gy"], n["a"], n["b"], n["bias"], n["c"],
+                   n["z"] if n["z"] is not None else n["y"], alpha, beta, leaky_slope, n["a_z"],
+                   a_leaky_slope)
+
+
+def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a_slope):
+    """Validate a backward call's arguments (``v``: CuPy views) and prepare its pattern."""
+    gy, a, b, bias, c, z, y, a_z, a_bias = (v[k] for k in ("gy", "a", "b", "bias", "c", "z",
+                                                           "y", "a_z", "a_bias"))
     p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, precision=precision)
     try:
         if isinstance(needs, (str, bytes)):   # set("bias") would be its letters
@@ -188,7 +211,7 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
         src, src_dtype, from_y = None, grad_dtype, False
     else:   # recomputed from A and B, in float32
         src, src_dtype, from_y = None, DType.F32, False
-    gate = _check_gate(a_act, a_z, a_leaky_slope, p)
+    gate = _check_gate(a_act, a_z, a_slope, p)
     if a_bias is not None:
         if gate is None:
             raise ArgumentValueError("a_bias: given without a_act; it asks for the bias "
@@ -203,13 +226,8 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
                                      f"{a_bias.shape}")
         check_shaped(a_bias, "a_bias", a_bias.shape, "", (p.dtype, DType.F32))
         problem.check_same_device({"a_bias": a_bias}, p.device_id)
-    run = _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision,
-                   gate, a_bias)
-    if sig is not None:
-        if len(_prepared) >= _PREPARED_MAX:
-            _prepared.clear()
-        _prepared[sig] = run
-    return run(gy, a, b, bias, c, src, alpha, beta, leaky_slope, a_z, a_leaky_slope)
+    return _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision,
+                    gate, a_bias, fw)
 
 
 def _check_gate(a_act, a_z, a_slope, p):
@@ -239,14 +257,14 @@ def _check_gate(a_act, a_z, a_slope, p):
     return gate, True
 
 
-def _column_summer(out_dtype: DType, device_id: int):
+def _column_summer(out_dtype: DType, device_id: int, fw):
     """``sum(stream, partial, out_ptr)``: ``out`` (cols elements of ``out_dtype``) = the column
     sums of ``partial`` (a rows x cols float32 array), in a fixed order: the same inputs give
     the same bits. Many rows are added in two rounds: chunks of _CHUNK rows (in float32), then
     those sums."""
     final = _launcher(DbiasSpec(out_dtype, False), device_id, _DBIAS_PARAMS)
     first = []
-    ndarray = problem._cupy().ndarray
+    new_f32, ptr = fw.allocator(np.float32, device_id), fw.ptr
 
     def run(stream, partial, out_ptr):
         rows, cols = partial.shape
@@ -255,12 +273,11 @@ def _column_summer(out_dtype: DType, device_id: int):
             if not first:
                 first.append(_launcher(DbiasSpec(DType.F32, False), device_id, _DBIAS_PARAMS))
             chunks = -(-rows // _CHUNK)
-            sums = ndarray((chunks, cols), np.float32)
-            first[0]((blocks, chunks, 1), (256, 1, 1), 0, stream, partial.data.ptr, rows, cols,
-                     sums.data.ptr, _CHUNK)
+            sums = new_f32((chunks, cols))
+            first[0]((blocks, chunks, 1), (256, 1, 1), 0, stream, ptr(partial), rows, cols,
+                     ptr(sums), _CHUNK)
             partial, rows = sums, chunks
-        final((blocks, 1, 1), (256, 1, 1), 0, stream, partial.data.ptr, rows, cols, out_ptr,
-              rows)
+        final((blocks, 1, 1), (256, 1, 1), 0, stream, ptr(partial), rows, cols, out_ptr, rows)
 
     return run
 
@@ -277,11 +294,12 @@ def _pass_shape(m: int, n: int, cols: int) -> tuple[int, tuple[int, int, int]]:
 
 
 def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision, gate,
-             a_bias):
-    """The backward of one validated argument pattern, as a function of the call's arrays and
-    scalars: repeated calls with the same signature skip validation (as the forward does)."""
-    cp = problem._cupy()
+             a_bias, fw):
+    """The backward of one validated argument pattern (the arrays: the first call's CuPy
+    views), as a function of the call's arrays (``fw``'s) and scalars: repeated calls with the
+    same signature skip validation (as the forward does)."""
     m, n, k = p.m, p.n, p.k
+    dev = p.device_id
     want_bias = "bias" in wanted and bias is not None
     want_c = "c" in wanted and c is not None
     need_dz = bool(wanted & {"a", "b"})
@@ -308,14 +326,21 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
             total = _launcher(DbiasSpec(p.bias_dtype, True), p.device_id, _DBIAS_PARAMS)
 
             def reduce(stream, partial, out_ptr):
-                total((1, 1, 1), (256, 1, 1), 0, stream, partial.data.ptr, partial.shape[0],
-                      1, out_ptr, 0)
+                total((1, 1, 1), (256, 1, 1), 0, stream, ptr(partial), partial_shape[0], 1,
+                      out_ptr, 0)
         else:
-            reduce = _column_summer(p.bias_dtype, p.device_id)
-    dz_np = a.dtype
+            reduce = _column_summer(p.bias_dtype, dev, fw)
+    ptr, current_stream = fw.ptr, fw.stream_getter(dev)
+    new_dz = fw.allocator(a.dtype, dev)
+    new_f32 = fw.allocator(np.float32, dev)
     c_shape, c_np = (c.shape, c.dtype) if c is not None else (None, None)
     bias_shape, bias_np = (bias.shape, bias.dtype) if bias is not None else (None, None)
-    ndarray, zeros, current_stream = cp.ndarray, cp.zeros, cp.cuda.get_current_stream
+    new_dc = fw.allocator(c_np, dev) if c is not None else None
+    new_dbias = fw.allocator(bias_np, dev) if bias is not None else None
+
+    def zeros(shape, dtype):
+        return fw.zeros(shape, dtype, dev)
+
     want_a = "a" in wanted and bool(k and m)
     want_b = "b" in wanted and bool(k and n)
     zeros_a = "a" in wanted and not want_a
@@ -331,7 +356,8 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     sums_shape = [None]
     a_bias_sum = a_pass_spec = None
     if want_a_bias:
-        a_bias_sum = _column_summer(problem.check_dtype(a_bias, "a_bias"), p.device_id)
+        a_bias_sum = _column_summer(problem.check_dtype(a_bias, "a_bias"), dev, fw)
+        new_a_bias = fw.allocator(a_bias_np, dev)
         # dA's column sums by a pass (compiled when first needed)
         a_pass_spec = DzSpec(Act.NONE, False, BiasKind.COL, p.dtype, p.dtype, p.dtype,
                              write_dz=False, vec=False)
@@ -342,11 +368,11 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         (None where the kernel does not make them)."""
         call = gemms[0]
         if call is not None:
-            sums = ndarray(sums_shape[0], np.float32) if sums_shape[0] else None
+            sums = new_f32(sums_shape[0]) if sums_shape[0] else None
             return call(x, w, sums, aux, alpha, 1.0, slope, None, None), sums
         out, gemms[0], sums = op.gated_gemm(x, w.T, aux, gate[0], gate[1], alpha, slope,
                                             precision, bgrad=want_a_bias)
-        sums_shape[0] = None if sums is None else sums.shape
+        sums_shape[0] = None if sums is None else tuple(sums.shape)
         return out, sums
 
     def product(i, x, w, alpha):
@@ -354,26 +380,23 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         if call is not None:
             return call(x, w, None, None, alpha, 0.0, 0.01, None, None)
         x_t, w_t = (x, w.T) if i == 0 else (x.T, w)
-        out = gemm_bias_act(x_t, w_t, alpha=alpha, precision=precision)
-        sig = op._signature(x_t, w_t, None, "none", None, alpha, 0.0, 0.01, False, None, None,
-                            None, False, p.device_id, None, precision)
-        gemms[i] = op._fast.get(sig)
+        out, gemms[i] = op.gemm_and_prepared(x_t, w_t, alpha=alpha, precision=precision)
         return out
 
     def run(gy, a, b, bias, c, src, alpha, beta, slope, a_z, a_slope):
-        stream = current_stream().ptr
+        stream = current_stream()
         if recompute:
             src = gemm_bias_act(a, b, bias, c=c, alpha=alpha, beta=beta, out_dtype="float32",
                                 precision=precision)
-        dz = ndarray((m, n), dz_np) if write_dz else gy if need_dz else None
-        dc = ndarray(c_shape, c_np) if write_dc else None
-        partial = ndarray(partial_shape, np.float32) if partial_shape else None
+        dz = new_dz((m, n)) if write_dz else gy if need_dz else None
+        dc = new_dc(c_shape) if write_dc else None
+        partial = new_f32(partial_shape) if partial_shape else None
         if launch is not None:
             launch(grid, (32, 8, 1), 0, stream,
-                   gy.data.ptr, *gy_strides, 0 if src is None else src.data.ptr, *src_strides,
-                   *((dz.data.ptr, n, 1) if write_dz else (0, 0, 0)),
-                   *((dc.data.ptr, n, 1) if dc is not None else (0, 0, 0)),
-                   0 if partial is None else partial.data.ptr, m, n, tm, beta, slope)
+                   ptr(gy), *gy_strides, 0 if src is None else ptr(src), *src_strides,
+                   *((ptr(dz), n, 1) if write_dz else (0, 0, 0)),
+                   *((ptr(dc), n, 1) if dc is not None else (0, 0, 0)),
+                   0 if partial is None else ptr(partial), m, n, tm, beta, slope)
         grad_a = grad_b = grad_bias = grad_c = grad_a_bias = None
         if want_a:
             if gate is None:
@@ -382,29 +405,29 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 grad_a, sums = gated(dz, b, alpha, a if gate[1] else a_z, a_slope)
                 if want_a_bias:
                     if sums is None:   # one pass over dA for its column sums
-                        sums = ndarray((a_pass_grid[1], k), np.float32)
-                        a_pass = _launcher(a_pass_spec, p.device_id, _DZ_PARAMS)
-                        a_pass(a_pass_grid, (32, 8, 1), 0, stream, grad_a.data.ptr, k, 1,
-                               0, 0, 0, 0, 0, 0, 0, 0, 0, sums.data.ptr, m, k, a_pass_tm,
+                        sums = new_f32((a_pass_grid[1], k))
+                        a_pass = _launcher(a_pass_spec, dev, _DZ_PARAMS)
+                        a_pass(a_pass_grid, (32, 8, 1), 0, stream, ptr(grad_a), k, 1,
+                               0, 0, 0, 0, 0, 0, 0, 0, 0, ptr(sums), m, k, a_pass_tm,
                                0.0, 0.0)
-                    grad_a_bias = ndarray(a_bias_shape, a_bias_np)
-                    a_bias_sum(stream, sums, grad_a_bias.data.ptr)
+                    grad_a_bias = new_a_bias(a_bias_shape)
+                    a_bias_sum(stream, sums, ptr(grad_a_bias))
         elif zeros_a:
-            grad_a = zeros((m, k), dtype=a.dtype)
+            grad_a = zeros((m, k), a.dtype)
             if a_bias_shape is not None:
-                grad_a_bias = zeros(a_bias_shape, dtype=a_bias_np)
+                grad_a_bias = zeros(a_bias_shape, a_bias_np)
         if want_b:
             grad_b = product(1, a, dz, alpha)
         elif zeros_b:
-            grad_b = zeros((k, n), dtype=a.dtype)
+            grad_b = zeros((k, n), a.dtype)
         if want_bias:
             if reduce is None:
-                grad_bias = zeros(bias_shape, dtype=bias_np)
+                grad_bias = zeros(bias_shape, bias_np)
             else:
-                grad_bias = ndarray(bias_shape, bias_np)
-                reduce(stream, partial, grad_bias.data.ptr)
+                grad_bias = new_dbias(bias_shape)
+                reduce(stream, partial, ptr(grad_bias))
         if want_c:
-            grad_c = dc if write_dc else zeros(c_shape, dtype=c_np)
+            grad_c = dc if write_dc else zeros(c_shape, c_np)
         return Gradients(grad_a, grad_b, grad_bias, grad_c, grad_a_bias)
 
     return run

@@ -17,9 +17,11 @@ from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.nvrtc import arch_number
 from ...jit.parallel import compile_many
 from ...jit.tma import tensor_map_2d
+from ...runtime.arrays import CUPY, Framework, call_arguments, framework_of_type, views
+from ...runtime.prepared import OverlapGuard, PreparedCalls, clear_all
 from ...tune.db import default_db
 from ...tune.timing import time_ms
-from .problem import Problem, byte_span, check_scalar, check_spans_do_not_overlap, validate
+from .problem import Problem, check_scalar, validate
 from .select import (
     FALLBACK_TILE,
     Aligns,
@@ -141,6 +143,11 @@ class Plan:
                 out.append(k)
         return tuple(out)
 
+    @property
+    def needs_workspace(self) -> bool:
+        """Whether a call allocates scratch memory (staged operands, split-K partial sums)."""
+        return self._staging is not None or self._reduce is not None
+
     def _gemm(self, stream_ptr, args) -> None:
         """Launch the GEMM kernel on its parameters (``_GEMM_PARAMS``)."""
         self._main(self.grid, self.block, self.smem, stream_ptr, *args)
@@ -190,13 +197,13 @@ class Plan:
 
         return launch
 
-    def launch(self, p: Problem, y, z, stream) -> None:
+    def launch(self, p: Problem, y, z, stream_ptr: int) -> None:
         m, n = p.m, p.n
         ldy = _ld(y, m, n)
         ldz = _ld(z, m, n) if z is not None else 0
         self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
                  p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
-                 p.leaky_slope, stream.ptr)
+                 p.leaky_slope, stream_ptr)
 
 
 @dataclass
@@ -398,16 +405,22 @@ def _make_plan(p: Problem, config, autotune: bool, save_z: bool, vecs) -> Plan:
                            save_z, vecs)
 
 
-def _outputs(p: Problem, save_preact: bool):
-    import cupy as cp
-
-    dtype = p.y_numpy_dtype
-    y = p.out if p.out is not None else cp.empty((p.m, p.n), dtype=dtype)
+def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, None)):
+    """(Y, Z or None) as the kernels write them (CuPy views), then as the call returns them
+    (``fw``'s arrays): ``given`` (the caller's ``out``, ``preact_out``), else new arrays."""
+    shape, dtype = (p.m, p.n), p.y_numpy_dtype
+    new = fw.allocator(dtype, p.device_id)
+    if fw is CUPY:
+        given = (p.out, p.preact_out)
+    y = given[0] if given[0] is not None else new(shape)
     z = None
     if save_preact:
-        z = p.preact_out if p.preact_out is not None else cp.empty((p.m, p.n), dtype=dtype)
-    return y, z
-
+        z = given[1] if given[1] is not None else new(shape)
+    if fw is CUPY:
+        return y, z, y, z
+    return (p.out if p.out is not None else fw.view(y, "out"),
+            None if z is None else p.preact_out if p.preact_out is not None
+            else fw.view(z, "preact_out"), y, z)
 
 
 def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Plan:
@@ -425,9 +438,9 @@ def _plan_for(p: Problem, y, z, save_preact: bool, config, autotune: bool) -> Pl
     return plan
 
 
-_fast: dict[tuple, object] = {}   # signature -> _prepare(...)
-_FAST_MAX = 4096
+_fast = PreparedCalls("gemm_bias_act")
 _cupy = None
+_SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
 def _cp():
@@ -439,81 +452,56 @@ def _cp():
     return _cupy
 
 
-def _relative_span(x) -> tuple[int, int]:
-    lo, hi = byte_span(x)
-    return lo - x.data.ptr, hi - x.data.ptr
-
-
-def _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
+def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
                config, autotune, device_id, out_dtype, precision):
     """Everything validation and the kernel choice depend on, except pointers (only their
-    16-byte alignment). Raises AttributeError or TypeError for non-CuPy arguments.
-
-    Written out flat: it runs on every call, and each helper call would cost as much as a
-    few of the attribute reads it saves writing."""
-    ad, bd = a.data, b.data
-    return (a.shape, a.strides, a.dtype, ad.device_id, ad.ptr & 15,
-            b.shape, b.strides, b.dtype, bd.device_id, bd.ptr & 15,
-            None if bias is None else (bias.shape, bias.strides, bias.dtype,
-                                       bias.data.device_id, bias.data.ptr & 15),
-            None if c is None else (c.shape, c.strides, c.dtype, c.data.device_id,
-                                    c.data.ptr & 15),
-            None if out is None else (out.shape, out.strides, out.dtype, out.data.device_id,
-                                      out.data.ptr & 15),
-            None if preact_out is None else (preact_out.shape, preact_out.strides,
-                                             preact_out.dtype, preact_out.data.device_id,
-                                             preact_out.data.ptr & 15),
+    16-byte alignment). Raises AttributeError or TypeError for arguments that are not ``fw``'s
+    arrays."""
+    key = fw.key
+    return (fw, key(a), key(b), None if bias is None else key(bias),
+            None if c is None else key(c), None if out is None else key(out),
+            None if preact_out is None else key(preact_out),
             act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
             config, autotune, device_id, out_dtype, precision)
 
 
-def _check_overlap(pairs, ptrs, arrays) -> None:
-    """``pairs``: (output index, its span's offsets, input index, its span's offsets) into
-    ``ptrs``, the pointers of ``arrays`` = (a, b, c, bias, out, preact_out)."""
-    for oi, olo, ohi, xi, xlo, xhi in pairs:
-        o, x = ptrs[oi], ptrs[xi]
-        if o + olo < x + xhi and x + xlo < o + ohi:
-            check_spans_do_not_overlap([   # raises, naming the arrays
-                None if y is None else byte_span(y) for y in arrays])
-
-
-def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, args):
+def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     """A validated argument pattern and its plan, as one function of the call's arrays and
-    scalars: repeated calls with the same signature skip validation and choice. Everything
-    the signature fixes is bound here, once."""
+    scalars (``fw``'s arrays): repeated calls with the same signature skip validation and
+    choice. Everything the signature fixes is bound here, once. ``views``: the first call's
+    (a, b, c, bias, out, preact_out) as CuPy arrays."""
     m, n, k = p.m, p.n, p.k
-    shape, dtype = (m, n), y.dtype
+    shape = (m, n)
     use_c = p.c is not None
     launch = plan.bind(p.lda, p.ldb, p.ldc, p.bias_stride, _ld(y, m, n),
                        _ld(z, m, n) if z is not None else 0, m, n, k)
-    # Byte ranges relative to each array's pointer depend only on shapes and strides, which
-    # the signature fixes: computed once here, added to the pointers per call. Each pair is
-    # (an output, an array before it in (a, b, c, bias, out, preact_out)), with both offsets.
-    offsets = [None if x is None else _relative_span(x) for x in args]
-    pairs = tuple((oi, offsets[oi][0], offsets[oi][1], xi, offsets[xi][0], offsets[xi][1])
-                  for oi in (4, 5) if offsets[oi] is not None
-                  for xi in range(oi) if offsets[xi] is not None)
-    cupy = _cp()
-    ndarray, current_stream = cupy.ndarray, cupy.cuda.get_current_stream
+    guard = OverlapGuard(_SPAN_NAMES, views, (4, 5)) or None   # only outputs passed in
+    ptr, new = fw.ptr, fw.allocator(p.y_numpy_dtype, p.device_id)
+    stream = fw.stream_getter(p.device_id)
+    if fw is not CUPY and plan.needs_workspace:   # scratch from CuPy's pool, in stream order
+        external, device_id, bound = _cp().cuda.ExternalStream, p.device_id, launch
+
+        def launch(*args):
+            with external(args[-1], device_id):
+                bound(*args)
 
     def call(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):
-        a_ptr, b_ptr = a.data.ptr, b.data.ptr
-        c_ptr = 0 if c is None else c.data.ptr       # read only when use_c (beta != 0)
-        bias_ptr = 0 if bias is None else bias.data.ptr
-        y = out if out is not None else ndarray(shape, dtype)
-        y_ptr = y.data.ptr
+        a_ptr, b_ptr = ptr(a), ptr(b)
+        c_ptr = 0 if c is None else ptr(c)       # read only when use_c (beta != 0)
+        bias_ptr = 0 if bias is None else ptr(bias)
+        y = out if out is not None else new(shape)
+        y_ptr = ptr(y)
         if save_z:
-            z = preact_out if preact_out is not None else ndarray(shape, dtype)
-            z_ptr = z.data.ptr
+            z = preact_out if preact_out is not None else new(shape)
+            z_ptr = ptr(z)
         else:
             z = None
             z_ptr = 0
-        if pairs:   # only outputs passed in can overlap
-            _check_overlap(pairs, (a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr),
-                           (a, b, c, bias, out, preact_out))
+        if guard is not None:
+            guard((a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr))
         try:
             launch(a_ptr, b_ptr, c_ptr if use_c else 0, bias_ptr, y_ptr, z_ptr, alpha, beta,
-                   leaky_slope, current_stream().ptr)
+                   leaky_slope, stream())
         except (OverflowError, struct.error):   # a scalar of the signature's type that no
             # double holds (struct says "required argument is not a float" for a huge int)
             for value, name in ((alpha, "alpha"), (beta, "beta"), (leaky_slope, "leaky_slope")):
@@ -533,7 +521,8 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
 
     Products are accumulated in float32 and the epilogue (scaling, C, bias, activation) runs in
     registers, so Y (and Z when ``save_preact``) are written exactly once. Runs on CuPy's current
-    device and stream; never synchronizes; allocates only its outputs (and, for split-K, a
+    device and stream (for PyTorch tensors: their device, PyTorch's current stream); never
+    synchronizes; allocates only its outputs (and, for split-K, a
     float32 workspace of split x M x N from CuPy's memory pool).
 
     Types and accuracy:
@@ -556,8 +545,12 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
           they are (10 or 7 mantissa bits), Y is rounded once to its type at the end.
 
     Args:
-        a: (M, K) ``cupy.ndarray`` of float32, float16 or bfloat16 (``ml_dtypes.bfloat16``; a
-            PyTorch tensor arrives through ``cupy.from_dlpack``). Row-major, column-major (a
+        a: (M, K) array of float32, float16 or bfloat16: a ``cupy.ndarray`` (bfloat16 is
+            ``ml_dtypes.bfloat16``), a ``torch.Tensor`` on a CUDA device (read directly; the
+            results are tensors from PyTorch's caching allocator, on the tensors' device and
+            queued on ``torch.cuda.current_stream()``) or any object with
+            ``__cuda_array_interface__`` (read through CuPy; CuPy results). All arrays of a
+            call come from one framework. Row-major, column-major (a
             transposed view such as ``w.T``) or a slice of a larger array with a unit stride in
             one dimension is used as it is; any other strides are copied once into a
             C-contiguous array. 16-bit operands whose pointer or leading dimension is not
@@ -600,31 +593,62 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
             ``out_dtype``, ``precision`` or device.
         KernelCompileError: NVRTC rejected the kernel (the message holds its log).
     """
-    cp = _cp()
-    device_id = cp.cuda.runtime.getDevice()
-    try:
-        sig = _signature(a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                         preact_out, config, autotune, device_id, out_dtype, precision)
-        prepared = _fast.get(sig)
-    except (AttributeError, TypeError):  # not CuPy arrays, or unhashable: validate says why
-        sig = prepared = None
-    if prepared is not None:
-        return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out)
+    fw = framework_of_type(type(a))
+    sig = None
+    if fw is not None:
+        try:
+            sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                             preact_out, config, autotune, _cupy.cuda.runtime.getDevice(),
+                             out_dtype, precision)
+            prepared = _fast.get(sig)
+        except (AttributeError, TypeError):  # other arrays, or unhashable: validation says why
+            sig = prepared = None
+        if prepared is not None:
+            return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out)
 
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact,
-                 out_dtype, precision)
-    if config is not None:
-        parse_config(config)  # a bad name is an error before anything is allocated
-    y, z = _outputs(p, save_preact)
-    if not p.empty:
-        plan = _plan_for(p, y, z, save_preact, config, autotune)
-        plan.launch(p, y, z, cp.cuda.get_current_stream())
-        if sig is not None and not p.copied:
-            if len(_fast) >= _FAST_MAX:
-                _fast.clear()
-            _fast[sig] = _prepare(plan, p, bool(save_preact), y, z,
-                                  (a, b, c, bias, out, preact_out))
-    return (y, z) if save_preact else y
+    return _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                       preact_out, out_dtype, precision, config, autotune)[0]
+
+
+def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                preact_out, out_dtype, precision, config, autotune):
+    """(the result, the prepared call or None) of a call that missed the prepared calls:
+    validate, choose, launch, and prepare the pattern for the next call."""
+    fw, device_id, arrays = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
+                                            "preact_out": preact_out})
+    if sig is None and framework_of_type(type(a)) is fw:
+        try:
+            sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                             preact_out, config, autotune, _cp().cuda.runtime.getDevice(),
+                             out_dtype, precision)
+        except (AttributeError, TypeError):
+            sig = None
+    prepared = None
+    with fw.context(device_id):
+        v = views(fw, arrays)
+        p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
+                     v["out"], v["preact_out"], save_preact, out_dtype, precision)
+        if config is not None:
+            parse_config(config)  # a bad name is an error before anything is allocated
+        y, z, y_native, z_native = _outputs(p, save_preact, fw, (out, preact_out))
+        if not p.empty:
+            plan = _plan_for(p, y, z, save_preact, config, autotune)
+            plan.launch(p, y, z, fw.stream_getter(device_id)())
+            if not p.copied and device_id == _cp().cuda.runtime.getDevice():
+                prepared = _prepare(plan, p, bool(save_preact), y, z,
+                                    (v["a"], v["b"], v["c"], v["bias"], v["out"],
+                                     v["preact_out"]), fw)
+                if sig is not None:
+                    _fast.put(sig, prepared)
+    return ((y_native, z_native) if save_preact else y_native), prepared
+
+
+def gemm_and_prepared(a, b, *, alpha: float = 1.0, precision=None):
+    """``(gemm_bias_act(a, b, alpha=alpha, precision=precision), call)``: ``call(a, b, None,
+    None, alpha, 0.0, 0.01, None, None)`` repeats it for arrays of the same pattern without
+    validation (None where it cannot: copied operands, an empty result)."""
+    return _first_call(None, a, b, None, "none", None, alpha, 0.0, 0.01, False, None, None, None,
+                       precision, None, False)
 
 
 def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope: float,
@@ -641,19 +665,24 @@ def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope:
     None)`` repeats it for arrays of the same pattern (``partial`` a new array of that shape,
     or None where the first call's was), or None for an empty result or copied operands;
     ``partial`` the column sums, or None where the kernel does not make them."""
-    p = validate(a, b, None, "none", c, alpha, 1.0, leaky_slope, None, precision=precision)
-    p.gate, p.gate_from_y, p.bgrad = gate, gate_from_y, bgrad
-    y, _ = _outputs(p, False)
-    if p.empty:
-        return y, None, None
-    plan = _plan_for(p, y, None, False, config, False)
-    partial = None
-    if getattr(plan.main.spec, "bgrad", False):
-        partial = _cp().ndarray((-(-p.m // 16), p.n), dtype=np.float32)
-        p.bias, p.bias_stride = partial, p.n
-    plan.launch(p, y, None, _cp().cuda.get_current_stream())
-    call = None if p.copied else _prepare(plan, p, False, y, None, (a, b, c, None, None, None))
-    return y, call, partial
+    fw, device_id, arrays = call_arguments({"a": a, "b": b, "c": c})
+    with fw.context(device_id):
+        v = views(fw, arrays)
+        p = validate(v["a"], v["b"], None, "none", v["c"], alpha, 1.0, leaky_slope, None,
+                     precision=precision)
+        p.gate, p.gate_from_y, p.bgrad = gate, gate_from_y, bgrad
+        y, _, y_native, _ = _outputs(p, False, fw)
+        if p.empty:
+            return y_native, None, None
+        plan = _plan_for(p, y, None, False, config, False)
+        partial = None
+        if getattr(plan.main.spec, "bgrad", False):
+            partial = fw.allocator(np.float32, device_id)((-(-p.m // 16), p.n))
+            p.bias, p.bias_stride = fw.view(partial, "partial"), p.n
+        plan.launch(p, y, None, fw.stream_getter(device_id)())
+        call = None if p.copied else _prepare(plan, p, False, y, None,
+                                              (v["a"], v["b"], v["c"], None, None, None), fw)
+    return y_native, call, partial
 
 
 def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
@@ -662,12 +691,17 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
             autotune: bool = False) -> Explanation:
     """Which configuration and kernels ``gemm_bias_act`` would use for these arguments, and why
     ("heuristic", "tuned", "pinned" or "fallback"). Compiles the kernels; launches nothing."""
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out, save_preact,
-                 out_dtype, precision)
-    if p.empty:
-        raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches nothing")
-    y, z = _outputs(p, save_preact)
-    plan = _plan_for(p, y, z, save_preact, config, autotune)
+    fw, device_id, arrays = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
+                                        "preact_out": preact_out})
+    with fw.context(device_id):
+        v = views(fw, arrays)
+        p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
+                     v["out"], v["preact_out"], save_preact, out_dtype, precision)
+        if p.empty:
+            raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches "
+                                     "nothing")
+        y, z, _, _ = _outputs(p, save_preact, fw, (out, preact_out))
+        plan = _plan_for(p, y, z, save_preact, config, autotune)
     kernels = plan.kernels
     return Explanation(plan.choice, tuple(k.spec.kernel_name for k in kernels), plan.grid,
                        plan.block, plan.smem,
@@ -698,8 +732,8 @@ def _tune(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None 
     import cupy as cp
 
     arch = device_arch(p.device_id)
-    y, z = _outputs(p, save_z)
-    stream = cp.cuda.get_current_stream()
+    y, z, _, _ = _outputs(p, save_z)
+    stream = cp.cuda.get_current_stream().ptr
     flops = 2.0 * p.m * p.n * p.k
     records = []
     cands = candidates(p.m, p.n, p.k, _arch_number(p.device_id), p.dtype, p.precision)
@@ -746,19 +780,20 @@ def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta
     keyed by device, architecture, problem bucket (M, N, K rounded up to powers of two), dtype,
     layouts, the candidate list and ge2jit's version; later calls in any process use it.
     """
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, None, save_preact,
-                 out_dtype, precision)
-    if p.empty:
-        raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
-    y, z = _outputs(p, save_preact)
-    return _tune(p, save_preact, _aligns(p, y, z), reps, processes)
+    fw, device_id, arrays = call_arguments({"a": a, "b": b, "bias": bias, "c": c})
+    with fw.context(device_id):
+        v = views(fw, arrays)
+        p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope, None,
+                     None, save_preact, out_dtype, precision)
+        if p.empty:
+            raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
+        y, z, _, _ = _outputs(p, save_preact)
+        return _tune(p, save_preact, _aligns(p, y, z), reps, processes)
 
 
 def clear_plans() -> None:
-    """Forget the launch plans of this process (after changing the tuning database by hand)."""
-    from .backward import clear_prepared
-
+    """Forget the launch plans and prepared calls of this process (after changing the tuning
+    database by hand)."""
     with _plans_lock:
         _plans.clear()
-        _fast.clear()
-    clear_prepared()
+        clear_all()

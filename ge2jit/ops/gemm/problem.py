@@ -16,6 +16,7 @@ from ...runtime.checks import (  # noqa: F401 - the op's modules take the shared
     check_shaped,
 )
 from ...runtime.dtypes import SUPPORTED_DTYPES, DType, dtype_name
+from ...runtime.prepared import check_spans
 from .spec import ACT_NAMES, Act, BiasKind, Layout, Precision
 
 PRECISIONS = {p.value: p for p in Precision}
@@ -137,27 +138,9 @@ def bias_kind(bias, m: int, n: int) -> tuple[BiasKind, int]:
 _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
-def check_spans_do_not_overlap(spans) -> None:
-    """Refuse outputs whose byte ranges meet an input's (or each other's).
-
-    ``spans`` holds the (first byte, end) of a, b, c, bias, out, preact_out, or None for each
-    one absent.
-    """
-    for oi in (4, 5):
-        if spans[oi] is None:
-            continue
-        ol, oh = spans[oi]
-        for xi in range(oi):
-            if spans[xi] is not None:
-                xl, xh = spans[xi]
-                if ol < xh and xl < oh:
-                    raise ArgumentValueError(f"{_SPAN_NAMES[oi]}: overlaps {_SPAN_NAMES[xi]}; "
-                                             "pass a separate array")
-
-
 def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
-    check_spans_do_not_overlap([None if x is None else byte_span(x)
-                                for x in (a, b, c, bias, out, preact_out)])
+    check_spans(_SPAN_NAMES, [None if x is None else byte_span(x)
+                              for x in (a, b, c, bias, out, preact_out)], (4, 5))
 
 
 class Problem:

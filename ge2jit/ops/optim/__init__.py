@@ -12,6 +12,7 @@ from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
 from ...jit.spec import KernelSpec
+from ...runtime.arrays import call_arguments, views
 from ...runtime.checks import _cupy, check_array, check_scalar, check_shaped
 from ...runtime.dtypes import DType
 
@@ -62,18 +63,22 @@ def _flat(x, name: str, size: int, shape, dtypes) -> DType:
 
 
 def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> None:
+    names = ("m", "v") if rule == "adam" else ("momentum_buffer",)
+    fw, device_id, native = call_arguments({"param": param, "grad": grad, names[0]: buf1,
+                                            "v": buf2, "param_copy": param_copy})
+    v = views(fw, native)
+    param, grad, buf1, buf2, param_copy = (v[k] for k in ("param", "grad", names[0], "v",
+                                                          "param_copy"))
     check_array(param, "param")
     shape = param.shape
     _flat(param, "param", param.size, shape, (DType.F32,))
     grad_dtype = _flat(grad, "grad", param.size, shape, tuple(DType))
-    names = ("m", "v") if rule == "adam" else ("momentum_buffer",)
     for name, buf in zip(names, (buf1, buf2)):
         _flat(buf, name, param.size, shape, (DType.F32,))
     copy_dtype = None
     if param_copy is not None:
         copy_dtype = _flat(param_copy, "param_copy", param.size, shape, tuple(DType))
     cp = _cupy()
-    device_id = cp.cuda.runtime.getDevice()
     for name, x in (("grad", grad), *zip(names, (buf1, buf2)), ("param_copy", param_copy)):
         if x is not None and x.data.device_id != param.data.device_id:
             raise ArgumentValueError(f"{name}: on device {x.data.device_id}, param on "
@@ -88,10 +93,11 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
         launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
     sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
     blocks = max(1, min(-(-param.size // 256), 8 * sms))
-    launcher((blocks, 1, 1), (256, 1, 1), 0, cp.cuda.get_current_stream().ptr,
-             param.data.ptr, grad.data.ptr, buf1.data.ptr,
-             0 if buf2 is None else buf2.data.ptr,
-             0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
+    with fw.context(device_id):
+        launcher((blocks, 1, 1), (256, 1, 1), 0, fw.stream_getter(device_id)(),
+                 param.data.ptr, grad.data.ptr, buf1.data.ptr,
+                 0 if buf2 is None else buf2.data.ptr,
+                 0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
 
 
 def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ge2jit
-from ge2jit.runtime import checks
+from ge2jit.runtime import arrays, checks
 
 from ...fake_cupy import FakeArray, make_module
 
@@ -15,6 +15,7 @@ from ...fake_cupy import FakeArray, make_module
 @pytest.fixture(autouse=True)
 def fake_cupy(monkeypatch):
     monkeypatch.setattr(checks, "_cupy", lambda: make_module(0))
+    monkeypatch.setattr(arrays, "_cupy_mod", make_module(0))   # stand-ins are CuPy arrays
 
 
 def test_optimizer_steps_refuse_bad_arguments():

@@ -1,0 +1,106 @@
+"""Host time of cached calls: CuPy arrays and PyTorch tensors, forward and backward.
+
+    python bench/bench_host.py [--json PATH]
+
+"host only": the wall time of 200 calls queued right after a synchronization (the launch
+queue never fills, so the GPU's time is not in it), median of 50 batches. Every case is
+measured in turns (one batch of each per round), so clock drift affects them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import cupy as cp
+
+import ge2jit
+
+
+def _cases():
+    import torch
+
+    rng = cp.random.default_rng(0)
+    f32 = cp.float32
+    a = rng.standard_normal((64, 64), dtype=f32)
+    b = rng.standard_normal((64, 64), dtype=f32)
+    bias = rng.standard_normal(64, dtype=f32)
+    out = cp.empty((64, 64), f32)
+    z = cp.empty((64, 64), f32)
+    gy = rng.standard_normal((64, 64), dtype=f32)
+    ta, tb, tbias, tout, tgy = (torch.from_dlpack(x) for x in (a, b, bias, out, gy))
+    _, z = ge2jit.gemm_bias_act(a, b, bias, act="gelu", save_preact=True)
+    tz = torch.from_dlpack(z)
+    # a larger problem on torch tensors (bfloat16), the issue's 4096 x 1024 x 4096
+    la = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    lb = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    lbias = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    gelu = torch.nn.functional.gelu
+    noop = cp.RawKernel('extern "C" __global__ void noop(float* x) {}', "noop")
+    return {
+        "ge2jit forward, out= (CuPy)":
+            lambda: ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out),
+        "ge2jit forward, new output (CuPy)":
+            lambda: ge2jit.gemm_bias_act(a, b, bias, act="gelu"),
+        "ge2jit forward, new output (torch)":
+            lambda: ge2jit.gemm_bias_act(ta, tb, tbias, act="gelu"),
+        "ge2jit forward, out= (torch)":
+            lambda: ge2jit.gemm_bias_act(ta, tb, tbias, act="gelu", out=tout),
+        "ge2jit forward 4096x1024x4096 bf16 (torch)":
+            lambda: ge2jit.gemm_bias_act(la, lb, lbias, act="gelu_tanh"),
+        "ge2jit backward, z (CuPy)":
+            lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="gelu", z=z),
+        "ge2jit backward, z (torch)":
+            lambda: ge2jit.gemm_bias_act_backward(tgy, ta, tb, tbias, act="gelu", z=tz),
+        "torch eager addmm + gelu":
+            lambda: gelu(torch.addmm(tbias, ta, tb)),
+        "torch._addmm_activation (cuBLASLt bias+gelu)":
+            lambda: torch._addmm_activation(tbias, ta, tb, use_gelu=True),
+        "cupy.RawKernel (empty kernel)": lambda: noop((1,), (32,), (out,)),
+        "cupy.from_dlpack(torch tensor)": lambda: cp.from_dlpack(ta),
+    }
+
+
+def measure(cases: dict, calls: int = 200, rounds: int = 50) -> dict:
+    for name, fn in list(cases.items()):
+        try:
+            for _ in range(calls):
+                fn()
+        except Exception as e:  # noqa: BLE001 - reported, the others still measured
+            print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
+            del cases[name]
+    times = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+    cp.cuda.Device().synchronize()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    results = measure(_cases())
+    print("| what | host µs per call |\n|---|---|")
+    for name, us in results.items():
+        print(f"| {name} | {us:.2f} |")
+    if args.json:
+        doc = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+               "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GE2JIT_COMMIT", ""),
+               "host_us": results}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

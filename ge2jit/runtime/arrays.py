@@ -1,0 +1,336 @@
+"""The arrays an op is called with: CuPy arrays, PyTorch tensors, or any object with
+``__cuda_array_interface__``.
+
+An op reads one :class:`Framework` for its arguments (``framework_of``): it gives each array's
+pointer and a hashable key of its layout (the cached path's call signature), allocates outputs
+and scratch memory in the caller's framework (PyTorch's caching allocator for tensors) and names
+the stream to launch on (PyTorch's current stream for tensors, CuPy's for CuPy arrays). The
+first call of an argument pattern validates CuPy views of the same memory (``Framework.view``):
+no copy, no DLPack round trip. PyTorch is imported only when a tensor is passed.
+
+Objects with ``__cuda_array_interface__`` (Numba, JAX, ...) are read through ``cupy.asarray``
+(a view) and give CuPy outputs on CuPy's current stream; CuPy waits for the stream the
+interface names, as its own interop does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from operator import attrgetter
+
+import numpy as np
+
+from ..errors import ArgumentTypeError, ArgumentValueError
+from .checks import not_an_array
+
+_cupy_mod = None
+
+
+def _cp():
+    global _cupy_mod
+    if _cupy_mod is None:
+        from .._deps import require_cupy
+
+        _cupy_mod = require_cupy()
+    return _cupy_mod
+
+
+def _torch_tensor_type():
+    """torch.Tensor if PyTorch is already imported (it is whenever a tensor exists), else None."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+class Framework:
+    """How one framework's arrays are read, allocated and ordered."""
+
+    name = ""
+    #: the array's device pointer: ``ptr(x) -> int``
+    ptr = None
+
+    def key(self, x) -> tuple:
+        """Everything about ``x`` a prepared call depends on, except its pointer (only the
+        pointer's 16-byte alignment): shape, strides, dtype, device."""
+        raise NotImplementedError
+
+    def view(self, x, name: str):
+        """A CuPy array on the same memory, for validation and copies."""
+        raise NotImplementedError
+
+    def device_of(self, x) -> int:
+        raise NotImplementedError
+
+    def allocator(self, dtype, device_id: int):
+        """``empty(shape)``: a new array of ``dtype`` (a NumPy dtype) in this framework."""
+        raise NotImplementedError
+
+    def zeros(self, shape, dtype, device_id: int):
+        raise NotImplementedError
+
+    def stream_getter(self, device_id: int):
+        """``stream() -> int``: the pointer of the stream to launch on, now."""
+        raise NotImplementedError
+
+    def workspace(self, nbytes: int, device_id: int):
+        """(owner, pointer) of ``nbytes`` of scratch memory, ordered on the current stream:
+        keep ``owner`` alive until the kernels that use it are queued."""
+        raise NotImplementedError
+
+    def context(self, device_id: int):
+        """The context of a first call: ``device_id`` current, and CuPy's work (copies,
+        scratch memory) ordered on the stream the op launches on."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<framework {self.name}>"
+
+
+class CupyFramework(Framework):
+    name = "cupy"
+    ptr = staticmethod(attrgetter("data.ptr"))
+
+    def key(self, x) -> tuple:
+        d = x.data
+        return (x.shape, x.strides, x.dtype, d.device_id, d.ptr & 15)
+
+    def view(self, x, name: str):
+        return x
+
+    def device_of(self, x) -> int:
+        return x.data.device_id
+
+    def allocator(self, dtype, device_id: int):
+        ndarray, dt = _cp().ndarray, np.dtype(dtype)
+
+        def empty(shape):
+            return ndarray(shape, dt)
+
+        return empty
+
+    def zeros(self, shape, dtype, device_id: int):
+        return _cp().zeros(shape, dtype=dtype)
+
+    def stream_getter(self, device_id: int):
+        current = _cp().cuda.get_current_stream
+
+        def stream() -> int:
+            return current().ptr
+
+        return stream
+
+    def workspace(self, nbytes: int, device_id: int):
+        mem = _cp().cuda.alloc(max(nbytes, 1))
+        return mem, mem.ptr
+
+    def context(self, device_id: int):
+        return contextlib.nullcontext()
+
+
+CUPY = CupyFramework()
+
+
+def _torch_dtypes():
+    import torch
+
+    table = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+             torch.float64: np.dtype(np.float64), torch.int8: np.dtype(np.int8),
+             torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
+             torch.int64: np.dtype(np.int64), torch.uint8: np.dtype(np.uint8),
+             torch.bool: np.dtype(np.bool_), torch.complex64: np.dtype(np.complex64),
+             torch.complex128: np.dtype(np.complex128)}
+    try:
+        import ml_dtypes
+
+        table[torch.bfloat16] = np.dtype(ml_dtypes.bfloat16)
+    except ImportError:  # pragma: no cover - ml_dtypes comes with the cuda extra
+        pass
+    return table
+
+
+class TorchFramework(Framework):
+    """PyTorch tensors: read directly (``data_ptr()``, ``stride()``, ``dtype``), outputs from
+    PyTorch's caching allocator, launched on ``torch.cuda.current_stream()``."""
+
+    name = "torch"
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.ptr = torch.Tensor.data_ptr
+        self._to_numpy = _torch_dtypes()
+        self._to_torch = {v: k for k, v in self._to_numpy.items()}
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream = raw
+        self._devices: dict[int, object] = {}
+
+    def key(self, x) -> tuple:
+        return (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15)
+
+    def numpy_dtype(self, dtype, name: str) -> np.dtype:
+        dt = self._to_numpy.get(dtype)
+        if dt is None:
+            from .dtypes import SUPPORTED_TEXT
+
+            raise ArgumentValueError(f"{name}: dtype {dtype} is not supported; supported dtypes: "
+                                     f"{SUPPORTED_TEXT}")
+        return dt
+
+    def torch_dtype(self, dtype) -> object:
+        return self._to_torch[np.dtype(dtype)]
+
+    def device_of(self, x) -> int:
+        d = x.get_device()
+        if d < 0:
+            raise ArgumentTypeError(f"expected tensors on a CUDA device, got one on {x.device}; "
+                                    "move it with .cuda()")
+        return d
+
+    def _device(self, device_id: int):
+        dev = self._devices.get(device_id)
+        if dev is None:
+            dev = self._devices[device_id] = self.torch.device("cuda", device_id)
+        return dev
+
+    def view(self, x, name: str):
+        if not x.is_cuda:
+            raise ArgumentTypeError(f"{name}: expected a tensor on a CUDA device, got one on "
+                                    f"{x.device}; move it with {name}.cuda()")
+        cp = _cp()
+        dtype = self.numpy_dtype(x.dtype, name)
+        shape = tuple(x.shape)
+        item = dtype.itemsize
+        strides = tuple(s * item for s in x.stride())
+        if x.numel() == 0:
+            return cp.ndarray(shape, dtype, strides=strides)
+        span = item + sum((n - 1) * s for n, s in zip(shape, strides))
+        mem = cp.cuda.UnownedMemory(x.data_ptr(), span, x, x.get_device())
+        return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0), strides=strides)
+
+    def allocator(self, dtype, device_id: int):
+        empty, td, dev = self.torch.empty, self.torch_dtype(dtype), self._device(device_id)
+
+        def alloc(shape):
+            return empty(shape, dtype=td, device=dev)
+
+        return alloc
+
+    def zeros(self, shape, dtype, device_id: int):
+        return self.torch.zeros(shape, dtype=self.torch_dtype(dtype),
+                                device=self._device(device_id))
+
+    def stream_getter(self, device_id: int):
+        raw = self._raw_stream
+        if raw is not None:
+            def stream() -> int:
+                return raw(device_id)
+        else:  # pragma: no cover - older PyTorch
+            current = self.torch.cuda.current_stream
+            dev = self._device(device_id)
+
+            def stream() -> int:
+                return current(dev).cuda_stream
+        return stream
+
+    def workspace(self, nbytes: int, device_id: int):
+        t = self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8,
+                             device=self._device(device_id))
+        return t, t.data_ptr()
+
+    def context(self, device_id: int):
+        cp = _cp()
+        stack = contextlib.ExitStack()
+        if device_id != cp.cuda.runtime.getDevice():
+            stack.enter_context(cp.cuda.Device(device_id))
+        stream = self.stream_getter(device_id)()
+        if stream != cp.cuda.get_current_stream().ptr:
+            stack.enter_context(cp.cuda.ExternalStream(stream, device_id))
+        return stack
+
+
+_torch_fw: TorchFramework | None = None
+
+
+def torch_framework() -> TorchFramework:
+    global _torch_fw
+    if _torch_fw is None:
+        _torch_fw = TorchFramework()
+    return _torch_fw
+
+
+def _kind(x):
+    """'cupy', 'torch', 'cai' or None for one argument."""
+    cp = _cp()
+    if isinstance(x, cp.ndarray):
+        return "cupy"
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(x, tensor):
+        return "torch"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cai"
+    return None
+
+
+def framework_of(arrays: dict) -> tuple[Framework, dict]:
+    """The framework of an op's array arguments (``{name: array or None}``) and the arrays as
+    it reads them (objects with ``__cuda_array_interface__`` become CuPy views).
+
+    Raises:
+        ArgumentTypeError: an argument that is no GPU array, or arrays of two frameworks in one
+            call.
+    """
+    first = None
+    out = {}
+    for name, x in arrays.items():
+        if x is None:
+            out[name] = None
+            continue
+        kind = _kind(x)
+        if kind is None:
+            raise not_an_array(x, name)
+        if kind == "cai":
+            kind, x = "cupy", _cp().asarray(x)
+        if first is None:
+            first = (name, kind)
+        elif kind != first[1]:
+            raise ArgumentTypeError(
+                f"{name}: a {_KIND_TEXT[kind]}, but {first[0]} is a {_KIND_TEXT[first[1]]}; pass "
+                f"arrays of one framework (torch.from_dlpack / cupy.from_dlpack convert without "
+                f"a copy)")
+        out[name] = x
+    fw = torch_framework() if first is not None and first[1] == "torch" else CUPY
+    for x in out.values():
+        if x is not None:
+            _by_type.setdefault(type(x), fw)
+    return fw, out
+
+
+#: array type -> framework, for the cached paths (filled by ``framework_of``)
+_by_type: dict[type, Framework] = {}
+#: ``framework_of_type(type(x))``: the framework of arrays of that type once a call has seen
+#: one, else None (one dictionary lookup, for the cached paths; ``framework_of`` checks)
+framework_of_type = _by_type.get
+
+
+_KIND_TEXT = {"cupy": "cupy.ndarray", "torch": "torch.Tensor"}
+
+
+def is_cupy(x) -> bool:
+    return isinstance(x, _cp().ndarray)
+
+
+def call_arguments(arrays: dict) -> tuple[Framework, int, dict]:
+    """(framework, device, ``{name: array}``) of a first call's arrays (``framework_of``): the
+    device is CuPy's current one for CuPy arrays, the tensors' for PyTorch's (the first
+    array's; the op's device check compares the others with it)."""
+    fw, native = framework_of(arrays)
+    if fw is CUPY:
+        return fw, _cp().cuda.runtime.getDevice(), native
+    first = next(x for x in native.values() if x is not None)
+    return fw, fw.device_of(first), native
+
+
+def views(fw: Framework, native: dict) -> dict:
+    """``{name: CuPy view or None}`` of ``call_arguments``' arrays, for validation."""
+    return {name: None if x is None else fw.view(x, name) for name, x in native.items()}

@@ -1,0 +1,88 @@
+"""The op runtime's pieces that need no GPU: which framework a call's arrays belong to, the
+prepared-call tables and the per-call overlap guard. (On the GPU: test_arrays_gpu.py.)"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.runtime import arrays
+from ge2jit.runtime.prepared import OverlapGuard, PreparedCalls, check_spans, clear_all
+
+from ..fake_cupy import FakeArray, make_module
+
+
+@pytest.fixture(autouse=True)
+def fake_cupy(monkeypatch):
+    monkeypatch.setattr(arrays, "_cupy_mod", make_module(0))
+
+
+class Interface:
+    """An object that only has ``__cuda_array_interface__``."""
+
+    __cuda_array_interface__ = {"shape": (2, 2), "typestr": "<f4", "data": (1 << 20, False),
+                                "version": 3, "strides": None}
+
+
+def test_cupy_arrays_and_absent_arguments():
+    a = FakeArray((2, 3))
+    fw, out = arrays.framework_of({"a": a, "bias": None})
+    assert fw is arrays.CUPY and out == {"a": a, "bias": None}
+    assert arrays.framework_of_type(FakeArray) is arrays.CUPY
+
+
+def test_interface_objects_are_read_through_cupy(monkeypatch):
+    module = make_module(0)
+    module.asarray = lambda x: FakeArray(x.__cuda_array_interface__["shape"])
+    monkeypatch.setattr(arrays, "_cupy_mod", module)
+    fw, out = arrays.framework_of({"a": Interface(), "b": FakeArray((2, 2))})
+    assert fw is arrays.CUPY and isinstance(out["a"], FakeArray)
+    assert arrays.framework_of_type(Interface) is None   # checked on every call
+
+
+@pytest.mark.parametrize("x, got", [(np.ones((2, 2)), "numpy.ndarray of shape (2, 2); move it "
+                                                      "to the GPU with cupy.asarray(b)"),
+                                    ([1.0], "got list"), (3, "got int")])
+def test_other_objects_are_one_line_type_errors(x, got):
+    with pytest.raises(ge2jit.ArgumentTypeError) as info:
+        arrays.framework_of({"a": FakeArray((2, 2)), "b": x})
+    msg = str(info.value)
+    assert msg.startswith("b: expected a GPU array (cupy.ndarray, torch.Tensor") and got in msg
+    assert "\n" not in msg
+
+
+def test_torch_is_not_imported_for_cupy_arrays():
+    arrays.framework_of({"a": FakeArray((2, 2))})
+    assert "torch" not in sys.modules
+
+
+def test_prepared_calls_are_bounded_and_cleared():
+    table = PreparedCalls("test", limit=3)
+    for i in range(3):
+        table.put(i, str(i))
+    assert table.get(2) == "2" and len(table) == 3
+    table.put(3, "3")   # full: cleared, then stored
+    assert len(table) == 1 and table.get(0) is None and table.get(3) == "3"
+    clear_all()
+    assert len(table) == 0
+
+
+def test_overlap_guard_uses_spans_fixed_by_the_signature():
+    x = FakeArray((4, 4))          # 64 bytes
+    out = FakeArray((4, 4))
+    guard = OverlapGuard(("x", "out"), (x, out), (1,))
+    assert guard
+    guard((1000, 1064))            # touching, not overlapping
+    guard((1064, 1000))
+    with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps x; pass a separate array"):
+        guard((1000, 1063))
+    assert not OverlapGuard(("x", "out"), (x, None), (1,))   # no output given: nothing to do
+
+
+def test_check_spans_names_the_first_overlapping_pair():
+    check_spans(("a", "b", "out"), [(0, 10), (10, 20), (20, 30)], (2,))
+    with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps b"):
+        check_spans(("a", "b", "out"), [(0, 10), (10, 20), (19, 30)], (2,))
