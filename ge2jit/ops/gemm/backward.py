@@ -29,6 +29,7 @@ _CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _GRID_Y_MAX = 65535
 _launchers: dict[tuple, Launcher] = {}
 _prepared = PreparedCalls("gemm_bias_act_backward", 256)
+_get_device = None   # CuPy's getDevice, once a call has imported CuPy
 
 
 class Gradients(NamedTuple):
@@ -67,8 +68,7 @@ def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, prec
 
     return (fw, arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
-            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias),
-            problem._cupy().cuda.runtime.getDevice())
+            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), _get_device())
 
 
 def _launcher(spec, device_id: int, fmt: str) -> Launcher:
@@ -155,6 +155,8 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
     native = {"gy": gy, "a": a, "b": b, "bias": bias, "c": c, "z": z, "y": y, "a_z": a_z,
               "a_bias": a_bias}
     fw, device_id, native = call_arguments(native)
+    global _get_device
+    _get_device = problem._cupy().cuda.runtime.getDevice
     if sig is None and framework_of_type(type(gy)) is fw:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,

@@ -444,12 +444,17 @@ _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
 def _cp():
-    global _cupy
+    global _cupy, _get_device
     if _cupy is None:
         from ..._deps import require_cupy
 
         _cupy = require_cupy()
+        _get_device = _cupy.cuda.runtime.getDevice
     return _cupy
+
+
+def _get_device() -> int:   # replaced by CuPy's getDevice once CuPy is imported
+    return _cp().cuda.runtime.getDevice()
 
 
 def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
@@ -598,8 +603,7 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
     if fw is not None:
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                             preact_out, config, autotune, _cupy.cuda.runtime.getDevice(),
-                             out_dtype, precision)
+                             preact_out, config, autotune, _get_device(), out_dtype, precision)
             prepared = _fast.get(sig)
         except (AttributeError, TypeError):  # other arrays, or unhashable: validation says why
             sig = prepared = None
