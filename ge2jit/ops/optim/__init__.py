@@ -61,7 +61,9 @@ def _flat(x, name: str, size: int, shape, dtypes) -> DType:
     return dt
 
 
-def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> None:
+def _checked(rule, param, grad, buf1, buf2, param_copy, nesterov):
+    """(spec, device, blocks) of one step on these arrays, checked; None for an empty
+    parameter (nothing to launch)."""
     check_array(param, "param")
     shape = param.shape
     _flat(param, "param", param.size, shape, (DType.F32,))
@@ -79,28 +81,30 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
             raise ArgumentValueError(f"{name}: on device {x.data.device_id}, param on "
                                      f"{param.data.device_id}")
     if param.size == 0:
+        return None
+    sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    blocks = max(1, min(-(-param.size // 256), 8 * sms))
+    return UpdateSpec(rule, grad_dtype, copy_dtype, nesterov), device_id, blocks
+
+
+def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> None:
+    step = _checked(rule, param, grad, buf1, buf2, param_copy, nesterov)
+    if step is None:
         return
-    spec = UpdateSpec(rule, grad_dtype, copy_dtype, nesterov)
+    spec, device_id, blocks = step
     key = (spec, device_id)
     launcher = _launchers.get(key)
     if launcher is None:
         k = get_kernel(spec, device_id)
         launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
-    sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
-    blocks = max(1, min(-(-param.size // 256), 8 * sms))
-    launcher((blocks, 1, 1), (256, 1, 1), 0, cp.cuda.get_current_stream().ptr,
+    launcher((blocks, 1, 1), (256, 1, 1), 0, _cupy().cuda.get_current_stream().ptr,
              param.data.ptr, grad.data.ptr, buf1.data.ptr,
              0 if buf2 is None else buf2.data.ptr,
              0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
 
 
-def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),
-                eps: float = 1e-8, weight_decay: float = 0.0, param_copy=None) -> None:
-    """One Adam step in place (AdamW's decoupled weight decay when ``weight_decay`` > 0):
-    ``m``, ``v`` (float32, zeros before the first step) are the moment estimates, ``step``
-    the 1-based step count for the bias corrections. ``param`` is float32; ``grad`` float32,
-    float16 or bfloat16; ``param_copy`` (optional) receives the updated parameter in its own
-    dtype (e.g. the bfloat16 weights of a mixed-precision model)."""
+def _adam_scalars(step, lr, betas, eps, weight_decay) -> tuple:
+    """The kernel's scalars of an Adam step, checked."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
         raise ArgumentValueError(f"step: expected an int >= 1 (the 1-based step count), got "
                                  f"{step!r}")
@@ -110,9 +114,27 @@ def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0
         raise ArgumentValueError(f"betas: expected two floats, got {betas!r}") from None
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ArgumentValueError(f"betas: expected values in [0, 1), got {betas!r}")
-    scalars = (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
-               check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
-    _launch("adam", param, grad, m, v, param_copy, False, scalars)
+    return (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
+            check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
+
+
+def _sgd_scalars(lr, momentum, weight_decay, nesterov) -> tuple:
+    """The kernel's scalars of an SGD step, checked."""
+    if not isinstance(nesterov, bool):
+        raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
+    return (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
+            check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
+
+
+def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),
+                eps: float = 1e-8, weight_decay: float = 0.0, param_copy=None) -> None:
+    """One Adam step in place (AdamW's decoupled weight decay when ``weight_decay`` > 0):
+    ``m``, ``v`` (float32, zeros before the first step) are the moment estimates, ``step``
+    the 1-based step count for the bias corrections. ``param`` is float32; ``grad`` float32,
+    float16 or bfloat16; ``param_copy`` (optional) receives the updated parameter in its own
+    dtype (e.g. the bfloat16 weights of a mixed-precision model)."""
+    _launch("adam", param, grad, m, v, param_copy, False,
+            _adam_scalars(step, lr, betas, eps, weight_decay))
 
 
 def sgd_update(param, grad, momentum_buffer, *, lr: float, momentum: float = 0.9,
@@ -121,8 +143,12 @@ def sgd_update(param, grad, momentum_buffer, *, lr: float, momentum: float = 0.9
     param``; ``buf = momentum * buf + g`` (``momentum_buffer``: float32, zeros before the
     first step); ``param -= lr * buf`` (Nesterov: ``lr * (g + momentum * buf)``). Types as in
     ``adam_update``."""
-    if not isinstance(nesterov, bool):
-        raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
-    scalars = (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
-               check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
-    _launch("sgd", param, grad, momentum_buffer, None, param_copy, nesterov, scalars)
+    _launch("sgd", param, grad, momentum_buffer, None, param_copy, nesterov,
+            _sgd_scalars(lr, momentum, weight_decay, nesterov))
+
+
+from ...runtime.registry import register  # noqa: E402 - the ops above are what it registers
+from .registration import ADAM, SGD  # noqa: E402
+
+register(ADAM)
+register(SGD)
