@@ -29,13 +29,12 @@ from .ops.gemm import (
     PipelineConfig,
     TileConfig,
     WgmmaConfig,
-    explain,
     gemm_bias_act,
     gemm_bias_act_backward,
-    tune,
 )
 from .ops.optim import adam_update, sgd_update
 from .precompile import warmup
+from .runtime.tools import explain, tune
 
 
 def cache_info() -> dict:

@@ -99,14 +99,20 @@ def _cache_info(args) -> int:
 
 def _cache_list(args) -> int:
     from .jit.cache import default_cache
+    from .runtime.registry import get, label
 
+    only = get(args.op).name if args.op is not None else None
     rows = []
     for path, e in default_cache().entries():
+        op = label(e.kernel_name) if e else None
+        if only is not None and op != only:
+            continue
         try:
             st = path.stat()
         except OSError:  # removed since it was listed (a prune in another process)
             continue
-        rows.append({"kernel": e.kernel_name if e else None, "arch": e.arch if e else None,
+        rows.append({"kernel": e.kernel_name if e else None, "op": op,
+                     "arch": e.arch if e else None,
                      "size": st.st_size, "registers": e.registers if e else None,
                      "spill_bytes": e.spill_bytes if e else None,
                      "last_used": datetime.fromtimestamp(st.st_mtime).astimezone()
@@ -115,15 +121,18 @@ def _cache_list(args) -> int:
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "mtime"} for r in rows], indent=1))
         return 0
-    # the name column as wide as the longest name, so that the columns after it stay aligned
+    # the name columns as wide as the longest name, so that the columns after them stay aligned
     width = max([len("kernel")] + [len(r["kernel"] or "<unreadable>") for r in rows])
-    print(f"{'kernel':{width}s} {'arch':7s} {'size':>9s} {'regs':>4s} {'spill':>5s}  last used")
+    op_width = max([len("op")] + [len(r["op"] or "?") for r in rows])
+    print(f"{'kernel':{width}s} {'op':{op_width}s} {'arch':7s} {'size':>9s} {'regs':>4s} "
+          f"{'spill':>5s}  last used")
     for r in rows:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["mtime"]))
         regs, spill = (("?", "?") if r["kernel"] is None
                        else (r["registers"], r["spill_bytes"]))
-        print(f"{r['kernel'] or '<unreadable>':{width}s} {r['arch'] or '?':7s} "
-              f"{_human(r['size']):>9s} {regs!s:>4s} {spill!s:>5s}  {used}")
+        print(f"{r['kernel'] or '<unreadable>':{width}s} {r['op'] or '?':{op_width}s} "
+              f"{r['arch'] or '?':7s} {_human(r['size']):>9s} {regs!s:>4s} {spill!s:>5s}  "
+              f"{used}")
     return 0
 
 
@@ -211,6 +220,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _op_names() -> list[str]:
+    from .runtime.registry import ops
+
+    return [op.name for op in ops()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``ge2jit`` command line: ``warmup`` and ``cache <action>``."""
     parser = _Parser(prog="ge2jit", description="ge2jit kernel cache tools")
@@ -248,11 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(actions, "info", _cache_info, help="location, entries, size, NVRTC in use",
          description="Where the cache is, what it holds, and the NVRTC in use.")
     a = _add(actions, "list", _cache_list,
-             help="one line per kernel: arch, size, registers, spills, last used",
-             description="List the kernels in the cache, most recently used first.")
+             help="one line per kernel: op, arch, size, registers, spills, last used",
+             description="List the kernels in the cache, most recently used first, each with "
+                         "the op it belongs to (by its name; ? where none claims it).")
     a.add_argument("--json", action="store_true",
-                   help="print a JSON array of objects (kernel, arch, size, registers, "
+                   help="print a JSON array of objects (kernel, op, arch, size, registers, "
                         "spill_bytes, last_used, path) for scripts; null for unreadable entries")
+    a.add_argument("--op", metavar="OP", default=None,
+                   help="only the kernels of this op (" + ", ".join(_op_names()) + ")")
     removal = ("Exit status: 0 done; 1 a file could not be removed or the directory is not "
                "usable (the first is named); 2 a mistake in the command line.")
     _add(actions, "clear", _cache_clear, help="remove every kernel from the cache",

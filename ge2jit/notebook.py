@@ -9,7 +9,7 @@ import html
 from dataclasses import dataclass, field
 
 from ._deps import require_cupy
-from .errors import ArgumentTypeError, ArgumentValueError
+from .errors import ArgumentValueError
 from .jit.cache import default_cache
 from .jit.device import device_arch, gpu_count
 from .jit.loader import build, get_kernel
@@ -17,33 +17,8 @@ from .jit.nvrtc import normalize_arch
 from .jit.render import render
 from .jit.sass import dump_sass, instruction_mix
 from .jit.spec import KernelSpec
-from .ops.gemm.problem import (
-    SUPPORTED_DTYPES,
-    check_act,
-    check_out_dtype,
-    check_precision,
-    dtype_name,
-)
-from .ops.gemm.select import Choice, check_config, kernel_set, parse_config
-from .ops.gemm.spec import (
-    BiasKind,
-    DType,
-    Layout,
-    MmaConfig,
-    PipelineConfig,
-    TileConfig,
-    WgmmaConfig,
-)
-
-#: what ``inspect`` takes as a kernel configuration besides its name
-CONFIG_TYPES = (PipelineConfig, MmaConfig, WgmmaConfig, TileConfig, Choice)
-#: ``bias=`` and ``c_layout=`` names: "none" (or None), "scalar", "col", "row"; "r", "c"
-_BIAS = {kind.name.lower(): kind for kind in BiasKind}
-_C_LAYOUTS = {"none": None, **{layout.value: layout for layout in Layout}}
-_LAYOUTS = [a.value + b.value for a in Layout for b in Layout]
-#: K of the problem a config is inspected for: only how split-K slices it depends on K, and a
-#: long K gives every slice work
-_INSPECT_K = 1 << 16
+from .runtime.registry import Explanation, Op, default_op, find, get
+from .runtime.tools import Records, explain, sort_records, time_config
 
 
 @dataclass(frozen=True)
@@ -147,90 +122,33 @@ def kernel_info(spec: KernelSpec, arch: str | None = None,
         cubin=entry.cubin)
 
 
-def _choose(value, name: str, accepted: dict, text: str):
-    """``accepted[value]``, or a one-line error naming ``name``, ``text`` and the value."""
-    if isinstance(value, str) or value is None:
-        key = "none" if value is None else value
-        if key in accepted:
-            return accepted[key]
-    raise ArgumentValueError(f"{name}: expected {text}, got {value!r}")
-
-
-def config_info(config, *, arch: str | None = None, dtype="float32", act: str = "none",
-                bias: str | None = None, bias_dtype=None, layouts: str = "rr",
-                c_layout: str | None = None, save_preact: bool = False, out_dtype=None,
-                precision: str | None = None, aligned: bool = True) -> KernelInfo:
-    """Compile and describe the GEMM kernel that ``config`` runs for one specialization; no
-    arrays, and no GPU when ``arch`` is named. ``ge2jit.inspect(name, ...)`` calls this.
-
-    Args:
-        config: a name as ``gemm_bias_act``'s ``config=`` takes (``"128x128x16_w32x64_s3"``,
-            ``"..._k4"`` for split K, ``"mma_128x128x32_w64x64_s4"``, ``"wgmma_128x256_s4"``,
-            ``"64x64x8_4x4"``) or a config object.
-        arch: the architecture to compile for (``"sm_80"``, ``"sm_90"``); default: the GPU's.
-        dtype: the inputs' type: "float32", "float16" or "bfloat16" (or a NumPy dtype).
-        act: the activation, as ``gemm_bias_act``'s ``act``.
-        bias: None, "scalar", "col" (one value per column) or "row" (one per row).
-        bias_dtype: the bias' type: ``dtype`` (default) or "float32".
-        layouts: A's then B's layout, "r" (row-major) or "c" (column-major): "rr", "rc", ...
-        c_layout: None (no C), "r" or "c" (a C added as ``beta * C``, row- or column-major).
-        save_preact: the kernel also stores Z.
-        out_dtype: Y's type: ``dtype`` (default) or "float32".
-        precision: float32 inputs: "ieee", "tf32" or "tf32x3" (None: as ``gemm_bias_act``).
-        aligned: operands with 16-byte aligned pointers and rows (False: only element
-            alignment, which runs the kernels' narrow copies, or another family).
-
-    Returns:
-        The ``KernelInfo`` of the GEMM kernel; ``extra`` names the config and any other
-        kernels it launches (a split-K reduction, operand copies).
+def config_info(op: Op, config=None, *, arch: str | None = None, **kwargs) -> KernelInfo:
+    """Compile and describe the kernel that ``config`` of ``op`` (None for an op without
+    configs) runs for one specialization, which ``kwargs`` name (the op's
+    ``specs_for_config`` says how); no arrays, and no GPU when ``arch`` is named. ``extra``
+    names the config and any other kernels it launches.
 
     Raises:
-        ArgumentValueError: a bad name, argument, or a config that cannot run this
+        ArgumentValueError: a bad name or argument, or a config that cannot run this
             specialization on ``arch`` (the message names the argument).
     """
-    cfg, split = parse_config(config)
-    choice = Choice(cfg, split)
+    op = get(op)
+    if op.specs_for_config is None:
+        raise ArgumentValueError(f"op: {op.name} cannot be inspected without arrays (it "
+                                 "registers no specs_for_config)")
     arch = _arch(arch, gpu_count() > 0)
-    name = dtype_name(dtype)
-    if name not in SUPPORTED_DTYPES:
-        raise ArgumentValueError(f"dtype: expected one of {', '.join(SUPPORTED_DTYPES)}, got "
-                                 f"{dtype!r}")
-    dt = SUPPORTED_DTYPES[name]
-    if bias_dtype is None:
-        bias_dt = dt
-    else:
-        bias_dt = SUPPORTED_DTYPES.get(dtype_name(bias_dtype))
-        if bias_dt not in (dt, DType.F32):
-            raise ArgumentValueError(
-                f"bias_dtype: expected {' or '.join(sorted({name, 'float32'}))} (dtype is "
-                f"{name}), got {bias_dtype!r}")
-    act_ = check_act(act)
-    bias_kind = _choose(bias, "bias", _BIAS, "None, 'scalar', 'col' or 'row'")
-    if layouts not in _LAYOUTS:
-        raise ArgumentValueError(f"layouts: expected 'rr', 'rc', 'cr' or 'cc' (A's then B's "
-                                 f"layout: row- or column-major), got {layouts!r}")
-    layout_c = _choose(c_layout, "c_layout", _C_LAYOUTS, "None, 'r' or 'c'")
-    for flag, value in (("save_preact", save_preact), ("aligned", aligned)):
-        if not isinstance(value, bool):
-            raise ArgumentTypeError(f"{flag}: expected True or False, got {value!r}")
-    out_dt = check_out_dtype(out_dtype, dt, None)
-    prec = check_precision(precision, dt)
-    check_config(cfg, arch, dt, prec, who="arch", target="the arch asked for")
-    aligns = (16, 16, 16) if aligned else (dt.itemsize, dt.itemsize, out_dt.itemsize)
-    ks = kernel_set(dt, Layout(layouts[0]), Layout(layouts[1]), layout_c, act_, bias_kind,
-                    save_preact, cfg, split, _INSPECT_K, aligns, out_dt, dt, bias_dt, prec)
-    extra = {"config": choice.name}
-    others = [s.kernel_name for s in ks.specs if s is not ks.main]
-    if others:
-        extra["also launches"] = ", ".join(others)
-    return kernel_info(ks.main, arch, extra)
+    specs = op.specs_for_config(config, arch, **kwargs)
+    extra = {} if config is None else {"config": str(getattr(config, "name", config))}
+    if len(specs) > 1:
+        extra["also launches"] = ", ".join(s.kernel_name for s in specs[1:])
+    return kernel_info(specs[0], arch, extra)
 
 
 @dataclass(frozen=True)
 class CallInfo:
-    """What one gemm_bias_act call runs: the chosen config, why, and each kernel."""
+    """What one call runs: the chosen config, why, and each kernel."""
 
-    explanation: object
+    explanation: Explanation
     kernels: tuple[KernelInfo, ...]
 
     def __str__(self) -> str:
@@ -244,83 +162,53 @@ class CallInfo:
 def inspect(obj, *args, arch: str | None = None, **kwargs) -> KernelInfo | CallInfo:
     """Describe a kernel: its spec, source, registers, shared memory, spills, occupancy.
 
-    Three forms:
-        - ``inspect("128x128x16_w32x64_s3", arch="sm_90", dtype="float32", act="gelu",
-          bias="col", ...)``: the kernel a config runs for one specialization (no arrays, no
-          GPU needed; the keywords are ``config_info``'s).
+    Forms (``op`` is an op's function, name or ``Op``; left out, the default op):
+        - ``inspect([op,] "<config>", arch="sm_90", **keywords)``: the kernel a config runs
+          for one specialization (no arrays, no GPU needed; the keywords are the op's
+          ``specs_for_config``'s). An op without configs: ``inspect(op, arch=..., ...)``.
         - ``inspect(spec, arch="sm_90")``: any kernel spec.
-        - ``inspect(a, b, bias, act=..., ...)``: with ``gemm_bias_act``'s arguments, the
-          configuration that call chooses, why, and each kernel it runs (on the GPU).
+        - ``inspect([op,] *arrays, **keywords)``: with the op's arguments, the configuration
+          that call chooses, why, and each kernel it runs (on the GPU).
 
     ``arch`` defaults to the current GPU's; without a GPU it must be named.
     """
     if isinstance(obj, KernelSpec):
         return kernel_info(obj, arch)
-    if isinstance(obj, (str, *CONFIG_TYPES)):
-        return config_info(obj, *args, arch=arch, **kwargs)
-    from .ops.gemm.op import explain
-
-    info = explain(obj, *args, **kwargs)
+    op = find(obj)
+    if op is None:
+        op, args = default_op(), (obj, *args)
+    if not args or isinstance(args[0], (str, *op.config_types)):
+        return config_info(op, *args, arch=arch, **kwargs)
+    info = explain(op, *args, **kwargs)
     return CallInfo(info, tuple(kernel_info(s) for s in info.specs))
 
 
-class Records(list):
-    """A list of dicts that prints as a table (and renders as one in Jupyter)."""
+def benchmark_configs(op, *args, configs=None, reps: int = 20, **kwargs) -> Records:
+    """Time ``op`` (its function, name or ``Op``) on these arguments with each of
+    ``configs`` pinned (default: the op's candidates for them).
 
-    def _columns(self):
-        cols = []
-        for r in self:
-            cols += [k for k in r if k not in cols]
-        return cols
-
-    def __repr__(self) -> str:
-        cols = self._columns()
-        cells = [[_cell(r.get(c)) for c in cols] for r in self]
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        cols = self._columns()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>"
-                                        for c in cols) + "</tr>" for r in self)
-        return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _cell(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def benchmark_configs(configs, a, b, bias=None, *, reps: int = 20, **kwargs) -> Records:
-    """Time ``gemm_bias_act(a, b, bias, config=c, **kwargs)`` for each config on these arrays.
+    ``benchmark_configs(configs, *arrays, **keywords)`` (configs first) times the default op.
 
     Returns one record per config, fastest first: config, ms (median of CUDA events), TFLOP/s
-    and the kernels it ran; a config that fails records its error instead.
+    (where the op counts its flops) and the kernels it ran; a config that fails records its
+    error instead.
     """
-    from .ops.gemm.op import explain, gemm_bias_act
-    from .tune.timing import time_ms
-
-    m, k = a.shape
-    n = b.shape[1]
+    if find(op) is None and not isinstance(op, str):   # configs first: the default op's
+        op, configs = default_op(), op
+    op = get(op)
+    if configs is None:
+        if op.candidates is None:
+            raise ArgumentValueError(f"op: {op.name} has no configs to compare")
+        configs = op.candidates(*args, **kwargs)
     records = Records()
     for config in configs:
-        name = getattr(config, "name", config)
-        try:
-            info = explain(a, b, bias, config=config, **kwargs)
-            ms = time_ms(lambda config=config: gemm_bias_act(a, b, bias, config=config,
-                                                             **kwargs),
-                         warmup=3, reps=reps)
-            records.append({"config": info.config, "ms": ms,
-                            "TFLOP/s": 2.0 * m * n * k / ms / 1e9,
-                            "kernels": ", ".join(info.kernel_names)})
-        except Exception as e:  # noqa: BLE001 - a failing config is a result, not a crash
-            records.append({"config": str(name), "ms": None, "TFLOP/s": None,
-                            "error": str(e).splitlines()[0]})
-    records.sort(key=lambda r: (r["ms"] is None, r["ms"] or 0.0))
+        record = time_config(op, config, args, kwargs, reps=reps, warmup=3)
+        if record["ms"] is not None and op.plan is not None:
+            info = explain(op, *args, config=config, **kwargs)
+            record["config"] = info.config
+            if info.flops is not None:
+                record["TFLOP/s"] = info.flops / record["ms"] / 1e9
+            record["kernels"] = ", ".join(info.kernel_names)
+        records.append(record)
+    records[:] = sort_records(records)
     return records

@@ -1,16 +1,8 @@
 """Cache warm-up: compile, before the first request, every kernel a deployment will use.
 
-A TOML file lists what to compile, one array of tables per op:
-
-    archs = ["sm_90a", "sm_80"]          # optional: default the GPUs present, or --arch
-
-    [[gemm_bias_act]]
-    dtypes = ["float32"]
-    acts = ["gelu_tanh", "silu"]
-    bias = ["col"]
-    layouts = ["rr", "rc"]
-    configs = "heuristic"                # or "all", or a list of config names
-    shapes = [[4096, 4096, 1024]]
+A TOML file lists what to compile: ``archs`` (optional: default the GPUs present, or
+``--arch``) and one array of tables per registered warm-up table (``runtime.registry``: each
+op names its tables and expands them to kernel specs); ``ge2jit warmup --example`` prints one.
 
 Kernels compile in parallel processes into the kernel cache, skipping what it holds already.
 """
@@ -26,17 +18,25 @@ from pathlib import Path
 from .errors import ArgumentValueError, CacheNotWritableError
 from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
-from .ops.gemm import warmup as gemm_warmup
-from .ops.gemm import warmup_backward as gemm_backward_warmup
-from .ops.gemm.warmup import MAX_SIZE
-from .ops.optim import warmup as optim_warmup
+from .runtime.registry import warmup_tables
+from .runtime.tables import MAX_SMS
 from .settings import get_settings
 
-#: Registered ops: the name of their TOML array of tables -> the module that expands it.
-OPS = {"gemm_bias_act": gemm_warmup, "gemm_bias_act_backward": gemm_backward_warmup,
-       "adam_update": optim_warmup.adam, "sgd_update": optim_warmup.sgd}
-TOP_KEYS = ("archs", *OPS)
 MAX_FILE_BYTES = 16 << 20  # a warm-up file is a few kB: more is not one
+
+
+def top_keys() -> tuple[str, ...]:
+    """The keys a warm-up file may hold: ``archs`` and every registered table."""
+    return ("archs", *warmup_tables())
+
+
+def __getattr__(name: str):
+    # OPS (table name -> table) and TOP_KEYS, as they are now in the registry
+    if name == "OPS":
+        return warmup_tables()
+    if name == "TOP_KEYS":
+        return top_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class WarmupConfigError(ArgumentValueError):
@@ -44,7 +44,8 @@ class WarmupConfigError(ArgumentValueError):
 
 
 def _line_of(text: str, key: str, table: str | None, index: int) -> int | None:
-    """1-based line of ``key = ...`` inside the index-th [[table]] (or at top level)."""
+    """1-based line of ``key = ...`` inside the index-th [[table]] (or at top level, where a
+    [key] or [[key]] header also counts)."""
     lines = text.splitlines()
     start, seen = 0, -1
     if table is not None:
@@ -65,7 +66,10 @@ def _line_of(text: str, key: str, table: str | None, index: int) -> int | None:
             break
         if pattern.match(lines[i]):
             return i + 1
-    return start + 1 if table is not None else None
+    if table is not None:
+        return start + 1
+    header = re.compile(r"^\s*\[\[?\s*" + re.escape(key) + r"\s*\]")
+    return next((i + 1 for i, line in enumerate(lines) if header.match(line)), None)
 
 
 def _error(path: str, line: int | None, msg: str) -> WarmupConfigError:
@@ -91,7 +95,7 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
     """
     path = str(path)
     if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool)
-                            or not 0 < sms <= MAX_SIZE):
+                            or not 0 < sms <= MAX_SMS):
         raise WarmupConfigError(f"sms: expected a positive integer (the GPU's multiprocessor "
                                 f"count), got {sms!r}")
     try:
@@ -113,10 +117,11 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"line (\d+)", str(e))
         raise _error(path, int(m.group(1)) if m else None, f"not valid TOML: {e}") from None
+    tables, keys = warmup_tables(), top_keys()
     for key in data:
-        if key not in TOP_KEYS:
+        if key not in keys:
             raise _error(path, _line_of(text, key, None, 0),
-                         f"{key}: unknown key; accepted: {', '.join(TOP_KEYS)}")
+                         f"{key}: unknown key; accepted: {', '.join(keys)}")
     if archs:
         arch_list = list(archs)
     elif "archs" in data:
@@ -145,7 +150,7 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
 
         records = list(default_db().records())
     jobs = []
-    for op, module in OPS.items():
+    for op, module in tables.items():
         entries = data.get(op, [])
         if isinstance(entries, dict) or not isinstance(entries, list):
             raise _error(path, _line_of(text, op, None, 0),

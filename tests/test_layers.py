@@ -1,6 +1,7 @@
 """The layering rules, read from the sources: the shared machinery (``ge2jit/jit``,
-``ge2jit/runtime``, ``ge2jit/tune``) imports no op, and no op imports another op's modules
-(what two ops need lives in the shared layer)."""
+``ge2jit/runtime``, ``ge2jit/tune``) and the tools above it (warm-up, notebook helpers, the
+command, bundles) import no op and name none (they find ops in ``runtime.registry``), and no
+op imports another op's modules (what two ops need lives in the shared layer)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,31 @@ def _sources(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*.py"))
 
 
-@pytest.mark.parametrize("layer", ["jit", "runtime", "tune"])
-def test_shared_layers_import_no_op(layer):
-    for path in _sources(PACKAGE / layer):
+#: what may know no op: the shared layers and the tools, which use the registry
+OP_FREE = ["jit", "runtime", "tune", "precompile.py", "notebook.py", "cli.py", "bundle.py"]
+
+
+def _op_free(layer: str) -> list[Path]:
+    path = PACKAGE / layer
+    return _sources(path) if path.is_dir() else [path]
+
+
+@pytest.mark.parametrize("layer", OP_FREE)
+def test_shared_layers_and_tools_import_no_op(layer):
+    for path in _op_free(layer):
         bad = [m for m in _imports(path) if m.startswith("ge2jit.ops")]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+@pytest.mark.parametrize("layer", OP_FREE)
+def test_shared_layers_and_tools_name_no_op(layer):
+    from ge2jit.runtime.registry import ops
+
+    names = ["gemm", *(op.name for op in ops()), *(t for op in ops() for t in op.warmup)]
+    for path in _op_free(layer):
+        text = path.read_text().lower()
+        bad = sorted({name for name in names if name in text})
+        assert not bad, f"{path.relative_to(PACKAGE)} names {bad}"
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from ..errors import ArgumentValueError
 
+#: The largest multiprocessor count a table or the command takes (a 32-bit integer).
+MAX_SMS = 2**31 - 1
+
 
 def check_list(entry: dict, key: str, allowed, keys: dict) -> list:
     """``entry[key]`` (or its default in ``keys``, which maps each key to (description of the

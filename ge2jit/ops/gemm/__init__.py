@@ -1,8 +1,11 @@
 """The fused GEMM op: validation (problem), kernel specs (spec), kernel choice (select) and the
-launcher with its plans, tuning and explanation (op)."""
+launcher with its plans, tuning and explanation (op); the backward (backward); what the tools
+know of both (registration)."""
 
+from ...runtime.registry import register
 from .backward import Gradients, gemm_bias_act_backward
 from .op import Explanation, TuneResult, clear_plans, explain, gemm_bias_act, tune
+from .registration import BACKWARD, FORWARD
 from .select import Choice
 from .spec import (
     MMA_16BIT_CONFIGS,
@@ -40,3 +43,6 @@ __all__ = ["gemm_bias_act", "gemm_bias_act_backward", "Gradients", "DzSpec", "Db
            "WgmmaGemmSpec", "TransposeSpec", "Tf32SplitSpec", "MMA_16BIT_CONFIGS",
            "MMA_TF32_CONFIGS",
            "WGMMA_CONFIGS", "WGMMA_X3_CONFIGS", "MMA_X3_CONFIGS"]
+
+register(FORWARD, default=True)   # the op the tools use when given arrays first
+register(BACKWARD)

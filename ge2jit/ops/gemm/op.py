@@ -19,6 +19,7 @@ from ...jit.parallel import compile_many
 from ...jit.tma import tensor_map_2d
 from ...runtime.arrays import CUPY, Framework, call_arguments, framework_of_type, views
 from ...runtime.prepared import OverlapGuard, PreparedCalls, clear_all
+from ...runtime.registry import Explanation
 from ...tune.db import default_db
 from ...tune.timing import time_ms
 from .problem import Problem, check_scalar, validate
@@ -254,35 +255,6 @@ def _ptr(x) -> int:
 def _ld(y, m: int, n: int) -> int:
     """Leading dimension, in elements, of a row-major output."""
     return y.strides[0] // y.itemsize if m > 1 else n
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """Which kernels a call uses, and why."""
-
-    choice: Choice
-    kernel_names: tuple[str, ...]
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_bytes: int
-    registers: tuple[int, ...]
-    spill_bytes: tuple[int, ...]
-    specs: tuple = ()
-
-    @property
-    def reason(self) -> str:
-        return self.choice.reason
-
-    @property
-    def config(self) -> str:
-        return self.choice.name
-
-    def __str__(self) -> str:
-        lines = [f"config {self.choice}"]
-        for name, regs, spill in zip(self.kernel_names, self.registers, self.spill_bytes):
-            lines.append(f"  kernel {name}: {regs} registers, {spill} spill bytes")
-        lines.append(f"  grid {self.grid}, block {self.block}, {self.shared_bytes} B shared")
-        return "\n".join(lines)
 
 
 def _aligns(p: Problem, y, z) -> Aligns:
@@ -706,12 +678,8 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
                                      "nothing")
         y, z, _, _ = _outputs(p, save_preact, fw, (out, preact_out))
         plan = _plan_for(p, y, z, save_preact, config, autotune)
-    kernels = plan.kernels
-    return Explanation(plan.choice, tuple(k.spec.kernel_name for k in kernels), plan.grid,
-                       plan.block, plan.smem,
-                       tuple(k.entry.registers for k in kernels),
-                       tuple(k.entry.spill_bytes for k in kernels),
-                       tuple(k.spec for k in kernels))
+    return Explanation(plan.choice, plan.kernels, plan.grid, plan.block, plan.smem,
+                       2.0 * p.m * p.n * p.k)
 
 
 @dataclass(frozen=True)

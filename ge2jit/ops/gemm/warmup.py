@@ -6,7 +6,7 @@ import itertools
 
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
-from ...runtime.tables import check_keys, check_list
+from ...runtime.tables import MAX_SMS, check_keys, check_list
 from .problem import MAX_K, MAX_MN, PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
@@ -40,8 +40,7 @@ BIAS = {"none": BiasKind.NONE, "scalar": BiasKind.SCALAR, "col": BiasKind.COL,
 LAYOUTS = {"rr", "rc", "cr", "cc"}
 C_LAYOUTS = {"none": None, "r": Layout.ROW, "c": Layout.COL}
 
-#: The largest multiprocessor count (a 32-bit integer); sizes follow gemm_bias_act's limits.
-MAX_SIZE = 2**31 - 1
+#: Sizes follow gemm_bias_act's limits.
 SIZE_LIMITS = {"M": (MAX_MN, "2**31 - 2**16"), "N": (MAX_MN, "2**31 - 2**16"),
                "K": (MAX_K, "2**31 - 1")}
 
@@ -86,7 +85,7 @@ def check_shapes_and_machine(entry: dict, out: dict, keys: dict = KEYS,
     sms = entry.get("sms")
     if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
         raise ArgumentValueError(f"sms: expected {keys['sms'][0]}, got {sms!r}")
-    if sms is not None and sms > MAX_SIZE:
+    if sms is not None and sms > MAX_SMS:
         raise ArgumentValueError(f"sms: {sms} multiprocessors: counts up to 2**31 - 1 are "
                                  "supported")
     out["sms"] = sms

@@ -62,7 +62,9 @@ def _flat(x, name: str, size: int, shape, dtypes) -> DType:
     return dt
 
 
-def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> None:
+def _checked(rule, param, grad, buf1, buf2, param_copy, nesterov):
+    """(spec, device, blocks, framework, (param, grad, buf1, buf2, param_copy) as CuPy views)
+    of one step on these arrays, checked; None for an empty parameter (nothing to launch)."""
     names = ("m", "v") if rule == "adam" else ("momentum_buffer",)
     fw, device_id, native = call_arguments({"param": param, "grad": grad, names[0]: buf1,
                                             "v": buf2, "param_copy": param_copy})
@@ -84,15 +86,23 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
             raise ArgumentValueError(f"{name}: on device {x.data.device_id}, param on "
                                      f"{param.data.device_id}")
     if param.size == 0:
+        return None
+    sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    blocks = max(1, min(-(-param.size // 256), 8 * sms))
+    return (UpdateSpec(rule, grad_dtype, copy_dtype, nesterov), device_id, blocks, fw,
+            (param, grad, buf1, buf2, param_copy))
+
+
+def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> None:
+    step = _checked(rule, param, grad, buf1, buf2, param_copy, nesterov)
+    if step is None:
         return
-    spec = UpdateSpec(rule, grad_dtype, copy_dtype, nesterov)
+    spec, device_id, blocks, fw, (param, grad, buf1, buf2, param_copy) = step
     key = (spec, device_id)
     launcher = _launchers.get(key)
     if launcher is None:
         k = get_kernel(spec, device_id)
         launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
-    sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
-    blocks = max(1, min(-(-param.size // 256), 8 * sms))
     with fw.context(device_id):
         launcher((blocks, 1, 1), (256, 1, 1), 0, fw.stream_getter(device_id)(),
                  param.data.ptr, grad.data.ptr, buf1.data.ptr,
@@ -100,13 +110,8 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
                  0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
 
 
-def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),
-                eps: float = 1e-8, weight_decay: float = 0.0, param_copy=None) -> None:
-    """One Adam step in place (AdamW's decoupled weight decay when ``weight_decay`` > 0):
-    ``m``, ``v`` (float32, zeros before the first step) are the moment estimates, ``step``
-    the 1-based step count for the bias corrections. ``param`` is float32; ``grad`` float32,
-    float16 or bfloat16; ``param_copy`` (optional) receives the updated parameter in its own
-    dtype (e.g. the bfloat16 weights of a mixed-precision model)."""
+def _adam_scalars(step, lr, betas, eps, weight_decay) -> tuple:
+    """The kernel's scalars of an Adam step, checked."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
         raise ArgumentValueError(f"step: expected an int >= 1 (the 1-based step count), got "
                                  f"{step!r}")
@@ -116,9 +121,27 @@ def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0
         raise ArgumentValueError(f"betas: expected two floats, got {betas!r}") from None
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ArgumentValueError(f"betas: expected values in [0, 1), got {betas!r}")
-    scalars = (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
-               check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
-    _launch("adam", param, grad, m, v, param_copy, False, scalars)
+    return (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
+            check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
+
+
+def _sgd_scalars(lr, momentum, weight_decay, nesterov) -> tuple:
+    """The kernel's scalars of an SGD step, checked."""
+    if not isinstance(nesterov, bool):
+        raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
+    return (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
+            check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
+
+
+def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),
+                eps: float = 1e-8, weight_decay: float = 0.0, param_copy=None) -> None:
+    """One Adam step in place (AdamW's decoupled weight decay when ``weight_decay`` > 0):
+    ``m``, ``v`` (float32, zeros before the first step) are the moment estimates, ``step``
+    the 1-based step count for the bias corrections. ``param`` is float32; ``grad`` float32,
+    float16 or bfloat16; ``param_copy`` (optional) receives the updated parameter in its own
+    dtype (e.g. the bfloat16 weights of a mixed-precision model)."""
+    _launch("adam", param, grad, m, v, param_copy, False,
+            _adam_scalars(step, lr, betas, eps, weight_decay))
 
 
 def sgd_update(param, grad, momentum_buffer, *, lr: float, momentum: float = 0.9,
@@ -127,8 +150,12 @@ def sgd_update(param, grad, momentum_buffer, *, lr: float, momentum: float = 0.9
     param``; ``buf = momentum * buf + g`` (``momentum_buffer``: float32, zeros before the
     first step); ``param -= lr * buf`` (Nesterov: ``lr * (g + momentum * buf)``). Types as in
     ``adam_update``."""
-    if not isinstance(nesterov, bool):
-        raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
-    scalars = (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
-               check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
-    _launch("sgd", param, grad, momentum_buffer, None, param_copy, nesterov, scalars)
+    _launch("sgd", param, grad, momentum_buffer, None, param_copy, nesterov,
+            _sgd_scalars(lr, momentum, weight_decay, nesterov))
+
+
+from ...runtime.registry import register  # noqa: E402 - the ops above are what it registers
+from .registration import ADAM, SGD  # noqa: E402
+
+register(ADAM)
+register(SGD)
