@@ -11,6 +11,7 @@ import numpy as np
 from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
+from ...jit.params import Param, double, int64, pointer
 from ...jit.spec import KernelSpec
 from ...runtime.checks import _cupy, check_array, check_scalar, check_shaped
 from ...runtime.dtypes import DType
@@ -51,6 +52,17 @@ class UpdateSpec(KernelSpec):
         copy = f"_copy{self.copy_dtype.value}" if self.copy_dtype else ""
         rule = "sgd_nesterov" if self.nesterov else self.rule
         return f"{rule}_update_g{self.grad_dtype.value}{copy}"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The parameter, its gradient, the optimizer's state (Adam: m and v; SGD: the
+        momentum buffer, buf2 unused), the copy, the size and the rule's scalars (see
+        ``adam_update``, ``sgd_update``)."""
+        return (pointer("param", "float"), pointer("grad", self.grad_dtype.ctype, const=True),
+                pointer("buf1", "float"), pointer("buf2", "float"),
+                pointer("copy", self.copy_dtype.ctype if self.copy_dtype else "float"),
+                *int64("n"), *double("lr_", "h1_", "h2_", "eps_", "wd_", "c1_", "c2_"))
+
 
 
 def _flat(x, name: str, size: int, shape, dtypes) -> DType:
