@@ -18,7 +18,6 @@ from ...runtime.dtypes import DType
 
 __all__ = ["UpdateSpec", "adam_update", "sgd_update"]
 
-_PARAMS = "<QQQQQqddddddd"
 _launchers: dict[tuple, Launcher] = {}
 
 
@@ -64,7 +63,6 @@ class UpdateSpec(KernelSpec):
                 *int64("n"), *double("lr_", "h1_", "h2_", "eps_", "wd_", "c1_", "c2_"))
 
 
-
 def _flat(x, name: str, size: int, shape, dtypes) -> DType:
     dt = check_shaped(x, name, shape, "(param's)", dtypes)
     if size and not x.flags.c_contiguous:
@@ -97,13 +95,14 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
     launcher = _launchers.get(key)
     if launcher is None:
         k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
+        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
     sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
     blocks = max(1, min(-(-param.size // 256), 8 * sms))
-    launcher((blocks, 1, 1), (256, 1, 1), 0, cp.cuda.get_current_stream().ptr,
-             param.data.ptr, grad.data.ptr, buf1.data.ptr,
-             0 if buf2 is None else buf2.data.ptr,
-             0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
+    launcher.launch((blocks, 1, 1), (256, 1, 1), 0, cp.cuda.get_current_stream().ptr,
+                    param=param.data.ptr, grad=grad.data.ptr, buf1=buf1.data.ptr,
+                    buf2=0 if buf2 is None else buf2.data.ptr,
+                    copy=0 if param_copy is None else param_copy.data.ptr, n=param.size,
+                    **scalars)
 
 
 def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),
@@ -122,8 +121,9 @@ def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0
         raise ArgumentValueError(f"betas: expected two floats, got {betas!r}") from None
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ArgumentValueError(f"betas: expected values in [0, 1), got {betas!r}")
-    scalars = (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
-               check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
+    scalars = dict(lr_=check_scalar(lr, "lr"), h1_=b1, h2_=b2, eps_=check_scalar(eps, "eps"),
+                   wd_=check_scalar(weight_decay, "weight_decay"), c1_=1.0 - b1 ** step,
+                   c2_=1.0 - b2 ** step)
     _launch("adam", param, grad, m, v, param_copy, False, scalars)
 
 
@@ -135,6 +135,7 @@ def sgd_update(param, grad, momentum_buffer, *, lr: float, momentum: float = 0.9
     ``adam_update``."""
     if not isinstance(nesterov, bool):
         raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
-    scalars = (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
-               check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
+    scalars = dict(lr_=check_scalar(lr, "lr"), h1_=check_scalar(momentum, "momentum"),
+                   h2_=0.0, eps_=0.0, wd_=check_scalar(weight_decay, "weight_decay"), c1_=1.0,
+                   c2_=1.0)
     _launch("sgd", param, grad, momentum_buffer, None, param_copy, nesterov, scalars)
