@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from .params import Param, param_list
+
 
 class KernelSpec:
     """Mixin for frozen dataclasses that name one kernel.
 
     A subclass sets ``template`` (a path under ``kernel_templates/``) and defines ``kernel_name``,
-    which is also the ``extern "C"`` symbol of the kernel. The template is rendered with the spec
-    as its only variable (``spec``).
+    which is also the ``extern "C"`` symbol of the kernel, and ``params``, its parameters in
+    order. The template is rendered with the spec as its only variable (``spec``) and declares
+    the kernel as ``{{ spec.kernel_name }}({{ spec.param_list() }})``.
     """
 
     template: ClassVar[str]
@@ -21,6 +24,15 @@ class KernelSpec:
     @property
     def kernel_name(self) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The kernel's parameters, in order (``ge2jit.jit.params``)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no kernel parameters")
+
+    def param_list(self) -> str:
+        """The C parameter list of the kernel's declaration."""
+        return param_list(self.params)
 
     def compile_options(self) -> tuple[str, ...]:
         """Extra NVRTC options this kernel needs (beyond the architecture)."""

@@ -245,7 +245,7 @@ class TorchFramework(Framework):
             stack.enter_context(cp.cuda.Device(device_id))
         stream = self.stream_getter(device_id)()
         if stream != cp.cuda.get_current_stream().ptr:
-            stack.enter_context(cp.cuda.ExternalStream(stream, device_id))
+            stack.enter_context(external_stream(stream, device_id))
         return stack
 
 
@@ -334,3 +334,23 @@ def call_arguments(arrays: dict) -> tuple[Framework, int, dict]:
 def views(fw: Framework, native: dict) -> dict:
     """``{name: CuPy view or None}`` of ``call_arguments``' arrays, for validation."""
     return {name: None if x is None else fw.view(x, name) for name, x in native.items()}
+
+
+class _StreamHandle:
+    """A raw stream pointer in the CUDA stream protocol (``__cuda_stream__``)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def external_stream(ptr: int, device_id: int):
+    """A CuPy stream object (usable as a context) for a stream another framework made."""
+    stream = _cp().cuda.Stream
+    if hasattr(stream, "from_external"):
+        return stream.from_external(_StreamHandle(ptr))
+    return _cp().cuda.ExternalStream(ptr, device_id)  # pragma: no cover - CuPy < 14

@@ -56,26 +56,8 @@ dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope 
 {% endif %}
 {% endmacro %}
 
-{# The parameter list every GEMM kernel family takes, in the order the launcher packs them
-   (ge2jit/ops/gemm/op.py, _GEMM_PARAMS): every parameter is 8 bytes. The element types are
-   the spec's (common/types.cuh); `prefix` puts parameters of other sizes first. #}
-{% macro gemm_params(spec, prefix="") %}
-{{ spec.kernel_name }}({{ prefix }}const {{ spec.in_ctype }}* __restrict__ A, long long lda,
-                       const {{ spec.in_ctype }}* __restrict__ B, long long ldb,
-                       const {{ spec.c_ctype }}* __restrict__ C, long long ldc,
-{% if spec.bgrad | default(false) %}
-                       float* __restrict__ bias, long long bias_stride,   {# bgrad's output #}
-{% else %}
-                       const {{ spec.bias_ctype }}* __restrict__ bias, long long bias_stride,
-{% endif %}
-                       {{ spec.y_ctype }}* __restrict__ Y, long long ldy,
-                       {{ spec.y_ctype }}* __restrict__ Z, long long ldz,
-                       long long M_, long long N_, long long K_,
-                       double alpha_, double beta_, double leaky_slope_,
-                       long long k_tiles_per_split)
-{% endmacro %}
-
-{# The float32 locals of the 8-byte kernel parameters (after gemm_params). #}
+{# The int and float32 locals of the kernel parameters M_, N_, K_, alpha_, beta_ and
+   leaky_slope_ (the spec's `params`). #}
 {% macro scalars(sizes=True) %}
 {% if sizes %}
 const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);

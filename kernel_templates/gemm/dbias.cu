@@ -7,8 +7,7 @@
 {% include "common/types.cuh" %}
 
 extern "C" __global__ void __launch_bounds__(256)
-{{ spec.kernel_name }}(const float* __restrict__ partial, long long rows, long long cols,
-                       {{ spec.out_dtype.ctype }}* __restrict__ out, long long chunk)
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
 {% if spec.total %}
     __shared__ float sums[256];

@@ -22,12 +22,7 @@ __device__ __forceinline__ void store8(T* p, const float (&v)[8]) { store_vec(p,
 {% endif %}
 
 extern "C" __global__ void __launch_bounds__(256)
-{{ spec.kernel_name }}(const {{ spec.grad_dtype.ctype }}* __restrict__ gy, long long gy_r, long long gy_c,
-                       const {{ spec.src_dtype.ctype }}* __restrict__ src, long long src_r, long long src_c,
-                       {{ spec.dz_dtype.ctype }}* __restrict__ dz, long long dz_r, long long dz_c,
-                       {{ spec.dc_dtype.ctype }}* __restrict__ dc, long long dc_r, long long dc_c,
-                       float* __restrict__ partial, long long M_, long long N_,
-                       long long rows_, double beta_, double slope_)
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     const int M = static_cast<int>(M_), N = static_cast<int>(N_);
     const int TILE_M = static_cast<int>(rows_);   // rows per block

@@ -191,7 +191,7 @@ __device__ __forceinline__ void load_fragments(unsigned (&af)[MI][4], unsigned (
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-{{ ep.gemm_params(spec) -}}
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ __align__(128) char smem[];
     {{ ep.scalars() | indent(4) }}

@@ -21,7 +21,7 @@ constexpr int PAD = 4;
 // (THREADS, 1): without a minimum of blocks, ptxas aimed at more of them and spilled a few
 // bytes in some variants (64x64 tiles with a C term) to get there.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-{{ ep.gemm_params(spec) -}}
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     {{ ep.scalars() | indent(4) }}
     __shared__ float As[BK][BM + PAD];   // As[k][m]

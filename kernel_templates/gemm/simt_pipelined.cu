@@ -104,7 +104,7 @@ __device__ __forceinline__ void load_tiles(float* __restrict__ As, float* __rest
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
-{{ ep.gemm_params(spec) -}}
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ __align__(16) float smem[];
     {{ ep.scalars() | indent(4) }}

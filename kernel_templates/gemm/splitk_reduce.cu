@@ -14,13 +14,7 @@ __device__ __forceinline__ float component(const float4& v, int c) {
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-{{ spec.kernel_name }}(const float* __restrict__ W, long long ldw, long long splits,
-                       const {{ spec.c_ctype }}* __restrict__ C, long long ldc,
-                       const {{ spec.bias_ctype }}* __restrict__ bias, long long bias_stride,
-                       {{ spec.y_ctype }}* __restrict__ Y, long long ldy,
-                       {{ spec.y_ctype }}* __restrict__ Z, long long ldz,
-                       long long M, long long N,
-                       double alpha_, double beta_, double leaky_slope_)
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     {{ ep.scalars(sizes=False) | indent(4) }}
     const long long groups = (N + 3) / 4;             // 4 consecutive columns per thread

@@ -9,10 +9,10 @@
 // dropped A_lo B_lo term is about 2^-22 of the product).
 {% else %}
 // Copies an operand into the K-major layout the next kernel reads (tf32 wgmma reads K-major
-// operands only): out[c * ld_out + r] = in[r * ld_in + c].
+// operands only): out[c * ld_out + r] = in_[r * ld_in + c].
 {% endif %}
 //
-// The input is an R x C row-major matrix (in[r * ld_in + c]); the output row of element (r, c)
+// The input is an R x C row-major matrix (in_[r * ld_in + c]); the output row of element (r, c)
 // is {{ "c, and its K index r (a transposing copy)" if spec.transpose else "r, and its K index c" }}.
 // 32 x 32 tiles through padded shared memory, so that reads and writes are both coalesced.
 {% include "common/types.cuh" %}
@@ -50,8 +50,7 @@ __device__ __forceinline__ void split_tf32(float x, float& s0, float& s1, float&
 {% endif %}
 
 extern "C" __global__ void __launch_bounds__(TILE * ROWS)
-{{ spec.kernel_name }}(const T* __restrict__ in, long long ld_in, T* __restrict__ out,
-                       long long ld_out, long long R, long long C)
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     __shared__ T tile[TILE][TILE + 1];
     const long long c0 = static_cast<long long>(blockIdx.x) * TILE;
@@ -59,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(TILE * ROWS)
          r0 += static_cast<long long>(gridDim.y) * TILE) {
         for (int i = threadIdx.y; i < TILE; i += ROWS) {
             const long long r = r0 + i, c = c0 + threadIdx.x;
-            if (r < R && c < C) tile[i][threadIdx.x] = in[r * ld_in + c];
+            if (r < R && c < C) tile[i][threadIdx.x] = in_[r * ld_in + c];
         }
         __syncthreads();
         for (int i = threadIdx.y; i < TILE; i += ROWS) {

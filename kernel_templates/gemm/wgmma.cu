@@ -185,11 +185,7 @@ __device__ __forceinline__ void wgmma(float (&d)[{{ n_acc }}], unsigned long lon
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-{% if spec.tma_store %}
-{{ ep.gemm_params(spec, prefix="const __grid_constant__ TensorMap tma_a, const __grid_constant__ TensorMap tma_b, const __grid_constant__ TensorMap tma_y, const __grid_constant__ TensorMap tma_z,") -}}
-{% else %}
-{{ ep.gemm_params(spec, prefix="const __grid_constant__ TensorMap tma_a, const __grid_constant__ TensorMap tma_b,") -}}
-{% endif %}
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ char smem_raw[];
     {{ ep.scalars() | indent(4) }}

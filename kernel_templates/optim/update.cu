@@ -8,11 +8,7 @@
 {% include "common/types.cuh" %}
 
 extern "C" __global__ void __launch_bounds__(256)
-{{ spec.kernel_name }}(float* __restrict__ param, const {{ spec.grad_dtype.ctype }}* __restrict__ grad,
-                       float* __restrict__ buf1, float* __restrict__ buf2,
-                       {{ spec.copy_dtype.ctype if spec.copy_dtype else "float" }}* __restrict__ copy, long long n,
-                       double lr_, double h1_, double h2_, double eps_, double wd_,
-                       double c1_, double c2_)
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     const float lr = static_cast<float>(lr_), wd = static_cast<float>(wd_);
     const float h1 = static_cast<float>(h1_);   // b1 (Adam) or momentum (SGD)

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from ge2jit.jit.launch import Launcher, _layout  # noqa: E402
+from ge2jit.jit.launch import Launcher  # noqa: E402
+from ge2jit.jit.params import double, int64, layout, pointer, tensor_maps  # noqa: E402
 
 
 def _recording(launcher: Launcher, nparams: int, calls: list):
@@ -26,20 +27,24 @@ def _recording(launcher: Launcher, nparams: int, calls: list):
     launcher._launch = launch
 
 
-def test_layout_of_parameter_codes():
-    assert _layout("<QqdQ") == ((0, 8, 16, 24), 32)
-    assert _layout("<128s128sQd") == ((0, 128, 256, 264), 272)
-    with pytest.raises(ValueError, match="at most 64 of Q, q, d or 128s"):
-        _layout("<Qf")
+def test_layout_of_parameters():
+    assert layout((pointer("a", "float"), *int64("n"), *double("x"), pointer("b", "float"))) == (
+        (0, 8, 16, 24), 32, "<QqdQ")
+    assert layout((*tensor_maps("ma", "mb"), pointer("a", "float"), *double("x"))) == (
+        (0, 128, 256, 264), 272, "<128s128sQd")
+    with pytest.raises(ValueError, match="at most 64 allowed"):
+        layout(int64(*(f"n{i}" for i in range(65))))
+    with pytest.raises(ValueError, match="named twice: n"):
+        layout(int64("n", "m", "n"))
 
 
 def test_parameters_reach_the_driver_and_threads_keep_their_own_buffers():
     calls: list = []
-    launcher = Launcher("k", 1234, "<Qqd")
+    launcher = Launcher("k", 1234, (pointer("p", "float"), *int64("n"), *double("x")))
     _recording(launcher, 3, calls)
 
     def call(x):
-        launcher((2, 3, 4), (32, 1, 1), 96, 555, x, -x, x / 4)
+        launcher.launch((2, 3, 4), (32, 1, 1), 96, 555, x=x / 4, p=x, n=-x)
 
     call(7)
     other = threading.Thread(target=call, args=(9,))

@@ -23,8 +23,6 @@ from .problem import check_shaped, validate
 from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
 
 NEEDS = ("a", "b", "bias", "c")
-_DZ_PARAMS = "<QqqQqqQqqQqqQqqqdd"
-_DBIAS_PARAMS = "<QqqQq"
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _GRID_Y_MAX = 65535
 _launchers: dict[tuple, Launcher] = {}
@@ -71,12 +69,12 @@ def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, prec
             arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), _get_device())
 
 
-def _launcher(spec, device_id: int, fmt: str) -> Launcher:
+def _launcher(spec, device_id: int) -> Launcher:
     key = (spec, device_id)
     launcher = _launchers.get(key)
     if launcher is None:
         k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, fmt)
+        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
     return launcher
 
 
@@ -264,7 +262,7 @@ def _column_summer(out_dtype: DType, device_id: int, fw):
     sums of ``partial`` (a rows x cols float32 array), in a fixed order: the same inputs give
     the same bits. Many rows are added in two rounds: chunks of _CHUNK rows (in float32), then
     those sums."""
-    final = _launcher(DbiasSpec(out_dtype, False), device_id, _DBIAS_PARAMS)
+    final = _launcher(DbiasSpec(out_dtype, False), device_id)
     first = []
     new_f32, ptr = fw.allocator(np.float32, device_id), fw.ptr
 
@@ -273,13 +271,14 @@ def _column_summer(out_dtype: DType, device_id: int, fw):
         blocks = -(-cols // 32)
         if rows > 2 * _CHUNK:
             if not first:
-                first.append(_launcher(DbiasSpec(DType.F32, False), device_id, _DBIAS_PARAMS))
+                first.append(_launcher(DbiasSpec(DType.F32, False), device_id))
             chunks = -(-rows // _CHUNK)
             sums = new_f32((chunks, cols))
-            first[0]((blocks, chunks, 1), (256, 1, 1), 0, stream, ptr(partial), rows, cols,
-                     ptr(sums), _CHUNK)
+            first[0].launch((blocks, chunks, 1), (256, 1, 1), 0, stream, partial=ptr(partial),
+                            rows=rows, cols=cols, out=ptr(sums), chunk=_CHUNK)
             partial, rows = sums, chunks
-        final((blocks, 1, 1), (256, 1, 1), 0, stream, ptr(partial), rows, cols, out_ptr, rows)
+        final.launch((blocks, 1, 1), (256, 1, 1), 0, stream, partial=ptr(partial), rows=rows,
+                     cols=cols, out=out_ptr, chunk=rows)
 
     return run
 
@@ -322,14 +321,17 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
     launch = reduce = None
     if m and n and (write_dz or write_dc or bias_kind is not BiasKind.NONE):
-        launch = _launcher(spec, p.device_id, _DZ_PARAMS)
+        launch = _launcher(spec, p.device_id).bind(
+            grid, (32, 8, 1), 0, gy_r=gy_strides[0], gy_c=gy_strides[1], src_r=src_strides[0],
+            src_c=src_strides[1], dz_r=n if write_dz else 0, dz_c=int(write_dz),
+            dc_r=n if write_dc else 0, dc_c=int(write_dc), M_=m, N_=n, rows_=tm)
     if launch is not None and partial_shape is not None:
         if bias_kind is BiasKind.SCALAR:
-            total = _launcher(DbiasSpec(p.bias_dtype, True), p.device_id, _DBIAS_PARAMS)
+            total = _launcher(DbiasSpec(p.bias_dtype, True), p.device_id).bind(
+                (1, 1, 1), (256, 1, 1), 0, cols=1, chunk=0)
 
             def reduce(stream, partial, out_ptr):
-                total((1, 1, 1), (256, 1, 1), 0, stream, ptr(partial), partial_shape[0], 1,
-                      out_ptr, 0)
+                total(stream, partial=ptr(partial), rows=partial_shape[0], out=out_ptr)
         else:
             reduce = _column_summer(p.bias_dtype, dev, fw)
     ptr, current_stream = fw.ptr, fw.stream_getter(dev)
@@ -394,11 +396,9 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         dc = new_dc(c_shape) if write_dc else None
         partial = new_f32(partial_shape) if partial_shape else None
         if launch is not None:
-            launch(grid, (32, 8, 1), 0, stream,
-                   ptr(gy), *gy_strides, 0 if src is None else ptr(src), *src_strides,
-                   *((ptr(dz), n, 1) if write_dz else (0, 0, 0)),
-                   *((ptr(dc), n, 1) if dc is not None else (0, 0, 0)),
-                   0 if partial is None else ptr(partial), m, n, tm, beta, slope)
+            launch(stream, gy=ptr(gy), src=0 if src is None else ptr(src),
+                   dz=ptr(dz) if write_dz else 0, dc=0 if dc is None else ptr(dc),
+                   partial=0 if partial is None else ptr(partial), beta_=beta, slope_=slope)
         grad_a = grad_b = grad_bias = grad_c = grad_a_bias = None
         if want_a:
             if gate is None:
@@ -408,10 +408,11 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 if want_a_bias:
                     if sums is None:   # one pass over dA for its column sums
                         sums = new_f32((a_pass_grid[1], k))
-                        a_pass = _launcher(a_pass_spec, dev, _DZ_PARAMS)
-                        a_pass(a_pass_grid, (32, 8, 1), 0, stream, ptr(grad_a), k, 1,
-                               0, 0, 0, 0, 0, 0, 0, 0, 0, ptr(sums), m, k, a_pass_tm,
-                               0.0, 0.0)
+                        a_pass = _launcher(a_pass_spec, dev)
+                        a_pass.launch(a_pass_grid, (32, 8, 1), 0, stream, gy=ptr(grad_a),
+                                      gy_r=k, gy_c=1, src=0, src_r=0, src_c=0, dz=0, dz_r=0,
+                                      dz_c=0, dc=0, dc_r=0, dc_c=0, partial=ptr(sums), M_=m,
+                                      N_=k, rows_=a_pass_tm, beta_=0.0, slope_=0.0)
                     grad_a_bias = new_a_bias(a_bias_shape)
                     a_bias_sum(stream, sums, ptr(grad_a_bias))
         elif zeros_a:

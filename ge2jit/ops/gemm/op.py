@@ -17,7 +17,14 @@ from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.nvrtc import arch_number
 from ...jit.parallel import compile_many
 from ...jit.tma import tensor_map_2d
-from ...runtime.arrays import CUPY, Framework, call_arguments, framework_of_type, views
+from ...runtime.arrays import (
+    CUPY,
+    Framework,
+    call_arguments,
+    external_stream,
+    framework_of_type,
+    views,
+)
 from ...runtime.prepared import OverlapGuard, PreparedCalls, clear_all
 from ...runtime.registry import Explanation
 from ...tune.db import default_db
@@ -54,14 +61,6 @@ def _arch_number(device_id: int) -> int:
     return arch_number(device_arch(device_id))
 
 
-# Parameters of the GEMM kernels (both families) and of the split-K reduction, in order.
-_GEMM_PARAMS = "<QqQqQqQqQqQqqqqdddq"
-_REDUCE_PARAMS = "<QqqQqQqQqQqqqddd"
-
-
-_PREP_PARAMS = "<QqQqqq"
-
-
 class _Staging:
     """Copies the operands a plan's GEMM kernel cannot read as they are into the K-major
     layout it reads (``TransposeSpec``), or splits them for 3xTF32 (``Tf32SplitSpec``, rows
@@ -73,8 +72,7 @@ class _Staging:
         def launcher(k):
             if k is None:
                 return None
-            return (Launcher(k.spec.kernel_name, k.function.ptr, _PREP_PARAMS),
-                    k.spec.transpose)
+            return Launcher.for_spec(k.spec, k.function.ptr), k.spec.transpose
 
         self.a, self.b = launcher(prep_a), launcher(prep_b)
         self.parts = max(k.spec.parts for k in (prep_a, prep_b) if k is not None)
@@ -95,14 +93,14 @@ class _Staging:
         if self.a is not None:   # A (M x K): row-major, or K rows of M
             fn, transpose = self.a
             rows, cols = (k, m) if transpose else (m, k)
-            fn((-(-cols // 32), min(-(-rows // 32), 65535), 1), (32, 8, 1), 0, stream_ptr,
-               a_ptr, lda, ws.ptr, ld, rows, cols)
+            fn.launch((-(-cols // 32), min(-(-rows // 32), 65535), 1), (32, 8, 1), 0, stream_ptr,
+                      in_=a_ptr, ld_in=lda, out=ws.ptr, ld_out=ld, R=rows, C=cols)
             a_ptr, lda = ws.ptr, ld
         if self.b is not None:   # B (K x N): K rows of N, or column-major (N rows of K)
             fn, transpose = self.b
             rows, cols = (k, n) if transpose else (n, k)
-            fn((-(-cols // 32), min(-(-rows // 32), 65535), 1), (32, 8, 1), 0, stream_ptr,
-               b_ptr, ldb, ws.ptr + size_a, ld, rows, cols)
+            fn.launch((-(-cols // 32), min(-(-rows // 32), 65535), 1), (32, 8, 1), 0, stream_ptr,
+                      in_=b_ptr, ld_in=ldb, out=ws.ptr + size_a, ld_out=ld, R=rows, C=cols)
             b_ptr, ldb = ws.ptr + size_a, ld
         return ws, a_ptr, lda, b_ptr, ldb, kk
 
@@ -126,11 +124,13 @@ class Plan:
     splits: int = 1
 
     def __post_init__(self):
-        self._main = Launcher(self.main.spec.kernel_name, self.main.function.ptr, _GEMM_PARAMS)
+        self._main = Launcher.for_spec(self.main.spec, self.main.function.ptr)
+        #: ``_gemm(stream_ptr, **the GEMM kernel's parameters)``
+        self._gemm = self._main.bind(self.grid, self.block, self.smem)
         self._reduce = None
         if self.reduce is not None:
-            self._reduce = Launcher(self.reduce.spec.kernel_name, self.reduce.function.ptr,
-                                    _REDUCE_PARAMS)
+            self._reduce = Launcher.for_spec(self.reduce.spec, self.reduce.function.ptr).bind(
+                self.reduce_grid, (256, 1, 1), 0)
         self._staging = None
         if any(k is not None for k in self.prep):
             self._staging = _Staging(*self.prep, self.main.spec.dtype.itemsize)
@@ -149,10 +149,6 @@ class Plan:
         """Whether a call allocates scratch memory (staged operands, split-K partial sums)."""
         return self._staging is not None or self._reduce is not None
 
-    def _gemm(self, stream_ptr, args) -> None:
-        """Launch the GEMM kernel on its parameters (``_GEMM_PARAMS``)."""
-        self._main(self.grid, self.block, self.smem, stream_ptr, *args)
-
     def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
             z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
         """Launch on raw device pointers (0 for an absent C, bias or Z)."""
@@ -160,20 +156,22 @@ class Plan:
             _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
                                                            stream_ptr)
         if self._reduce is None:
-            self._gemm(stream_ptr, (a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride,
-                                    y_ptr, ldy, z_ptr, ldz, m, n, k, alpha, beta, slope,
-                                    self.k_tiles_per_split))
+            self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
+                       bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
+                       ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
+                       k_tiles_per_split=self.k_tiles_per_split)
             return
         import cupy as cp
 
         ldw = (n + 3) // 4 * 4
         w = cp.ndarray((self.splits, m, ldw), dtype=np.float32)
         w_ptr = w.data.ptr
-        self._gemm(stream_ptr, (a_ptr, lda, b_ptr, ldb, 0, 0, 0, 0, w_ptr, ldw, 0, 0, m, n, k,
-                                1.0, 0.0, 0.0, self.k_tiles_per_split))
-        self._reduce(self.reduce_grid, (256, 1, 1), 0, stream_ptr,
-                     w_ptr, ldw, self.splits, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-                     z_ptr, ldz, m, n, alpha, beta, slope)
+        self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=0, ldc=0, bias=0,
+                   bias_stride=0, Y=w_ptr, ldy=ldw, Z=0, ldz=0, M_=m, N_=n, K_=k, alpha_=1.0,
+                   beta_=0.0, leaky_slope_=0.0, k_tiles_per_split=self.k_tiles_per_split)
+        self._reduce(stream_ptr, W=w_ptr, ldw=ldw, splits=self.splits, C=c_ptr, ldc=ldc,
+                     bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr, ldz=ldz,
+                     M=m, N=n, alpha_=alpha, beta_=beta, leaky_slope_=slope)
 
     def bind(self, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k):
         """``launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
@@ -188,13 +186,14 @@ class Plan:
                     z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr)
 
             return launch
-        kernel = self._main.bind(self.grid, self.block, self.smem)
-        kts = self.k_tiles_per_split
+        kernel = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, ldc=ldc,
+                                 bias_stride=bias_stride, ldy=ldy, ldz=ldz, M_=m, N_=n, K_=k,
+                                 k_tiles_per_split=self.k_tiles_per_split)
 
         def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
                    stream_ptr):
-            kernel(stream_ptr, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr,
-                   ldy, z_ptr, ldz, m, n, k, alpha, beta, slope, kts)
+            kernel(stream_ptr, A=a_ptr, B=b_ptr, C=c_ptr, bias=bias_ptr, Y=y_ptr, Z=z_ptr,
+                   alpha_=alpha, beta_=beta, leaky_slope_=slope)
 
         return launch
 
@@ -216,36 +215,39 @@ class TmaPlan(Plan):
     def __post_init__(self):
         super().__post_init__()
         spec = self.main.spec
-        maps = 4 if spec.tma_store else 2
-        self._main = Launcher(spec.kernel_name, self.main.function.ptr,
-                              "<" + "128s" * maps + _GEMM_PARAMS[1:])
+        self._kernel, self._gemm = self._gemm, self._with_maps
         es = spec.dtype.itemsize
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
         self._y_type = spec.out_dtype.value if spec.tma_store else None
 
-    def _gemm(self, stream_ptr, args) -> None:
+    def _with_maps(self, stream_ptr, *, A, lda, B, ldb, C, ldc, bias, bias_stride, Y, ldy, Z,
+                   ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split) -> None:
+        """The GEMM launch (``_gemm``): the tensor maps of this call's operands, then the
+        kernel."""
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
-        a_ptr, lda, b_ptr, ldb = args[:4]
-        m, n, k = args[12:15]
         if a_kmajor:
-            map_a = tensor_map_2d(dt, a_ptr, k, m, lda * es, bk, bm)
+            map_a = tensor_map_2d(dt, A, K_, M_, lda * es, bk, bm)
         else:
-            map_a = tensor_map_2d(dt, a_ptr, m, k, lda * es, 64, bk)
+            map_a = tensor_map_2d(dt, A, M_, K_, lda * es, 64, bk)
         if b_kmajor:
-            map_b = tensor_map_2d(dt, b_ptr, k, n, ldb * es, bk, bn)
+            map_b = tensor_map_2d(dt, B, K_, N_, ldb * es, bk, bn)
         else:
-            map_b = tensor_map_2d(dt, b_ptr, n, k, ldb * es, 64, bk)
+            map_b = tensor_map_2d(dt, B, N_, K_, ldb * es, 64, bk)
         y_type = self._y_type
         if y_type is None:
-            self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, *args)
+            self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, A=A, lda=lda, B=B, ldb=ldb, C=C,
+                         ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y, ldy=ldy, Z=Z, ldz=ldz,
+                         M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
+                         leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
             return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
-        y_ptr, ldy, z_ptr, ldz = args[8:12]
-        map_y = tensor_map_2d(y_type, y_ptr, n, m, ldy * 2, 64, 16)
-        map_z = tensor_map_2d(y_type, z_ptr, n, m, ldz * 2, 64, 16) if z_ptr else map_y
-        self._main(self.grid, self.block, self.smem, stream_ptr, map_a, map_b, map_y, map_z,
-                   *args)
+        map_y = tensor_map_2d(y_type, Y, N_, M_, ldy * 2, 64, 16)
+        map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * 2, 64, 16) if Z else map_y
+        self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, A=A, lda=lda,
+                     B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y, ldy=ldy,
+                     Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
+                     leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
 
 
 def _ptr(x) -> int:
@@ -456,10 +458,10 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     ptr, new = fw.ptr, fw.allocator(p.y_numpy_dtype, p.device_id)
     stream = fw.stream_getter(p.device_id)
     if fw is not CUPY and plan.needs_workspace:   # scratch from CuPy's pool, in stream order
-        external, device_id, bound = _cp().cuda.ExternalStream, p.device_id, launch
+        device_id, bound = p.device_id, launch
 
         def launch(*args):
-            with external(args[-1], device_id):
+            with external_stream(args[-1], device_id):
                 bound(*args)
 
     def call(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):

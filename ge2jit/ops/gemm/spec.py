@@ -7,6 +7,7 @@ from enum import Enum
 
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
+from ...jit.params import Param, array, double, int64, pointer, tensor_maps
 from ...jit.spec import KernelSpec
 from ...runtime.dtypes import DType
 
@@ -153,6 +154,14 @@ class EpilogueTypes:
             raise ArgumentValueError(f"{type(self).__name__}: act {self.gate.value!r} has no "
                                      "derivative in terms of its output")
 
+    def _epilogue_params(self, bias_sums: bool = False) -> tuple[Param, ...]:
+        """C, the bias (``bias_sums``: bgrad's float32 output instead), Y and Z, each with its
+        leading dimension (the bias: its stride)."""
+        bias = (array("bias", "float", "bias_stride") if bias_sums else
+                array("bias", self.bias_ctype, "bias_stride", const=True))
+        return (*array("C", self.c_ctype, "ldc", const=True), *bias,
+                *array("Y", self.y_ctype, "ldy"), *array("Z", self.y_ctype, "ldz"))
+
     @property
     def has_c(self) -> bool:
         return self.layout_c is not None
@@ -220,6 +229,16 @@ class GemmKernelSpec(EpilogueTypes, KernelSpec):
     @property
     def in_ctype(self) -> str:
         return self.dtype.ctype
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """A and B, the epilogue's arrays, the sizes, the scalars and the K tiles of a slice
+        (split-K). The kernel reads M, N, K, alpha, beta and leaky_slope through locals."""
+        t = self.in_ctype
+        return (*array("A", t, "lda", const=True), *array("B", t, "ldb", const=True),
+                *self._epilogue_params(getattr(self, "bgrad", False)),   # bgrad: the Hopper kernel
+                *int64("M_", "N_", "K_"), *double("alpha_", "beta_", "leaky_slope_"),
+                *int64("k_tiles_per_split"))
 
     #: Whether the epilogue may use the fast (approximate) activations: the tensor-core
     #: families do when Y is 16-bit, whose rounding is coarser than the approximations.
@@ -465,6 +484,13 @@ class SplitKReduceSpec(EpilogueTypes, KernelSpec):
     def kernel_name(self) -> str:
         name = f"gemm_splitk_reduce_{self.dtype.value}" + self._epilogue_name()
         return name + ("_v4" if self.vec_y else "_v1")
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The partial products W (``splits`` slices of M rows), the epilogue's arrays, the
+        sizes and the scalars."""
+        return (*array("W", "float", "ldw", "splits", const=True), *self._epilogue_params(),
+                *int64("M", "N"), *double("alpha_", "beta_", "leaky_slope_"))
 
 
 @dataclass(frozen=True)
@@ -782,6 +808,12 @@ class WgmmaGemmSpec(GemmKernelSpec):
         """16-bit Y (and Z) leave shared memory by TMA stores; the kernel takes their maps."""
         return self.store16 and self.out_dtype.itemsize == 2
 
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The tensor maps of A and B (and, ``tma_store``, of Y and Z), then the GEMM's."""
+        maps = ("tma_a", "tma_b", "tma_y", "tma_z") if self.tma_store else ("tma_a", "tma_b")
+        return (*tensor_maps(*maps), *super().params)
+
     def target_arch(self, device_arch: str) -> str:
         return f"sm_{arch_number(device_arch)}a"
 
@@ -794,8 +826,18 @@ class WgmmaGemmSpec(GemmKernelSpec):
         return self.config.smem_bytes
 
 
+class StagingCopy:
+    """The parameters of the copies ``gemm/stage.cu`` makes (``ctype`` elements)."""
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The R x C input, the output, each with its leading dimension, and R and C."""
+        return (*array("in_", self.ctype, "ld_in", const=True),
+                *array("out", self.ctype, "ld_out"), *int64("R", "C"))
+
+
 @dataclass(frozen=True)
-class TransposeSpec(KernelSpec):
+class TransposeSpec(StagingCopy, KernelSpec):
     """Copies an R x C row-major matrix into its C x R transpose (row-major): stages an operand
     into the K-major layout the tf32 wgmma kernel reads."""
 
@@ -818,7 +860,7 @@ class TransposeSpec(KernelSpec):
 
 
 @dataclass(frozen=True)
-class Tf32SplitSpec(KernelSpec):
+class Tf32SplitSpec(StagingCopy, KernelSpec):
     """Splits a float32 operand for the 3xTF32 GEMM into a K-major copy whose rows hold three
     segments of K: ``order`` "hhl" (A: hi, hi, lo) or "hlh" (B: hi, lo, hi), where hi is the
     value rounded to tf32 and lo the rest rounded to tf32. ``transpose``: the operand's R x C
@@ -902,6 +944,16 @@ class DzSpec(KernelSpec):
         return self.dz_dtype is not DType.F32 and self.reads_src
 
     @property
+    def params(self) -> tuple[Param, ...]:
+        """gY, Z (or Y), dZ and dC with their (row, column) strides; the partial sums; the
+        sizes and rows a block; beta and the leaky slope."""
+        return (*array("gy", self.grad_dtype.ctype, "gy_r", "gy_c", const=True),
+                *array("src", self.src_dtype.ctype, "src_r", "src_c", const=True),
+                *array("dz", self.dz_dtype.ctype, "dz_r", "dz_c"),
+                *array("dc", self.dc_dtype.ctype, "dc_r", "dc_c"), pointer("partial", "float"),
+                *int64("M_", "N_", "rows_"), *double("beta_", "slope_"))
+
+    @property
     def reads_src(self) -> bool:
         """Whether Z (or Y) is read: act' of "none" is 1."""
         return self.act is not Act.NONE
@@ -933,3 +985,9 @@ class DbiasSpec(KernelSpec):
     @property
     def kernel_name(self) -> str:
         return f"gemm_dbias_{'total' if self.total else 'columns'}_{self.out_dtype.value}"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The partial sums (rows x cols), dBias, and the rows a block adds up."""
+        return (*array("partial", "float", "rows", "cols", const=True),
+                pointer("out", self.out_dtype.ctype), *int64("chunk"))

@@ -11,6 +11,7 @@ import numpy as np
 from ...errors import ArgumentValueError
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
+from ...jit.params import Param, double, int64, pointer
 from ...jit.spec import KernelSpec
 from ...runtime.arrays import call_arguments, views
 from ...runtime.checks import _cupy, check_array, check_scalar, check_shaped
@@ -18,7 +19,6 @@ from ...runtime.dtypes import DType
 
 __all__ = ["UpdateSpec", "adam_update", "sgd_update"]
 
-_PARAMS = "<QQQQQqddddddd"
 _launchers: dict[tuple, Launcher] = {}
 
 
@@ -52,6 +52,16 @@ class UpdateSpec(KernelSpec):
         copy = f"_copy{self.copy_dtype.value}" if self.copy_dtype else ""
         rule = "sgd_nesterov" if self.nesterov else self.rule
         return f"{rule}_update_g{self.grad_dtype.value}{copy}"
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The parameter, its gradient, the optimizer's state (Adam: m and v; SGD: the
+        momentum buffer, buf2 unused), the copy, the size and the rule's scalars (see
+        ``adam_update``, ``sgd_update``)."""
+        return (pointer("param", "float"), pointer("grad", self.grad_dtype.ctype, const=True),
+                pointer("buf1", "float"), pointer("buf2", "float"),
+                pointer("copy", self.copy_dtype.ctype if self.copy_dtype else "float"),
+                *int64("n"), *double("lr_", "h1_", "h2_", "eps_", "wd_", "c1_", "c2_"))
 
 
 def _flat(x, name: str, size: int, shape, dtypes) -> DType:
@@ -102,15 +112,16 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
     launcher = _launchers.get(key)
     if launcher is None:
         k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
+        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
     with fw.context(device_id):
-        launcher((blocks, 1, 1), (256, 1, 1), 0, fw.stream_getter(device_id)(),
-                 param.data.ptr, grad.data.ptr, buf1.data.ptr,
-                 0 if buf2 is None else buf2.data.ptr,
-                 0 if param_copy is None else param_copy.data.ptr, param.size, *scalars)
+        launcher.launch((blocks, 1, 1), (256, 1, 1), 0, fw.stream_getter(device_id)(),
+                        param=param.data.ptr, grad=grad.data.ptr, buf1=buf1.data.ptr,
+                        buf2=0 if buf2 is None else buf2.data.ptr,
+                        copy=0 if param_copy is None else param_copy.data.ptr, n=param.size,
+                        **scalars)
 
 
-def _adam_scalars(step, lr, betas, eps, weight_decay) -> tuple:
+def _adam_scalars(step, lr, betas, eps, weight_decay) -> dict:
     """The kernel's scalars of an Adam step, checked."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
         raise ArgumentValueError(f"step: expected an int >= 1 (the 1-based step count), got "
@@ -121,16 +132,17 @@ def _adam_scalars(step, lr, betas, eps, weight_decay) -> tuple:
         raise ArgumentValueError(f"betas: expected two floats, got {betas!r}") from None
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ArgumentValueError(f"betas: expected values in [0, 1), got {betas!r}")
-    return (check_scalar(lr, "lr"), b1, b2, check_scalar(eps, "eps"),
-            check_scalar(weight_decay, "weight_decay"), 1.0 - b1 ** step, 1.0 - b2 ** step)
+    return dict(lr_=check_scalar(lr, "lr"), h1_=b1, h2_=b2, eps_=check_scalar(eps, "eps"),
+                wd_=check_scalar(weight_decay, "weight_decay"), c1_=1.0 - b1 ** step,
+                c2_=1.0 - b2 ** step)
 
 
-def _sgd_scalars(lr, momentum, weight_decay, nesterov) -> tuple:
+def _sgd_scalars(lr, momentum, weight_decay, nesterov) -> dict:
     """The kernel's scalars of an SGD step, checked."""
     if not isinstance(nesterov, bool):
         raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
-    return (check_scalar(lr, "lr"), check_scalar(momentum, "momentum"), 0.0, 0.0,
-            check_scalar(weight_decay, "weight_decay"), 1.0, 1.0)
+    return dict(lr_=check_scalar(lr, "lr"), h1_=check_scalar(momentum, "momentum"), h2_=0.0,
+                eps_=0.0, wd_=check_scalar(weight_decay, "weight_decay"), c1_=1.0, c2_=1.0)
 
 
 def adam_update(param, grad, m, v, *, step: int, lr: float = 1e-3, betas=(0.9, 0.999),

@@ -1,0 +1,126 @@
+"""The launch plans give each kernel parameter its value, by name (no GPU: the driver call and
+the tensor maps are replaced)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from types import SimpleNamespace
+
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from ge2jit.ops.gemm import op  # noqa: E402
+from ge2jit.ops.gemm.spec import (  # noqa: E402
+    PIPELINED_F32_CONFIGS,
+    SIMT_F32_TILES,
+    WGMMA_CONFIGS,
+    Act,
+    BiasKind,
+    DType,
+    GemmSpec,
+    Layout,
+    PipelinedGemmSpec,
+    SplitKReduceSpec,
+    Tf32SplitSpec,
+    WgmmaGemmSpec,
+)
+
+# run()'s arguments, and the kernel parameters they go to
+RUN = dict(a_ptr=0x1000, lda=33, b_ptr=0x2000, ldb=44, c_ptr=0x3000, ldc=55, bias_ptr=0x4000,
+           bias_stride=3, y_ptr=0x5000, ldy=66, z_ptr=0x6000, ldz=77, m=100, n=200, k=300,
+           alpha=1.5, beta=0.25, slope=0.01, stream_ptr=999)
+PARAMS = dict(A=0x1000, lda=33, B=0x2000, ldb=44, C=0x3000, ldc=55, bias=0x4000, bias_stride=3,
+              Y=0x5000, ldy=66, Z=0x6000, ldz=77, M_=100, N_=200, K_=300, alpha_=1.5,
+              beta_=0.25, leaky_slope_=0.01, k_tiles_per_split=7)
+WORKSPACE = 0x9000
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Each launch as (stream, {parameter name: value}), read through the pointer array."""
+    calls, kernels = [], {}
+
+    def driver(fptr, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        spec = kernels[fptr]
+        pointers = (ctypes.c_uint64 * len(spec.params)).from_address(params)
+        calls.append((stream, {
+            p.name: struct.unpack("<" + p.kind.code, ctypes.string_at(int(at), p.kind.size))[0]
+            for p, at in zip(spec.params, pointers)}))
+
+    monkeypatch.setattr(cupy.cuda.driver, "launchKernel", driver)
+    monkeypatch.setattr(op, "tensor_map_2d", lambda *args: repr(args).encode())
+    buffer = SimpleNamespace(data=SimpleNamespace(ptr=WORKSPACE), ptr=WORKSPACE)
+    monkeypatch.setattr(cupy, "ndarray", lambda *args, **kw: buffer)   # split-K's partials
+    monkeypatch.setattr(cupy.cuda, "alloc", lambda size: buffer)       # staged operands
+
+    def kernel(spec):
+        kernels[len(kernels) + 1] = spec
+        return SimpleNamespace(spec=spec, function=SimpleNamespace(ptr=len(kernels)))
+
+    return calls, kernel
+
+
+def _run_and_bind(plan):
+    plan.run(**RUN)
+    plan.bind(*(RUN[n] for n in ("lda", "ldb", "ldc", "bias_stride", "ldy", "ldz", "m", "n",
+                                 "k")))(*(RUN[n] for n in ("a_ptr", "b_ptr", "c_ptr", "bias_ptr",
+                                                           "y_ptr", "z_ptr", "alpha", "beta",
+                                                           "slope", "stream_ptr")))
+
+
+def test_plan_run_and_bind_pass_each_parameter(launches):
+    calls, kernel = launches
+    spec = GemmSpec(DType.F32, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
+                    True, SIMT_F32_TILES[0])
+    _run_and_bind(op.Plan(None, kernel(spec), (2, 3, 1), (256, 1, 1), 0, 7))
+    assert calls == [(999, PARAMS)] * 2
+
+
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F32])
+def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype):
+    calls, kernel = launches
+    spec = WgmmaGemmSpec(dtype, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.COL, True,
+                         WGMMA_CONFIGS[3])
+    _run_and_bind(op.TmaPlan(None, kernel(spec), (132, 1, 1), (384, 1, 1), 5000, 7))
+    name, es = dtype.value, dtype.itemsize
+    bm, bn, bk = WGMMA_CONFIGS[3].bm, WGMMA_CONFIGS[3].bn, 128 // es
+    maps = {"tma_a": (name, 0x1000, 300, 100, 33 * es, bk, bm),
+            "tma_b": (name, 0x2000, 300, 200, 44 * es, bk, bn)}
+    if spec.tma_store:
+        maps.update(tma_y=("bf16", 0x5000, 200, 100, 66 * 2, 64, 16),
+                    tma_z=("bf16", 0x6000, 200, 100, 77 * 2, 64, 16))
+    expected = {**{k: repr(v).encode().ljust(128, b"\0") for k, v in maps.items()}, **PARAMS}
+    assert [list(p) for _, p in calls] == [list(expected)] * 2
+    assert calls == [(999, expected)] * 2
+
+
+def test_split_k_plan_reduces_the_partials_with_the_epilogues_parameters(launches):
+    calls, kernel = launches
+    gemm = PipelinedGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE,
+                             False, PIPELINED_F32_CONFIGS[0], split_k=True)
+    reduce = SplitKReduceSpec(DType.F32, Layout.ROW, Act.GELU, BiasKind.COL, True, True)
+    _run_and_bind(op.Plan(None, kernel(gemm), (2, 3, 4), (256, 1, 1), 0, 7, kernel(reduce),
+                          (5, 1, 1), splits=4))
+    partials = {**PARAMS, "C": 0, "ldc": 0, "bias": 0, "bias_stride": 0, "Y": WORKSPACE,
+                "ldy": 200, "Z": 0, "ldz": 0, "alpha_": 1.0, "beta_": 0.0, "leaky_slope_": 0.0}
+    sums = dict(W=WORKSPACE, ldw=200, splits=4, C=0x3000, ldc=55, bias=0x4000, bias_stride=3,
+                Y=0x5000, ldy=66, Z=0x6000, ldz=77, M=100, N=200, alpha_=1.5, beta_=0.25,
+                leaky_slope_=0.01)
+    assert calls == [(999, partials), (999, sums)] * 2
+
+
+def test_staged_plan_reads_the_copies(launches):
+    calls, kernel = launches
+    gemm = GemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
+                    SIMT_F32_TILES[0])
+    prep = (kernel(Tf32SplitSpec(False, "hhl")), kernel(Tf32SplitSpec(True, "hlh")))
+    _run_and_bind(op.Plan(None, kernel(gemm), (2, 3, 1), (256, 1, 1), 0, 7, prep=prep))
+    ld = 900   # 3 segments of K, 16-byte rows
+    size_a = -(-100 * ld * 4 // 256) * 256   # B starts 256-byte aligned
+    copies = [dict(in_=0x1000, ld_in=33, out=WORKSPACE, ld_out=ld, R=100, C=300),
+              dict(in_=0x2000, ld_in=44, out=WORKSPACE + size_a, ld_out=ld, R=300, C=200),
+              {**PARAMS, "A": WORKSPACE, "lda": ld, "B": WORKSPACE + size_a, "ldb": ld,
+               "K_": 900}]
+    assert calls == [(999, p) for p in copies] * 2
