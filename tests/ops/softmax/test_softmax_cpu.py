@@ -127,9 +127,11 @@ def test_heuristic_choices_fit_and_are_candidates(in_dt, out_dt):
                 == min(v, width, c.spec.vpt if cfg.variant != "loop" else v)
 
 
-def test_warp_rows_per_group_give_every_multiprocessor_two_blocks():
+def test_warp_rows_per_group_leave_every_multiprocessor_8_blocks():
     # 128-element float32 rows: one 16-byte access per lane, up to 4 rows per lane group
     assert heuristic(10**6, 128, DType.F32, sm_count=132).name == "warp32_v4_r4"
+    assert heuristic(8 * 132 * 16, 128, DType.F32, sm_count=132).name == "warp32_v4_r4"
+    assert heuristic(8 * 132 * 16 - 16, 128, DType.F32, sm_count=132).name == "warp32_v4_r2"
     assert heuristic(2000, 128, DType.F32, sm_count=132).name == "warp32_v4_r1"
     assert heuristic(10**6, 128, DType.BF16, sm_count=132).name == "warp16_v8_r2"
     assert heuristic(10**6, 1000, DType.F32).name == "warp32_v32_r1"
@@ -142,8 +144,8 @@ def test_block_and_loop_shapes():
     assert heuristic(1000, 8192, DType.F32).name == "block_256_v32"
     assert heuristic(1000, 16384, DType.F32).name == "block_512_v32"
     assert heuristic(1000, 32768, DType.BF16).name == "block_1024_v32"
-    assert heuristic(1000, 65536, DType.F32, sm_count=132).name == "loop_512"
-    assert heuristic(100, 65536, DType.F32, sm_count=132).name == "loop_1024"
+    assert heuristic(1000, 65536, DType.F32, sm_count=132).name == "loop_1024"
+    assert heuristic(100, 10**6, DType.BF16, sm_count=132).name == "loop_1024"
     assert choose(3, 10**6, DType.BF16).spec.vpt == 32
     assert choose(3, 10**6, DType.BF16, max_vec=2).spec.vpt == 16
     assert choose(3, 10**6, DType.F32).spec.vpt == 16
@@ -406,3 +408,50 @@ def test_config_objects_are_accepted(fake):
     cfg = SoftmaxConfig("block", 256, vpt=16)
     softmax(FakeArray((4, 3)), config=cfg)
     assert fake[-1][6] is cfg
+
+
+# ---- the warm-up table (ops/softmax/warmup.py)
+
+def test_warmup_entries_expand_to_the_heuristic_kernels():
+    from ge2jit.ops.softmax import warmup
+
+    entry = warmup.validate_entry({"dtypes": ["bfloat16", "float32"], "lengths": [128, 50000],
+                                   "strided": [False, True]})
+    specs = warmup.expand(entry, "sm_90", sms=132)
+    names = [s.kernel_name for s in specs]
+    assert "softmax_warp16_v8_r1_t128_x8_bf16_bf16" in names
+    assert "softmax_warp16_v8_r2_t128_x8_bf16_bf16" in names
+    assert "softmax_warp32_v4_r4_t128_x4_f32_f32" in names
+    assert "softmax_loop1024_v32_x8_bf16_bf16" in names
+    assert "softmax_strided256_v4_x1_f32_f32" in names
+    assert len(names) == len(set(names))
+    # every kernel the call would take on aligned rows of these lengths is among them
+    for dt in ("bfloat16", "float32"):
+        for n in (128, 50000):
+            for rows in (1, 1000, 10**6):
+                assert choose(rows, n, dt, 132).spec in specs
+    pinned = warmup.expand(warmup.validate_entry(
+        {"lengths": [100, 5000], "configs": ["block_256_v32", "warp32_v4_r1"],
+         "out_dtypes": ["bfloat16"]}), "sm_80")
+    assert [s.kernel_name for s in pinned] == ["softmax_block256_v32_x4_f32_bf16",
+                                               "softmax_warp32_v4_r1_t128_x4_f32_bf16"]
+    every = warmup.expand(warmup.validate_entry({"lengths": [1000], "configs": "all"}), "sm_90")
+    assert {s.config for s in every} == {c for c in all_configs() if c.fits(1000, False)}
+
+
+@pytest.mark.parametrize("entry, match", [
+    ({}, "lengths: expected a non-empty list of row lengths"),
+    ({"lengths": [0]}, "lengths: expected"),
+    ({"lengths": [True]}, "lengths: expected"),
+    ({"lengths": [5], "dtypes": ["float64"]}, "dtypes: expected a list of"),
+    ({"lengths": [5], "out_dtypes": "same"}, "out_dtypes: expected a list of"),
+    ({"lengths": [5], "configs": "fast"}, "configs: expected 'heuristic', 'all' or a list"),
+    ({"lengths": [5], "configs": ["block_1000_v8"]}, "config: threads"),
+    ({"lengths": [5], "strided": [1]}, "strided: expected a list of booleans"),
+    ({"lengths": [5], "rows": [5]}, "rows: unknown key"),
+])
+def test_bad_warmup_entries_are_refused(entry, match):
+    from ge2jit.ops.softmax import warmup
+
+    with pytest.raises(ge2jit.ArgumentValueError, match=match):
+        warmup.validate_entry(entry)

@@ -158,9 +158,10 @@ def test_rows_match_reference(dtype, n, rows):
 def test_many_short_rows(dtype, n):
     """Enough rows for the heuristic's several rows per lane group (warp variants _r2, _r4),
     and a last block of rows that is not full."""
-    rows = 300_001 if n <= 33 else 80_001 if n < 1000 else 20_001
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    assert heuristic(rows, n, dtype, sm_count=sms).rows > 1 or n == 1000
+    most = heuristic(10**9, n, dtype, sm_count=sms)          # the most rows per lane group
+    rows = 8 * sms * (128 // most.lanes) * 2 + 1             # enough to keep two of them
+    assert heuristic(rows, n, dtype, sm_count=sms).rows == min(2, most.rows)
     _run(host_rand((rows, n), DT[dtype]))
 
 
