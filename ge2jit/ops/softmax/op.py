@@ -1,0 +1,219 @@
+"""softmax: the call's plumbing. Argument checks, the layout of the softmax vectors in memory,
+the kernel choice (``spec.choose``, pure), the cached launcher and the launch all live here."""
+
+from __future__ import annotations
+
+import operator
+from functools import lru_cache
+from typing import NamedTuple
+
+from ...errors import ArgumentTypeError, ArgumentValueError
+from ...jit.device import sm_count
+from ...jit.launch import Launcher
+from ...jit.loader import get_kernel
+from ...runtime.checks import (
+    _cupy,
+    byte_span,
+    check_aligned,
+    check_array,
+    check_dtype,
+    check_same_device,
+    check_shaped,
+)
+from ...runtime.dtypes import DType
+from .spec import Choice, SoftmaxSpec, access_width, choose, parse_config
+
+# x, y, rows, n, inner, x's strides (outer, along the row, inner), y's strides
+_PARAMS = "<QQqqqqqqqqq"
+_launchers: dict[tuple[SoftmaxSpec, int], Launcher] = {}
+_choose = lru_cache(maxsize=4096)(choose)
+
+
+class AxisLayout(NamedTuple):
+    """An array seen as (outer, n, inner): the dimensions before the axis walked as one, the
+    axis, the dimensions after it walked as one; strides in elements."""
+
+    outer: int
+    n: int
+    inner: int
+    outer_stride: int
+    n_stride: int
+    inner_stride: int
+
+
+def _walk_as_one(dims) -> tuple[int, int] | None:
+    """(count, stride) of ``dims`` ((size, stride) pairs, outermost first) walked as one
+    dimension; None when their strides do not allow it."""
+    dims = [(size, stride) for size, stride in dims if size != 1]
+    if not dims:
+        return 1, 0
+    count, stride = dims[-1]
+    for size, s in reversed(dims[:-1]):
+        if s != stride * count:
+            return None
+        count *= size
+    return count, stride
+
+
+def axis_layout(shape: tuple, strides: tuple, axis: int) -> AxisLayout | None:
+    """``shape`` and element ``strides`` as (outer, n, inner) around ``axis``; None when the
+    dimensions on one side of it cannot be walked as one (the call then copies)."""
+    outer = _walk_as_one(list(zip(shape[:axis], strides[:axis])))
+    inner = _walk_as_one(list(zip(shape[axis + 1:], strides[axis + 1:])))
+    if outer is None or inner is None:
+        return None
+    n = shape[axis]
+    return AxisLayout(outer[0], n, inner[0], outer[1], strides[axis] if n > 1 else 1,
+                      inner[1])
+
+
+def rows_fast(lx: AxisLayout, ly: AxisLayout) -> bool:
+    """Whether x and y are rows along a unit-stride last axis (the warp, block and loop
+    variants); else the strided variant runs."""
+    return lx.inner == 1 and lx.n_stride == 1 and ly.n_stride == 1
+
+
+def max_vec(x_ptr: int, x_row: int, y_ptr: int, y_row: int, in_dtype: DType,
+            out_dtype: DType, rows: int) -> int:
+    """The widest access (elements, a power of two, at most 16 bytes) that every row start of
+    x and y allows."""
+    v = access_width(in_dtype, out_dtype)
+    while v > 1 and not (x_ptr % (v * in_dtype.itemsize) == 0
+                         and y_ptr % (v * out_dtype.itemsize) == 0
+                         and (rows == 1 or (x_row % v == 0 and y_row % v == 0))):
+        v //= 2
+    return v
+
+
+def _check_axis(axis, ndim: int) -> int:
+    try:
+        if isinstance(axis, bool):
+            raise TypeError
+        a = operator.index(axis)
+    except TypeError:
+        raise ArgumentTypeError(f"axis: expected an int, got {axis!r}") from None
+    dims = max(ndim, 1)      # a 0-d array is one row of one element: axis 0 or -1
+    if not -dims <= a < dims:
+        raise ArgumentValueError(f"axis: expected an int in [{-dims}, {dims}) for an array of "
+                                 f"{ndim} dimension{'s' if ndim != 1 else ''}, got {a}")
+    return a % dims
+
+
+def _check_out(x, out) -> None:
+    """out may be x itself (same memory, dtype and strides: in place) or overlap it nowhere;
+    it may not write one element twice (a zero stride)."""
+    for size, stride in zip(out.shape, out.strides):
+        if size > 1 and stride == 0:
+            raise ArgumentValueError(f"out: expected an array that holds each element once, got "
+                                     f"strides {out.strides} (a broadcast view)")
+    if x.size == 0:
+        return
+    xs, ys = byte_span(x), byte_span(out)
+    if xs[0] < ys[1] and ys[0] < xs[1]:
+        if out.data.ptr == x.data.ptr and out.strides == x.strides and out.dtype == x.dtype:
+            return
+        raise ArgumentValueError(
+            f"out: overlaps x without being x (x bytes [{xs[0]:#x}, {xs[1]:#x}), out bytes "
+            f"[{ys[0]:#x}, {ys[1]:#x})); pass out=x for an in-place softmax, or a separate array")
+
+
+def _launcher(spec: SoftmaxSpec, device_id: int) -> Launcher:
+    key = (spec, device_id)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        k = get_kernel(spec, device_id)
+        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
+    return launcher
+
+
+def _element_strides(a) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def softmax(x, axis: int = -1, *, out=None, config=None):
+    """Softmax along ``axis``: ``y = exp(x - max) / sum(exp(x - max))`` over each vector of
+    ``x`` along the axis, computed in float32.
+
+    Args:
+        x: a CuPy array of float32, float16 or bfloat16, of any number of dimensions. A 0-d
+            array is one vector of one element (``axis`` 0 or -1): its softmax is 1.0 (NaN for
+            ±inf or NaN).
+        axis: the axis to normalize over (negative counts from the end). Along a unit-stride
+            last axis the rows are read in place with any row stride (a slice of a wider array
+            is not copied); any other axis, or a last axis with a stride, runs the strided
+            kernel (one thread per vector, reading it twice) without a copy. Only when the
+            dimensions before (or after) the axis cannot be walked with one stride, e.g.
+            ``x = big[:, :5, :]`` of a (4, 8, n) array with axis 2, is x first copied to a
+            C-contiguous array (and when ``out`` is such an array, the result is written to a
+            C-contiguous temporary and copied into it).
+        out: optional array of x's shape, float32, float16 or bfloat16 (the result's dtype;
+            default x's), written and returned. It may be x itself (in place: every kernel
+            reads each vector whole before writing it); any other overlap with x is refused.
+        config: pin the kernel variant by name (see ``ge2jit.ops.softmax.spec``):
+            ``"warp{G}_v{V}_r{R}"`` (rows of up to G*V elements, G lanes per row),
+            ``"block_{T}_v{V}"`` (rows of up to T*V elements, a block per row),
+            ``"loop_{T}"`` (any row length, input read twice) or ``"strided_{T}"`` (any
+            layout). The first three need rows along a unit-stride last axis.
+
+    Semantics are those of a float64 ``e = exp(x - max(x)); e / sum(e)``: -inf entries give 0,
+    a vector holding +inf or NaN gives NaN everywhere, a vector of -inf only gives NaN (0/0,
+    as PyTorch). Empty arrays give an empty result without a launch. The call runs on CuPy's
+    current device and stream and never synchronizes.
+
+    Raises:
+        ArgumentTypeError: x or out is not a CuPy array; axis is not an int.
+        ArgumentValueError: unsupported dtype, axis out of range, out of the wrong shape or
+            dtype or partly overlapping x, an unknown config or one that does not fit.
+        DeviceMismatchError: x or out is not on the current device.
+    """
+    check_array(x, "x")
+    in_dtype = check_dtype(x, "x")
+    ax = _check_axis(axis, x.ndim)
+    cfg = None if config is None else parse_config(config)
+    out_dtype = in_dtype
+    if out is not None:
+        out_dtype = check_shaped(out, "out", x.shape, "(x's)", tuple(DType))
+    check_aligned(x, "x")
+    cp = _cupy()
+    device_id = cp.cuda.runtime.getDevice()
+    check_same_device({"x": x, "out": out}, device_id)
+    if out is None:
+        out = cp.empty(x.shape, dtype=x.dtype)
+    else:
+        _check_out(x, out)
+    if x.size == 0:
+        return out
+    _run(cp, x, out, ax, in_dtype, out_dtype, cfg, device_id)
+    return out
+
+
+def _run(cp, x, out, axis, in_dtype, out_dtype, cfg, device_id) -> None:
+    xv, yv = (x.reshape(1), out.reshape(1)) if x.ndim == 0 else (x, out)
+    lx = axis_layout(xv.shape, _element_strides(xv), axis)
+    if lx is None:
+        xv = cp.ascontiguousarray(xv)
+        lx = axis_layout(xv.shape, _element_strides(xv), axis)
+    target = yv
+    ly = axis_layout(yv.shape, _element_strides(yv), axis)
+    if ly is None:
+        yv = cp.empty(yv.shape, dtype=yv.dtype)
+        ly = axis_layout(yv.shape, _element_strides(yv), axis)
+    fast = rows_fast(lx, ly)
+    sms = sm_count(device_id)
+    if fast:
+        vec = max_vec(xv.data.ptr, lx.outer_stride, yv.data.ptr, ly.outer_stride, in_dtype,
+                      out_dtype, lx.outer)
+        choice: Choice = _choose(lx.outer, lx.n, in_dtype, sms, out_dtype=out_dtype,
+                                 max_vec=vec, strided=False, config=cfg)
+        rows = lx.outer
+    else:
+        choice = _choose(lx.outer * lx.inner, lx.n, in_dtype, sms, out_dtype=out_dtype,
+                         max_vec=1, strided=True, config=cfg)
+        rows = lx.outer * lx.inner
+    _launcher(choice.spec, device_id)(
+        choice.grid, choice.block, 0, cp.cuda.get_current_stream().ptr,
+        xv.data.ptr, yv.data.ptr, rows, lx.n, lx.inner,
+        lx.outer_stride, lx.n_stride, lx.inner_stride,
+        ly.outer_stride, ly.n_stride, ly.inner_stride)
+    if yv is not target:
+        target[...] = yv

@@ -1,0 +1,406 @@
+"""The softmax kernel variants (``kernel_templates/softmax/softmax.cu``), their configuration
+names and the choice among them. Everything here is pure: no GPU, no CuPy.
+
+Variants, by row length (``n``) along a unit-stride last axis:
+
+``warp{G}_v{V}_r{R}``
+    ``G`` lanes per row (32: a whole warp; fewer for short rows, several rows per warp), each
+    holding ``V`` values of a row in registers, ``R`` rows per lane group loaded together;
+    blocks of 128 threads, so ``128 / G * R`` rows per block. Rows up to ``G * V`` elements.
+    No shared memory, no barriers: shuffles within the group.
+``block_{T}_v{V}``
+    One block of ``T`` threads per row, each holding ``V`` values in registers; rows up to
+    ``T * V`` elements (32768 with ``block_1024_v32``). One read and one write of each element;
+    two block reductions (max, then sum) through shared memory.
+``loop_{T}``
+    One block of ``T`` threads per row of any length: a pass of online (max, sum) pairs, one
+    block reduction, then a pass that reads the row again and writes it (the input is read
+    twice). Steps of four 16-byte accesses per thread (16 float32 or 32 16-bit values; 16
+    values when the alignment allows only narrower accesses).
+``strided_{T}``
+    Any layout: one thread per softmax vector, walking its ``n`` elements with their stride
+    (an axis that is not the last, or a last axis with a non-unit stride). Online pass, then
+    a second read and the write; coalesced when neighbouring vectors are neighbours in memory
+    (a C-contiguous array reduced over a leading axis).
+
+The vector width of the accesses (up to 16 bytes) is not part of the name: the call takes the
+widest that the pointers and row strides of the input and output allow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ...errors import ArgumentValueError
+from ...jit.spec import KernelSpec
+from ...runtime.dtypes import SUPPORTED_DTYPES, DType
+
+VARIANTS = ("warp", "block", "loop", "strided")
+
+WARP_THREADS = 128
+WARP_LANES = (1, 2, 4, 8, 16, 32)
+WARP_VPT = (4, 8, 16, 32)
+WARP_ROWS = (1, 2, 4)
+WARP_MAX_VALUES = 32            # VPT * ROWS: the registers a lane holds
+BLOCK_THREADS = (128, 256, 512, 1024)
+BLOCK_VPT = (8, 16, 32)
+LOOP_THREADS = (256, 512, 1024)
+STRIDED_THREADS = (128, 256)
+STRIDED_VPT = 4                 # elements per thread loaded together
+
+#: The longest rows the warp and block variants hold (above: loop).
+WARP_MAX_N = max(WARP_LANES) * max(WARP_VPT)          # 1024
+BLOCK_MAX_N = max(BLOCK_THREADS) * max(BLOCK_VPT)     # 32768
+GRID_MAX = 2**31 - 1
+
+
+def access_width(in_dtype: DType, out_dtype: DType) -> int:
+    """Elements per 16-byte access of the wider of the two types (4 or 8)."""
+    return 16 // max(in_dtype.itemsize, out_dtype.itemsize)
+
+
+def loop_vpt(vec: int) -> int:
+    """Values per thread and step of the loop variant: four accesses of ``vec`` elements, at
+    least 16 values (32 scalar 16-bit loads and their bounds checks would spill)."""
+    return max(16, 4 * vec)
+
+
+@dataclass(frozen=True)
+class SoftmaxConfig:
+    """One variant with its shape parameters (see the module's docstring); ``name`` is what
+    ``softmax(config=...)`` takes."""
+
+    variant: str
+    threads: int
+    vpt: int = 0          # warp and block: values per thread and row
+    lanes: int = 32       # warp: lanes per row
+    rows: int = 1         # warp: rows per lane group and step
+
+    def __post_init__(self):
+        _check_config(self)
+
+    @property
+    def name(self) -> str:
+        if self.variant == "warp":
+            return f"warp{self.lanes}_v{self.vpt}_r{self.rows}"
+        if self.variant == "block":
+            return f"block_{self.threads}_v{self.vpt}"
+        return f"{self.variant}_{self.threads}"
+
+    @property
+    def capacity(self) -> int | None:
+        """The longest row this variant holds (None: any length)."""
+        if self.variant == "warp":
+            return self.lanes * self.vpt
+        if self.variant == "block":
+            return self.threads * self.vpt
+        return None
+
+    @property
+    def strided(self) -> bool:
+        return self.variant == "strided"
+
+    def fits(self, n: int, strided: bool) -> bool:
+        """Whether this variant can run rows of ``n`` elements (``strided``: the softmax is
+        not over a unit-stride last axis, which only the strided variant reads)."""
+        if strided and not self.strided:
+            return False
+        cap = self.capacity
+        return cap is None or n <= cap
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _one_of(what: str, value: int, allowed) -> None:
+    if value not in allowed:
+        raise ArgumentValueError(f"config: {what} must be one of "
+                                 f"{', '.join(map(str, allowed))}, got {value}")
+
+
+def _check_config(c: SoftmaxConfig) -> None:
+    if c.variant not in VARIANTS:
+        raise ArgumentValueError(f"config: variant must be one of {', '.join(VARIANTS)}, got "
+                                 f"{c.variant!r}")
+    if c.variant == "warp":
+        if c.threads != WARP_THREADS:
+            raise ArgumentValueError(f"config: warp variants run {WARP_THREADS} threads per "
+                                     f"block, got {c.threads}")
+        _one_of("lanes per row (warpG)", c.lanes, WARP_LANES)
+        _one_of("values per thread (_vV)", c.vpt, WARP_VPT)
+        _one_of("rows per lane group (_rR)", c.rows, WARP_ROWS)
+        if c.vpt * c.rows > WARP_MAX_VALUES:
+            raise ArgumentValueError(
+                f"config: {c.name} holds {c.vpt * c.rows} values per thread; at most "
+                f"{WARP_MAX_VALUES} (values per thread x rows)")
+    elif c.variant == "block":
+        _one_of("threads (block_T)", c.threads, BLOCK_THREADS)
+        _one_of("values per thread (_vV)", c.vpt, BLOCK_VPT)
+    elif c.variant == "loop":
+        _one_of("threads (loop_T)", c.threads, LOOP_THREADS)
+    else:
+        _one_of("threads (strided_T)", c.threads, STRIDED_THREADS)
+
+
+_NAME_RE = {
+    "warp": re.compile(r"warp(\d+)_v(\d+)_r(\d+)"),
+    "block": re.compile(r"block_(\d+)_v(\d+)"),
+    "loop": re.compile(r"loop_(\d+)"),
+    "strided": re.compile(r"strided_(\d+)"),
+}
+NAME_EXAMPLES = "'warp32_v4_r2', 'block_1024_v16', 'loop_512' or 'strided_256'"
+
+
+def parse_config(config) -> SoftmaxConfig:
+    """A ``SoftmaxConfig`` from its name (or the config itself); one line naming what is wrong
+    for anything else."""
+    if isinstance(config, SoftmaxConfig):
+        return config
+    if not isinstance(config, str):
+        raise ArgumentValueError(f"config: expected a softmax variant name such as "
+                                 f"{NAME_EXAMPLES}, got {config!r}")
+    for variant, pattern in _NAME_RE.items():
+        match = pattern.fullmatch(config)
+        if match is None:
+            continue
+        nums = [int(g) for g in match.groups()]
+        if variant == "warp":
+            return SoftmaxConfig("warp", WARP_THREADS, vpt=nums[1], lanes=nums[0],
+                                 rows=nums[2])
+        if variant == "block":
+            return SoftmaxConfig("block", nums[0], vpt=nums[1])
+        return SoftmaxConfig(variant, nums[0])
+    raise ArgumentValueError(f"config: expected a softmax variant name such as "
+                             f"{NAME_EXAMPLES}, got {config!r}")
+
+
+def all_configs() -> list[SoftmaxConfig]:
+    """Every configuration ``softmax(config=...)`` accepts."""
+    out = [SoftmaxConfig("warp", WARP_THREADS, vpt=v, lanes=g, rows=r)
+           for g in WARP_LANES for v in WARP_VPT for r in WARP_ROWS
+           if v * r <= WARP_MAX_VALUES]
+    out += [SoftmaxConfig("block", t, vpt=v) for t in BLOCK_THREADS for v in BLOCK_VPT]
+    out += [SoftmaxConfig("loop", t) for t in LOOP_THREADS]
+    out += [SoftmaxConfig("strided", t) for t in STRIDED_THREADS]
+    return out
+
+
+@dataclass(frozen=True)
+class SoftmaxSpec(KernelSpec):
+    """One compiled softmax kernel: the input and output types, the variant and its shape
+    (``threads`` per block; ``vpt`` values per thread: per row for warp and block, per step
+    for loop and strided; ``vec`` elements per access; ``lanes`` and ``rows`` of the warp
+    variant)."""
+
+    in_dtype: DType
+    out_dtype: DType
+    variant: str
+    threads: int
+    vpt: int
+    vec: int = 1
+    lanes: int = 32
+    rows: int = 1
+
+    template = "softmax/softmax.cu"
+    smem_bytes = 0
+
+    def __post_init__(self):
+        if not isinstance(self.in_dtype, DType) or not isinstance(self.out_dtype, DType):
+            raise TypeError("SoftmaxSpec: in_dtype and out_dtype must be DType")
+        if self.variant not in VARIANTS:
+            raise ArgumentValueError(f"SoftmaxSpec.variant: expected one of {VARIANTS}, got "
+                                     f"{self.variant!r}")
+        if self.vec not in (1, 2, 4, 8) or self.vec > access_width(self.in_dtype,
+                                                                   self.out_dtype):
+            raise ArgumentValueError(f"SoftmaxSpec.vec: expected 1, 2, 4 or 8 elements of at "
+                                     f"most 16 bytes, got {self.vec}")
+        if self.vpt < 1 or self.vpt % self.vec:
+            raise ArgumentValueError(f"SoftmaxSpec.vpt: expected a multiple of vec "
+                                     f"({self.vec}), got {self.vpt}")
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ArgumentValueError(f"SoftmaxSpec.threads: expected whole warps up to 1024, "
+                                     f"got {self.threads}")
+        if self.variant == "block" and self.threads & (self.threads - 1):
+            raise ArgumentValueError("SoftmaxSpec.threads: block reductions need a power of "
+                                     f"two, got {self.threads}")
+        if self.variant == "loop" and self.threads & (self.threads - 1):
+            raise ArgumentValueError("SoftmaxSpec.threads: block reductions need a power of "
+                                     f"two, got {self.threads}")
+        if self.lanes not in WARP_LANES or self.threads % self.lanes:
+            raise ArgumentValueError(f"SoftmaxSpec.lanes: expected one of {WARP_LANES}, got "
+                                     f"{self.lanes}")
+        if self.variant == "strided" and self.vec != 1:
+            raise ArgumentValueError("SoftmaxSpec.vec: the strided variant reads single "
+                                     "elements (vec=1)")
+
+    @property
+    def variant_code(self) -> int:
+        return VARIANTS.index(self.variant)
+
+    @property
+    def strided(self) -> bool:
+        return self.variant == "strided"
+
+    @property
+    def config(self) -> SoftmaxConfig:
+        """The configuration this kernel runs."""
+        if self.variant == "warp":
+            return SoftmaxConfig("warp", self.threads, vpt=self.vpt, lanes=self.lanes,
+                                 rows=self.rows)
+        if self.variant == "block":
+            return SoftmaxConfig("block", self.threads, vpt=self.vpt)
+        return SoftmaxConfig(self.variant, self.threads)
+
+    @property
+    def kernel_name(self) -> str:
+        types = f"{self.in_dtype.value}_{self.out_dtype.value}"
+        if self.variant == "warp":
+            shape = f"warp{self.lanes}_v{self.vpt}_r{self.rows}_t{self.threads}"
+        elif self.variant == "block":
+            shape = f"block{self.threads}_v{self.vpt}"
+        else:
+            shape = f"{self.variant}{self.threads}_v{self.vpt}"
+        return f"softmax_{shape}_x{self.vec}_{types}"
+
+
+class Choice(NamedTuple):
+    """A kernel and its launch shape."""
+
+    spec: SoftmaxSpec
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+    @property
+    def config(self) -> SoftmaxConfig:
+        return self.spec.config
+
+
+def as_dtype(dtype) -> DType:
+    """A DType from a DType or a dtype name ('float32', 'bfloat16', ...)."""
+    if isinstance(dtype, DType):
+        return dtype
+    dt = SUPPORTED_DTYPES.get(dtype if isinstance(dtype, str) else getattr(dtype, "name", ""))
+    if dt is None:
+        raise ArgumentValueError(f"dtype: expected one of {', '.join(SUPPORTED_DTYPES)}, got "
+                                 f"{dtype!r}")
+    return dt
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def candidates(n: int, dtype, out_dtype=None, *, strided: bool = False) -> list[SoftmaxConfig]:
+    """The configurations worth timing for rows of ``n`` elements (tuning): the warp and block
+    variants that hold the row in at most 4x its length rounded up to a power of two (64 for
+    the shortest rows), and every loop variant; for a strided softmax, the strided
+    variants."""
+    if strided:
+        return [c for c in all_configs() if c.strided]
+    most = max(4 * _pow2_at_least(max(n, 1)), 64)
+    return [c for c in all_configs()
+            if c.variant == "loop" or (c.capacity is not None and n <= c.capacity <= most)]
+
+
+def heuristic(rows: int, n: int, dtype, out_dtype=None, sm_count: int = 132, *,
+              strided: bool = False) -> SoftmaxConfig:
+    """The configuration the call takes for ``rows`` rows of ``n`` elements.
+
+    - strided softmax: ``strided_256``.
+    - ``n`` <= 1024: warp. Rows of at most 32 accesses of 16 bytes get one access per lane
+      (``V`` = 4 float32 or 8 16-bit values) and ``G`` = the rows' accesses rounded up to a power
+      of two lanes; longer rows a whole warp with ``V`` = n / 32 rounded up to a power of two.
+      ``R`` = 16 / ``V`` rows per lane group (at most 4, at least 1: 16 values per lane in
+      flight), halved while that leaves fewer than 8 blocks of 128 threads per multiprocessor
+      (half of what one can hold).
+    - ``n`` <= 32768: block, ``V`` = 16 up to 4096 elements and 32 above (more bytes in flight
+      per thread; registers still allow two blocks of 512 threads per multiprocessor), ``T`` =
+      n / V rounded up to a power of two (at least 128).
+    - longer rows: loop, 1024 threads: one block per multiprocessor (64 KiB of loads in flight
+      each, plenty for the memory system) keeps the fewest rows in flight, so that more of a
+      row is still in L2 when the second pass reads it again (132 rows of 64k float32 values
+      are 33 MiB, against H100's and H200's 50 MiB of L2).
+    """
+    in_dt = as_dtype(dtype)
+    out_dt = in_dt if out_dtype is None else as_dtype(out_dtype)
+    if strided:
+        return SoftmaxConfig("strided", 256)
+    width = access_width(in_dt, out_dt)
+    if n <= WARP_MAX_N:
+        if n <= 32 * width:
+            vpt, lanes = width, _pow2_at_least(-(-n // width))
+        else:
+            vpt, lanes = _pow2_at_least(-(-n // 32)), 32
+        r = max(1, min(max(WARP_ROWS), 16 // vpt))
+        while r > 1 and -(-rows // (WARP_THREADS // lanes * r)) < 8 * sm_count:
+            r //= 2
+        return SoftmaxConfig("warp", WARP_THREADS, vpt=vpt, lanes=lanes, rows=r)
+    if n <= BLOCK_MAX_N:
+        vpt = 16 if n <= 4096 else 32
+        threads = max(128, _pow2_at_least(-(-n // vpt)))
+        return SoftmaxConfig("block", threads, vpt=vpt)
+    return SoftmaxConfig("loop", 1024)
+
+
+def make_spec(config: SoftmaxConfig, in_dtype, out_dtype=None, max_vec: int = 8) -> SoftmaxSpec:
+    """The kernel of ``config`` for these types, with accesses of at most ``max_vec`` elements
+    (what the alignment of the arrays allows)."""
+    in_dt = as_dtype(in_dtype)
+    out_dt = in_dt if out_dtype is None else as_dtype(out_dtype)
+    width = access_width(in_dt, out_dt)
+    if config.variant == "strided":
+        return SoftmaxSpec(in_dt, out_dt, "strided", config.threads, STRIDED_VPT, 1)
+    if config.variant == "loop":
+        vec = max(1, min(width, max_vec))
+        vpt = loop_vpt(vec)
+    else:
+        vpt = config.vpt
+        vec = max(1, min(width, max_vec, vpt))
+    if config.variant == "warp":
+        return SoftmaxSpec(in_dt, out_dt, "warp", config.threads, vpt, vec, config.lanes,
+                           config.rows)
+    return SoftmaxSpec(in_dt, out_dt, config.variant, config.threads, vpt, vec)
+
+
+def launch_shape(config: SoftmaxConfig, rows: int) -> tuple[tuple[int, int, int],
+                                                            tuple[int, int, int]]:
+    """(grid, block) for ``rows`` rows (strided: columns); the kernels loop over what a grid
+    of at most 2^31 - 1 blocks does not cover."""
+    if config.variant == "warp":
+        per_block = config.threads // config.lanes * config.rows
+        blocks = -(-rows // per_block)
+    elif config.variant == "strided":
+        blocks = -(-rows // config.threads)
+    else:
+        blocks = rows
+    return (max(1, min(blocks, GRID_MAX)), 1, 1), (config.threads, 1, 1)
+
+
+def check_fits(config: SoftmaxConfig, n: int, strided: bool) -> None:
+    """One line saying why a pinned configuration cannot run this call."""
+    if strided and not config.strided:
+        raise ArgumentValueError(
+            f"config: {config.name} reads rows along a unit-stride last axis; this call's "
+            f"vectors are strided (another axis, or a last axis with a stride): use "
+            f"{' or '.join(f'strided_{t}' for t in STRIDED_THREADS)}")
+    if not config.fits(n, strided):
+        raise ArgumentValueError(f"config: {config.name} holds rows of at most "
+                                 f"{config.capacity} elements, got rows of {n}")
+
+
+def choose(rows: int, n: int, dtype, sm_count: int = 132, *, out_dtype=None,
+           max_vec: int = 8, strided: bool = False, config=None) -> Choice:
+    """The kernel and launch shape for ``rows`` softmax vectors of ``n`` elements: ``config``
+    (a name or SoftmaxConfig) if given, which must fit, else the heuristic. ``max_vec``: the
+    widest access (elements) the arrays' alignment allows; ``strided``: the vectors are not
+    unit-stride rows (``rows`` then counts all (outer, inner) columns)."""
+    if config is not None:
+        cfg = parse_config(config)
+        check_fits(cfg, n, strided)
+    else:
+        cfg = heuristic(rows, n, dtype, out_dtype, sm_count, strided=strided)
+    spec = make_spec(cfg, dtype, out_dtype, max_vec)
+    grid, block = launch_shape(cfg, rows)
+    return Choice(spec, grid, block)
