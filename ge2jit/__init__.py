@@ -33,6 +33,7 @@ from .ops.gemm import (
     gemm_bias_act_backward,
 )
 from .ops.optim import adam_update, sgd_update
+from .ops.softmax import softmax
 from .precompile import warmup
 from .runtime.tools import explain, tune
 
@@ -53,6 +54,7 @@ __all__ = [
     "Gradients",
     "adam_update",
     "sgd_update",
+    "softmax",
     "tune",
     "explain",
     "warmup",

@@ -64,9 +64,11 @@ class Param:
         return f"{self.ctype or self.kind.ctype} {self.name}"
 
 
-def pointer(name: str, element: str, const: bool = False) -> Param:
-    """A ``__restrict__`` pointer to ``element`` values (read only with ``const``)."""
-    return Param(name, Kind.POINTER, f"{'const ' if const else ''}{element}* __restrict__")
+def pointer(name: str, element: str, const: bool = False, restrict: bool = True) -> Param:
+    """A ``__restrict__`` pointer to ``element`` values (read only with ``const``; without
+    ``restrict`` where it may alias another parameter, as an in-place output does)."""
+    return Param(name, Kind.POINTER, f"{'const ' if const else ''}{element}*"
+                                     f"{' __restrict__' if restrict else ''}")
 
 
 def array(name: str, element: str, *strides: str, const: bool = False) -> tuple[Param, ...]:

@@ -5,4 +5,5 @@ here."""
 from . import (  # noqa: F401 - imported for their registrations
     gemm,
     optim,
+    softmax,
 )

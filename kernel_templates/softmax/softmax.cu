@@ -360,8 +360,7 @@ __device__ __forceinline__ void dispatch(const Tin* x, Tout* y, long long rows, 
 // columns (strided). At least 1024 threads per multiprocessor (64 registers or fewer): several
 // blocks resident, so that one's reductions and stores overlap another's loads.
 extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS)
-{{ spec.kernel_name }}(const Tin* x, Tout* y, long long rows, long long n, long long inner,
-        long long xo, long long xn, long long xi, long long yo, long long yn, long long yi)
+{{ spec.kernel_name }}({{ spec.param_list() }})
 {
     dispatch<VARIANT>(x, y, rows, n, inner, xo, xn, xi, yo, yn, yi);
 }

@@ -19,3 +19,8 @@ from .spec import (
 
 __all__ = ["softmax", "SoftmaxSpec", "SoftmaxConfig", "Choice", "all_configs", "candidates",
            "choose", "heuristic", "make_spec", "parse_config"]
+
+from ...runtime.registry import register  # noqa: E402 - the op above is what it registers
+from .registration import SOFTMAX  # noqa: E402
+
+register(SOFTMAX)

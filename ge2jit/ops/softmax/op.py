@@ -11,6 +11,7 @@ from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.device import sm_count
 from ...jit.launch import Launcher
 from ...jit.loader import get_kernel
+from ...runtime.arrays import call_arguments, framework_of_type, views
 from ...runtime.checks import (
     _cupy,
     byte_span,
@@ -21,10 +22,11 @@ from ...runtime.checks import (
     check_shaped,
 )
 from ...runtime.dtypes import DType
-from .spec import Choice, SoftmaxSpec, access_width, choose, parse_config
+from ...runtime.prepared import PreparedCalls
+from ...runtime.tools import tuned_config
+from .spec import SoftmaxSpec, access_width, choose, parse_config
 
-# x, y, rows, n, inner, x's strides (outer, along the row, inner), y's strides
-_PARAMS = "<QQqqqqqqqqq"
+_prepared = PreparedCalls("softmax")
 _launchers: dict[tuple[SoftmaxSpec, int], Launcher] = {}
 _choose = lru_cache(maxsize=4096)(choose)
 
@@ -122,7 +124,7 @@ def _launcher(spec: SoftmaxSpec, device_id: int) -> Launcher:
     launcher = _launchers.get(key)
     if launcher is None:
         k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher(spec.kernel_name, k.function.ptr, _PARAMS)
+        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
     return launcher
 
 
@@ -135,7 +137,10 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
     ``x`` along the axis, computed in float32.
 
     Args:
-        x: a CuPy array of float32, float16 or bfloat16, of any number of dimensions. A 0-d
+        x: a GPU array (``cupy.ndarray``, ``torch.Tensor`` on a CUDA device, or an object
+            with ``__cuda_array_interface__``; the result is of its framework, on PyTorch's
+            current stream for tensors) of float32, float16 or bfloat16, of any number of
+            dimensions. A 0-d
             array is one vector of one element (``axis`` 0 or -1): its softmax is 1.0 (NaN for
             ±inf or NaN).
         axis: the axis to normalize over (negative counts from the end). Along a unit-stride
@@ -158,7 +163,8 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
     Semantics are those of a float64 ``e = exp(x - max(x)); e / sum(e)``: -inf entries give 0,
     a vector holding +inf or NaN gives NaN everywhere, a vector of -inf only gives NaN (0/0,
     as PyTorch). Empty arrays give an empty result without a launch. The call runs on CuPy's
-    current device and stream and never synchronizes.
+    current device and stream (PyTorch tensors: their device, PyTorch's current stream) and
+    never synchronizes.
 
     Raises:
         ArgumentTypeError: x or out is not a CuPy array; axis is not an int.
@@ -166,6 +172,105 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
             dtype or partly overlapping x, an unknown config or one that does not fit.
         DeviceMismatchError: x or out is not on the current device.
     """
+    fw = framework_of_type(type(x))
+    sig = None
+    if fw is not None:
+        try:
+            sig = (fw, fw.key(x), None if out is None else fw.key(out), axis, config,
+                   _device())
+            call = _prepared.get(sig)
+        except (AttributeError, TypeError):   # other arrays, or unhashable: checked below
+            sig = call = None
+        if call is not None:
+            return call(x, out)
+    fw, device_id, native = call_arguments({"x": x, "out": out})
+    if sig is None and framework_of_type(type(x)) is fw:
+        try:
+            sig = (fw, fw.key(x), None if out is None else fw.key(out), axis, config,
+                   _device())
+        except (AttributeError, TypeError):
+            sig = None
+    with fw.context(device_id):
+        v = views(fw, native)
+        result, call = _first_call(fw, device_id, v["x"], v["out"], out, axis, config)
+        if call is not None and sig is not None and device_id == _device():
+            _prepared.put(sig, call)
+    return result
+
+
+def _device() -> int:   # replaced by CuPy's getDevice at the first call
+    global _device
+    _device = _cupy().cuda.runtime.getDevice
+    return _device()
+
+
+def _first_call(fw, device_id, x, out, out_native, axis, config):
+    """Check a call (x, out: CuPy views), launch it; (the result, its prepared call or
+    None)."""
+    given = out is not None
+    x, out, ax, in_dtype, out_dtype, cfg = checked(x, axis, out, config)
+    check_same_device({"x": x, "out": out}, device_id)
+    if out is None:
+        out_native = fw.allocator(x.dtype, device_id)(x.shape)
+        out = fw.view(out_native, "out")
+    if x.size == 0:
+        return out_native, None
+    return _execute(fw, x, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, given)
+
+
+def _execute(fw, x, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, given):
+    """Choose, launch and prepare a checked, non-empty call (x, out: CuPy views)."""
+    choice, layouts, _ = decide(x, out, ax, in_dtype, out_dtype, cfg, device_id)
+    if layouts is None:   # copies: not prepared
+        _run(x, out, ax, choice, fw.stream_getter(device_id)())
+        return out_native, None
+    lx, ly = layouts
+    launch = _launcher(choice.spec, device_id).bind(
+        choice.grid, choice.block, 0, rows=choice_rows(lx, ly), n=lx.n, inner=lx.inner,
+        xo=lx.outer_stride, xn=lx.n_stride, xi=lx.inner_stride, yo=ly.outer_stride,
+        yn=ly.n_stride, yi=ly.inner_stride)
+    ptr, stream = fw.ptr, fw.stream_getter(device_id)
+    new, shape = fw.allocator(x.dtype, device_id), x.shape
+    launch(stream(), x=x.data.ptr, y=out.data.ptr)
+
+    def call(x, out):
+        y = new(shape) if out is None else out
+        launch(stream(), x=ptr(x), y=ptr(y))
+        return y
+
+    # the checks a repeated pattern still needs: out given (x itself, or apart from it)
+    if given:
+        in_place = x.strides == out.strides and x.dtype == out.dtype   # when x is out
+        xs, ys = byte_span(x), byte_span(out)
+        x_rel = (xs[0] - x.data.ptr, xs[1] - x.data.ptr)
+        y_rel = (ys[0] - out.data.ptr, ys[1] - out.data.ptr)
+        unchecked = call
+
+        def call(x, out):
+            xp, yp = ptr(x), ptr(out)
+            if not (xp == yp and in_place) and xp + x_rel[0] < yp + y_rel[1] \
+                    and yp + y_rel[0] < xp + x_rel[1]:
+                raise ArgumentValueError("out: overlaps x without being x; pass out=x for an "
+                                         "in-place softmax, or a separate array")
+            return unchecked(x, out)
+    return out_native, call
+
+
+def decide(x, out, axis: int, in_dtype: DType, out_dtype: DType, cfg, device_id: int):
+    """(choice, layouts or None, reason) of a checked call (CuPy views; ``axis`` normalized):
+    the pinned config, else the tuning database's for this key, else the heuristic."""
+    reason = "pinned"
+    if cfg is None:
+        tuned = tuned_config("softmax", tuning_key(x, axis, out=out))
+        cfg = None if tuned is None else parse_config(tuned)
+        reason = "heuristic" if cfg is None else "tuned"
+    choice, layouts = _plan(x, out, axis, in_dtype, out_dtype, cfg, device_id)
+    return choice, layouts, reason
+
+
+def checked(x, axis, out, config):
+    """(x, out, axis, in dtype, out dtype, config or None) of a call's arguments (CuPy
+    views), checked as the call checks them; ``out`` None stays None."""
     check_array(x, "x")
     in_dtype = check_dtype(x, "x")
     ax = _check_axis(axis, x.ndim)
@@ -173,21 +278,66 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
     out_dtype = in_dtype
     if out is not None:
         out_dtype = check_shaped(out, "out", x.shape, "(x's)", tuple(DType))
-    check_aligned(x, "x")
-    cp = _cupy()
-    device_id = cp.cuda.runtime.getDevice()
-    check_same_device({"x": x, "out": out}, device_id)
-    if out is None:
-        out = cp.empty(x.shape, dtype=x.dtype)
-    else:
         _check_out(x, out)
-    if x.size == 0:
-        return out
-    _run(cp, x, out, ax, in_dtype, out_dtype, cfg, device_id)
-    return out
+    check_aligned(x, "x")
+    return x, out, ax, in_dtype, out_dtype, cfg
 
 
-def _run(cp, x, out, axis, in_dtype, out_dtype, cfg, device_id) -> None:
+def choice_rows(lx: AxisLayout, ly: AxisLayout) -> int:
+    return lx.outer if rows_fast(lx, ly) else lx.outer * lx.inner
+
+
+def tuning_key(x, axis: int = -1, *, out=None, config=None) -> dict:
+    """What keys the tuning database for a softmax of ``x``: the types, the vector length
+    (rounded up to a power of two), the vector count (likewise) and whether the vectors are
+    rows along a unit-stride last axis."""
+    ax = _check_axis(axis, x.ndim)
+    shape = x.shape or (1,)
+    n = shape[ax]
+    rows = max(x.size // max(n, 1), 1)
+    out_dtype = check_dtype(out if out is not None else x, "out")
+    last = ax == len(shape) - 1 and (n <= 1 or x.strides[ax] == x.itemsize)
+    return {"dtype": check_dtype(x, "x").value, "out_dtype": out_dtype.value,
+            "n": 1 << max(n - 1, 0).bit_length(), "rows": 1 << max(rows - 1, 0).bit_length(),
+            "rows_along_last_axis": last}
+
+
+def _plan(x, out, axis, in_dtype, out_dtype, cfg, device_id):
+    """(choice, (x's layout, y's layout)) of a call, or (choice, None) when x or out is
+    copied first (``_run``)."""
+    xv, yv = (x.reshape(1), out.reshape(1)) if x.ndim == 0 else (x, out)
+    lx = axis_layout(xv.shape, _element_strides(xv), axis)
+    ly = axis_layout(yv.shape, _element_strides(yv), axis)
+    copies = lx is None or ly is None
+    if lx is None:
+        lx = axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
+    if ly is None:
+        ly = axis_layout(yv.shape, _contiguous_strides(yv.shape), axis)
+    fast = rows_fast(lx, ly)
+    sms = sm_count(device_id)
+    if fast:
+        vec = 1 if copies else max_vec(xv.data.ptr, lx.outer_stride, yv.data.ptr,
+                                       ly.outer_stride, in_dtype, out_dtype, lx.outer)
+        choice = _choose(lx.outer, lx.n, in_dtype, sms, out_dtype=out_dtype, max_vec=vec,
+                         strided=False, config=cfg)
+    else:
+        choice = _choose(lx.outer * lx.inner, lx.n, in_dtype, sms, out_dtype=out_dtype,
+                         max_vec=1, strided=True, config=cfg)
+    return choice, None if copies else (lx, ly)
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.insert(0, acc)
+        acc *= max(size, 1)
+    return tuple(strides)
+
+
+def _run(x, out, axis, choice, stream_ptr: int) -> None:
+    """A call whose x or out cannot be walked as (outer, n, inner): x copied to a C-contiguous
+    array, or the result written to one and copied into ``out`` (on the launch stream)."""
+    cp = _cupy()
     xv, yv = (x.reshape(1), out.reshape(1)) if x.ndim == 0 else (x, out)
     lx = axis_layout(xv.shape, _element_strides(xv), axis)
     if lx is None:
@@ -198,22 +348,11 @@ def _run(cp, x, out, axis, in_dtype, out_dtype, cfg, device_id) -> None:
     if ly is None:
         yv = cp.empty(yv.shape, dtype=yv.dtype)
         ly = axis_layout(yv.shape, _element_strides(yv), axis)
-    fast = rows_fast(lx, ly)
-    sms = sm_count(device_id)
-    if fast:
-        vec = max_vec(xv.data.ptr, lx.outer_stride, yv.data.ptr, ly.outer_stride, in_dtype,
-                      out_dtype, lx.outer)
-        choice: Choice = _choose(lx.outer, lx.n, in_dtype, sms, out_dtype=out_dtype,
-                                 max_vec=vec, strided=False, config=cfg)
-        rows = lx.outer
-    else:
-        choice = _choose(lx.outer * lx.inner, lx.n, in_dtype, sms, out_dtype=out_dtype,
-                         max_vec=1, strided=True, config=cfg)
-        rows = lx.outer * lx.inner
-    _launcher(choice.spec, device_id)(
-        choice.grid, choice.block, 0, cp.cuda.get_current_stream().ptr,
-        xv.data.ptr, yv.data.ptr, rows, lx.n, lx.inner,
-        lx.outer_stride, lx.n_stride, lx.inner_stride,
-        ly.outer_stride, ly.n_stride, ly.inner_stride)
+    spec, device_id = choice.spec, cp.cuda.runtime.getDevice()
+    _launcher(spec, device_id).launch(
+        choice.grid, choice.block, 0, stream_ptr, x=xv.data.ptr, y=yv.data.ptr,
+        rows=choice_rows(lx, ly), n=lx.n, inner=lx.inner, xo=lx.outer_stride,
+        xn=lx.n_stride, xi=lx.inner_stride, yo=ly.outer_stride, yn=ly.n_stride,
+        yi=ly.inner_stride)
     if yv is not target:
         target[...] = yv

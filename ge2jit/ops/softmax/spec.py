@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...errors import ArgumentValueError
+from ...jit.params import Param, int64, pointer
 from ...jit.spec import KernelSpec
 from ...runtime.dtypes import SUPPORTED_DTYPES, DType
 
@@ -205,6 +206,15 @@ class SoftmaxSpec(KernelSpec):
 
     template = "softmax/softmax.cu"
     smem_bytes = 0
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """x and y (not ``__restrict__``: y may be x), the vectors' count and length, the
+        extent after the axis, and x's and y's element strides (outer, along the vector,
+        inner)."""
+        return (pointer("x", self.in_dtype.ctype, const=True, restrict=False),
+                pointer("y", self.out_dtype.ctype, restrict=False),
+                *int64("rows", "n", "inner", "xo", "xn", "xi", "yo", "yn", "yi"))
 
     def __post_init__(self):
         if not isinstance(self.in_dtype, DType) or not isinstance(self.out_dtype, DType):

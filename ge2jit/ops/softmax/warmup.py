@@ -1,6 +1,5 @@
 """What a warm-up entry for softmax compiles: ``[[softmax]]`` tables (the warm-up module
-interface: ``validate_entry``, ``expand``, ``tuned_entries``; ``ge2jit/precompile.py``
-registers it in its ``OPS`` table as ``"softmax": softmax_warmup``)::
+interface: ``validate_entry``, ``expand``, ``tuned_entries``, registered with the op)::
 
     [[softmax]]
     dtypes = ["bfloat16"]            # the input's types

@@ -28,7 +28,7 @@ from ge2jit.ops.softmax import (
 from ge2jit.ops.softmax import op as softmax_op
 from ge2jit.ops.softmax.op import axis_layout, max_vec, rows_fast
 from ge2jit.ops.softmax.spec import access_width
-from ge2jit.runtime import checks
+from ge2jit.runtime import arrays, checks
 from ge2jit.runtime.dtypes import DType
 
 from ...fake_cupy import FakeArray, make_module
@@ -302,19 +302,25 @@ def fake(monkeypatch):
     module.empty = lambda shape, dtype: FakeArray(shape, dtype)
     monkeypatch.setattr(checks, "_cupy", lambda: module)
     monkeypatch.setattr(softmax_op, "_cupy", lambda: module)
+    monkeypatch.setattr(arrays, "_cupy_mod", module)     # stand-ins are CuPy arrays
     runs = []
-    monkeypatch.setattr(softmax_op, "_run", lambda *args: runs.append(args))
+
+    def execute(*args):   # (fw, x, out, axis, in dtype, out dtype, config, device, result, ..)
+        runs.append(args)
+        return args[8], None
+
+    monkeypatch.setattr(softmax_op, "_execute", execute)
     return runs
 
 
 def test_non_cupy_inputs_are_refused(fake):
     with pytest.raises(ge2jit.ArgumentTypeError,
-                       match=r"x: expected a cupy.ndarray on the GPU, got a numpy.ndarray of "
+                       match=r"x: expected a GPU array .*, got a numpy.ndarray of "
                              r"shape \(4, 3\); move it to the GPU with cupy.asarray\(x\)"):
         softmax(np.zeros((4, 3), np.float32))
-    with pytest.raises(ge2jit.ArgumentTypeError, match="x: expected a cupy.ndarray, got list"):
+    with pytest.raises(ge2jit.ArgumentTypeError, match="x: expected a GPU array .*, got list"):
         softmax([1.0, 2.0])
-    with pytest.raises(ge2jit.ArgumentTypeError, match="out: expected a cupy.ndarray, got"):
+    with pytest.raises(ge2jit.ArgumentTypeError, match="out: expected a GPU array .*, got"):
         softmax(FakeArray((4, 3)), out=np.zeros((4, 3), np.float32).tolist())
 
 
@@ -384,7 +390,7 @@ def test_valid_calls_reach_the_launch(fake):
     assert y.shape == (4, 3) and y.dtype == np.float16
     out = FakeArray((4, 3), np.float32)
     assert softmax(x, axis=0, out=out, config="strided_256") is out
-    (_, _, _, axis, in_dt, out_dt, cfg, dev) = fake[-1]
+    (axis, in_dt, out_dt, cfg, dev) = fake[-1][3:8]
     assert (axis, in_dt, out_dt, cfg.name, dev) == (0, DType.F16, DType.F32, "strided_256", 0)
     softmax(x, axis=np.int64(-1))
     assert fake[-1][3] == 1
