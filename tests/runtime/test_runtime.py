@@ -3,7 +3,9 @@ prepared-call tables and the per-call overlap guard. (On the GPU: test_arrays_gp
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,8 +57,14 @@ def test_other_objects_are_one_line_type_errors(x, got):
 
 
 def test_torch_is_not_imported_for_cupy_arrays():
-    arrays.framework_of({"a": FakeArray((2, 2))})
-    assert "torch" not in sys.modules
+    code = ("import sys, ge2jit; from ge2jit.runtime import arrays; "
+            "from tests.fake_cupy import FakeArray, make_module; "
+            "arrays._cupy_mod = make_module(0); arrays.framework_of({'a': FakeArray((2, 2))}); "
+            "print('torch' in sys.modules)")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr)
 
 
 def test_prepared_calls_are_bounded_and_cleared():

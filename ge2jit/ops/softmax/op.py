@@ -105,7 +105,7 @@ def _check_out(x, out) -> None:
     """out may be x itself (same memory, dtype and strides: in place) or overlap it nowhere;
     it may not write one element twice (a zero stride)."""
     for size, stride in zip(out.shape, out.strides):
-        if size > 1 and stride == 0:
+        if size > 1 and stride == 0 and out.size:
             raise ArgumentValueError(f"out: expected an array that holds each element once, got "
                                      f"strides {out.strides} (a broadcast view)")
     if x.size == 0:
@@ -304,19 +304,24 @@ def tuning_key(x, axis: int = -1, *, out=None, config=None) -> dict:
 
 def _plan(x, out, axis, in_dtype, out_dtype, cfg, device_id):
     """(choice, (x's layout, y's layout)) of a call, or (choice, None) when x or out is
-    copied first (``_run``)."""
-    xv, yv = (x.reshape(1), out.reshape(1)) if x.ndim == 0 else (x, out)
+    copied first (``_run``). ``out`` None: the new C-contiguous output a call would make
+    (explain, tune)."""
+    xv = x.reshape(1) if x.ndim == 0 else x
     lx = axis_layout(xv.shape, _element_strides(xv), axis)
-    ly = axis_layout(yv.shape, _element_strides(yv), axis)
+    if out is None:
+        y_ptr, ly = 0, axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
+    else:
+        yv = out.reshape(1) if x.ndim == 0 else out
+        y_ptr, ly = yv.data.ptr, axis_layout(yv.shape, _element_strides(yv), axis)
     copies = lx is None or ly is None
     if lx is None:
         lx = axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
     if ly is None:
-        ly = axis_layout(yv.shape, _contiguous_strides(yv.shape), axis)
+        ly = axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
     fast = rows_fast(lx, ly)
     sms = sm_count(device_id)
     if fast:
-        vec = 1 if copies else max_vec(xv.data.ptr, lx.outer_stride, yv.data.ptr,
+        vec = 1 if copies else max_vec(xv.data.ptr, lx.outer_stride, y_ptr,
                                        ly.outer_stride, in_dtype, out_dtype, lx.outer)
         choice = _choose(lx.outer, lx.n, in_dtype, sms, out_dtype=out_dtype, max_vec=vec,
                          strided=False, config=cfg)

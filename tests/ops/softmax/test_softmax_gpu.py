@@ -373,7 +373,7 @@ def test_pytorch_tensors_through_dlpack():
 
 def test_bad_arguments_are_refused():
     x = cp.asarray(host_rand((4, 1000), np.float32))
-    with pytest.raises(ge2jit.ArgumentTypeError, match="x: expected a cupy.ndarray on the GPU"):
+    with pytest.raises(ge2jit.ArgumentTypeError, match="x: expected a GPU array .*numpy.ndarray"):
         softmax(cp.asnumpy(x))
     with pytest.raises(ge2jit.ArgumentValueError, match="x: dtype float64 is not supported"):
         softmax(x.astype(cp.float64))
