@@ -73,3 +73,17 @@ def test_the_import_reader_sees_relative_imports():
     # ops/optim/__init__.py imports the shared kit relatively: resolved to absolute names
     names = _imports(PACKAGE / "ops" / "optim" / "__init__.py")
     assert "ge2jit.runtime.checks" in names and "ge2jit.jit.launch" in names
+
+
+#: GEMM's modules in layers: each imports only modules of the layers below it (no circles)
+GEMM_LAYERS = {"plans": {"backward", "op", "tuning", "registration"},
+               "tuning": {"backward", "op", "registration"},
+               "op": {"backward", "registration"}}
+
+
+@pytest.mark.parametrize("module", sorted(GEMM_LAYERS))
+def test_gemm_modules_import_no_module_above_them(module):
+    imported = {name.rsplit(".", 1)[-1] for name in _imports(PACKAGE / "ops" / "gemm" /
+                                                              f"{module}.py")
+                if name.startswith("ge2jit.ops.gemm.")}
+    assert not imported & GEMM_LAYERS[module], (module, imported & GEMM_LAYERS[module])

@@ -1,17 +1,17 @@
 // Asynchronous global -> shared copies (sm_80+). src_bytes < size fills the rest with zeros, so
 // tiles at the matrix edges need no separate path: out-of-range elements read as 0.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const unsigned s = smem_u32(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                  "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_8(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const unsigned s = smem_u32(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem),
                  "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const unsigned s = smem_u32(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
                  "r"(src_bytes));
 }

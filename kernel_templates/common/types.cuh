@@ -88,3 +88,9 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[N]) {
 
 // ceil(a / b) for 0 <= a < 2^31: (a + b - 1) / b wraps for a near 2^31 (K = 2^31 - 1, say).
 __device__ __forceinline__ int ceil_div(int a, int b) { return a / b + (a % b != 0); }
+
+// The 32-bit shared-memory address of a generic pointer into shared memory (what the
+// .shared state space's instructions take).
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}

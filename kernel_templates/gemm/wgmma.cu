@@ -58,9 +58,6 @@ struct __align__(64) TensorMap { unsigned long long opaque[16]; };
 
 {{ ep.c_accessor(spec) }}
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count));
 }

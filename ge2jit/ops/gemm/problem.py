@@ -144,7 +144,8 @@ def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
 
 
 class Problem:
-    """A validated call: sizes, kinds and the operands as the kernel will read them."""
+    """A validated call: sizes, kinds and the operands as the kernel will read them. Immutable:
+    ``replace`` makes a changed copy."""
 
     __slots__ = ("m", "n", "k", "dtype", "out_dtype", "y_numpy_dtype", "c_dtype", "bias_dtype",
                  "precision", "act", "bias_kind", "bias_stride", "alpha", "beta", "leaky_slope",
@@ -152,8 +153,18 @@ class Problem:
                  "layout_b", "ldb", "layout_c", "ldc", "copied", "gate", "gate_from_y", "bgrad")
 
     def __init__(self, **kw):
+        unknown = set(kw) - set(self.__slots__)
+        if unknown:
+            raise TypeError(f"Problem: unknown fields {sorted(unknown)}")
         for name in self.__slots__:
-            setattr(self, name, kw.get(name))
+            object.__setattr__(self, name, kw.get(name))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Problem is immutable (set {name} through replace())")
+
+    def replace(self, **changes) -> Problem:
+        """A copy with ``changes``."""
+        return Problem(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
 
     @property
     def empty(self) -> bool:
@@ -236,19 +247,19 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
                        "preact_out": preact_out}, device_id)
     check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
     use_c = c is not None and beta != 0.0
-    p = Problem(m=m, n=n, k=k, dtype=dtype, out_dtype=y_dtype, y_numpy_dtype=np_y,
-                c_dtype=c_dtype,
-                bias_dtype=bias_dtype, precision=prec, act=act_e, bias_kind=kind,
-                bias_stride=bias_stride,
-                alpha=alpha, beta=beta, leaky_slope=slope, device_id=device_id, bias=bias,
-                out=out, preact_out=preact_out, c=c if use_c else None, ldc=0)
-    if not use_c:
-        p.c_dtype = dtype
-    p.copied = False
-    if not p.empty:
-        p.layout_a, p.lda, p.a = layout_of(a, "a")
-        p.layout_b, p.ldb, p.b = layout_of(b, "b")
+    layouts = dict(layout_a=None, lda=0, layout_b=None, ldb=0, layout_c=None, ldc=0)
+    copied = False
+    if m and n:
+        layouts["layout_a"], layouts["lda"], a_read = layout_of(a, "a")
+        layouts["layout_b"], layouts["ldb"], b_read = layout_of(b, "b")
+        c_read = c
         if use_c:
-            p.layout_c, p.ldc, p.c = layout_of(c, "c")
-        p.copied = p.a is not a or p.b is not b or (use_c and p.c is not c)
-    return p
+            layouts["layout_c"], layouts["ldc"], c_read = layout_of(c, "c")
+        copied = a_read is not a or b_read is not b or (use_c and c_read is not c)
+        a, b, c = a_read, b_read, c_read
+    return Problem(m=m, n=n, k=k, dtype=dtype, out_dtype=y_dtype, y_numpy_dtype=np_y,
+                   c_dtype=c_dtype if use_c else dtype, bias_dtype=bias_dtype, precision=prec,
+                   act=act_e, bias_kind=kind, bias_stride=bias_stride, alpha=alpha, beta=beta,
+                   leaky_slope=slope, device_id=device_id, a=a, b=b, bias=bias, out=out,
+                   preact_out=preact_out, c=c if use_c else None, copied=copied, **layouts)
+

@@ -11,7 +11,8 @@ from ...runtime.dtypes import dtype_name
 from ...runtime.registry import Explanation, Op, bind
 from . import warmup, warmup_backward
 from .backward import gemm_bias_act_backward
-from .op import _tuning_key, clear_plans, explain, gemm_bias_act, tune
+from .op import clear_plans, explain, gemm_bias_act, tune
+from .plans import tuning_key as _problem_tuning_key
 from .problem import (
     SUPPORTED_DTYPES,
     check_act,
@@ -58,7 +59,7 @@ def candidate_names(*args, **kwargs) -> list[str]:
 def tuning_key(*args, **kwargs) -> dict:
     """The tuning database's key of these arguments on this GPU."""
     p = _problem(args, kwargs)
-    return _tuning_key(p, device_arch(p.device_id))
+    return _problem_tuning_key(p, device_arch(p.device_id))
 
 
 def _choose(value, name: str, accepted: dict, text: str):

@@ -226,18 +226,18 @@ def test_autotune_argument(tmp_path, monkeypatch):
 
 
 def test_failing_candidate_falls_back_with_one_warning(monkeypatch):
-    from ge2jit.ops.gemm import op
+    from ge2jit.ops.gemm import plans
 
-    real = op.get_kernel
+    real = plans.get_kernel
 
     def broken(spec, device_id):
         if spec.kernel_name.startswith("gemm_f32") and "_w" in spec.kernel_name:
             raise ge2jit.KernelCompileError(spec.kernel_name, "simulated failure", "", ())
         return real(spec, device_id)
 
-    monkeypatch.setattr(op, "get_kernel", broken)
-    op.clear_plans()
-    op._warned.clear()
+    monkeypatch.setattr(plans, "get_kernel", broken)
+    plans.clear_plans()
+    plans._warned.clear()
     a, b = rand(130, 70), rand(70, 90)
     with pytest.warns(RuntimeWarning, match="using the fallback kernel"):
         info = ge2jit.explain(a, b, act="relu")
@@ -245,7 +245,7 @@ def test_failing_candidate_falls_back_with_one_warning(monkeypatch):
     check(a, b, act="relu")
     with pytest.raises(ge2jit.KernelCompileError):
         ge2jit.gemm_bias_act(a, b, config=PIPELINED_F32_CONFIGS[0].name)  # pinned: no fallback
-    op.clear_plans()
+    plans.clear_plans()
 
 
 def test_large_problem_default_choice():
@@ -333,7 +333,7 @@ def test_runs_on_current_stream():
 
 def test_repeated_call_is_a_table_lookup(monkeypatch):
     from ge2jit.jit import loader
-    from ge2jit.ops.gemm import op
+    from ge2jit.ops.gemm import plans
 
     a, b = rand(64, 64), rand(64, 64)
     ge2jit.gemm_bias_act(a, b, act="relu")
@@ -342,8 +342,8 @@ def test_repeated_call_is_a_table_lookup(monkeypatch):
         raise AssertionError("a repeated call must not choose, render, hash or compile")
 
     monkeypatch.setattr(loader, "build", no_build)
-    monkeypatch.setattr(op, "get_kernel", no_build)
-    monkeypatch.setattr(op, "_make_plan", no_build)
+    monkeypatch.setattr(plans, "get_kernel", no_build)
+    monkeypatch.setattr(plans, "_make_plan", no_build)
     ge2jit.gemm_bias_act(a, rand(64, 64), act="relu")
 
 

@@ -335,13 +335,13 @@ def test_narrow_copies_for_partly_aligned_operands(kind):
 
 @pytest.mark.parametrize("kind", ["bf16", "f16"])
 def test_misaligned_16bit_operands_take_the_fallback(kind):
-    from ge2jit.ops.gemm import op
+    from ge2jit.ops.gemm import plans
 
     dtype = KINDS[kind][0]
     m, n, k = 90, 70, 61
     a = rand(dtype, m, k)                          # ld 61: 2-byte aligned rows
     b = rand(dtype, k + 1, n)[1:]                  # base off by one element
-    op._warned.clear()
+    plans._warned.clear()
     with pytest.warns(RuntimeWarning, match="not 4-byte aligned"):
         info = ge2jit.explain(a, b)
     assert info.reason == "fallback" and "4-byte aligned" in info.choice.detail

@@ -11,7 +11,7 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from ge2jit.ops.gemm import op  # noqa: E402
+from ge2jit.ops.gemm import plans  # noqa: E402
 from ge2jit.ops.gemm.spec import (  # noqa: E402
     PIPELINED_F32_CONFIGS,
     SIMT_F32_TILES,
@@ -50,7 +50,7 @@ def launches(monkeypatch):
             for p, at in zip(spec.params, pointers)}))
 
     monkeypatch.setattr(cupy.cuda.driver, "launchKernel", driver)
-    monkeypatch.setattr(op, "tensor_map_2d", lambda *args: repr(args).encode())
+    monkeypatch.setattr(plans, "tensor_map_2d", lambda *args: repr(args).encode())
     buffer = SimpleNamespace(data=SimpleNamespace(ptr=WORKSPACE), ptr=WORKSPACE)
     monkeypatch.setattr(cupy, "ndarray", lambda *args, **kw: buffer)   # split-K's partials
     monkeypatch.setattr(cupy.cuda, "alloc", lambda size: buffer)       # staged operands
@@ -74,7 +74,7 @@ def test_plan_run_and_bind_pass_each_parameter(launches):
     calls, kernel = launches
     spec = GemmSpec(DType.F32, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
                     True, SIMT_F32_TILES[0])
-    _run_and_bind(op.Plan(None, kernel(spec), (2, 3, 1), (256, 1, 1), 0, 7))
+    _run_and_bind(plans.Plan(None, kernel(spec), (2, 3, 1), (256, 1, 1), 0, 7))
     assert calls == [(999, PARAMS)] * 2
 
 
@@ -83,7 +83,7 @@ def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype):
     calls, kernel = launches
     spec = WgmmaGemmSpec(dtype, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.COL, True,
                          WGMMA_CONFIGS[3])
-    _run_and_bind(op.TmaPlan(None, kernel(spec), (132, 1, 1), (384, 1, 1), 5000, 7))
+    _run_and_bind(plans.TmaPlan(None, kernel(spec), (132, 1, 1), (384, 1, 1), 5000, 7))
     name, es = dtype.value, dtype.itemsize
     bm, bn, bk = WGMMA_CONFIGS[3].bm, WGMMA_CONFIGS[3].bn, 128 // es
     maps = {"tma_a": (name, 0x1000, 300, 100, 33 * es, bk, bm),
@@ -101,7 +101,7 @@ def test_split_k_plan_reduces_the_partials_with_the_epilogues_parameters(launche
     gemm = PipelinedGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE,
                              False, PIPELINED_F32_CONFIGS[0], split_k=True)
     reduce = SplitKReduceSpec(DType.F32, Layout.ROW, Act.GELU, BiasKind.COL, True, True)
-    _run_and_bind(op.Plan(None, kernel(gemm), (2, 3, 4), (256, 1, 1), 0, 7, kernel(reduce),
+    _run_and_bind(plans.Plan(None, kernel(gemm), (2, 3, 4), (256, 1, 1), 0, 7, kernel(reduce),
                           (5, 1, 1), splits=4))
     partials = {**PARAMS, "C": 0, "ldc": 0, "bias": 0, "bias_stride": 0, "Y": WORKSPACE,
                 "ldy": 200, "Z": 0, "ldz": 0, "alpha_": 1.0, "beta_": 0.0, "leaky_slope_": 0.0}
@@ -116,7 +116,7 @@ def test_staged_plan_reads_the_copies(launches):
     gemm = GemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
                     SIMT_F32_TILES[0])
     prep = (kernel(Tf32SplitSpec(False, "hhl")), kernel(Tf32SplitSpec(True, "hlh")))
-    _run_and_bind(op.Plan(None, kernel(gemm), (2, 3, 1), (256, 1, 1), 0, 7, prep=prep))
+    _run_and_bind(plans.Plan(None, kernel(gemm), (2, 3, 1), (256, 1, 1), 0, 7, prep=prep))
     ld = 900   # 3 segments of K, 16-byte rows
     size_a = -(-100 * ld * 4 // 256) * 256   # B starts 256-byte aligned
     copies = [dict(in_=0x1000, ld_in=33, out=WORKSPACE, ld_out=ld, R=100, C=300),

@@ -1,0 +1,390 @@
+"""GEMM launch plans: the kernels, grid and split-K of one problem class, chosen (pinned config,
+tuning database, heuristic, fallback), built and cached; their launches."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..._version import __version__
+from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
+from ...jit.device import device_arch, device_attributes, device_name, sm_count
+from ...jit.launch import Launcher
+from ...jit.loader import LoadedKernel, get_kernel
+from ...jit.nvrtc import arch_number
+from ...jit.tma import tensor_map_2d
+from ...runtime.prepared import clear_all
+from ...tune.db import default_db
+from .problem import Problem
+from .select import (
+    FALLBACK_TILE,
+    Aligns,
+    Choice,
+    KernelSet,
+    alignment,
+    candidates,
+    check_config,
+    heuristic,
+    kernel_set,
+    parse_config,
+    resolve,
+)
+from .spec import Layout, WgmmaConfig, WgmmaGemmSpec
+
+_GRID_Y_MAX = 65535
+_INT32_MAX = 2**31 - 1
+_plans: dict[tuple, Plan] = {}
+_plans_lock = threading.RLock()  # re-entered when autotuning clears the plans
+_warned: set[str] = set()
+
+
+def _arch_number(device_id: int) -> int:
+    return arch_number(device_arch(device_id))
+
+
+class _Staging:
+    """Copies the operands a plan's GEMM kernel cannot read as they are into the K-major
+    layout it reads (``TransposeSpec``), or splits them for 3xTF32 (``Tf32SplitSpec``, rows
+    three segments of K long), in one workspace from CuPy's memory pool."""
+
+    __slots__ = ("a", "b", "parts", "itemsize")
+
+    def __init__(self, prep_a: LoadedKernel | None, prep_b: LoadedKernel | None, itemsize: int):
+        def launcher(k):
+            if k is None:
+                return None
+            return Launcher.for_spec(k.spec, k.function.ptr), k.spec.transpose
+
+        self.a, self.b = launcher(prep_a), launcher(prep_b)
+        self.parts = max(k.spec.parts for k in (prep_a, prep_b) if k is not None)
+        self.itemsize = itemsize
+
+    def __call__(self, a_ptr, lda, b_ptr, ldb, m, n, k, stream_ptr):
+        """(workspace, a_ptr, lda, b_ptr, ldb, k) as the GEMM kernel reads them. The
+        workspace must live until the GEMM is queued (the pool reuses it in stream order)."""
+        import cupy as cp
+
+        kk = k * self.parts
+        per16 = 16 // self.itemsize
+        ld = -(-kk // per16) * per16                    # 16-byte rows, for TMA and cp.async
+        row_bytes = ld * self.itemsize
+        size_a = -(-m * row_bytes // 256) * 256 if self.a is not None else 0
+        size_b = n * row_bytes if self.b is not None else 0
+        ws = cp.cuda.alloc(max(size_a + size_b, 16))
+        if self.a is not None:   # A (M x K): row-major, or K rows of M
+            fn, transpose = self.a
+            rows, cols = (k, m) if transpose else (m, k)
+            fn.launch((-(-cols // 32), min(-(-rows // 32), 65535), 1), (32, 8, 1), 0, stream_ptr,
+                      in_=a_ptr, ld_in=lda, out=ws.ptr, ld_out=ld, R=rows, C=cols)
+            a_ptr, lda = ws.ptr, ld
+        if self.b is not None:   # B (K x N): K rows of N, or column-major (N rows of K)
+            fn, transpose = self.b
+            rows, cols = (k, n) if transpose else (n, k)
+            fn.launch((-(-cols // 32), min(-(-rows // 32), 65535), 1), (32, 8, 1), 0, stream_ptr,
+                      in_=b_ptr, ld_in=ldb, out=ws.ptr + size_a, ld_out=ld, R=rows, C=cols)
+            b_ptr, ldb = ws.ptr + size_a, ld
+        return ws, a_ptr, lda, b_ptr, ldb, kk
+
+
+@dataclass
+class Plan:
+    """Everything needed to launch one problem class: kernels, grid, split-K and the choice."""
+
+    choice: Choice
+    main: LoadedKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    k_tiles_per_split: int
+    reduce: LoadedKernel | None = None
+    reduce_grid: tuple[int, int, int] = (1, 1, 1)
+    #: copies of A and B made before the GEMM (see ``_Staging``), or None
+    prep: tuple[LoadedKernel | None, LoadedKernel | None] = (None, None)
+    #: slices of K (with ``reduce``: partial products to a workspace, then the epilogue)
+    splits: int = 1
+
+    def __post_init__(self):
+        self._main = Launcher.for_spec(self.main.spec, self.main.function.ptr)
+        #: ``_gemm(stream_ptr, **the GEMM kernel's parameters)``
+        self._gemm = self._main.bind(self.grid, self.block, self.smem)
+        self._reduce = None
+        if self.reduce is not None:
+            self._reduce = Launcher.for_spec(self.reduce.spec, self.reduce.function.ptr).bind(
+                self.reduce_grid, (256, 1, 1), 0)
+        self._staging = None
+        if any(k is not None for k in self.prep):
+            self._staging = _Staging(*self.prep, self.main.spec.dtype.itemsize)
+
+    @property
+    def kernels(self) -> tuple[LoadedKernel, ...]:
+        """Every kernel a call launches, each once."""
+        out = []
+        for k in (self.main, self.reduce, *self.prep):
+            if k is not None and all(k is not o for o in out):
+                out.append(k)
+        return tuple(out)
+
+    @property
+    def needs_workspace(self) -> bool:
+        """Whether a call allocates scratch memory (staged operands, split-K partial sums)."""
+        return self._staging is not None or self._reduce is not None
+
+    def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
+        """Launch on raw device pointers (0 for an absent C, bias or Z)."""
+        if self._staging is not None:
+            _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
+                                                           stream_ptr)
+        if self._reduce is None:
+            self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
+                       bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
+                       ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
+                       k_tiles_per_split=self.k_tiles_per_split)
+            return
+        import cupy as cp
+
+        ldw = (n + 3) // 4 * 4
+        w = cp.ndarray((self.splits, m, ldw), dtype=np.float32)
+        w_ptr = w.data.ptr
+        self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=0, ldc=0, bias=0,
+                   bias_stride=0, Y=w_ptr, ldy=ldw, Z=0, ldz=0, M_=m, N_=n, K_=k, alpha_=1.0,
+                   beta_=0.0, leaky_slope_=0.0, k_tiles_per_split=self.k_tiles_per_split)
+        self._reduce(stream_ptr, W=w_ptr, ldw=ldw, splits=self.splits, C=c_ptr, ldc=ldc,
+                     bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr, ldz=ldz,
+                     M=m, N=n, alpha_=alpha, beta_=beta, leaky_slope_=slope)
+
+    def bind(self, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k):
+        """``launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
+        stream_ptr)`` for one problem's sizes and leading dimensions: the cached path. A plan
+        of one kernel launches it directly."""
+        if self._staging is not None or self._reduce is not None or type(self) is not Plan:
+            run = self.run
+
+            def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
+                       stream_ptr):
+                run(a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
+                    z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr)
+
+            return launch
+        kernel = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, ldc=ldc,
+                                 bias_stride=bias_stride, ldy=ldy, ldz=ldz, M_=m, N_=n, K_=k,
+                                 k_tiles_per_split=self.k_tiles_per_split)
+
+        def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
+                   stream_ptr):
+            kernel(stream_ptr, A=a_ptr, B=b_ptr, C=c_ptr, bias=bias_ptr, Y=y_ptr, Z=z_ptr,
+                   alpha_=alpha, beta_=beta, leaky_slope_=slope)
+
+        return launch
+
+    def launch(self, p: Problem, y, z, stream_ptr: int) -> None:
+        m, n = p.m, p.n
+        ldy = ld_of(y, m, n)
+        ldz = ld_of(z, m, n) if z is not None else 0
+        self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
+                 p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
+                 p.leaky_slope, stream_ptr)
+
+
+@dataclass
+class TmaPlan(Plan):
+    """A plan of the Hopper kernel: its operands go to the kernel as TMA tensor maps (made per
+    call from the pointers; the maps of recurring buffers come from a table), on a persistent
+    grid."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        spec = self.main.spec
+        self._kernel, self._gemm = self._gemm, self._with_maps
+        es = spec.dtype.itemsize
+        self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
+                      spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
+        self._y_type = spec.out_dtype.value if spec.tma_store else None
+
+    def _with_maps(self, stream_ptr, *, A, lda, B, ldb, C, ldc, bias, bias_stride, Y, ldy, Z,
+                   ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split) -> None:
+        """The GEMM launch (``_gemm``): the tensor maps of this call's operands, then the
+        kernel."""
+        dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
+        if a_kmajor:
+            map_a = tensor_map_2d(dt, A, K_, M_, lda * es, bk, bm)
+        else:
+            map_a = tensor_map_2d(dt, A, M_, K_, lda * es, 64, bk)
+        if b_kmajor:
+            map_b = tensor_map_2d(dt, B, K_, N_, ldb * es, bk, bn)
+        else:
+            map_b = tensor_map_2d(dt, B, N_, K_, ldb * es, 64, bk)
+        y_type = self._y_type
+        if y_type is None:
+            self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, A=A, lda=lda, B=B, ldb=ldb, C=C,
+                         ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y, ldy=ldy, Z=Z, ldz=ldz,
+                         M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
+                         leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
+            return
+        # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
+        map_y = tensor_map_2d(y_type, Y, N_, M_, ldy * 2, 64, 16)
+        map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * 2, 64, 16) if Z else map_y
+        self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, A=A, lda=lda,
+                     B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y, ldy=ldy,
+                     Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
+                     leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
+
+
+def _ptr(x) -> int:
+    return 0 if x is None else x.data.ptr
+
+
+def ld_of(y, m: int, n: int) -> int:
+    """Leading dimension, in elements, of a row-major output."""
+    return y.strides[0] // y.itemsize if m > 1 else n
+
+
+def aligns(p: Problem, y, z) -> Aligns:
+    item = p.a.itemsize
+    align_y = alignment(y.data.ptr, ld_of(y, p.m, p.n) * y.itemsize)
+    if z is not None:
+        align_y = min(align_y, alignment(z.data.ptr, ld_of(z, p.m, p.n) * z.itemsize))
+    return (alignment(p.a.data.ptr, p.lda * item), alignment(p.b.data.ptr, p.ldb * item),
+            align_y)
+
+
+def tuning_key(p: Problem, arch: str) -> dict:
+    """The tuning database's key of a problem on ``arch``: device, dtypes, layouts, the
+    problem's bucket (M, N, K rounded up to powers of two), the candidates, ge2jit's version."""
+
+    def bucket(x: int) -> int:
+        return 1 << max(x - 1, 0).bit_length()
+
+    cands = candidates(p.m, p.n, p.k, arch_number(arch), p.dtype, p.precision)
+    return {
+        "op": "gemm_bias_act", "device": device_name(p.device_id), "arch": arch,
+        "dtype": p.dtype.value, "precision": p.precision.value,
+        "layouts": p.layout_a.value + p.layout_b.value,
+        "bucket": [bucket(p.m), bucket(p.n), bucket(p.k)],
+        "candidates": sorted(f"{c.name}_k{s}" for c, s in cands),
+        "version": __version__,
+    }
+
+
+def kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> KernelSet:
+    cfg = choice.config
+    check_config(cfg, device_arch(p.device_id), p.dtype, p.precision, target="this GPU")
+    return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
+                      cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype,
+                      p.precision, p.gate, bool(p.gate_from_y), bool(p.bgrad))
+
+
+def build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
+    cfg = choice.config
+    m, n = p.m, p.n
+    grid_m, grid_n = -(-m // cfg.bm), -(-n // cfg.bn)
+    if grid_n > _GRID_Y_MAX and not isinstance(cfg, WgmmaConfig):
+        raise ArgumentValueError(
+            f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch "
+            f"allows with config {cfg.name}")
+    ks = kernels_for(p, choice, save_z, vecs)
+    smem = ks.main.smem_bytes
+    limit = device_attributes(p.device_id).get("MaxSharedMemoryPerBlockOptin", 48 * 1024)
+    if smem > limit:
+        raise KernelLaunchError(f"{ks.main.kernel_name} needs {smem} B of shared memory; this "
+                                f"GPU allows {limit}")
+    main = get_kernel(ks.main, p.device_id)
+    if main.max_threads < cfg.threads:
+        raise KernelLaunchError(
+            f"{ks.main.kernel_name} can run at most {main.max_threads} threads per block "
+            f"(registers), but its config needs {cfg.threads}")
+    reduce, reduce_grid = None, (1, 1, 1)
+    if ks.reduce is not None:
+        reduce = get_kernel(ks.reduce, p.device_id)
+        work = m * -(-n // 4)
+        reduce_grid = (max(min(-(-work // 256), sm_count(p.device_id) * 16), 1), 1, 1)
+    prep = tuple(None if s is None else get_kernel(s, p.device_id)
+                 for s in (ks.prep_a, ks.prep_b))
+    if choice.split_k != ks.splits:
+        choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
+    if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM
+        units = grid_m * grid_n * ks.splits
+        if units > _INT32_MAX:   # the kernel counts tiles and work units in 32 bits
+            raise ArgumentValueError(
+                f"a, b: M = {m}, N = {n} make {units} tiles (x K slices) of {cfg.name}, more "
+                f"than the {_INT32_MAX} it can count; pin a config with bigger tiles")
+        grid = (min(units, sm_count(p.device_id)), 1, 1)
+        return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, ks.k_tiles_per_split,
+                       reduce, reduce_grid, prep, ks.splits)
+    return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
+                ks.k_tiles_per_split, reduce, reduce_grid, prep, ks.splits)
+
+
+def _choose(p: Problem, config, autotune, save_z: bool, vecs) -> Choice:
+    if config is not None:
+        cfg, split = parse_config(config)
+        return Choice(cfg, split, "pinned")
+    arch = device_arch(p.device_id)
+    tuned = default_db().get(tuning_key(p, arch))
+    if tuned is not None:
+        try:
+            cfg, split = parse_config(tuned["config"])
+            return Choice(cfg, split, "tuned", f"{tuned.get('ms', 0):.4g} ms at "
+                          f"{tuple(tuned.get('shape', ()))}")
+        except (ArgumentValueError, KeyError, TypeError):
+            pass  # a record from an incompatible version: ignore it
+    if autotune is not None:
+        return autotune(p, save_z, vecs).best
+    return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id),
+                     p.layout_a.value + p.layout_b.value, p.dtype, p.precision,
+                     gated=p.gate is not None)
+
+
+def _make_plan(p: Problem, config, autotune, save_z: bool, vecs) -> Plan:
+    choice = _choose(p, config, autotune, save_z, vecs)
+    chosen = choice
+    choice = resolve(choice, p.dtype, p.layout_a.value + p.layout_b.value, vecs, p.m, p.n,
+                     p.k, sm_count(p.device_id), p.precision)
+    if choice.reason == "fallback" and chosen.reason != "fallback":
+        why = choice.detail.split(": ", 1)[-1]
+        if why not in _warned:
+            _warned.add(why)
+            warnings.warn(f"ge2jit: {why}; using the slower fallback kernel "
+                          f"{FALLBACK_TILE.name} (align or copy the operand for the tensor "
+                          f"cores)", RuntimeWarning, stacklevel=4)
+    try:
+        return build_plan(p, choice, save_z, vecs)
+    except (KernelCompileError, KernelLaunchError) as e:
+        if choice.config == FALLBACK_TILE or choice.reason == "pinned":
+            raise
+        first = str(e).splitlines()[0]
+        if choice.name not in _warned:
+            _warned.add(choice.name)
+            warnings.warn(f"ge2jit: config {choice.name} failed ({first}); using the fallback "
+                          f"kernel {FALLBACK_TILE.name} instead", RuntimeWarning, stacklevel=4)
+        return build_plan(p, Choice(FALLBACK_TILE, 1, "fallback", f"{choice.name}: {first}"),
+                           save_z, vecs)
+
+
+def plan_for(p: Problem, y, z, save_preact: bool, config, autotune=None) -> Plan:
+    """The plan of a validated problem writing Y (and Z) to ``y`` (``z``), cached by everything
+    it depends on. ``autotune``: None, or ``f(p, save_z, aligns) -> TuneResult`` that times the
+    candidates when the tuning database has nothing for the problem."""
+    vecs = aligns(p, y, z)
+    key = (p.device_id, p.dtype, p.out_dtype, p.c_dtype, p.bias_dtype, p.precision, p.layout_a,
+           p.layout_b, p.layout_c, p.act, p.bias_kind, save_preact, p.m, p.n, p.k, vecs, config,
+           autotune is not None, p.gate, p.gate_from_y, p.bgrad)
+    plan = _plans.get(key)
+    if plan is None:
+        with _plans_lock:
+            plan = _plans.get(key)
+            if plan is None:
+                plan = _make_plan(p, config, autotune, save_preact, vecs)
+                _plans[key] = plan
+    return plan
+
+
+def clear_plans() -> None:
+    """Forget the launch plans and prepared calls of this process (after changing the tuning
+    database by hand)."""
+    with _plans_lock:
+        _plans.clear()
+        clear_all()
