@@ -54,7 +54,7 @@ def test_warmup_compiles_then_finds_everything_cached(tmp_path):
     cfg = write(tmp_path, SMALL)
     r = ge2jit(["warmup", str(cfg), "-j", "2", "--no-progress"], tmp_path / "c")
     assert r.returncode == 0, r.stderr
-    # 2 acts x (pipelined: aligned and unaligned variants; basic: one) = 6 kernels
+    # 2 acts x (pipelined: aligned and unaligned variants; tiled: one) = 6 kernels
     assert "6 compiled, 0 already cached, 0 failed" in r.stdout
     assert valid_entries(tmp_path / "c") == (6, 0)
     again = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
@@ -300,15 +300,15 @@ def test_cache_info_list_prune_clear(tmp_path):
 
 def test_size_cap_evicts_least_recently_used(tmp_path, monkeypatch):
     from ge2jit.jit.loader import build
-    from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+    from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
     from ge2jit.settings import reload_settings
 
     monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1")
     reload_settings()
     try:
         c = KernelCache(tmp_path)
-        spec = GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.NONE, False,
-                        SIMT_F32_TILES[-1])
+        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.NONE,
+                             False, TILED_CONFIGS[-1])
         build(spec, "sm_80", cache=c)
         assert valid_entries(tmp_path) == (0, 0), "over the cap at once: evicted"
     finally:

@@ -48,11 +48,11 @@ def test_check_archs_against_the_loaded_nvrtc():
 
 
 def _jobs(n: int):
-    from ge2jit.ops.gemm.spec import SIMT_F32_TILES, Act, BiasKind, DType, GemmSpec, Layout
+    from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
 
     acts = [Act.RELU, Act.GELU, Act.SILU, Act.TANH, Act.SIGMOID, Act.NONE]
-    return [(GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, act, BiasKind.COL, False,
-                      tile), "sm_80") for act in acts for tile in SIMT_F32_TILES][:n]
+    return [(TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, act, BiasKind.COL, False,
+                      tile), "sm_80") for act in acts for tile in TILED_CONFIGS][:n]
 
 
 class _Pools:

@@ -29,9 +29,9 @@ def _wgmma(dtype, la=R, lb=C, lc=None, **kw):
 
 
 SPECS = [
-    *(g.GemmSpec(d, R, C, lc, Act.RELU, b, z, g.SIMT_F32_TILES[0], out_dtype=o)
+    *(g.TiledGemmSpec(d, R, C, lc, Act.RELU, b, z, g.TILED_CONFIGS[0], out_dtype=o)
       for d in g.DType for lc, b, z, o in ((None, NONE, False, None), (C, ROW, True, F32))),
-    g.GemmSpec(F16, R, R, R, Act.NONE, NONE, False, g.SIMT_F32_TILES[1], gate=Act.GELU),
+    g.TiledGemmSpec(F16, R, R, R, Act.NONE, NONE, False, g.TILED_CONFIGS[1], gate=Act.GELU),
     *(g.PipelinedGemmSpec(F32, C, R, lc, Act.GELU, COL, False, g.PIPELINED_F32_CONFIGS[0],
                           True, True, True, split)
       for lc, split in ((R, False), (None, True))),
@@ -132,7 +132,7 @@ def test_the_gemm_families_share_one_layout_after_their_tensor_maps():
     def layout_of(spec):
         return [(p.name, p.kind) for p in spec.params if p.kind is not Kind.TENSOR_MAP]
 
-    gemms = [s for s in SPECS if isinstance(s, (g.GemmSpec, g.PipelinedGemmSpec, g.MmaGemmSpec,
+    gemms = [s for s in SPECS if isinstance(s, (g.TiledGemmSpec, g.PipelinedGemmSpec, g.MmaGemmSpec,
                                                 g.WgmmaGemmSpec))]
     assert len({tuple(layout_of(s)) for s in gemms}) == 1
     maps = {(s.tma_store, tuple(p.name for p in s.params if p.kind is Kind.TENSOR_MAP))

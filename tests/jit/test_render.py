@@ -11,26 +11,26 @@ from ge2jit.jit.render import render, template_dir
 from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
-    SIMT_F32_TILES,
+    TILED_CONFIGS,
     Act,
     BiasKind,
     DType,
-    GemmSpec,
     Layout,
     MmaConfig,
     MmaGemmSpec,
     TileConfig,
+    TiledGemmSpec,
 )
 
 ALL_SPECS = [
-    GemmSpec(DType.F32, la, lb, lc, act, bias, z, tile)
+    TiledGemmSpec(DType.F32, la, lb, lc, act, bias, z, tile)
     for la, lb, lc, act, bias, z, tile in itertools.product(
-        Layout, Layout, (None, *Layout), Act, BiasKind, (False, True), SIMT_F32_TILES)
+        Layout, Layout, (None, *Layout), Act, BiasKind, (False, True), TILED_CONFIGS)
 ]
 
 
 def test_template_dir_exists():
-    assert (template_dir() / "gemm" / "simt.cu").is_file()
+    assert (template_dir() / "gemm" / "tiled.cu").is_file()
 
 
 def test_every_combination_renders():
@@ -56,17 +56,17 @@ def test_every_combination_renders():
 
 
 def test_kernel_name_is_procedural():
-    spec = GemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
+    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
                     TileConfig(128, 64, 8, 8, 4))
     assert spec.kernel_name == "gemm_f32_rc_128x64x8_8x4_gelu_colbias"
-    spec2 = GemmSpec(DType.F32, Layout.COL, Layout.ROW, Layout.ROW, Act.SILU, BiasKind.ROW, True,
-                     TileConfig(64, 64, 8, 4, 4))
+    spec2 = TiledGemmSpec(DType.F32, Layout.COL, Layout.ROW, Layout.ROW, Act.SILU, BiasKind.ROW,
+                          True, TileConfig(64, 64, 8, 4, 4))
     assert spec2.kernel_name == "gemm_f32_cr_64x64x8_4x4_silu_rowbias_cr_z"
 
 
 def test_element_types_reach_the_kernel_signature():
-    spec = GemmSpec(DType.BF16, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL, True,
-                    SIMT_F32_TILES[0], out_dtype=DType.F32, c_dtype=DType.F32)
+    spec = TiledGemmSpec(DType.BF16, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
+                         True, TILED_CONFIGS[0], out_dtype=DType.F32, c_dtype=DType.F32)
     assert spec.kernel_name == ("gemm_bf16_rc_128x128x8_8x8_gelu_colbias_crf32_of32_z")
     src = render(spec)
     for decl in ("const bf16_t* __restrict__ A", "const bf16_t* __restrict__ B",
@@ -74,10 +74,10 @@ def test_element_types_reach_the_kernel_signature():
                  "float* __restrict__ Y", "float* __restrict__ Z"):
         assert decl in src
     # Unused C and bias take the inputs' type: equal kernels have equal specs and names.
-    same = GemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
-                    SIMT_F32_TILES[0], c_dtype=DType.F32, bias_dtype=DType.F32)
-    assert same == GemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE,
-                            False, SIMT_F32_TILES[0])
+    same = TiledGemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
+                    TILED_CONFIGS[0], c_dtype=DType.F32, bias_dtype=DType.F32)
+    assert same == TiledGemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE,
+                            False, TILED_CONFIGS[0])
 
 
 @pytest.mark.parametrize("dtype", list(DType))
@@ -104,7 +104,7 @@ def test_mma_specs_render(dtype):
 
 def test_spec_is_hashable_and_frozen():
     a = ALL_SPECS[5]
-    b = GemmSpec(a.dtype, a.layout_a, a.layout_b, a.layout_c, a.act, a.bias, a.save_z, a.tile)
+    b = TiledGemmSpec(a.dtype, a.layout_a, a.layout_b, a.layout_c, a.act, a.bias, a.save_z, a.tile)
     assert a == b and hash(a) == hash(b)
     with pytest.raises(AttributeError):
         a.save_z = not a.save_z
@@ -112,8 +112,8 @@ def test_spec_is_hashable_and_frozen():
 
 def test_spec_rejects_wrong_types():
     with pytest.raises(TypeError, match="act"):
-        GemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, "gelu", BiasKind.NONE, False,
-                 SIMT_F32_TILES[0])
+        TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, "gelu", BiasKind.NONE, False,
+                 TILED_CONFIGS[0])
 
 
 @pytest.mark.parametrize("args, match", [
@@ -127,7 +127,7 @@ def test_tile_config_validation(args, match):
 
 
 def test_tile_config_parse_round_trip():
-    for t in SIMT_F32_TILES:
+    for t in TILED_CONFIGS:
         assert TileConfig.parse(t.name) == t
     with pytest.raises(ValueError, match="BMxBNxBK_TMxTN"):
         TileConfig.parse("128-128")

@@ -8,13 +8,12 @@ from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.nvrtc import arch_number as number_of_arch
 from .spec import (
     PIPELINED_F32_CONFIGS,
-    SIMT_F32_TILES,
+    TILED_CONFIGS,
     WGMMA_CONFIGS,
     WGMMA_X3_CONFIGS,
     Act,
     BiasKind,
     DType,
-    GemmSpec,
     Layout,
     MmaConfig,
     MmaGemmSpec,
@@ -24,6 +23,7 @@ from .spec import (
     SplitKReduceSpec,
     Tf32SplitSpec,
     TileConfig,
+    TiledGemmSpec,
     TransposeSpec,
     WgmmaConfig,
     WgmmaGemmSpec,
@@ -32,7 +32,7 @@ from .spec import (
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 #: The fallback: the plain tiled kernel, correct for every size and alignment, on any arch.
-FALLBACK_TILE = SIMT_F32_TILES[-1]
+FALLBACK_TILE = TILED_CONFIGS[-1]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Choice:
             return "mma"
         if isinstance(self.config, WgmmaConfig):
             return "wgmma"
-        return "pipelined" if isinstance(self.config, PipelineConfig) else "basic"
+        return "pipelined" if isinstance(self.config, PipelineConfig) else "tiled"
 
     @property
     def name(self) -> str:
@@ -94,7 +94,7 @@ def parse_config(config) -> tuple[PipelineConfig | MmaConfig | WgmmaConfig | Til
         raise ArgumentValueError(
             f"config: expected a name like '128x128x8_w32x64_s3' (pipelined, sm_80+), "
             f"'128x128x8_w32x64_s3_k4' (with split-K), 'mma_128x128x32_w64x64_s4' (tensor "
-            f"cores, sm_80+), 'wgmma_128x256_s4' (Hopper) or '64x64x8_4x4' (basic), "
+            f"cores, sm_80+), 'wgmma_128x256_s4' (Hopper) or '64x64x8_4x4' (tiled), "
             f"got {config!r}"
         ) from None
 
@@ -139,7 +139,7 @@ def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F3
                precision: Precision = Precision.IEEE) -> list[tuple[object, int]]:
     """Every (config, split_k) the autotuner tries for this problem on this architecture."""
     if arch_number < 80:
-        return [(t, 1) for t in SIMT_F32_TILES]
+        return [(t, 1) for t in TILED_CONFIGS]
     if uses_tensor_cores(dtype, precision):
         hopper = []
         if arch_number == 90:
@@ -183,7 +183,7 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     """
     if arch_number < 80:
         why = f"sm_{arch_number} has no cp.async"
-        for t in SIMT_F32_TILES:
+        for t in TILED_CONFIGS:
             if _tiles(m, n, t) >= sms:
                 return Choice(t, 1, "fallback", why)
         return Choice(FALLBACK_TILE, 1, "fallback", why)
@@ -362,7 +362,7 @@ def mma_fits(aligns: Aligns, precision: Precision = Precision.IEEE) -> bool:
 class KernelSet:
     """The kernels one config launches for a problem, with its split of K."""
 
-    main: GemmSpec | PipelinedGemmSpec | MmaGemmSpec | WgmmaGemmSpec
+    main: TiledGemmSpec | PipelinedGemmSpec | MmaGemmSpec | WgmmaGemmSpec
     reduce: SplitKReduceSpec | None
     splits: int
     k_tiles_per_split: int
@@ -454,7 +454,7 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         if dtype is not DType.F32:
             raise ArgumentValueError(
                 f"config: {config.name} is a float32 CUDA-core config; {dtype.numpy_name} "
-                f"inputs run on 'mma_' configs (or a basic tile such as "
+                f"inputs run on 'mma_' configs (or a tiled config such as "
                 f"{FALLBACK_TILE.name!r})")
         k_tiles = -(-k // config.bk) if k else 0
         per_split = max(-(-k_tiles // split_k), 1)
@@ -469,5 +469,5 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
                                       **gates)
         return KernelSet(main, reduce, splits, per_split)
     tile = config if isinstance(config, TileConfig) else FALLBACK_TILE
-    return KernelSet(GemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, tile,
+    return KernelSet(TiledGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, tile,
                               **types), None, 1, 0)

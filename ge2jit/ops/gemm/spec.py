@@ -103,8 +103,8 @@ class TileConfig:
         return cls(bm, bn, bk, tm, tn)
 
 
-#: The tile configs of the float32 CUDA-core kernel, largest first.
-SIMT_F32_TILES: tuple[TileConfig, ...] = (
+#: The configs of the plain tiled kernel (`TiledGemmSpec`, `gemm/tiled.cu`), largest first.
+TILED_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(128, 128, 8, 8, 8),
     TileConfig(128, 64, 8, 8, 4),
     TileConfig(64, 64, 8, 4, 4),
@@ -250,7 +250,7 @@ class GemmKernelSpec(EpilogueTypes, KernelSpec):
 
 
 @dataclass(frozen=True)
-class GemmSpec(GemmKernelSpec):
+class TiledGemmSpec(GemmKernelSpec):
     """One fused GEMM kernel: Y = act(alpha * A @ B + beta * C + bias), optionally saving Z.
 
     The plain tiled kernel: float32 arithmetic on the CUDA cores for every input type, any
@@ -258,7 +258,7 @@ class GemmSpec(GemmKernelSpec):
 
     tile: TileConfig
 
-    template = "gemm/simt.cu"
+    template = "gemm/tiled.cu"
 
     def __post_init__(self):
         self._check("tile", TileConfig)

@@ -21,7 +21,7 @@ from .select import (
 from .spec import (
     ACT_NAMES,
     PIPELINED_F32_CONFIGS,
-    SIMT_F32_TILES,
+    TILED_CONFIGS,
     BiasKind,
     DType,
     Layout,
@@ -184,7 +184,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
         else:
             if entry["configs"] == "all":
                 if number < 80:
-                    named = [(cfg, 1) for cfg in SIMT_F32_TILES]
+                    named = [(cfg, 1) for cfg in TILED_CONFIGS]
                 elif tc:
                     hopper = wgmma_configs(precision) if number == 90 else ()
                     named = [(cfg, 1) for cfg in (*hopper, *mma_configs(dtype, precision))]
@@ -200,7 +200,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                 cfg, split = parse_config(name)
                 choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
         for cfg, split, (m, n, k), aligns, chosen in choices:
-            if number < 80 and cfg not in SIMT_F32_TILES:
+            if number < 80 and cfg not in TILED_CONFIGS:
                 continue  # pipelined and tensor-core kernels need sm_80+
             if isinstance(cfg, WgmmaConfig) and number != 90:
                 continue

@@ -21,7 +21,7 @@ from ge2jit.ops.gemm.spec import (
     MMA_TF32_CONFIGS,
     MMA_X3_CONFIGS,
     PIPELINED_F32_CONFIGS,
-    SIMT_F32_TILES,
+    TILED_CONFIGS,
     WGMMA_CONFIGS,
     WGMMA_X3_CONFIGS,
     Act,
@@ -29,12 +29,12 @@ from ge2jit.ops.gemm.spec import (
     DbiasSpec,
     DType,
     DzSpec,
-    GemmSpec,
     Layout,
     MmaGemmSpec,
     PipelinedGemmSpec,
     SplitKReduceSpec,
     Tf32SplitSpec,
+    TiledGemmSpec,
     TransposeSpec,
     WgmmaGemmSpec,
 )
@@ -103,10 +103,10 @@ MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **
               "copy_a": [4, 8, 16], "copy_b": [4, 8, 16], "vec_y": [False, True],
               "arch": ARCHS}
 FAMILIES = {
-    "basic": (
+    "tiled": (
         {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
-         **TYPES, "tile": list(SIMT_F32_TILES), "arch": ARCHS},
-        lambda p: GemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+         **TYPES, "tile": list(TILED_CONFIGS), "arch": ARCHS},
+        lambda p: TiledGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
                            p["bias"], p["save_z"], p["tile"], **_types(p, p["dtype"])),
     ),
     "mma_16bit": (
@@ -189,11 +189,11 @@ FAMILIES = {
         lambda p: UpdateSpec(p["rule"], p["grad"], p["copy"], p["nesterov"]),
     ),
     # the gating epilogue in every GEMM family (Y's type is the inputs': dA)
-    "gated_basic": (
+    "gated_tiled": (
         {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GATED,
          "out": ["input"], "c_type": ["input", "f32"], "bias_type": ["input"],
-         "tile": list(SIMT_F32_TILES), "arch": ARCHS},
-        lambda p: GemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
+         "tile": list(TILED_CONFIGS), "arch": ARCHS},
+        lambda p: TiledGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
                            p["bias"], p["save_z"], p["tile"], **_types(p, p["dtype"])),
     ),
     "gated_mma_16bit": (

@@ -19,7 +19,7 @@ from ge2jit.ops.gemm.reference import (
     magnitude_scale,
     rel_error,
 )
-from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, SIMT_F32_TILES, Act
+from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, TILED_CONFIGS, Act
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -122,7 +122,7 @@ def test_k_sweep(k):
     check(rand(127, k), rand(k, 131), rand(131), act="gelu", save_preact=True)
 
 
-ALL_CONFIGS = ([t.name for t in SIMT_F32_TILES] + [c.name for c in PIPELINED_F32_CONFIGS]
+ALL_CONFIGS = ([t.name for t in TILED_CONFIGS] + [c.name for c in PIPELINED_F32_CONFIGS]
                + [c.name + "_k3" for c in PIPELINED_F32_CONFIGS])
 
 

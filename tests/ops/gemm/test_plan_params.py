@@ -14,16 +14,16 @@ cupy = pytest.importorskip("cupy")
 from ge2jit.ops.gemm import plans  # noqa: E402
 from ge2jit.ops.gemm.spec import (  # noqa: E402
     PIPELINED_F32_CONFIGS,
-    SIMT_F32_TILES,
+    TILED_CONFIGS,
     WGMMA_CONFIGS,
     Act,
     BiasKind,
     DType,
-    GemmSpec,
     Layout,
     PipelinedGemmSpec,
     SplitKReduceSpec,
     Tf32SplitSpec,
+    TiledGemmSpec,
     WgmmaGemmSpec,
 )
 
@@ -72,8 +72,8 @@ def _run_and_bind(plan):
 
 def test_plan_run_and_bind_pass_each_parameter(launches):
     calls, kernel = launches
-    spec = GemmSpec(DType.F32, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
-                    True, SIMT_F32_TILES[0])
+    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
+                    True, TILED_CONFIGS[0])
     _run_and_bind(plans.Plan(None, kernel(spec), (2, 3, 1), (256, 1, 1), 0, 7))
     assert calls == [(999, PARAMS)] * 2
 
@@ -113,8 +113,8 @@ def test_split_k_plan_reduces_the_partials_with_the_epilogues_parameters(launche
 
 def test_staged_plan_reads_the_copies(launches):
     calls, kernel = launches
-    gemm = GemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
-                    SIMT_F32_TILES[0])
+    gemm = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
+                    TILED_CONFIGS[0])
     prep = (kernel(Tf32SplitSpec(False, "hhl")), kernel(Tf32SplitSpec(True, "hlh")))
     _run_and_bind(plans.Plan(None, kernel(gemm), (2, 3, 1), (256, 1, 1), 0, 7, prep=prep))
     ld = 900   # 3 segments of K, 16-byte rows

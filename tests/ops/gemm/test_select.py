@@ -15,7 +15,7 @@ from ge2jit.ops.gemm.select import (
 )
 from ge2jit.ops.gemm.spec import (
     PIPELINED_F32_CONFIGS,
-    SIMT_F32_TILES,
+    TILED_CONFIGS,
     DType,
     PipelineConfig,
     Precision,
@@ -58,7 +58,7 @@ def test_candidates():
     assert all(s == 1 for _, s in big), "no split-K where M*N fills the GPU"
     skinny = candidates(8192, 64, 4096, 90)
     assert any(s > 1 for _, s in skinny)
-    assert candidates(100, 100, 100, 75) == [(t, 1) for t in SIMT_F32_TILES]
+    assert candidates(100, 100, 100, 75) == [(t, 1) for t in TILED_CONFIGS]
 
 
 def test_heuristic():
@@ -72,7 +72,7 @@ def test_heuristic():
     small = heuristic(64, 64, 64, 132, 90)
     assert small.split_k == 1
     old = heuristic(4096, 4096, 4096, 40, 75)
-    assert old.reason == "fallback" and old.family == "basic"
+    assert old.reason == "fallback" and old.family == "tiled"
     assert heuristic(10, 10, 10, 40, 75).config == FALLBACK_TILE
     assert "heuristic" in str(mid)
 
@@ -128,7 +128,7 @@ def test_resolve_steps_down_by_layout_and_alignment():
     assert down.family == "mma" and "TMA needs 16-byte" in down.detail
     assert down.reason == "heuristic"
     fallback = resolve(wg, DType.F16, "rr", (2, 16, 16), 512, 512, 512, 132)
-    assert fallback.family == "basic" and fallback.reason == "fallback"
+    assert fallback.family == "tiled" and fallback.reason == "fallback"
     assert "not 4-byte aligned" in fallback.detail
     assert resolve(wg, DType.F32, "cr", (4, 4, 16), 512, 512, 512, 132) is wg
     ks = kernel_set(DType.F32, Layout.COL, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,

@@ -67,7 +67,7 @@ K_MAX = 2**31 - 1
 @pytest.mark.parametrize("k, config, precision, family", [
     (K_MAX, None, "ieee", "pipelined"),                  # the heuristic (split K)
     # The plain tiled kernel, with a deep K tile: one block walks all of K, 2**25 tiles.
-    (K_MAX, "32x32x64_4x4", "ieee", "basic"),
+    (K_MAX, "32x32x64_4x4", "ieee", "tiled"),
     (K_MAX - 3, "mma_128x128x32_w64x64_s4", "tf32", "mma"),
     (K_MAX - 3, None, "tf32", "wgmma"),                  # Hopper: TMA (16-byte rows)
     (K_MAX, None, "tf32x3", "pipelined"),                # 3K would overflow: exact float32
