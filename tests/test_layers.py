@@ -72,7 +72,7 @@ def test_no_op_imports_another_op(op):
 def test_the_import_reader_sees_relative_imports():
     # ops/optim/__init__.py imports the shared kit relatively: resolved to absolute names
     names = _imports(PACKAGE / "ops" / "optim" / "__init__.py")
-    assert "ge2jit.runtime.checks" in names and "ge2jit.jit.launch" in names
+    assert "ge2jit.runtime.checks" in names and "ge2jit.jit.loader" in names
 
 
 #: GEMM's modules in layers: each imports only modules of the layers below it (no circles)

@@ -93,6 +93,23 @@ def get_kernel(spec: KernelSpec, device_id: int) -> LoadedKernel:
     return _load(spec, device_id)
 
 
+#: (spec, device) -> its Launcher (``launcher_for``)
+_launchers: dict = {}
+
+
+def launcher_for(spec: KernelSpec, device_id: int):
+    """The ``Launcher`` of ``spec``'s kernel on ``device_id`` (loaded at first use), for ops
+    that launch a kernel by itself rather than through a plan of their own."""
+    key = (spec, device_id)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        from .launch import Launcher
+
+        launcher = _launchers[key] = Launcher.for_spec(spec, get_kernel(spec, device_id)
+                                                       .function.ptr)
+    return launcher
+
+
 def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
     import cupy
 

@@ -3,8 +3,9 @@
 
 An op reads one :class:`Framework` for its arguments (``framework_of``): it gives each array's
 pointer and a hashable key of its layout (the cached path's call signature), allocates outputs
-and scratch memory in the caller's framework (PyTorch's caching allocator for tensors) and names
-the stream to launch on (PyTorch's current stream for tensors, CuPy's for CuPy arrays). The
+in the caller's framework (PyTorch's caching allocator for tensors) and names the stream to
+launch on (PyTorch's current stream for tensors, CuPy's for CuPy arrays); scratch
+memory comes from CuPy's pool, ordered on that stream (``external_stream``). The
 first call of an argument pattern validates CuPy views of the same memory (``Framework.view``):
 no copy, no DLPack round trip. PyTorch is imported only when a tensor is passed.
 
@@ -34,6 +35,18 @@ def _cp():
 
         _cupy_mod = require_cupy()
     return _cupy_mod
+
+
+def _first_current_device() -> int:
+    global current_device
+    current_device = _cp().cuda.runtime.getDevice
+    return current_device()
+
+
+#: ``current_device()``: CuPy's current device, what a call on CuPy arrays runs on and part of
+#: every prepared call's signature. Read as ``arrays.current_device()``: the first call puts
+#: CuPy's own ``getDevice`` here.
+current_device = _first_current_device
 
 
 def _torch_tensor_type():
@@ -72,10 +85,6 @@ class Framework:
         """``stream() -> int``: the pointer of the stream to launch on, now."""
         raise NotImplementedError
 
-    def workspace(self, nbytes: int, device_id: int):
-        """(owner, pointer) of ``nbytes`` of scratch memory, ordered on the current stream:
-        keep ``owner`` alive until the kernels that use it are queued."""
-        raise NotImplementedError
 
     def context(self, device_id: int):
         """The context of a first call: ``device_id`` current, and CuPy's work (copies,
@@ -119,9 +128,6 @@ class CupyFramework(Framework):
 
         return stream
 
-    def workspace(self, nbytes: int, device_id: int):
-        mem = _cp().cuda.alloc(max(nbytes, 1))
-        return mem, mem.ptr
 
     def context(self, device_id: int):
         return contextlib.nullcontext()
@@ -233,10 +239,6 @@ class TorchFramework(Framework):
                 return current(dev).cuda_stream
         return stream
 
-    def workspace(self, nbytes: int, device_id: int):
-        t = self.torch.empty(max(nbytes, 1), dtype=self.torch.uint8,
-                             device=self._device(device_id))
-        return t, t.data_ptr()
 
     def context(self, device_id: int):
         cp = _cp()
@@ -315,9 +317,6 @@ framework_of_type = _by_type.get
 
 _KIND_TEXT = {"cupy": "cupy.ndarray", "torch": "torch.Tensor"}
 
-
-def is_cupy(x) -> bool:
-    return isinstance(x, _cp().ndarray)
 
 
 def call_arguments(arrays: dict) -> tuple[Framework, int, dict]:

@@ -72,26 +72,34 @@ def check_spans(names, spans, outputs) -> None:
 class OverlapGuard:
     """The per-call form of ``check_spans`` for one signature: ``guard(ptrs)`` with the
     arrays' pointers (0 or anything for an absent one) raises if an output given meets an
-    input. Built from the first call's arrays (CuPy views)."""
+    input. Built from the first call's arrays (CuPy views). ``in_place``: (output, input)
+    index pairs where the output may be the input itself (same pointer; the signature fixes
+    that their strides and dtypes match, as they must for it to be allowed)."""
 
-    __slots__ = ("names", "pairs", "outputs")
+    __slots__ = ("names", "pairs", "outputs", "in_place")
 
-    def __init__(self, names, arrays, outputs):
+    def __init__(self, names, arrays, outputs, in_place=()):
         rel = [None if x is None else _relative(x) for x in arrays]
-        self.names, self.outputs = tuple(names), tuple(outputs)
-        self.pairs = tuple((oi, rel[oi][0], rel[oi][1], xi, rel[xi][0], rel[xi][1])
-                           for oi in outputs if rel[oi] is not None
-                           for xi in range(oi) if rel[xi] is not None)
+        self.names, self.outputs, self.in_place = tuple(names), tuple(outputs), set(in_place)
+        self.pairs = tuple(
+            (oi, rel[oi][0], rel[oi][1], xi, rel[xi][0], rel[xi][1],
+             (oi, xi) in in_place and arrays[oi].strides == arrays[xi].strides
+             and arrays[oi].dtype == arrays[xi].dtype)
+            for oi in outputs if rel[oi] is not None
+            for xi in range(oi) if rel[xi] is not None)
 
     def __bool__(self) -> bool:
         return bool(self.pairs)
 
     def __call__(self, ptrs) -> None:
-        for oi, olo, ohi, xi, xlo, xhi in self.pairs:
+        for oi, olo, ohi, xi, xlo, xhi, same_ok in self.pairs:
             o, x = ptrs[oi], ptrs[xi]
-            if o + olo < x + xhi and x + xlo < o + ohi:
-                raise ArgumentValueError(f"{self.names[oi]}: overlaps {self.names[xi]}; pass a "
-                                         "separate array")
+            if o + olo < x + xhi and x + xlo < o + ohi and not (same_ok and o == x):
+                out, inp = self.names[oi], self.names[xi]
+                if (oi, xi) in self.in_place:
+                    raise ArgumentValueError(f"{out}: overlaps {inp} without being {inp}; pass "
+                                             f"{out}={inp} (in place) or a separate array")
+                raise ArgumentValueError(f"{out}: overlaps {inp}; pass a separate array")
 
 
 def _relative(x) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from ..fake_cupy import FakeArray, make_module
 @pytest.fixture(autouse=True)
 def fake_cupy(monkeypatch):
     monkeypatch.setattr(arrays, "_cupy_mod", make_module(0))
+    monkeypatch.setattr(arrays, "current_device", lambda: 0)
 
 
 class Interface:
@@ -94,3 +95,19 @@ def test_check_spans_names_the_first_overlapping_pair():
     check_spans(("a", "b", "out"), [(0, 10), (10, 20), (20, 30)], (2,))
     with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps b"):
         check_spans(("a", "b", "out"), [(0, 10), (10, 20), (19, 30)], (2,))
+
+
+def test_overlap_guard_allows_in_place_only_where_asked_and_layouts_match():
+    x = FakeArray((4, 4))
+    same = OverlapGuard(("x", "out"), (x, FakeArray((4, 4))), (1,), in_place={(1, 0)})
+    same((1000, 1000))             # out is x: in place
+    with pytest.raises(ge2jit.ArgumentValueError,
+                       match=r"^out: overlaps x without being x; pass out=x \(in place\) or a "
+                             r"separate array$"):
+        same((1000, 1004))
+    other_layout = OverlapGuard(("x", "out"), (x, FakeArray((4, 4)).T), (1,), in_place={(1, 0)})
+    with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps x without being x"):
+        other_layout((1000, 1000))
+    not_asked = OverlapGuard(("x", "out"), (x, FakeArray((4, 4))), (1,))
+    with pytest.raises(ge2jit.ArgumentValueError, match="^out: overlaps x; pass a separate"):
+        not_asked((1000, 1000))

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ...errors import ArgumentValueError
-from ...jit.launch import Launcher
-from ...jit.loader import get_kernel
+from ...jit.loader import launcher_for
+from ...runtime import arrays
 from ...runtime.arrays import call_arguments, framework_of_type, views
 from ...runtime.prepared import PreparedCalls
 from . import op, problem
@@ -25,9 +25,7 @@ from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpe
 NEEDS = ("a", "b", "bias", "c")
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _GRID_Y_MAX = 65535
-_launchers: dict[tuple, Launcher] = {}
 _prepared = PreparedCalls("gemm_bias_act_backward", 256)
-_get_device = None   # CuPy's getDevice, once a call has imported CuPy
 
 
 class Gradients(NamedTuple):
@@ -66,16 +64,8 @@ def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, prec
 
     return (fw, arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
-            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), _get_device())
+            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), arrays.current_device())
 
-
-def _launcher(spec, device_id: int) -> Launcher:
-    key = (spec, device_id)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
-    return launcher
 
 
 def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=None, c=None,
@@ -153,8 +143,6 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
     native = {"gy": gy, "a": a, "b": b, "bias": bias, "c": c, "z": z, "y": y, "a_z": a_z,
               "a_bias": a_bias}
     fw, device_id, native = call_arguments(native)
-    global _get_device
-    _get_device = problem._cupy().cuda.runtime.getDevice
     if sig is None and framework_of_type(type(gy)) is fw:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
@@ -164,7 +152,7 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
     with fw.context(device_id):
         run = _first_call(fw, views(fw, native), act, alpha, beta, leaky_slope, needs,
                           precision, a_act, a_leaky_slope)
-        if sig is not None and device_id == problem._cupy().cuda.runtime.getDevice():
+        if sig is not None and device_id == arrays.current_device():
             _prepared.put(sig, run)
         n = native
         return run(n["gy"], n["a"], n["b"], n["bias"], n["c"],
@@ -262,7 +250,7 @@ def _column_summer(out_dtype: DType, device_id: int, fw):
     sums of ``partial`` (a rows x cols float32 array), in a fixed order: the same inputs give
     the same bits. Many rows are added in two rounds: chunks of _CHUNK rows (in float32), then
     those sums."""
-    final = _launcher(DbiasSpec(out_dtype, False), device_id)
+    final = launcher_for(DbiasSpec(out_dtype, False), device_id)
     first = []
     new_f32, ptr = fw.allocator(np.float32, device_id), fw.ptr
 
@@ -271,7 +259,7 @@ def _column_summer(out_dtype: DType, device_id: int, fw):
         blocks = -(-cols // 32)
         if rows > 2 * _CHUNK:
             if not first:
-                first.append(_launcher(DbiasSpec(DType.F32, False), device_id))
+                first.append(launcher_for(DbiasSpec(DType.F32, False), device_id))
             chunks = -(-rows // _CHUNK)
             sums = new_f32((chunks, cols))
             first[0].launch((blocks, chunks, 1), (256, 1, 1), 0, stream, partial=ptr(partial),
@@ -321,13 +309,13 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
     launch = reduce = None
     if m and n and (write_dz or write_dc or bias_kind is not BiasKind.NONE):
-        launch = _launcher(spec, p.device_id).bind(
+        launch = launcher_for(spec, p.device_id).bind(
             grid, (32, 8, 1), 0, gy_r=gy_strides[0], gy_c=gy_strides[1], src_r=src_strides[0],
             src_c=src_strides[1], dz_r=n if write_dz else 0, dz_c=int(write_dz),
             dc_r=n if write_dc else 0, dc_c=int(write_dc), M_=m, N_=n, rows_=tm)
     if launch is not None and partial_shape is not None:
         if bias_kind is BiasKind.SCALAR:
-            total = _launcher(DbiasSpec(p.bias_dtype, True), p.device_id).bind(
+            total = launcher_for(DbiasSpec(p.bias_dtype, True), p.device_id).bind(
                 (1, 1, 1), (256, 1, 1), 0, cols=1, chunk=0)
 
             def reduce(stream, partial, out_ptr):
@@ -408,7 +396,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 if want_a_bias:
                     if sums is None:   # one pass over dA for its column sums
                         sums = new_f32((a_pass_grid[1], k))
-                        a_pass = _launcher(a_pass_spec, dev)
+                        a_pass = launcher_for(a_pass_spec, dev)
                         a_pass.launch(a_pass_grid, (32, 8, 1), 0, stream, gy=ptr(grad_a),
                                       gy_r=k, gy_c=1, src=0, src_r=0, src_c=0, dz=0, dz_r=0,
                                       dz_c=0, dc=0, dc_r=0, dc_c=0, partial=ptr(sums), M_=m,

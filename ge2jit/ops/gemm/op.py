@@ -8,6 +8,7 @@ import struct
 import numpy as np
 
 from ...errors import ArgumentValueError
+from ...runtime import arrays
 from ...runtime.arrays import (
     CUPY,
     Framework,
@@ -52,17 +53,13 @@ _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
 def _cp():
-    global _cupy, _get_device
+    global _cupy
     if _cupy is None:
         from ..._deps import require_cupy
 
         _cupy = require_cupy()
-        _get_device = _cupy.cuda.runtime.getDevice
     return _cupy
 
-
-def _get_device() -> int:   # replaced by CuPy's getDevice once CuPy is imported
-    return _cp().cuda.runtime.getDevice()
 
 
 def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
@@ -211,7 +208,8 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
     if fw is not None:
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                             preact_out, config, autotune, _get_device(), out_dtype, precision)
+                             preact_out, config, autotune, arrays.current_device(), out_dtype,
+                             precision)
             prepared = _fast.get(sig)
         except (AttributeError, TypeError):  # other arrays, or unhashable: validation says why
             sig = prepared = None
@@ -231,7 +229,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
     if sig is None and framework_of_type(type(a)) is fw:
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                             preact_out, config, autotune, _cp().cuda.runtime.getDevice(),
+                             preact_out, config, autotune, arrays.current_device(),
                              out_dtype, precision)
         except (AttributeError, TypeError):
             sig = None
@@ -246,7 +244,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
         if not p.empty:
             plan = plan_for(p, y, z, save_preact, config, tune_problem if autotune else None)
             plan.launch(p, y, z, fw.stream_getter(device_id)())
-            if not p.copied and device_id == _cp().cuda.runtime.getDevice():
+            if not p.copied and device_id == arrays.current_device():
                 prepared = _prepare(plan, p, bool(save_preact), y, z,
                                     (v["a"], v["b"], v["c"], v["bias"], v["out"],
                                      v["preact_out"]), fw)

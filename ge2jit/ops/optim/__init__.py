@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ArgumentValueError
-from ...jit.launch import Launcher
-from ...jit.loader import get_kernel
+from ...jit.loader import launcher_for
 from ...jit.params import Param, double, int64, pointer
 from ...jit.spec import KernelSpec
 from ...runtime.arrays import call_arguments, views
@@ -19,7 +18,6 @@ from ...runtime.dtypes import DType
 
 __all__ = ["UpdateSpec", "adam_update", "sgd_update"]
 
-_launchers: dict[tuple, Launcher] = {}
 
 
 @dataclass(frozen=True)
@@ -108,11 +106,7 @@ def _launch(rule, param, grad, buf1, buf2, param_copy, nesterov, scalars) -> Non
     if step is None:
         return
     spec, device_id, blocks, fw, (param, grad, buf1, buf2, param_copy) = step
-    key = (spec, device_id)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
+    launcher = launcher_for(spec, device_id)
     with fw.context(device_id):
         launcher.launch((blocks, 1, 1), (256, 1, 1), 0, fw.stream_getter(device_id)(),
                         param=param.data.ptr, grad=grad.data.ptr, buf1=buf1.data.ptr,

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.device import sm_count
-from ...jit.launch import Launcher
-from ...jit.loader import get_kernel
+from ...jit.loader import launcher_for
+from ...runtime import arrays
 from ...runtime.arrays import call_arguments, framework_of_type, views
 from ...runtime.checks import (
     _cupy,
@@ -22,12 +22,11 @@ from ...runtime.checks import (
     check_shaped,
 )
 from ...runtime.dtypes import DType
-from ...runtime.prepared import PreparedCalls
+from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.tools import tuned_config
-from .spec import SoftmaxSpec, access_width, choose, parse_config
+from .spec import access_width, choose, parse_config
 
 _prepared = PreparedCalls("softmax")
-_launchers: dict[tuple[SoftmaxSpec, int], Launcher] = {}
 _choose = lru_cache(maxsize=4096)(choose)
 
 
@@ -119,14 +118,6 @@ def _check_out(x, out) -> None:
             f"[{ys[0]:#x}, {ys[1]:#x})); pass out=x for an in-place softmax, or a separate array")
 
 
-def _launcher(spec: SoftmaxSpec, device_id: int) -> Launcher:
-    key = (spec, device_id)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        k = get_kernel(spec, device_id)
-        launcher = _launchers[key] = Launcher.for_spec(spec, k.function.ptr)
-    return launcher
-
 
 def _element_strides(a) -> tuple[int, ...]:
     return tuple(s // a.itemsize for s in a.strides)
@@ -177,7 +168,7 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
     if fw is not None:
         try:
             sig = (fw, fw.key(x), None if out is None else fw.key(out), axis, config,
-                   _device())
+                   arrays.current_device())
             call = _prepared.get(sig)
         except (AttributeError, TypeError):   # other arrays, or unhashable: checked below
             sig = call = None
@@ -187,21 +178,15 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
     if sig is None and framework_of_type(type(x)) is fw:
         try:
             sig = (fw, fw.key(x), None if out is None else fw.key(out), axis, config,
-                   _device())
+                   arrays.current_device())
         except (AttributeError, TypeError):
             sig = None
     with fw.context(device_id):
         v = views(fw, native)
         result, call = _first_call(fw, device_id, v["x"], v["out"], out, axis, config)
-        if call is not None and sig is not None and device_id == _device():
+        if call is not None and sig is not None and device_id == arrays.current_device():
             _prepared.put(sig, call)
     return result
-
-
-def _device() -> int:   # replaced by CuPy's getDevice at the first call
-    global _device
-    _device = _cupy().cuda.runtime.getDevice
-    return _device()
 
 
 def _first_call(fw, device_id, x, out, out_native, axis, config):
@@ -225,7 +210,7 @@ def _execute(fw, x, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, gi
         _run(x, out, ax, choice, fw.stream_getter(device_id)())
         return out_native, None
     lx, ly = layouts
-    launch = _launcher(choice.spec, device_id).bind(
+    launch = launcher_for(choice.spec, device_id).bind(
         choice.grid, choice.block, 0, rows=choice_rows(lx, ly), n=lx.n, inner=lx.inner,
         xo=lx.outer_stride, xn=lx.n_stride, xi=lx.inner_stride, yo=ly.outer_stride,
         yn=ly.n_stride, yi=ly.inner_stride)
@@ -233,26 +218,19 @@ def _execute(fw, x, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, gi
     new, shape = fw.allocator(x.dtype, device_id), x.shape
     launch(stream(), x=x.data.ptr, y=out.data.ptr)
 
+    guard = OverlapGuard(("x", "out"), (x, out), (1,), in_place={(1, 0)}) if given else None
+
     def call(x, out):
-        y = new(shape) if out is None else out
-        launch(stream(), x=ptr(x), y=ptr(y))
+        x_ptr = ptr(x)
+        if out is None:
+            y = new(shape)
+        else:
+            y = out
+            if guard is not None:   # out given on the first call too (the signature says)
+                guard((x_ptr, ptr(y)))
+        launch(stream(), x=x_ptr, y=ptr(y))
         return y
 
-    # the checks a repeated pattern still needs: out given (x itself, or apart from it)
-    if given:
-        in_place = x.strides == out.strides and x.dtype == out.dtype   # when x is out
-        xs, ys = byte_span(x), byte_span(out)
-        x_rel = (xs[0] - x.data.ptr, xs[1] - x.data.ptr)
-        y_rel = (ys[0] - out.data.ptr, ys[1] - out.data.ptr)
-        unchecked = call
-
-        def call(x, out):
-            xp, yp = ptr(x), ptr(out)
-            if not (xp == yp and in_place) and xp + x_rel[0] < yp + y_rel[1] \
-                    and yp + y_rel[0] < xp + x_rel[1]:
-                raise ArgumentValueError("out: overlaps x without being x; pass out=x for an "
-                                         "in-place softmax, or a separate array")
-            return unchecked(x, out)
     return out_native, call
 
 
@@ -354,7 +332,7 @@ def _run(x, out, axis, choice, stream_ptr: int) -> None:
         yv = cp.empty(yv.shape, dtype=yv.dtype)
         ly = axis_layout(yv.shape, _element_strides(yv), axis)
     spec, device_id = choice.spec, cp.cuda.runtime.getDevice()
-    _launcher(spec, device_id).launch(
+    launcher_for(spec, device_id).launch(
         choice.grid, choice.block, 0, stream_ptr, x=xv.data.ptr, y=yv.data.ptr,
         rows=choice_rows(lx, ly), n=lx.n, inner=lx.inner, xo=lx.outer_stride,
         xn=lx.n_stride, xi=lx.inner_stride, yo=ly.outer_stride, yn=ly.n_stride,

@@ -199,13 +199,13 @@ def test_a_bias_gives_the_previous_layers_bias_gradient(kind, precision, shape):
     """a_bias: the column sums of the gated dA (the previous layer's dZ), from dA's epilogue
     on Hopper (aligned rows), else by a pass over dA; the second call takes the prepared
     path. Bias of either shape and type."""
+    from ge2jit.jit import loader
     from ge2jit.jit.device import device_arch
-    from ge2jit.ops.gemm import backward
     from ge2jit.ops.gemm.spec import DzSpec
 
     dtype, tol = KINDS[kind]
     m, n, k = shape
-    backward._launchers.clear()
+    loader._launchers.clear()
     for rep, prev_bias in enumerate([rand(dtype, k), rand(np.float32, 1, k)]):
         a_z = rand(dtype, m, k)
         a = cp.asarray(activation("gelu", host64(a_z)).astype(dtype))
@@ -220,7 +220,7 @@ def test_a_bias_gives_the_previous_layers_bias_gradient(kind, precision, shape):
         # sums of dA as stored (rounded to its dtype) against the exact sums
         err = rel_error(host64(got.a_bias).ravel(), want[0].sum(axis=0))
         assert err < tol, f"a_bias ({kind}, call {rep}): {err:.3g}"
-    passes = [s for s, _ in backward._launchers if isinstance(s, DzSpec)
+    passes = [s for s, _ in loader._launchers if isinstance(s, DzSpec)
               and s.act is Act.NONE and not s.write_dz]
     hopper = device_arch(cp.cuda.runtime.getDevice()) == "sm_90"
     from_epilogue = hopper and shape[0] == 300 and (kind != "f32" or precision == "tf32x3")
@@ -251,20 +251,20 @@ def test_column_sums_in_one_or_two_rounds(rows):
 def test_gradient_of_z_goes_straight_to_the_gemms(kind, gy_kind):
     """act="none" with gy in the inputs' dtype: gy is dZ, read by the GEMMs as it is (no dZ
     is written; the pass only sums dBias); a float32 gy for 16-bit inputs is converted."""
-    from ge2jit.ops.gemm import backward
+    from ge2jit.jit import loader
     from ge2jit.ops.gemm.spec import DzSpec
 
     dtype, tol = KINDS[kind]
     m, k, n = 120, 64, 88
     a, b, bias = rand(dtype, m, k), rand(dtype, k, n), rand(dtype, n)
     gy = rand(dtype if gy_kind == "input" else np.float32, m, n)
-    backward._launchers.clear()
+    loader._launchers.clear()
     ge2jit.ops.gemm.clear_plans()   # ("f32", "input") and ("f32", "f32") share a signature
     got = ge2jit.gemm_bias_act_backward(gy, a, b, bias)
     want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias))
     for g, w in zip(got[:3], want[:3]):
         assert rel_error(host64(g), w) < tol
-    passes = [s for s, _ in backward._launchers if isinstance(s, DzSpec)]
+    passes = [s for s, _ in loader._launchers if isinstance(s, DzSpec)]
     assert len(passes) == 1 and not passes[0].reads_src
     assert passes[0].write_dz == (gy.dtype != a.dtype)
 

@@ -23,6 +23,7 @@ def fake_cupy(monkeypatch):
     for module in (problem, checks):   # the op's checks and the shared kit's
         monkeypatch.setattr(module, "_cupy", lambda: make_module(0))
     monkeypatch.setattr(arrays, "_cupy_mod", make_module(0))   # stand-ins are CuPy arrays
+    monkeypatch.setattr(arrays, "current_device", lambda: 0)
 
 
 def ok(**kw):

@@ -16,6 +16,7 @@ from ...fake_cupy import FakeArray, make_module
 def fake_cupy(monkeypatch):
     monkeypatch.setattr(checks, "_cupy", lambda: make_module(0))
     monkeypatch.setattr(arrays, "_cupy_mod", make_module(0))   # stand-ins are CuPy arrays
+    monkeypatch.setattr(arrays, "current_device", lambda: 0)
 
 
 def test_optimizer_steps_refuse_bad_arguments():

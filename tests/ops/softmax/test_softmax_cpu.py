@@ -303,6 +303,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(checks, "_cupy", lambda: module)
     monkeypatch.setattr(softmax_op, "_cupy", lambda: module)
     monkeypatch.setattr(arrays, "_cupy_mod", module)     # stand-ins are CuPy arrays
+    monkeypatch.setattr(arrays, "current_device", lambda: 0)
     runs = []
 
     def execute(*args):   # (fw, x, out, axis, in dtype, out dtype, config, device, result, ..)
