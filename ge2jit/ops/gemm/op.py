@@ -224,7 +224,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
                 preact_out, out_dtype, precision, config, autotune):
     """(the result, the prepared call or None) of a call that missed the prepared calls:
     validate, choose, launch, and prepare the pattern for the next call."""
-    fw, device_id, arrays = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
+    fw, device_id, native = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
                                             "preact_out": preact_out})
     if sig is None and framework_of_type(type(a)) is fw:
         try:
@@ -235,7 +235,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
             sig = None
     prepared = None
     with fw.context(device_id):
-        v = views(fw, arrays)
+        v = views(fw, native)
         p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
                      v["out"], v["preact_out"], save_preact, out_dtype, precision)
         if config is not None:
@@ -275,9 +275,9 @@ def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope:
     None)`` repeats it for arrays of the same pattern (``partial`` a new array of that shape,
     or None where the first call's was), or None for an empty result or copied operands;
     ``partial`` the column sums, or None where the kernel does not make them."""
-    fw, device_id, arrays = call_arguments({"a": a, "b": b, "c": c})
+    fw, device_id, native = call_arguments({"a": a, "b": b, "c": c})
     with fw.context(device_id):
-        v = views(fw, arrays)
+        v = views(fw, native)
         p = validate(v["a"], v["b"], None, "none", v["c"], alpha, 1.0, leaky_slope, None,
                      precision=precision)
         p = p.replace(gate=gate, gate_from_y=gate_from_y, bgrad=bgrad)
@@ -301,10 +301,10 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
             autotune: bool = False) -> Explanation:
     """Which configuration and kernels ``gemm_bias_act`` would use for these arguments, and why
     ("heuristic", "tuned", "pinned" or "fallback"). Compiles the kernels; launches nothing."""
-    fw, device_id, arrays = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
+    fw, device_id, native = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
                                         "preact_out": preact_out})
     with fw.context(device_id):
-        v = views(fw, arrays)
+        v = views(fw, native)
         p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
                      v["out"], v["preact_out"], save_preact, out_dtype, precision)
         if p.empty:

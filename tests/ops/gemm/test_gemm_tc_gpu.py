@@ -523,7 +523,7 @@ def test_bad_mixes_are_refused_with_real_arrays():
         ge2jit.gemm_bias_act(h, f)
     with pytest.raises(ge2jit.ArgumentValueError, match="precision: 'tf32' applies to float32"):
         ge2jit.gemm_bias_act(h, rand(np.float16, 4, 6), precision="tf32")
-    with pytest.raises(ge2jit.ArgumentValueError, match="config: mma_.* float32 inputs use"):
+    with pytest.raises(ge2jit.ArgumentValueError, match="config: mma_.* float32 inputs need"):
         ge2jit.gemm_bias_act(rand(np.float32, 8, 4), f, config=MMA_TF32_CONFIGS[0].name)
     with pytest.raises(ge2jit.ArgumentValueError, match="float32 CUDA-core config"):
         ge2jit.gemm_bias_act(h, rand(np.float16, 4, 6), config="128x128x8_w32x64_s3")
