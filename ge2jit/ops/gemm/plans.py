@@ -7,8 +7,6 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..._version import __version__
 from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
 from ...jit.device import device_arch, device_attributes, device_name, sm_count
@@ -110,10 +108,10 @@ class Plan:
         self._main = Launcher.for_spec(self.main.spec, self.main.function.ptr)
         #: ``_gemm(stream_ptr, **the GEMM kernel's parameters)``
         self._gemm = self._main.bind(self.grid, self.block, self.smem)
-        self._reduce = None
+        self._reduce = self._reducer = None
         if self.reduce is not None:
-            self._reduce = Launcher.for_spec(self.reduce.spec, self.reduce.function.ptr).bind(
-                self.reduce_grid, (256, 1, 1), 0)
+            self._reducer = Launcher.for_spec(self.reduce.spec, self.reduce.function.ptr)
+            self._reduce = self._reducer.bind(self.reduce_grid, (256, 1, 1), 0)
         self._staging = None
         if any(k is not None for k in self.prep):
             self._staging = _Staging(*self.prep, self.main.spec.dtype.itemsize)
@@ -147,8 +145,8 @@ class Plan:
         import cupy as cp
 
         ldw = (n + 3) // 4 * 4
-        w = cp.ndarray((self.splits, m, ldw), dtype=np.float32)
-        w_ptr = w.data.ptr
+        w = cp.cuda.alloc(self.splits * m * ldw * 4)   # float32 partial sums
+        w_ptr = w.ptr
         self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=0, ldc=0, bias=0,
                    bias_stride=0, Y=w_ptr, ldy=ldw, Z=0, ldz=0, M_=m, N_=n, K_=k, alpha_=1.0,
                    beta_=0.0, leaky_slope_=0.0, k_tiles_per_split=self.k_tiles_per_split)
@@ -160,6 +158,8 @@ class Plan:
         """``launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
         stream_ptr)`` for one problem's sizes and leading dimensions: the cached path. A plan
         of one kernel launches it directly."""
+        if self._reduce is not None and self._staging is None and type(self) is Plan:
+            return self._bind_split(ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k)
         if self._staging is not None or self._reduce is not None or type(self) is not Plan:
             run = self.run
 
@@ -177,6 +177,31 @@ class Plan:
                    stream_ptr):
             kernel(stream_ptr, A=a_ptr, B=b_ptr, C=c_ptr, bias=bias_ptr, Y=y_ptr, Z=z_ptr,
                    alpha_=alpha, beta_=beta, leaky_slope_=slope)
+
+        return launch
+
+    def _bind_split(self, ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k):
+        """``bind`` of a split-K plan: both kernels with the sizes bound, one workspace
+        allocation per call (from CuPy's pool, on the current stream: the launches' stream)."""
+        import cupy as cp
+
+        ldw = (n + 3) // 4 * 4
+        nbytes = self.splits * m * ldw * 4
+        gemm = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, C=0, ldc=0,
+                               bias=0, bias_stride=0, ldy=ldw, Z=0, ldz=0, M_=m, N_=n, K_=k,
+                               alpha_=1.0, beta_=0.0, leaky_slope_=0.0,
+                               k_tiles_per_split=self.k_tiles_per_split)
+        reduce = self._reducer.bind(self.reduce_grid, (256, 1, 1), 0, ldw=ldw,
+                                    splits=self.splits, ldc=ldc, bias_stride=bias_stride,
+                                    ldy=ldy, ldz=ldz, M=m, N=n)
+        alloc = cp.cuda.alloc
+
+        def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
+                   stream_ptr):
+            w = alloc(nbytes)   # held until both launches are queued
+            gemm(stream_ptr, A=a_ptr, B=b_ptr, Y=w.ptr)
+            reduce(stream_ptr, W=w.ptr, C=c_ptr, bias=bias_ptr, Y=y_ptr, Z=z_ptr, alpha_=alpha,
+                   beta_=beta, leaky_slope_=slope)
 
         return launch
 

@@ -52,8 +52,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(cupy.cuda.driver, "launchKernel", driver)
     monkeypatch.setattr(plans, "tensor_map_2d", lambda *args: repr(args).encode())
     buffer = SimpleNamespace(data=SimpleNamespace(ptr=WORKSPACE), ptr=WORKSPACE)
-    monkeypatch.setattr(cupy, "ndarray", lambda *args, **kw: buffer)   # split-K's partials
-    monkeypatch.setattr(cupy.cuda, "alloc", lambda size: buffer)       # staged operands
+    monkeypatch.setattr(cupy.cuda, "alloc", lambda size: buffer)   # partials, staged operands
 
     def kernel(spec):
         kernels[len(kernels) + 1] = spec
