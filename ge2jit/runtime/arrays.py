@@ -5,7 +5,8 @@ An op reads one :class:`Framework` for its arguments (``framework_of``): it give
 pointer and a hashable key of its layout (the cached path's call signature), allocates outputs
 in the caller's framework (PyTorch's caching allocator for tensors) and names the stream to
 launch on (PyTorch's current stream for tensors, CuPy's for CuPy arrays); scratch
-memory comes from CuPy's pool, ordered on that stream (``external_stream``). The
+memory (``Framework.scratch``) comes from the same framework's allocator, on that stream, so
+that a CUDA graph captured by either framework holds it too. The
 first call of an argument pattern validates CuPy views of the same memory (``Framework.view``):
 no copy, no DLPack round trip. PyTorch is imported only when a tensor is passed.
 
@@ -81,6 +82,12 @@ class Framework:
     def zeros(self, shape, dtype, device_id: int):
         raise NotImplementedError
 
+    def scratch(self, device_id: int):
+        """``alloc(nbytes)``: scratch memory for one call, ordered on the stream the op
+        launches on (the framework's current stream): an object whose ``ptr`` is the address,
+        to be held until the launches that use it are queued."""
+        raise NotImplementedError
+
     def stream_getter(self, device_id: int):
         """``stream() -> int``: the pointer of the stream to launch on, now."""
         raise NotImplementedError
@@ -119,6 +126,9 @@ class CupyFramework(Framework):
 
     def zeros(self, shape, dtype, device_id: int):
         return _cp().zeros(shape, dtype=dtype)
+
+    def scratch(self, device_id: int):
+        return _cp().cuda.alloc
 
     def stream_getter(self, device_id: int):
         current = _cp().cuda.get_current_stream
@@ -226,6 +236,14 @@ class TorchFramework(Framework):
         return self.torch.zeros(shape, dtype=self.torch_dtype(dtype),
                                 device=self._device(device_id))
 
+    def scratch(self, device_id: int):
+        empty, u8, dev = self.torch.empty, self.torch.uint8, self._device(device_id)
+
+        def alloc(nbytes: int) -> _TorchScratch:
+            return _TorchScratch(empty((nbytes,), dtype=u8, device=dev))
+
+        return alloc
+
     def stream_getter(self, device_id: int):
         raw = self._raw_stream
         if raw is not None:
@@ -249,6 +267,15 @@ class TorchFramework(Framework):
         if stream != cp.cuda.get_current_stream().ptr:
             stack.enter_context(external_stream(stream, device_id))
         return stack
+
+
+class _TorchScratch:
+    """Scratch bytes from PyTorch's caching allocator: the tensor, and its address."""
+
+    __slots__ = ("tensor", "ptr")
+
+    def __init__(self, tensor):
+        self.tensor, self.ptr = tensor, tensor.data_ptr()
 
 
 _torch_fw: TorchFramework | None = None

@@ -13,7 +13,6 @@ from ...runtime.arrays import (
     CUPY,
     Framework,
     call_arguments,
-    external_stream,
     framework_of_type,
     views,
 )
@@ -84,16 +83,11 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     shape = (m, n)
     use_c = p.c is not None
     launch = plan.bind(p.lda, p.ldb, p.ldc, p.bias_stride, ld_of(y, m, n),
-                       ld_of(z, m, n) if z is not None else 0, m, n, k)
+                       ld_of(z, m, n) if z is not None else 0, m, n, k,
+                       fw.scratch(p.device_id))
     guard = OverlapGuard(_SPAN_NAMES, views, (4, 5)) or None   # only outputs passed in
     ptr, new = fw.ptr, fw.allocator(p.y_numpy_dtype, p.device_id)
     stream = fw.stream_getter(p.device_id)
-    if fw is not CUPY and plan.needs_workspace:   # scratch from CuPy's pool, in stream order
-        device_id, bound = p.device_id, launch
-
-        def launch(*args):
-            with external_stream(args[-1], device_id):
-                bound(*args)
 
     def call(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):
         a_ptr, b_ptr = ptr(a), ptr(b)
@@ -133,7 +127,8 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
     registers, so Y (and Z when ``save_preact``) are written exactly once. Runs on CuPy's current
     device and stream (for PyTorch tensors: their device, PyTorch's current stream); never
     synchronizes; allocates only its outputs (and, for split-K, a
-    float32 workspace of split x M x N from CuPy's memory pool).
+    float32 workspace of split x M x N from the allocator of the arrays' framework:
+    CuPy's memory pool, or PyTorch's caching allocator for tensors).
 
     Types and accuracy:
         - float32 inputs, ``precision="ieee"`` (the default): exact float32 products on the CUDA
@@ -148,7 +143,7 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
           and the GEMM sums hi*hi + hi*lo + lo*hi in float32 (what is dropped, lo*lo, is about
           2^-22 of a product): errors of the order of float32 summation's (about 1e-6
           relative), at three tf32 GEMMs' cost plus one pass over A and B, which are split
-          into a workspace of 3 x (M + N) x K float32 values from CuPy's memory pool. On an
+          into a workspace of 3 x (M + N) x K float32 values (scratch, as split-K's). On an
           H100/H200 that is several times faster than the exact float32 path for large
           problems. Infinities and NaN in the inputs propagate as in float32.
         - float16 / bfloat16 inputs: tensor cores, float32 accumulation; the inputs are what
@@ -243,7 +238,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
         y, z, y_native, z_native = _outputs(p, save_preact, fw, (out, preact_out))
         if not p.empty:
             plan = plan_for(p, y, z, save_preact, config, tune_problem if autotune else None)
-            plan.launch(p, y, z, fw.stream_getter(device_id)())
+            plan.launch(p, y, z, fw.stream_getter(device_id)(), fw.scratch(device_id))
             if not p.copied and device_id == arrays.current_device():
                 prepared = _prepare(plan, p, bool(save_preact), y, z,
                                     (v["a"], v["b"], v["c"], v["bias"], v["out"],
@@ -289,7 +284,7 @@ def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope:
         if getattr(plan.main.spec, "bgrad", False):
             partial = fw.allocator(np.float32, device_id)((-(-p.m // 16), p.n))
             p = p.replace(bias=fw.view(partial, "partial"), bias_stride=p.n)
-        plan.launch(p, y, None, fw.stream_getter(device_id)())
+        plan.launch(p, y, None, fw.stream_getter(device_id)(), fw.scratch(device_id))
         call = None if p.copied else _prepare(plan, p, False, y, None,
                                               (v["a"], v["b"], v["c"], None, None, None), fw)
     return y_native, call, partial

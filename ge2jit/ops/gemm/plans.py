@@ -46,7 +46,7 @@ def _arch_number(device_id: int) -> int:
 class _Staging:
     """Copies the operands a plan's GEMM kernel cannot read as they are into the K-major
     layout it reads (``TransposeSpec``), or splits them for 3xTF32 (``Tf32SplitSpec``, rows
-    three segments of K long), in one workspace from CuPy's memory pool."""
+    three segments of K long), in one workspace from the call's scratch allocator."""
 
     __slots__ = ("a", "b", "parts", "itemsize")
 
@@ -60,18 +60,17 @@ class _Staging:
         self.parts = max(k.spec.parts for k in (prep_a, prep_b) if k is not None)
         self.itemsize = itemsize
 
-    def __call__(self, a_ptr, lda, b_ptr, ldb, m, n, k, stream_ptr):
-        """(workspace, a_ptr, lda, b_ptr, ldb, k) as the GEMM kernel reads them. The
-        workspace must live until the GEMM is queued (the pool reuses it in stream order)."""
-        import cupy as cp
-
+    def __call__(self, a_ptr, lda, b_ptr, ldb, m, n, k, stream_ptr, alloc):
+        """(workspace, a_ptr, lda, b_ptr, ldb, k) as the GEMM kernel reads them; ``alloc``:
+        ``Framework.scratch``'s. The workspace must live until the GEMM is queued (the pool
+        reuses it in stream order)."""
         kk = k * self.parts
         per16 = 16 // self.itemsize
         ld = -(-kk // per16) * per16                    # 16-byte rows, for TMA and cp.async
         row_bytes = ld * self.itemsize
         size_a = -(-m * row_bytes // 256) * 256 if self.a is not None else 0
         size_b = n * row_bytes if self.b is not None else 0
-        ws = cp.cuda.alloc(max(size_a + size_b, 16))
+        ws = alloc(max(size_a + size_b, 16))
         if self.a is not None:   # A (M x K): row-major, or K rows of M
             fn, transpose = self.a
             rows, cols = (k, m) if transpose else (m, k)
@@ -131,21 +130,20 @@ class Plan:
         return self._staging is not None or self._reduce is not None
 
     def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr) -> None:
-        """Launch on raw device pointers (0 for an absent C, bias or Z)."""
+            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc) -> None:
+        """Launch on raw device pointers (0 for an absent C, bias or Z); ``alloc``: the
+        scratch allocator (``Framework.scratch``) of the workspaces."""
         if self._staging is not None:
             _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
-                                                           stream_ptr)
+                                                           stream_ptr, alloc)
         if self._reduce is None:
             self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
                        bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
                        ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
                        k_tiles_per_split=self.k_tiles_per_split)
             return
-        import cupy as cp
-
         ldw = (n + 3) // 4 * 4
-        w = cp.cuda.alloc(self.splits * m * ldw * 4)   # float32 partial sums
+        w = alloc(self.splits * m * ldw * 4)   # float32 partial sums
         w_ptr = w.ptr
         self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=0, ldc=0, bias=0,
                    bias_stride=0, Y=w_ptr, ldy=ldw, Z=0, ldz=0, M_=m, N_=n, K_=k, alpha_=1.0,
@@ -154,19 +152,20 @@ class Plan:
                      bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr, ldz=ldz,
                      M=m, N=n, alpha_=alpha, beta_=beta, leaky_slope_=slope)
 
-    def bind(self, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k):
+    def bind(self, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, alloc):
         """``launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
         stream_ptr)`` for one problem's sizes and leading dimensions: the cached path. A plan
-        of one kernel launches it directly."""
+        of one kernel launches it directly. ``alloc``: the scratch allocator of the
+        workspaces (``Framework.scratch``)."""
         if self._reduce is not None and self._staging is None and type(self) is Plan:
-            return self._bind_split(ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k)
+            return self._bind_split(ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k, alloc)
         if self._staging is not None or self._reduce is not None or type(self) is not Plan:
             run = self.run
 
             def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
                        stream_ptr):
                 run(a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-                    z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr)
+                    z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc)
 
             return launch
         kernel = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, ldc=ldc,
@@ -180,11 +179,9 @@ class Plan:
 
         return launch
 
-    def _bind_split(self, ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k):
+    def _bind_split(self, ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k, alloc):
         """``bind`` of a split-K plan: both kernels with the sizes bound, one workspace
-        allocation per call (from CuPy's pool, on the current stream: the launches' stream)."""
-        import cupy as cp
-
+        allocation per call."""
         ldw = (n + 3) // 4 * 4
         nbytes = self.splits * m * ldw * 4
         gemm = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, C=0, ldc=0,
@@ -194,8 +191,6 @@ class Plan:
         reduce = self._reducer.bind(self.reduce_grid, (256, 1, 1), 0, ldw=ldw,
                                     splits=self.splits, ldc=ldc, bias_stride=bias_stride,
                                     ldy=ldy, ldz=ldz, M=m, N=n)
-        alloc = cp.cuda.alloc
-
         def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
                    stream_ptr):
             w = alloc(nbytes)   # held until both launches are queued
@@ -205,13 +200,13 @@ class Plan:
 
         return launch
 
-    def launch(self, p: Problem, y, z, stream_ptr: int) -> None:
+    def launch(self, p: Problem, y, z, stream_ptr: int, alloc) -> None:
         m, n = p.m, p.n
         ldy = ld_of(y, m, n)
         ldz = ld_of(z, m, n) if z is not None else 0
         self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
                  p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
-                 p.leaky_slope, stream_ptr)
+                 p.leaky_slope, stream_ptr, alloc)
 
 
 @dataclass

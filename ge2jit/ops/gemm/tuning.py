@@ -43,13 +43,14 @@ class TuneResult:
 
 def tune_problem(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None = None
           ) -> TuneResult:
-    import cupy as cp
-
     """Time every candidate of ``p`` (compiled first, in parallel), store the fastest, forget
     the plans (so the next call takes it)."""
+    import cupy as cp
+
     arch = device_arch(p.device_id)
     y, z = _scratch_outputs(p, save_z)
     stream = cp.cuda.get_current_stream().ptr
+    alloc = cp.cuda.alloc   # the plans run on CuPy views here
     flops = 2.0 * p.m * p.n * p.k
     records = []
     cands = candidates(p.m, p.n, p.k, _arch_number(p.device_id), p.dtype, p.precision)
@@ -66,7 +67,8 @@ def tune_problem(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int 
         choice = Choice(cfg, split, "tuned")
         try:
             plan = build_plan(p, choice, save_z, vecs)
-            ms = time_ms(lambda plan=plan: plan.launch(p, y, z, stream), warmup=2, reps=reps)
+            ms = time_ms(lambda plan=plan: plan.launch(p, y, z, stream, alloc), warmup=2,
+                         reps=reps)
             records.append({"config": plan.choice.name, "ms": ms,
                             "tflops": flops / ms / 1e9 if ms > 0 else 0.0})
         except (KernelCompileError, KernelLaunchError, ArgumentValueError) as e:

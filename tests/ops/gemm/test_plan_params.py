@@ -35,6 +35,7 @@ PARAMS = dict(A=0x1000, lda=33, B=0x2000, ldb=44, C=0x3000, ldc=55, bias=0x4000,
               Y=0x5000, ldy=66, Z=0x6000, ldz=77, M_=100, N_=200, K_=300, alpha_=1.5,
               beta_=0.25, leaky_slope_=0.01, k_tiles_per_split=7)
 WORKSPACE = 0x9000
+RUN["alloc"] = lambda nbytes: SimpleNamespace(ptr=WORKSPACE)   # scratch: partials, staging
 
 
 @pytest.fixture
@@ -51,8 +52,6 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(cupy.cuda.driver, "launchKernel", driver)
     monkeypatch.setattr(plans, "tensor_map_2d", lambda *args: repr(args).encode())
-    buffer = SimpleNamespace(data=SimpleNamespace(ptr=WORKSPACE), ptr=WORKSPACE)
-    monkeypatch.setattr(cupy.cuda, "alloc", lambda size: buffer)   # partials, staged operands
 
     def kernel(spec):
         kernels[len(kernels) + 1] = spec
@@ -63,10 +62,10 @@ def launches(monkeypatch):
 
 def _run_and_bind(plan):
     plan.run(**RUN)
-    plan.bind(*(RUN[n] for n in ("lda", "ldb", "ldc", "bias_stride", "ldy", "ldz", "m", "n",
-                                 "k")))(*(RUN[n] for n in ("a_ptr", "b_ptr", "c_ptr", "bias_ptr",
-                                                           "y_ptr", "z_ptr", "alpha", "beta",
-                                                           "slope", "stream_ptr")))
+    sizes = ("lda", "ldb", "ldc", "bias_stride", "ldy", "ldz", "m", "n", "k", "alloc")
+    per_call = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "y_ptr", "z_ptr", "alpha", "beta", "slope",
+                "stream_ptr")
+    plan.bind(*(RUN[n] for n in sizes))(*(RUN[n] for n in per_call))
 
 
 def test_plan_run_and_bind_pass_each_parameter(launches):
