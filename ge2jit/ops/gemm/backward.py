@@ -20,7 +20,7 @@ from ...runtime.prepared import PreparedCalls
 from . import op, problem
 from .op import gemm_bias_act
 from .problem import check_shaped, validate
-from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
+from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec, Layout
 
 NEEDS = ("a", "b", "bias", "c")
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
@@ -124,9 +124,12 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
 
     Returns:
         ``Gradients(a, b, bias, c, a_bias)``: dA (M, K) (with ``a_act``: the gradient of A's
-        pre-activation) and dB (K, N) in the inputs' dtype; dBias in the bias' shape and dtype;
-        dC in C's shape and dtype; with ``a_bias``, ``Gradients.a_bias`` in its shape and
-        dtype. None for a gradient not in ``needs`` or for an input that was None.
+        pre-activation) and dB (K, N) in the inputs' dtype, row-major, or column-major (a
+        transposed view) when B is (the gradient in its parameter's layout: a Linear layer's
+        (out, in) weight read as ``w.T`` gets ``dB.T`` contiguous, as PyTorch lays it out);
+        dBias in the bias' shape and dtype; dC in C's shape and dtype; with ``a_bias``,
+        ``Gradients.a_bias`` in its shape and dtype. None for a gradient not in ``needs`` or
+        for an input that was None.
     """
     fw = framework_of_type(type(gy))
     sig = run = None
@@ -367,7 +370,17 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         sums_shape[0] = None if sums is None else tuple(sums.shape)
         return out, sums
 
+    # dB in B's layout: a column-major B (a transposed view, such as a Linear's (out, in)
+    # weight read as W.T) gets a column-major dB, as (A.T @ dZ) = (dZ.T @ A).T
+    b_transposed = p.layout_b is Layout.COL
+
     def product(i, x, w, alpha):
+        if i == 1 and b_transposed:   # dB.T = dZ.T @ A
+            call = gemms[1]
+            if call is not None:
+                return call(w, x, None, None, alpha, 0.0, 0.01, None, None).T
+            out, gemms[1] = op.gemm_and_prepared(w.T, x, alpha=alpha, precision=precision)
+            return out.T
         call = gemms[i]
         if call is not None:
             return call(x, w, None, None, alpha, 0.0, 0.01, None, None)

@@ -77,6 +77,16 @@ def _input_or_f32(x, name: str, dtype: DType) -> DType:
     return dt
 
 
+def layout_by_strides(rows: int, cols: int, e0: int, e1: int):
+    """(Layout, leading dimension) of a non-empty 2-D operand of these strides in elements,
+    or None where it is neither row- nor column-major (``layout_of``'s rule)."""
+    if (cols == 1 or e1 == 1) and (rows == 1 or e0 >= cols):
+        return Layout.ROW, (e0 if rows > 1 else cols)
+    if (rows == 1 or e0 == 1) and (cols == 1 or e1 >= rows):
+        return Layout.COL, (e1 if cols > 1 else rows)
+    return None
+
+
 def layout_of(x, name: str):
     """(Layout, leading dimension in elements, array) of a 2-D operand, used without a copy.
 
@@ -92,11 +102,9 @@ def layout_of(x, name: str):
     item = x.itemsize
     s0, s1 = x.strides
     if s0 % item == 0 and s1 % item == 0:
-        e0, e1 = s0 // item, s1 // item
-        if (cols == 1 or e1 == 1) and (rows == 1 or e0 >= cols):
-            return Layout.ROW, (e0 if rows > 1 else cols), x
-        if (rows == 1 or e0 == 1) and (cols == 1 or e1 >= rows):
-            return Layout.COL, (e1 if cols > 1 else rows), x
+        found = layout_by_strides(rows, cols, s0 // item, s1 // item)
+        if found is not None:
+            return (*found, x)
     cp = _cupy()
     y = cp.ascontiguousarray(x)
     return Layout.ROW, max(cols, 1), y

@@ -107,6 +107,11 @@ def test_every_layout_and_sizes_not_multiples_of_tiles(kind, la, lb):
     m, n, k = 203, 131, 97 if kind == "f32" else 96
     a, b = rand(dtype, m, k, layout=la), rand(dtype, k, n, layout=lb)
     check(kind, a, b, rand(dtype, n), "gelu_tanh")
+    # dB in B's layout (a column-major B: a transposed view, as a Linear's weight)
+    grads = ge2jit.gemm_bias_act_backward(rand(dtype, m, n), a, b, act="relu", y=rand(dtype, m, n),
+                                          needs=("b",))
+    assert grads.b.shape == (k, n)
+    assert grads.b.flags.c_contiguous == (lb == "r") and grads.b.flags.f_contiguous == (lb == "c")
 
 
 @pytest.mark.parametrize("act, source", [(a, s) for a in ACTS for s in ("z", "y", "recompute")

@@ -1,0 +1,311 @@
+"""gemm_bias_act as PyTorch custom ops (``torch.ops.ge2jit.*``): the forward, its fused
+backward, and a chained stack of layers (an MLP whose backward gates each dA by the previous
+layer's act' in its epilogue). Each has a fake implementation (shapes and types, for
+``torch.compile`` and meta tensors); the forwards are differentiable through
+``register_autograd``, their backwards being the backward ops. Imported by ``ge2jit.torch``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...runtime.torchlib import absent, autocast_dtype, cast, op_name, precision_for
+from .backward import gemm_bias_act_backward as _backward
+from .op import gemm_bias_act as _forward
+from .problem import layout_by_strides
+from .spec import ACT_NAMES, ACTS_FROM_Y, Act, Layout
+
+NEEDS = ("a", "b", "bias", "c")
+
+
+def _source_kind(act: str, leaky_slope: float) -> str:
+    """Where the backward takes act' from: "none" (act' is 1), "y" (the output) or "z" (the
+    pre-activation, saved by the forward)."""
+    a = ACT_NAMES.get(act)
+    if a is Act.NONE:
+        return "none"
+    if a in ACTS_FROM_Y and not (a is Act.LEAKY_RELU and leaky_slope < 0):
+        return "y"
+    return "z"
+
+
+def _gradient_like(x: Tensor, shape) -> Tensor:
+    """A new tensor of ``shape`` laid out as the backward lays out the gradient of ``x``: a
+    column-major 2-D operand gets a column-major gradient."""
+    if x.dim() == 2 and x.numel():
+        found = layout_by_strides(x.shape[0], x.shape[1], x.stride(0), x.stride(1))
+        if found is not None and found[0] is Layout.COL:
+            return x.new_empty((shape[1], shape[0])).t()
+    return x.new_empty(shape)
+
+
+# --- the forward ---------------------------------------------------------------------------
+
+@torch.library.custom_op(op_name("gemm_bias_act"), mutates_args=(), device_types="cuda")
+def gemm_bias_act_op(a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None,
+                     act: str, alpha: float, beta: float, leaky_slope: float,
+                     precision: str | None, save_preact: bool) -> tuple[Tensor, Tensor]:
+    """``(Y, Z)`` of ``ge2jit.gemm_bias_act`` (Z empty without ``save_preact``)."""
+    out = _forward(a, b, bias, act=act, c=c, alpha=alpha, beta=beta, leaky_slope=leaky_slope,
+                   save_preact=save_preact, precision=precision)
+    if save_preact:
+        return out
+    return out, absent(out)
+
+
+@gemm_bias_act_op.register_fake
+def _(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact):
+    torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
+    torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
+    y = a.new_empty((a.shape[0], b.shape[1]))
+    return y, (torch.empty_like(y) if save_preact else absent(y))
+
+
+def _forward_setup(ctx, inputs, output):
+    a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact = inputs
+    y, z = output
+    ctx.mark_non_differentiable(z)
+    kind = _source_kind(act, leaky_slope)
+    src = z if save_preact and kind == "z" else y if kind == "y" else None
+    ctx.kind = kind if src is not None or kind == "none" else "recompute"
+    ctx.scalars = (act, alpha, beta, leaky_slope, precision)
+    ctx.has = (bias is not None, c is not None)
+    ctx.save_for_backward(a, b, bias, c, src)
+
+
+def _forward_backward(ctx, gy, gz):
+    a, b, bias, c, src = ctx.saved_tensors
+    act, alpha, beta, leaky_slope, precision = ctx.scalars
+    needs = [bool(n) for n in ctx.needs_input_grad[:4]]
+    needs[2] = needs[2] and ctx.has[0]
+    needs[3] = needs[3] and ctx.has[1]
+    z = src if ctx.kind == "z" else None
+    y = src if ctx.kind == "y" else None
+    grads = torch.ops.ge2jit.gemm_bias_act_backward(gy, a, b, bias, c, z, y, act, alpha, beta,
+                                                    leaky_slope, precision, needs)
+    return (*(g if n else None for g, n in zip(grads, needs)), None, None, None, None, None,
+            None)
+
+
+gemm_bias_act_op.register_autograd(_forward_backward, setup_context=_forward_setup)
+
+
+# --- the backward --------------------------------------------------------------------------
+
+@torch.library.custom_op(op_name("gemm_bias_act_backward"), mutates_args=(),
+                         device_types="cuda")
+def gemm_bias_act_backward_op(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None,
+                              c: Tensor | None, z: Tensor | None, y: Tensor | None,
+                              act: str, alpha: float, beta: float, leaky_slope: float,
+                              precision: str | None, needs: list[bool]) -> list[Tensor]:
+    """``[dA, dB, dBias, dC]`` of ``ge2jit.gemm_bias_act_backward`` (empty where ``needs``,
+    over (a, b, bias, c), is false)."""
+    names = tuple(n for n, want in zip(NEEDS, needs) if want)
+    g = _backward(gy, a, b, bias, act=act, z=z, y=y, c=c, alpha=alpha, beta=beta,
+                  leaky_slope=leaky_slope, needs=names, precision=precision)
+    return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias, g.c)]
+
+
+@gemm_bias_act_backward_op.register_fake
+def _(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs):
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    shapes = ((a, (m, k)), (b, (k, n)), (bias, None), (c, None))
+    out = []
+    for (x, shape), want in zip(shapes, needs):
+        if not want or x is None:
+            out.append(absent(gy))
+        elif shape is None:
+            out.append(torch.empty_like(x, memory_format=torch.contiguous_format))
+        else:
+            out.append(_gradient_like(x, shape) if x is b else x.new_empty(shape))
+    return out
+
+
+# --- a chained stack of layers -------------------------------------------------------------
+
+def _spread(biases, has_bias) -> list:
+    """One bias or None per layer, from the present biases and the flags (custom ops take
+    no gradient through a list of optional tensors)."""
+    torch._check(len(biases) == sum(has_bias),
+                 lambda: f"biases: {len(biases)} given for {sum(has_bias)} layers with a bias")
+    found = iter(biases)
+    return [next(found) if has else None for has in has_bias]
+
+
+def _acts(acts: str, layers: int) -> list[str]:
+    names = acts.split(",")
+    torch._check(len(names) == layers,
+                 lambda: f"acts: expected {layers} comma-separated names, got {acts!r}")
+    return names
+
+
+@torch.library.custom_op(op_name("mlp"), mutates_args=(), device_types="cuda")
+def mlp_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[bool],
+           acts: str, leaky_slope: float, precision: str | None, save: bool) -> list[Tensor]:
+    """``[Y, H_1 .. H_{L-1}, Z_1 .. Z_L]`` of layers ``H_l = act_l(H_{l-1} @ W_l.T + b_l)``
+    (``W_l``: (out, in), as ``nn.Linear`` stores it; ``biases``: those of the layers whose
+    ``has_bias`` is true, in order); without ``save`` only ``[Y]``. ``Z_l`` is empty where
+    the backward takes act' from the layer's output or needs none."""
+    names = _acts(acts, len(weights))
+    biases = _spread(biases, has_bias)
+    h, hs, zs = x, [], []
+    for w, bias, act in zip(weights, biases, names):
+        keep_z = save and _source_kind(act, leaky_slope) == "z"
+        out = _forward(h, w.t(), bias, act=act, leaky_slope=leaky_slope, save_preact=keep_z,
+                       precision=precision)
+        h, z = out if keep_z else (out, absent(out))
+        hs.append(h)
+        zs.append(z)
+    if not save:
+        return [h]
+    return [h, *hs[:-1], *zs]
+
+
+@mlp_op.register_fake
+def _(x, weights, biases, has_bias, acts, leaky_slope, precision, save):
+    names = _acts(acts, len(weights))
+    m, hs, zs = x.shape[0], [], []
+    for w, act in zip(weights, names):
+        h = x.new_empty((m, w.shape[0]))
+        hs.append(h)
+        zs.append(torch.empty_like(h) if save and _source_kind(act, leaky_slope) == "z"
+                  else absent(h))
+    return [hs[-1], *hs[:-1], *zs] if save else [hs[-1]]
+
+
+def _mlp_setup(ctx, inputs, output):
+    x, weights, biases, has_bias, acts, leaky_slope, precision, save = inputs
+    layers = len(weights)
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.scalars = (acts, leaky_slope, precision, layers, len(biases))
+    ctx.has_bias = list(has_bias)
+    ctx.save_for_backward(x, *weights, *biases, *output)
+
+
+def _mlp_backward(ctx, grads):
+    gy = grads[0]   # the other outputs carry no gradient
+    acts, leaky_slope, precision, layers, nb = ctx.scalars
+    saved = list(ctx.saved_tensors)
+    x, weights, biases = saved[0], saved[1:1 + layers], saved[1 + layers:1 + layers + nb]
+    rest = saved[1 + layers + nb:]
+    y, hs, zs = rest[0], rest[1:layers], rest[layers:]
+    grads = torch.ops.ge2jit.mlp_backward(gy, x, weights, biases, ctx.has_bias, [*hs, y], zs,
+                                          acts, leaky_slope, precision,
+                                          bool(ctx.needs_input_grad[0]))
+    gx, gws, gbs = grads[0], grads[1:1 + layers], grads[1 + layers:]
+    return (gx if ctx.needs_input_grad[0] else None, list(gws), list(gbs), None, None, None,
+            None, None)
+
+
+mlp_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+
+
+@torch.library.custom_op(op_name("mlp_backward"), mutates_args=(), device_types="cuda")
+def mlp_backward_op(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor],
+                    has_bias: list[bool], outputs: list[Tensor], zs: list[Tensor], acts: str,
+                    leaky_slope: float, precision: str | None, needs_x: bool) -> list[Tensor]:
+    """``[dX, dW_1 .. dW_L, the biases' gradients]`` of ``mlp`` (dX empty when not
+    wanted): ``outputs`` are the layers' outputs ``H_1 .. H_L``, ``zs`` the saved
+    pre-activations (``mlp``'s). Each layer's dA is formed by its GEMM's epilogue as the
+    gradient of the previous layer's pre-activation, with that layer's bias gradient
+    (``a_act``, ``a_z``, ``a_bias``): the backward is the GEMMs and nearly nothing else."""
+    layers = len(weights)
+    names = _acts(acts, layers)
+    biases = _spread(biases, has_bias)
+    inputs = [x, *outputs[:-1]]
+    kinds = [_source_kind(a, leaky_slope) for a in names]
+    gws, gbs = [None] * layers, [None] * layers
+    g, act = gy, names[-1]   # g: dL/dY of the last layer, then dL/dZ of each layer below
+    src = {"z": dict(z=zs[-1]), "y": dict(y=outputs[-1]), "none": {}}[kinds[-1]]
+    gx = None
+    for i in reversed(range(layers)):
+        bias = biases[i]
+        needs = ["b"]
+        if bias is not None and gbs[i] is None:
+            needs.append("bias")
+        gate = {}
+        if i:
+            needs.append("a")
+            prev = names[i - 1]
+            gate = dict(a_act=prev, a_leaky_slope=leaky_slope,
+                        a_z=zs[i - 1] if kinds[i - 1] == "z" else None,
+                        a_bias=biases[i - 1])
+        elif needs_x:
+            needs.append("a")
+        grads = _backward(g, inputs[i], weights[i].t(), bias, act=act, leaky_slope=leaky_slope,
+                          needs=tuple(needs), precision=precision, **src, **gate)
+        gws[i] = grads.b.t()
+        if "bias" in needs:
+            gbs[i] = grads.bias
+        if i:
+            g, act, src = grads.a, "none", {}
+            if biases[i - 1] is not None:
+                gbs[i - 1] = grads.a_bias
+        else:
+            gx = grads.a
+    return [gx if gx is not None else absent(gy), *gws, *(b for b in gbs if b is not None)]
+
+
+@mlp_backward_op.register_fake
+def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precision, needs_x):
+    gws = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights]
+    gbs = [torch.empty_like(b, memory_format=torch.contiguous_format) for b in biases]
+    return [x.new_empty(x.shape) if needs_x else absent(gy), *gws, *gbs]
+
+
+# --- the functions users call --------------------------------------------------------------
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "none",
+                  c: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0,
+                  leaky_slope: float = 0.01, save_preact: bool = False,
+                  precision: str | None = None):
+    """``ge2jit.gemm_bias_act`` on PyTorch tensors as a differentiable custom op
+    (``torch.ops.ge2jit.gemm_bias_act``): gradients flow to ``a``, ``b``, ``bias`` and ``c``
+    through ge2jit's fused backward; it works in eager mode, under ``torch.compile`` (no graph
+    break) and inside CUDA-graph capture.
+
+    float32 inputs run at ``precision`` if given, else at PyTorch's
+    ``torch.get_float32_matmul_precision()``: "highest" is exact float32, "high" is 3xTF32
+    (float32 accuracy on the tensor cores), "medium" is TF32. Inside ``torch.autocast`` the
+    inputs (not a float32 bias or C, which the epilogue reads as they are) are cast to the
+    region's type first. When a gradient is needed the forward keeps what the backward reads:
+    nothing more for none, relu, leaky_relu, sigmoid and tanh (their derivative comes from Y),
+    Z for gelu, gelu_tanh and silu. Returns Y, or ``(Y, Z)`` with ``save_preact`` (Z carries no
+    gradient).
+    """
+    dtype = autocast_dtype()
+    a, b = cast(a, dtype), cast(b, dtype)
+    if bias is not None and bias.dtype != torch.float32:
+        bias = cast(bias, dtype)
+    if c is not None and c.dtype != torch.float32:
+        c = cast(c, dtype)
+    precision = precision_for(a.dtype, precision)
+    keep_z = save_preact or (_needs_grad(a, b, bias, c)
+                             and _source_kind(act, leaky_slope) == "z")
+    y, z = gemm_bias_act_op(a, b, bias, c, act, float(alpha), float(beta), float(leaky_slope),
+                            precision, keep_z)
+    return (y, z) if save_preact else y
+
+
+def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
+        precision: str | None = None) -> Tensor:
+    """Layers ``H_l = act_l(H_{l-1} @ W_l.T + b_l)`` from ``x`` (``W_l`` of (out, in), as
+    ``nn.Linear`` stores them; ``b_l`` a tensor or None; ``acts`` one name per layer) as one
+    differentiable custom op (``torch.ops.ge2jit.mlp``), whose backward is chained: each
+    layer's dA leaves its GEMM as the previous layer's dZ (act' applied in the epilogue) with
+    that layer's bias gradient, so the backward is the 2L - 1 GEMMs and nearly nothing else.
+    Precision and autocast as in ``gemm_bias_act``."""
+    dtype = autocast_dtype()
+    x = cast(x, dtype)
+    weights = [cast(w, dtype) for w in weights]
+    biases = [b if b is None or b.dtype == torch.float32 else cast(b, dtype) for b in biases]
+    precision = precision_for(x.dtype, precision)
+    save = _needs_grad(x, *weights, *biases)
+    return mlp_op(x, weights, [b for b in biases if b is not None],
+                  [b is not None for b in biases], ",".join(acts), float(leaky_slope),
+                  precision, save)[0]

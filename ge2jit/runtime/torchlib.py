@@ -1,0 +1,62 @@
+"""What every op's PyTorch integration shares: the custom-op namespace, float32 precision from
+PyTorch's setting, autocast's input types, and the empty tensor that stands for an absent
+output (custom ops return tensors only). Imported only by the ops' PyTorch modules, which
+``ge2jit.torch`` loads: it imports torch."""
+
+from __future__ import annotations
+
+import torch
+
+#: the namespace of ge2jit's custom ops: ``torch.ops.ge2jit.<name>``
+NAMESPACE = "ge2jit"
+
+#: ``torch.get_float32_matmul_precision()`` -> ge2jit's float32 precision
+FLOAT32_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
+
+
+def op_name(name: str) -> str:
+    """The qualified name of custom op ``name``: ``ge2jit::name``."""
+    return f"{NAMESPACE}::{name}"
+
+
+@torch.compiler.assume_constant_result
+def _matmul_precision() -> str:
+    return FLOAT32_PRECISION.get(torch.get_float32_matmul_precision(), "ieee")
+
+
+def precision_for(dtype: torch.dtype, precision: str | None) -> str | None:
+    """The precision a float32 call runs at: ``precision`` when given, else PyTorch's
+    ``torch.get_float32_matmul_precision()`` ("highest": exact float32, "high": 3xTF32,
+    float32 accuracy on the tensor cores, "medium": TF32). None for 16-bit inputs. Under
+    ``torch.compile`` the setting is read when the function is traced (a constant of the
+    compiled graph, as PyTorch's own matmuls take it)."""
+    if precision is not None:
+        return precision
+    if dtype != torch.float32:
+        return None
+    return _matmul_precision()
+
+
+def autocast_dtype(device_type: str = "cuda") -> torch.dtype | None:
+    """The type autocast casts matrix-multiply inputs to in the current region, or None
+    outside autocast."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def cast(x: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """``x`` as ``dtype`` (a floating tensor; None and other types unchanged)."""
+    if x is None or dtype is None or x.dtype == dtype or not x.is_floating_point():
+        return x
+    return x.to(dtype)
+
+
+def absent(like: torch.Tensor) -> torch.Tensor:
+    """The stand-in of an output that is not there: an empty tensor on ``like``'s device."""
+    return like.new_empty(0)
+
+
+def present(x: torch.Tensor) -> torch.Tensor | None:
+    """An output, or None where the op returned ``absent``."""
+    return None if x.numel() == 0 and x.dim() == 1 and x.shape[0] == 0 else x

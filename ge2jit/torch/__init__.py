@@ -1,0 +1,24 @@
+"""ge2jit in PyTorch: custom ops (``torch.ops.ge2jit.*``) with fake implementations and
+autograd, and ``nn.Module`` layers on them. Importing this module imports torch; nothing else
+in ge2jit does.
+
+    import ge2jit.torch as gt
+    layer = gt.Linear(1024, 4096, act="gelu_tanh", device="cuda", dtype=torch.bfloat16)
+    block = gt.MLP([1024, 4096, 1024], act="gelu_tanh", device="cuda")
+    y = gt.gemm_bias_act(a, b, bias, act="relu")        # differentiable
+
+They run in eager mode, under ``torch.compile(fullgraph=True)`` (no graph break) and inside
+``torch.cuda.graph`` capture, on PyTorch's current stream, with outputs and scratch memory
+from PyTorch's caching allocator. float32 follows ``torch.get_float32_matmul_precision()``
+("highest": exact float32, "high": 3xTF32, "medium": TF32) unless ``precision=`` says
+otherwise.
+"""
+
+from __future__ import annotations
+
+from ..ops.gemm.torch_modules import MLP, Linear
+from ..ops.gemm.torch_ops import gemm_bias_act, mlp
+from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
+
+__all__ = ["Linear", "MLP", "gemm_bias_act", "mlp", "precision_for", "FLOAT32_PRECISION",
+           "NAMESPACE"]
