@@ -56,7 +56,3 @@ def absent(like: torch.Tensor) -> torch.Tensor:
     """The stand-in of an output that is not there: an empty tensor on ``like``'s device."""
     return like.new_empty(0)
 
-
-def present(x: torch.Tensor) -> torch.Tensor | None:
-    """An output, or None where the op returned ``absent``."""
-    return None if x.numel() == 0 and x.dim() == 1 and x.shape[0] == 0 else x

@@ -147,21 +147,15 @@ __device__ __forceinline__ void pair_add(float& m, float& s, float& comp, const 
     s = t;
 }
 
-// Block-wide reductions: every thread gets the result. `buf` holds 32 floats; two calls in a
+// Block-wide reduction (max or sum): every thread gets the result. `buf` holds 32 floats; two calls in a
 // row must use different buffers (the second's writes could overtake the first's reads).
-template <int T>
-__device__ __forceinline__ float block_max(float v, float* buf) {
-    v = group_max<32>(v);
+template <int T, bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* buf) {
+    v = MAX ? group_max<32>(v) : group_sum<32>(v);
     if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
     __syncthreads();
-    return group_max<T / 32>(buf[threadIdx.x & (T / 32 - 1)]);
-}
-template <int T>
-__device__ __forceinline__ float block_sum(float v, float* buf) {
-    v = group_sum<32>(v);
-    if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    return group_sum<T / 32>(buf[threadIdx.x & (T / 32 - 1)]);
+    const float w = buf[threadIdx.x & (T / 32 - 1)];
+    return MAX ? group_max<T / 32>(w) : group_sum<T / 32>(w);
 }
 
 // ---- warp: LANES lanes per row (a whole warp, or a part of one for short rows), each holding
@@ -241,14 +235,14 @@ __device__ __forceinline__ void softmax_block(const Tin* x, Tout* y, long long r
         float m = SOFTMAX_NEG_INF;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) m = fmaxf(m, v[i]);
-        m = block_max<THREADS>(m, red[0]);
+        m = block_reduce<THREADS, true>(m, red[0]);
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
             v[i] = exp_diff(v[i], m);
             s += v[i];
         }
-        const float inv = 1.0f / block_sum<THREADS>(s, red[1]);
+        const float inv = 1.0f / block_reduce<THREADS, false>(s, red[1]);
 #pragma unroll
         for (int i = 0; i < VPT; ++i) v[i] *= inv;
         Tout* q = y + row * sy;

@@ -47,18 +47,7 @@ def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, N
 
 
 _fast = PreparedCalls("gemm_bias_act")
-_cupy = None
 _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
-
-
-def _cp():
-    global _cupy
-    if _cupy is None:
-        from ..._deps import require_cupy
-
-        _cupy = require_cupy()
-    return _cupy
-
 
 
 def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,

@@ -124,11 +124,6 @@ class Plan:
                 out.append(k)
         return tuple(out)
 
-    @property
-    def needs_workspace(self) -> bool:
-        """Whether a call allocates scratch memory (staged operands, split-K partial sums)."""
-        return self._staging is not None or self._reduce is not None
-
     def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
             z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc) -> None:
         """Launch on raw device pointers (0 for an absent C, bias or Z); ``alloc``: the
