@@ -255,7 +255,6 @@ def test_bad_config_name(monkeypatch):
     import ge2jit.ops.gemm.op as op
 
     monkeypatch.setattr(op, "validate", lambda *a, **k: ok())
-    monkeypatch.setattr(op, "_cp", lambda: make_module(0))
     with pytest.raises(ge2jit.ArgumentValueError, match="config: expected a name like"):
         ge2jit.gemm_bias_act(None, None, config="big")
     with pytest.raises(ge2jit.ArgumentTypeError, match="config: expected a PipelineConfig"):
