@@ -300,15 +300,16 @@ def test_cache_info_list_prune_clear(tmp_path):
 
 def test_size_cap_evicts_least_recently_used(tmp_path, monkeypatch):
     from ge2jit.jit.loader import build
-    from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
+    from ge2jit.ops.gemm.epilogue import Act, Epilogue, Layout
+    from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec
     from ge2jit.settings import reload_settings
 
     monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1")
     reload_settings()
     try:
         c = KernelCache(tmp_path)
-        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.NONE,
-                             False, TILED_CONFIGS[-1])
+        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                             Epilogue(out_dtype=DType.F32, act=Act.RELU), TILED_CONFIGS[-1])
         build(spec, "sm_80", cache=c)
         assert valid_entries(tmp_path) == (0, 0), "over the cap at once: evicted"
     finally:
