@@ -36,6 +36,7 @@ constexpr int KSTEP = 32 / ES;                // k of one wgmma: 16 (16-bit) or 
 constexpr int STAGES = {{ cfg.stages }};
 constexpr int CONSUMERS = {{ cfg.consumers }};  // consumer warpgroups
 constexpr bool PINGPONG = {{ "true" if cfg.pingpong else "false" }};   // alternate whole tiles
+constexpr bool TMA_STORE = {{ "true" if spec.tma_store else "false" }};  // Y, Z leave by TMA stores
 constexpr int WG_M = {{ cfg.wg_m }};              // rows of a tile one consumer computes
 constexpr int MI = WG_M / 64;                 // wgmma (m64) per k-step and consumer
 constexpr int THREADS = (CONSUMERS + 1) * 128;
@@ -89,7 +90,6 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
            "r"(bar) : "memory");
 }
 
-{% if spec.tma_store %}
 // A 2-D box of shared memory (the map's box, 128-byte swizzled) to the tensor `map` at
 // (inner, outer); elements outside the tensor are skipped. Completion: bulk async-groups.
 __device__ __forceinline__ void tma_store(const TensorMap* map, unsigned src, int inner,
@@ -115,7 +115,6 @@ __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-{% endif %}
 
 // Where tile `tile` of the persistent order starts. Tiles run down groups of GROUP_M tile rows,
 // then across: the tiles in flight at once (one per SM) share a few row blocks of A and column
@@ -638,11 +637,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endfor %}
             }
         }
-    }
-{% if spec.tma_store %}
-    if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
-{% endif %}
-}
 {% else %}
         // Fused epilogue on the accumulators: acc[mi][4 j + 2 h + c] is row
         // row0 + 64 mi + 16 warp + g + 8 h of the tile, column 8 j + 2 t + c.
@@ -665,6 +659,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
             }
         }
+{% endif %}
+    }
+    if constexpr (TMA_STORE) {
+        if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
     }
 }
-{% endif %}
