@@ -304,7 +304,9 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         x is None or (x.data.ptr % 16 == 0 and st[1] == 1 and (st[0] * x.itemsize) % 16 == 0)
         for x, st in ((gy, gy_strides), (src, src_strides)))
     dc_dtype = problem.check_dtype(c, "c") if write_dc else DType.F32
-    spec = DzSpec(act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=write_dz,
+    reads_src = act is not Act.NONE   # act' of "none" is 1: Z (or Y) is not read
+    spec = DzSpec(act, from_y and reads_src, bias_kind, grad_dtype,
+                  src_dtype if reads_src else grad_dtype, p.dtype, write_dz=write_dz,
                   write_dc=write_dc, dc_dtype=dc_dtype, vec=vec)
     tm, grid = _pass_shape(m, n, spec.cols)
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),

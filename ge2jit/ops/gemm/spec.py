@@ -778,7 +778,10 @@ class DzSpec(KernelSpec):
     ``ACTS_FROM_Y``), stored as dZ (``write_dz``, type ``dz_dtype``) and/or dC = beta * dZ
     (``write_dc``, ``dc_dtype``), with the sums of dZ that dBias needs (``bias``: per column,
     per row or in total) as float32 partial sums per block. ``vec``: 16-byte accesses of 8
-    columns a thread (unit column strides, 16-byte aligned rows and pointers, N % 8 == 0)."""
+    columns a thread (unit column strides, 16-byte aligned rows and pointers, N % 8 == 0).
+    What is not read or written has one value, so that equal kernels have equal specs: with
+    act none (act' is 1) ``from_y`` is False and ``src_dtype`` is ``grad_dtype``; without dC,
+    ``dc_dtype`` is float32."""
 
     act: Act
     from_y: bool
@@ -800,16 +803,19 @@ class DzSpec(KernelSpec):
                           ("grad_dtype", DType), ("src_dtype", DType), ("dz_dtype", DType),
                           ("write_dz", bool), ("write_dc", bool), ("dc_dtype", DType),
                           ("vec", bool)):
-            if not isinstance(getattr(self, name), typ):
-                raise TypeError(f"DzSpec.{name}: expected {typ.__name__}, got "
-                                f"{getattr(self, name)!r}")
+            check_field(self, name, typ)
         if self.from_y and self.act not in ACTS_FROM_Y:
             raise ArgumentValueError(f"DzSpec: act {self.act.value!r} needs Z, not Y")
-        if not self.write_dc:
-            object.__setattr__(self, "dc_dtype", DType.F32)
-        if self.act is Act.NONE:   # Z is not read: equal kernels, equal specs
-            object.__setattr__(self, "from_y", False)
-            object.__setattr__(self, "src_dtype", self.grad_dtype)
+        if not self.write_dc and self.dc_dtype is not DType.F32:
+            raise ArgumentValueError(f"DzSpec.dc_dtype: no dC is written (write_dc False); "
+                                     f"expected DType.F32, got {self.dc_dtype!r}")
+        if self.act is Act.NONE and self.from_y:
+            raise ArgumentValueError("DzSpec.from_y: act 'none' reads neither Z nor Y; "
+                                     "expected False, got True")
+        if self.act is Act.NONE and self.src_dtype is not self.grad_dtype:
+            raise ArgumentValueError(f"DzSpec.src_dtype: act 'none' reads neither Z nor Y; "
+                                     f"expected the grad_dtype {self.grad_dtype!r}, got "
+                                     f"{self.src_dtype!r}")
 
     @property
     def kernel_name(self) -> str:

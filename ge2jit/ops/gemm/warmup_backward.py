@@ -105,10 +105,12 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
             specs += _gemms(entry, arch, sms, dname, "rr", (m, n, k), bias=[bias_name],
                             bias_dtypes=[bname], out_dtypes=["float32"])
         if write_dz or bias_kind is not BiasKind.NONE:
+            reads_src = act is not Act.NONE   # act' of "none" is 1: nothing read
             vecs = [False, True] if entry["aligned"] and n % 8 == 0 else [False]
             for vec in vecs:
-                spec = DzSpec(act, source == "y", bias_kind, grad, src_dtype, dtype,
-                              write_dz=write_dz, vec=vec)
+                spec = DzSpec(act, source == "y" and reads_src, bias_kind, grad,
+                              src_dtype if reads_src else grad, dtype, write_dz=write_dz,
+                              vec=vec)
                 specs.append(spec)
                 tm, pass_grid = _pass_shape(m, n, spec.cols)
                 if bias_kind is BiasKind.SCALAR:

@@ -115,6 +115,16 @@ def _splitk_reduce(p: dict) -> SplitKReduceSpec:
     return SplitKReduceSpec(p["dtype"], _epilogue(p, p["dtype"]), p["vec_y"])
 
 
+def _dz(p: dict) -> DzSpec:
+    """The fields as the backward chooses them: act none reads neither Z nor Y (not from Y,
+    its type gY's); without dC, dC's type is float32."""
+    reads = p["act"] is not Act.NONE
+    return DzSpec(p["act"], p["from_y"] and reads, p["bias"], p["grad"],
+                  p["src"] if reads else p["grad"], p["dz"], write_dz=p["write_dz"],
+                  write_dc=p["write_dc"], dc_dtype=p["dc"] if p["write_dc"] else DType.F32,
+                  vec=p["vec"])
+
+
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
               "copy_a": [4, 8, 16], "copy_b": [4, 8, 16], "vec_y": [False, True],
               "arch": ARCHS}
@@ -184,9 +194,7 @@ FAMILIES = {
         {"act": list(Act), "from_y": [False], "bias": list(BiasKind), "grad": list(DType),
          "src": list(DType), "dz": list(DType), "write_dz": [False, True],
          "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
-        lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
-                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"],
-                         vec=p["vec"]),
+        _dz,
     ),
     "dbias": (
         {"out": list(DType), "total": [False, True], "arch": ARCHS},
@@ -251,9 +259,7 @@ FAMILIES = {
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),
          "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
          "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
-        lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
-                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"],
-                         vec=p["vec"]),
+        _dz,
     ),
 }
 

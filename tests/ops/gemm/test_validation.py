@@ -418,3 +418,21 @@ def test_backward_pass_grid_stays_within_65535_rows_of_blocks():
     for m, n in ((2**31 - 2**16, 8), (70_000_000, 1), (1000, 1000)):
         tm, grid = _pass_shape(m, n, 1)
         assert grid[1] <= 65535 and tm * grid[1] >= m and grid[0] * 32 >= n
+
+
+def test_backward_pass_spec_refuses_fields_it_does_not_read():
+    from ge2jit.ops.gemm.spec import DzSpec
+
+    f32, f16 = DType.F32, DType.F16
+    with pytest.raises(ge2jit.ArgumentValueError, match="^DzSpec.from_y: act 'none' reads "
+                       "neither Z nor Y; expected False, got True$"):
+        DzSpec(Act.NONE, True, BiasKind.COL, f16, f16, f16)
+    with pytest.raises(ge2jit.ArgumentValueError, match="^DzSpec.src_dtype: act 'none' reads "
+                       "neither Z nor Y; expected the grad_dtype <DType.F32: 'f32'>, got "
+                       "<DType.F16: 'f16'>$"):
+        DzSpec(Act.NONE, False, BiasKind.COL, f32, f16, f16)
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"^DzSpec.dc_dtype: no dC is written "
+                       r"\(write_dc False\); expected DType.F32, got <DType.F16: 'f16'>$"):
+        DzSpec(Act.RELU, True, BiasKind.NONE, f16, f16, f16, dc_dtype=f16)
+    spec = DzSpec(Act.NONE, False, BiasKind.ROW, f32, f32, f16, write_dc=True, dc_dtype=f16)
+    assert (spec.from_y, spec.src_dtype, spec.dc_dtype) == (False, f32, f16)
