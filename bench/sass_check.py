@@ -20,33 +20,37 @@ sys.path.insert(0, str(ROOT))
 
 from ge2jit.jit.loader import build  # noqa: E402
 from ge2jit.jit.sass import dump_sass, find_cuobjdump, instruction_mix  # noqa: E402
+from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout  # noqa: E402
 from ge2jit.ops.gemm.spec import (  # noqa: E402
     MMA_16BIT_CONFIGS,
     MMA_X3_CONFIGS,
     WGMMA_CONFIGS,
     WGMMA_X3_CONFIGS,
-    Act,
-    BiasKind,
     DType,
-    Layout,
     MmaGemmSpec,
     WgmmaGemmSpec,
 )
 
 OPS = ("HGMMA", "HMMA", "UTMALDG", "LDSM", "FFMA", "FADD", "LDL", "STL", "BAR", "SYNCS")
 
+
+def _epilogue(dtype: DType, act: Act) -> Epilogue:
+    """Y and a bias per column in the inputs' type."""
+    return Epilogue(out_dtype=dtype, act=act, bias=BiasKind.COL, bias_dtype=dtype)
+
+
 SPECS = [
-    WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, None, Act.GELU_TANH, BiasKind.COL, False,
+    WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, _epilogue(DType.BF16, Act.GELU_TANH),
                   WGMMA_CONFIGS[0]),
-    WgmmaGemmSpec(DType.F16, Layout.COL, Layout.ROW, None, Act.SILU, BiasKind.COL, False,
+    WgmmaGemmSpec(DType.F16, Layout.COL, Layout.ROW, _epilogue(DType.F16, Act.SILU),
                   WGMMA_CONFIGS[1]),
-    WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
+    WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, _epilogue(DType.F32, Act.GELU),
                   WGMMA_CONFIGS[1]),
-    WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
+    WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, _epilogue(DType.F32, Act.GELU),
                   WGMMA_X3_CONFIGS[0], promote=True),
-    MmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, None, Act.GELU_TANH, BiasKind.COL, False,
+    MmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, _epilogue(DType.BF16, Act.GELU_TANH),
                 MMA_16BIT_CONFIGS[0]),
-    MmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
+    MmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, _epilogue(DType.F32, Act.GELU),
                 MMA_X3_CONFIGS[0], promote=True),
 ]
 

@@ -18,9 +18,10 @@ from .jit.cache import default_cache
 from .jit.device import gpu_count
 from .jit.loader import build
 from .jit.nvrtc import arch_number, nvrtc_info
+from .ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
 from .ops.gemm.reference import gemm_bias_act_ref, rel_error
 from .ops.gemm.select import heuristic, kernel_set
-from .ops.gemm.spec import Act, BiasKind, DType, Layout
+from .ops.gemm.spec import DType
 
 DEMO_ACTS = ("gelu", "relu", "silu")
 
@@ -36,8 +37,10 @@ def _demo_specs(arch: str, m: int, n: int, k: int) -> list:
     vecs = (4, 16 if n % 4 == 0 else 4, 16 if n % 4 == 0 else 4)   # A unaligned, B and Y by N
     specs = []
     for act in DEMO_ACTS:
-        specs += kernel_set(DType.F32, Layout.ROW, Layout.ROW, None, Act(act), BiasKind.COL,
-                            False, choice.config, choice.split_k, k, vecs).specs
+        epilogue = Epilogue(out_dtype=DType.F32, act=Act(act), bias=BiasKind.COL,
+                            bias_dtype=DType.F32)
+        specs += kernel_set(DType.F32, Layout.ROW, Layout.ROW, epilogue, choice.config,
+                            choice.split_k, k, vecs).specs
     return specs
 
 

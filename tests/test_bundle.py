@@ -17,9 +17,10 @@ import pytest
 
 from ge2jit import bundle
 from ge2jit.bundle import BundleError, export_bundle, import_bundle
-from ge2jit.jit.cache import reset_default_cache
+from ge2jit.jit import cache as kernel_cache
 from ge2jit.settings import reload_settings
-from ge2jit.tune.db import TuningDB, reset_default_db
+from ge2jit.tune import db
+from ge2jit.tune.db import TuningDB
 
 from .test_cli import ROOT, fake_entries, ge2jit, one_line_error, valid_entries
 
@@ -31,15 +32,14 @@ def use_cache(monkeypatch):
     def use(path: Path) -> Path:
         monkeypatch.setenv("GE2JIT_CACHE_DIR", str(path))
         reload_settings()
-        reset_default_cache()
-        reset_default_db()
+        # the process-wide cache and tuning database: new ones, on this directory
+        monkeypatch.setattr(kernel_cache, "_default", None)
+        monkeypatch.setattr(db, "_default", None)
         return path
 
     yield use
     monkeypatch.undo()
     reload_settings()
-    reset_default_cache()
-    reset_default_db()
 
 
 @pytest.fixture

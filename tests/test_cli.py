@@ -300,15 +300,16 @@ def test_cache_info_list_prune_clear(tmp_path):
 
 def test_size_cap_evicts_least_recently_used(tmp_path, monkeypatch):
     from ge2jit.jit.loader import build
-    from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
+    from ge2jit.ops.gemm.epilogue import Act, Epilogue, Layout
+    from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec
     from ge2jit.settings import reload_settings
 
     monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1")
     reload_settings()
     try:
         c = KernelCache(tmp_path)
-        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.NONE,
-                             False, TILED_CONFIGS[-1])
+        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                             Epilogue(out_dtype=DType.F32, act=Act.RELU), TILED_CONFIGS[-1])
         build(spec, "sm_80", cache=c)
         assert valid_entries(tmp_path) == (0, 0), "over the cap at once: evicted"
     finally:
@@ -646,21 +647,19 @@ def test_kernels_the_cache_could_not_store_are_counted_and_fail_the_warmup(tmp_p
 def in_process(monkeypatch, tmp_path):
     """Run ``main`` in this process on the cache ``tmp_path / "c"``: (cache, run(args))."""
     from ge2jit import cli
-    from ge2jit.jit.cache import reset_default_cache
+    from ge2jit.jit import cache as kernel_cache
     from ge2jit.settings import reload_settings
-    from ge2jit.tune.db import reset_default_db
-
-    def fresh():
-        reload_settings()
-        reset_default_cache()
-        reset_default_db()
+    from ge2jit.tune import db
 
     cache = tmp_path / "c"
     monkeypatch.setenv("GE2JIT_CACHE_DIR", str(cache))
-    fresh()
+    reload_settings()
+    # the process-wide cache and tuning database: new ones, on this directory, until the end
+    monkeypatch.setattr(kernel_cache, "_default", None)
+    monkeypatch.setattr(db, "_default", None)
     yield cache, cli.main
     monkeypatch.undo()
-    fresh()
+    reload_settings()
 
 
 @pytest.mark.parametrize("action", [["clear"], ["prune", "--max-size", "0"]])

@@ -6,16 +6,12 @@ import pytest
 
 import ge2jit
 from ge2jit.notebook import KernelInfo, Records, kernel_info
-from ge2jit.ops.gemm.spec import (
-    PIPELINED_F32_CONFIGS,
-    Act,
-    BiasKind,
-    DType,
-    Layout,
-    PipelinedGemmSpec,
-)
+from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
+from ge2jit.ops.gemm.spec import PIPELINED_F32_CONFIGS, DType, PipelinedGemmSpec
 
-SPEC = PipelinedGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.SILU, BiasKind.COL, False,
+SPEC = PipelinedGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                         Epilogue(out_dtype=DType.F32, act=Act.SILU, bias=BiasKind.COL,
+                                  bias_dtype=DType.F32),
                          PIPELINED_F32_CONFIGS[0], False, True, True)
 
 
@@ -40,8 +36,9 @@ def test_sass_of_an_inspected_kernel():
     mix = info.instruction_mix()
     assert mix["FFMA"] > 1000 and "LDL" not in mix and "HMMA" not in mix
     assert "FFMA" in info.sass()
-    hopper = WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL,
-                           False, WGMMA_CONFIGS[0])
+    hopper = WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL,
+                           Epilogue(out_dtype=DType.BF16, act=Act.GELU, bias=BiasKind.COL,
+                                    bias_dtype=DType.BF16), WGMMA_CONFIGS[0])
     info = ge2jit.inspect(hopper, arch="sm_90")
     assert info.arch == "sm_90a" and info.instruction_mix()["HGMMA"] > 0
 

@@ -95,8 +95,9 @@ def test_wheel_ships_templates_and_compiles(tmp_path, wheel):
         assert pathlib.Path(ge2jit.__file__).is_relative_to(site), ge2jit.__file__
         assert template_dir().is_relative_to(site), template_dir()
         assert (template_dir() / "gemm" / "tiled.cu").is_file()
-        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, True,
-                        TILED_CONFIGS[0])
+        epilogue = Epilogue(out_dtype=DType.F32, act=Act.GELU, bias=BiasKind.COL,
+                            bias_dtype=DType.F32, save_z=True)
+        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, epilogue, TILED_CONFIGS[0])
         entry, _ = build(spec, "sm_80", cache=KernelCache(pathlib.Path(r"%s")))
         print("OK", entry.kernel_name, entry.registers)
     """) % (site, tmp_path / "cache")
@@ -123,9 +124,9 @@ def test_without_cupy_each_call_names_the_extra():
             "explain": lambda: ge2jit.explain(a, a),
             "adam_update": lambda: ge2jit.adam_update(a, a, a, a, step=1),
             "nvrtc_info": ge2jit.nvrtc_info,
-            "compile": lambda: build(TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, None,
-                                              Act.GELU, BiasKind.COL, True,
-                                              TILED_CONFIGS[0]), "sm_80"),
+            "compile": lambda: build(TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL,
+                                                   Epilogue(out_dtype=DType.F32),
+                                                   TILED_CONFIGS[0]), "sm_80"),
             "inspect": lambda: ge2jit.inspect("64x64x8_4x4", arch="sm_80"),
             "device_arch": lambda: ge2jit.jit.device.device_arch(0),
         }

@@ -127,10 +127,11 @@ def test_verbose_attaches_one_stderr_handler(env, monkeypatch, capsys):
 def test_compiles_are_logged(tmp_path, caplog):
     from ge2jit.jit.cache import KernelCache
     from ge2jit.jit.loader import build
-    from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
+    from ge2jit.ops.gemm.epilogue import Act, Epilogue, Layout
+    from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec
 
-    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.SILU, BiasKind.NONE, False,
-                    TILED_CONFIGS[0])
+    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                         Epilogue(out_dtype=DType.F32, act=Act.SILU), TILED_CONFIGS[0])
     with caplog.at_level(logging.DEBUG, logger="ge2jit"):
         build(spec, "sm_80", cache=KernelCache(tmp_path))
         build(spec, "sm_80", cache=KernelCache(tmp_path))
@@ -154,10 +155,10 @@ def test_a_refused_entry_is_logged_with_its_reason(tmp_path, caplog):
 
 def test_verbose_program_logs_to_stderr(tmp_path):
     code = ("from ge2jit.jit.loader import build\n"
-            "from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, TiledGemmSpec, "
-            "Layout\n"
-            "build(TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE, "
-            "False, TILED_CONFIGS[0]), 'sm_80')\n")
+            "from ge2jit.ops.gemm.epilogue import Epilogue, Layout\n"
+            "from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec\n"
+            "build(TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, Epilogue(out_dtype=DType.F32), "
+            "TILED_CONFIGS[0]), 'sm_80')\n")
     r = _python(code, GE2JIT_VERBOSE="1", GE2JIT_CACHE_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "compiled gemm_f32" in r.stderr and r.stderr.count("compiled ") == 1

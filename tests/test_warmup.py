@@ -48,11 +48,14 @@ def test_check_archs_against_the_loaded_nvrtc():
 
 
 def _jobs(n: int):
-    from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
+    from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
+    from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec
 
     acts = [Act.RELU, Act.GELU, Act.SILU, Act.TANH, Act.SIGMOID, Act.NONE]
-    return [(TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, act, BiasKind.COL, False,
-                      tile), "sm_80") for act in acts for tile in TILED_CONFIGS][:n]
+    return [(TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                           Epilogue(out_dtype=DType.F32, act=act, bias=BiasKind.COL,
+                                    bias_dtype=DType.F32), tile), "sm_80")
+            for act in acts for tile in TILED_CONFIGS][:n]
 
 
 class _Pools:

@@ -872,8 +872,3 @@ def default_cache() -> KernelCache:
         _default = KernelCache()
     return _default
 
-
-def reset_default_cache() -> None:
-    """Forget the process-wide cache object (after changing GE2JIT_* variables)."""
-    global _default
-    _default = None

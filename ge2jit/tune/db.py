@@ -264,8 +264,3 @@ def default_db() -> TuningDB:
         _default = TuningDB()
     return _default
 
-
-def reset_default_db() -> None:
-    """Forget the process-wide tuning database object (after changing GE2JIT_* variables)."""
-    global _default
-    _default = None

@@ -6,18 +6,18 @@
    `col_bias` / `row_bias` / `bias_value`. #}
 {% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True) %}
 float {{ out }} = alpha * ({{ acc }});
-{% if spec.gate %}
+{% if spec.epilogue.gate %}
 {% if gate %}
 {{ out }} *= {{ gate_factor(spec, "to_f32(C_AT(" ~ m ~ ", " ~ n ~ "))") }};
 {% endif %}
-{% elif spec.layout_c %}
+{% elif spec.epilogue.layout_c %}
 {{ out }} = fmaf(beta, to_f32(C_AT({{ m }}, {{ n }})), {{ out }});
 {% endif %}
-{% if spec.bias.value == "scalarbias" %}
+{% if spec.epilogue.bias.value == "scalarbias" %}
 {{ out }} += bias_value;
-{% elif spec.bias.value == "colbias" %}
+{% elif spec.epilogue.bias.value == "colbias" %}
 {{ out }} += {{ col_bias }};
-{% elif spec.bias.value == "rowbias" %}
+{% elif spec.epilogue.bias.value == "rowbias" %}
 {{ out }} += {{ row_bias }};
 {% endif %}
 {% endmacro %}
@@ -31,7 +31,7 @@ dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope 
 {# The gate's factor act'(c) for a C value c (an expression): the fast forms for 16-bit
    outputs, as the activations. #}
 {% macro gate_factor(spec, c) -%}
-{{ dact(spec.gate, c, "leaky_slope", spec.gate_from_y, spec.fast_act) }}
+{{ dact(spec.epilogue.gate, c, "leaky_slope", spec.epilogue.gate_from_y, spec.fast_act) }}
 {%- endmacro %}
 
 {% macro accessors(spec) %}
@@ -49,9 +49,9 @@ dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope 
 {% endmacro %}
 
 {% macro c_accessor(spec) %}
-{% if spec.layout_c and spec.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c and spec.epilogue.layout_c.value == "r" %}
 #define C_AT(m, n) C[(long long)(m) * ldc + (n)]
-{% elif spec.layout_c %}
+{% elif spec.epilogue.layout_c %}
 #define C_AT(m, n) C[(long long)(n) * ldc + (m)]
 {% endif %}
 {% endmacro %}
@@ -73,7 +73,7 @@ const float leaky_slope = static_cast<float>(leaky_slope_);
 {% if spec.vec_y %}
 if ({{ vector_ok }}) {
     store_vec(&Y[static_cast<long long>({{ m }}) * ldy + {{ nb }}], yv);
-{% if spec.save_z %}
+{% if spec.epilogue.save_z %}
     store_vec(&Z[static_cast<long long>({{ m }}) * ldz + {{ nb }}], zv);
 {% endif %}
     continue;
@@ -83,7 +83,7 @@ if ({{ vector_ok }}) {
 for (int c = 0; c < {{ width }}; ++c) {
     if ({{ nb }} + c < N) {
         store(&Y[static_cast<long long>({{ m }}) * ldy + {{ nb }} + c], yv[c]);
-{% if spec.save_z %}
+{% if spec.epilogue.save_z %}
         store(&Z[static_cast<long long>({{ m }}) * ldz + {{ nb }} + c], zv[c]);
 {% endif %}
     }
@@ -99,7 +99,7 @@ for (int c = 0; c < {{ width }}; ++c) {
     const auto n = min({{ nb }} + c, N - 1);   // clamped: columns past N are not stored
     {{ compute_z(spec, "z", acc, m, "n", col_bias, "row_bias") | indent(4) }}
     zv[c] = z;
-    yv[c] = act_{{ spec.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
+    yv[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
 }
 {{ store_yz(spec, width, vector_ok, m, nb) }}
 {%- endmacro %}

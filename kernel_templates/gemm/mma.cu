@@ -3,8 +3,8 @@
 {% set a_kcont = spec.layout_a.value == "r" %}
 {% set b_kcont = spec.layout_b.value == "c" %}
 // {{ spec.kernel_name }}
-// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}) on the tensor cores: {{ "tf32 m16n8k8" if tf32 else spec.dtype.numpy_name + " m16n8k16" }} mma.sync, float32 accumulators, fused epilogue.
-// A {{ "row" if a_kcont else "column" }}-major ({{ spec.copy_a }}-byte copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ spec.copy_b }}-byte copies); {{ cfg.stages }}-stage cp.async pipeline; Y{% if spec.save_z %}, Z{% endif %} {{ spec.out_dtype.numpy_name }}.
+// Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on the tensor cores: {{ "tf32 m16n8k8" if tf32 else spec.dtype.numpy_name + " m16n8k16" }} mma.sync, float32 accumulators, fused epilogue.
+// A {{ "row" if a_kcont else "column" }}-major ({{ spec.copy_a }}-byte copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ spec.copy_b }}-byte copies); {{ cfg.stages }}-stage cp.async pipeline; Y{% if spec.epilogue.save_z %}, Z{% endif %} {{ spec.epilogue.out_dtype.numpy_name }}.
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
@@ -255,9 +255,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // Fused epilogue on the accumulator fragments: element r of acc[mi][ni] is row
     // wm0 + mi * 16 + g (+ 8 for r >= 2), column wn0 + ni * 8 + 2 * t (+ 1 for odd r).
     const int g = lane >> 2, t = lane & 3;
-{% if spec.bias.value == "scalarbias" %}
+{% if spec.epilogue.bias.value == "scalarbias" %}
     const float bias_value = to_f32(bias[0]);
-{% elif spec.bias.value == "colbias" %}
+{% elif spec.epilogue.bias.value == "colbias" %}
     float col_bias[NI][2];
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni)
@@ -273,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int h = 0; h < 2; ++h) {
             const int m = m0 + wm0 + mi * 16 + g + 8 * h;
             if (m >= M) continue;
-{% if spec.bias.value == "rowbias" %}
+{% if spec.epilogue.bias.value == "rowbias" %}
             const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
 {% endif %}
 #pragma unroll

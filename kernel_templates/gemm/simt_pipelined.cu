@@ -4,7 +4,7 @@
 // Split-K partial products: slice blockIdx.z of K, raw float32 sums written to a workspace;
 // the epilogue runs once, after the reduction (gemm/splitk_reduce.cu).
 {% else %}
-// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores, fused epilogue.
+// Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores, fused epilogue.
 {% endif %}
 // A {{ "row" if spec.layout_a.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_a else "4-byte" }} copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_b else "4-byte" }} copies); {{ cfg.stages }}-stage cp.async pipeline.
 {% import "common/epilogue.cuh" as ep %}
@@ -192,9 +192,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
         }
     }
 {% else %}
-{% if spec.bias.value == "scalarbias" %}
+{% if spec.epilogue.bias.value == "scalarbias" %}
     const float bias_value = bias[0];
-{% elif spec.bias.value == "colbias" %}
+{% elif spec.epilogue.bias.value == "colbias" %}
     float col_bias[TN];
 #pragma unroll
     for (int j = 0; j < TN; ++j) {
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ROW(i);
         if (m >= M) continue;
-{% if spec.bias.value == "rowbias" %}
+{% if spec.epilogue.bias.value == "rowbias" %}
         const float row_bias = bias[static_cast<long long>(m) * bias_stride];
 {% endif %}
 #pragma unroll

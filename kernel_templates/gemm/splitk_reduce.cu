@@ -1,6 +1,6 @@
 // {{ spec.kernel_name }}
 // Sums the split-K partial products in a fixed order (deterministic), then applies the fused
-// epilogue once: Y = act(alpha * sum{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}).
+// epilogue once: Y = act(alpha * sum{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}).
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
@@ -19,7 +19,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     {{ ep.scalars(sizes=False) | indent(4) }}
     const long long groups = (N + 3) / 4;             // 4 consecutive columns per thread
     const long long slice = M * ldw;
-{% if spec.bias.value == "scalarbias" %}
+{% if spec.epilogue.bias.value == "scalarbias" %}
     const float bias_value = to_f32(bias[0]);
 {% endif %}
     for (long long g = blockIdx.x * static_cast<long long>(THREADS) + threadIdx.x; g < M * groups;
@@ -31,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
             const float4 v = *reinterpret_cast<const float4*>(w + z * slice);
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
-{% if spec.bias.value == "rowbias" %}
+{% if spec.epilogue.bias.value == "rowbias" %}
         const float row_bias = to_f32(bias[m * bias_stride]);
 {% endif %}
         {{ ep.finish(spec, 4, "component(s, c)", "to_f32(bias[n * bias_stride])", "nb + 3 < N") | indent(8) }}

@@ -1,6 +1,6 @@
 // {{ spec.kernel_name }}
-// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}), {{ spec.dtype.numpy_name }} inputs, float32 arithmetic on the CUDA cores.
-// A is {{ "row" if spec.layout_a.value == "r" else "column" }}-major, B is {{ "row" if spec.layout_b.value == "r" else "column" }}-major; Y{% if spec.save_z %} and Z are{% else %} is{% endif %} row-major.
+// Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}), {{ spec.dtype.numpy_name }} inputs, float32 arithmetic on the CUDA cores.
+// A is {{ "row" if spec.layout_a.value == "r" else "column" }}-major, B is {{ "row" if spec.layout_b.value == "r" else "column" }}-major; Y{% if spec.epilogue.save_z %} and Z are{% else %} is{% endif %} row-major.
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
@@ -89,14 +89,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 
     // Fused epilogue, in registers; Y (and Z) are written once.
-{% if spec.bias.value == "scalarbias" %}
+{% if spec.epilogue.bias.value == "scalarbias" %}
     const float bias_value = to_f32(bias[0]);
 {% endif %}
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ty + i * THREADS_M;
         if (m >= M) continue;
-{% if spec.bias.value == "rowbias" %}
+{% if spec.epilogue.bias.value == "rowbias" %}
         const float row_bias = to_f32(bias[(long long)m * bias_stride]);
 {% endif %}
 #pragma unroll
@@ -104,10 +104,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const int n = n0 + tx + j * THREADS_N;
             if (n >= N) continue;
             {{ ep.compute_z(spec, "z", "acc[i][j]", "m", "n", "to_f32(bias[(long long)n * bias_stride])", "row_bias") | indent(12) }}
-{% if spec.save_z %}
+{% if spec.epilogue.save_z %}
             store(&Z[(long long)m * ldz + n], z);
 {% endif %}
-            store(&Y[(long long)m * ldy + n], act_{{ spec.act.value }}(z, leaky_slope));
+            store(&Y[(long long)m * ldy + n], act_{{ spec.epilogue.act.value }}(z, leaky_slope));
         }
     }
 }

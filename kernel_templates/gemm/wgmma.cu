@@ -4,7 +4,7 @@
 {% set b_kcont = spec.layout_b.value == "c" %}
 {% set n_acc = cfg.bn // 2 %}
 // {{ spec.kernel_name }}
-// Y = act(alpha * A @ B{% if spec.has_c %} + beta * C{% endif %}{% if spec.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
+// Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
 // Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
 {% import "common/epilogue.cuh" as ep %}
 {# Loads the gate's C values of pass `p` (an expression) of the staged block at rows `mw`..,
@@ -12,7 +12,7 @@
 {% macro gate_load(p, dst, mw="mw", nc="nc") %}
 const int r = ({{ p }}) * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
 const int m = min({{ mw }} + r, M - 1), n = {{ nc }} + seg * EPC;
-{% if spec.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c.value == "r" %}
 constexpr int Q = EPC * sizeof(*C) / 16;   // 16-byte loads a segment
 if (Q * 16 == EPC * sizeof(*C) && c_vec && n + EPC <= N) {
 #pragma unroll
@@ -36,6 +36,7 @@ constexpr int KSTEP = 32 / ES;                // k of one wgmma: 16 (16-bit) or 
 constexpr int STAGES = {{ cfg.stages }};
 constexpr int CONSUMERS = {{ cfg.consumers }};  // consumer warpgroups
 constexpr bool PINGPONG = {{ "true" if cfg.pingpong else "false" }};   // alternate whole tiles
+constexpr bool TMA_STORE = {{ "true" if spec.tma_store else "false" }};  // Y, Z leave by TMA stores
 constexpr int WG_M = {{ cfg.wg_m }};              // rows of a tile one consumer computes
 constexpr int MI = WG_M / 64;                 // wgmma (m64) per k-step and consumer
 constexpr int THREADS = (CONSUMERS + 1) * 128;
@@ -43,13 +44,13 @@ constexpr int A_STAGE = BM * BK * ES;         // bytes
 constexpr int B_STAGE = BN * BK * ES;
 constexpr unsigned TX_BYTES = A_STAGE + B_STAGE;
 static_assert(PINGPONG ? BM == WG_M : BM == WG_M * CONSUMERS, "rows per consumer");
-{% set bias_tile = spec.bias.value in ("colbias", "rowbias") %}
+{% set bias_tile = spec.epilogue.bias.value in ("colbias", "rowbias") %}
 {% if bias_tile %}
-// The bias of a tile's {{ "columns" if spec.bias.value == "colbias" else "rows" }}: the consumers that share the tile load it into registers when
+// The bias of a tile's {{ "columns" if spec.epilogue.bias.value == "colbias" else "rows" }}: the consumers that share the tile load it into registers when
 // the tile starts (the loads' latency hides under the main loop) and put it in shared memory
 // for the epilogue.
 constexpr int GROUP = PINGPONG ? 128 : 128 * CONSUMERS;   // threads that share a tile
-constexpr int BIAS_N = {{ "BN" if spec.bias.value == "colbias" else "BM" }};
+constexpr int BIAS_N = {{ "BN" if spec.epilogue.bias.value == "colbias" else "BM" }};
 constexpr int BIAS_PER = (BIAS_N + GROUP - 1) / GROUP;    // values per thread
 {% endif %}
 
@@ -89,7 +90,6 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
            "r"(bar) : "memory");
 }
 
-{% if spec.tma_store %}
 // A 2-D box of shared memory (the map's box, 128-byte swizzled) to the tensor `map` at
 // (inner, outer); elements outside the tensor are skipped. Completion: bulk async-groups.
 __device__ __forceinline__ void tma_store(const TensorMap* map, unsigned src, int inner,
@@ -115,7 +115,6 @@ __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-{% endif %}
 
 // Where tile `tile` of the persistent order starts. Tiles run down groups of GROUP_M tile rows,
 // then across: the tiles in flight at once (one per SM) share a few row blocks of A and column
@@ -197,8 +196,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned empty = full + 8 * STAGES;
     const unsigned order = empty + 8 * STAGES;   // ping-pong turns of the two consumers
 {% if spec.store16 %}
-    {{ spec.y_ctype }}* const staging =
-        reinterpret_cast<{{ spec.y_ctype }}*>(smem_raw + (sStaging - smem_u32(smem_raw)));
+    {{ spec.epilogue.y_ctype }}* const staging =
+        reinterpret_cast<{{ spec.epilogue.y_ctype }}*>(smem_raw + (sStaging - smem_u32(smem_raw)));
 {% endif %}
 {% if bias_tile %}
     float* const bias_tiles = reinterpret_cast<float*>(smem_raw + (sBias - smem_u32(smem_raw)));
@@ -275,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = PINGPONG ? 0 : wg * WG_M;    // this consumer's first row in a tile
-{% if spec.gate and spec.store16 and spec.layout_c.value == "r" %}
+{% if spec.epilogue.gate and spec.store16 and spec.epilogue.layout_c.value == "r" %}
     // C (the gate's input) in 16-byte segments when its rows are 16-byte aligned
     const bool c_vec = ((reinterpret_cast<unsigned long long>(C) |
                          static_cast<unsigned long long>(ldc) * sizeof(*C)) & 15) == 0;
@@ -301,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int i = 0; i < {{ n_acc }}; ++i) total[mi][i] = 0.0f;
 {% endif %}
-{% if spec.bias.value == "scalarbias" %}
+{% if spec.epilogue.bias.value == "scalarbias" %}
     const float bias_value = to_f32(bias[0]);
 {% endif %}
 
@@ -311,7 +310,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 {% if spec.split_k %}
     int ring = 0;   // ring position of the unit's first k-tile: k-tiles of earlier units
-    {{ spec.y_ctype }}* const Y_slices = Y;
+    {{ spec.epilogue.y_ctype }}* const Y_slices = Y;
 {% endif %}
     for (int unit = blockIdx.x, i = 0; unit < units; unit += gridDim.x, ++i) {
 {% if spec.split_k %}
@@ -331,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int p = 0; p < BIAS_PER; ++p) {
             const int e = member + p * GROUP;
-{% if spec.bias.value == "colbias" %}
+{% if spec.epilogue.bias.value == "colbias" %}
             const int idx = n0 + e, extent = N;
 {% else %}
             const int idx = m0 + e, extent = M;
@@ -341,15 +340,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
 {% endif %}
 {% if spec.split_k %}
-        {{ spec.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
+        {{ spec.epilogue.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
 {% endif %}
-{% if spec.gate %}
+{% if spec.epilogue.gate %}
         {   // This consumer's part of C (the gate's input) into L2 while the main loop runs,
             // so that the epilogue's reads of it wait on L2, not on memory (the plain C
             // epilogue measured slower with it). Each contiguous run of it (a row's BN
             // columns, or a column's WG_M rows) by 128-byte lines, plus its last element (a
             // run need not start on a line).
-{% if spec.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c.value == "r" %}
             constexpr int RUNS = WG_M, RUN = BN;
 {% else %}
             constexpr int RUNS = BN, RUN = WG_M;
@@ -358,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int q = threadIdx.x % 128; q < RUNS * (LINES + 1); q += 128) {
                 const int run = q / (LINES + 1), l = q % (LINES + 1);
                 const int at = l == LINES ? RUN - 1 : l * PER_LINE;
-{% if spec.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c.value == "r" %}
                 const int m = m0 + row0 + run, n = min(n0 + at, N - 1);
 {% else %}
                 const int m = min(m0 + row0 + at, M - 1), n = n0 + run;
@@ -453,11 +452,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% else %}
         // writes whole 16-byte segments: every row of the block goes out in full lines.
 {% endif %}
-        constexpr int EPC = 16 / {{ spec.out_dtype.itemsize }};   // outputs per 16-byte segment
-{% if spec.gate %}
+        constexpr int EPC = 16 / {{ spec.epilogue.out_dtype.itemsize }};   // outputs per 16-byte segment
+{% if spec.epilogue.gate %}
         constexpr int GATE_SEGS = 64 / EPC, GATE_RPP = 32 / GATE_SEGS;   // segments a row, rows a pass
         constexpr int GATE_PASSES = 16 / GATE_RPP;
-{% if spec.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c.value == "r" %}
         constexpr int GATE_REGS = EPC * sizeof(*C) / 4;   // registers a pass's values
         // Where a block's C values fit in 16 registers (16-bit C and Y), the warp loads the
         // next block's while it stages, gates and stores this one, so that the loads' latency
@@ -465,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // block is staged, each later one as a slot frees.
         constexpr bool GATE_AHEAD = GATE_PASSES * GATE_REGS <= 16;
         constexpr int GATE_HELD = GATE_REGS <= 4 ? GATE_PASSES : 2;
-        alignas(16) {{ spec.c_ctype }} cg_next[GATE_AHEAD ? GATE_PASSES : 1][EPC];
+        alignas(16) {{ spec.epilogue.c_dtype.ctype }} cg_next[GATE_AHEAD ? GATE_PASSES : 1][EPC];
         if (GATE_AHEAD) {   // the first block's
             const int mw = m0 + row0 + warp * 16, nc = n0;
 #pragma unroll
@@ -479,11 +478,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 {% endif %}
 {% if spec.tma_store %}
-        {{ spec.y_ctype }}* const st2 = staging + (wg * 4 + warp) * (2 * 16 * 64);
+        {{ spec.epilogue.y_ctype }}* const st2 = staging + (wg * 4 + warp) * (2 * 16 * 64);
 {% else %}
         constexpr int SEGS = 64 / EPC;                  // segments per staged row
         constexpr int RPP = 32 / SEGS;                  // rows per pass of the warp
-        {{ spec.y_ctype }}* const st = staging + (wg * 4 + warp) * (16 * 64);
+        {{ spec.epilogue.y_ctype }}* const st = staging + (wg * 4 + warp) * (16 * 64);
 {% endif %}
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
@@ -492,10 +491,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int jc = 0; jc < BN / 64; ++jc) {
                 const int nc = n0 + jc * 64;
                 if (nc >= N) break;
-{% if spec.gate and spec.layout_c.value == "r" %}
+{% if spec.epilogue.gate and spec.epilogue.layout_c.value == "r" %}
                 // The gate's C values for this block (rows in passes of GATE_RPP, a 16-byte
                 // segment of output columns a lane): loaded ahead, or the first passes' now.
-                alignas(16) {{ spec.c_ctype }} cg[GATE_HELD][EPC];
+                alignas(16) {{ spec.epilogue.c_dtype.ctype }} cg[GATE_HELD][EPC];
                 if (GATE_AHEAD) {
 #pragma unroll
                     for (int p = 0; p < GATE_HELD; ++p)
@@ -519,17 +518,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
                 }
 {% endif %}
-{% for what in (["Z", "Y"] if spec.save_z else ["Y"]) %}
+{% for what in (["Z", "Y"] if spec.epilogue.save_z else ["Y"]) %}
                 {
 {% if spec.tma_store %}
-                {{ spec.y_ctype }}* const st = st2 + sbuf * (16 * 64);
+                {{ spec.epilogue.y_ctype }}* const st = st2 + sbuf * (16 * 64);
                 if (lane == 0) bulk_wait_read<1>();   // this block's store of two rounds ago
                 __syncwarp();
 {% endif %}
 #pragma unroll
                 for (int j8 = 0; j8 < 8; ++j8) {
                     const int nb = nc + j8 * 8 + 2 * t;
-{% if spec.bias.value == "colbias" %}
+{% if spec.epilogue.bias.value == "colbias" %}
                     const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
                     const float col_bias[2] = {cb.x, cb.y};
 {% endif %}
@@ -537,7 +536,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     for (int h = 0; h < 2; ++h) {
                         const int r = g + 8 * h;
                         const int m = min(mw + r, M - 1);   // clamped: rows past M are not stored
-{% if spec.bias.value == "rowbias" %}
+{% if spec.epilogue.bias.value == "rowbias" %}
                         const float row_bias = tile_bias[m - m0];
 {% endif %}
                         float v[2];
@@ -548,51 +547,51 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if what == "Z" %}
                             v[c] = z;
 {% else %}
-                            v[c] = act_{{ spec.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
+                            v[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
 {% endif %}
                         }
                         const int col = j8 * 8 + 2 * t;
                         store_vec(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC], v);
                     }
                 }
-{% if spec.gate %}
+{% if spec.epilogue.gate %}
                 // The gate, on the staged block: Y = Z * act'(C), C read as whole rows of
                 // 16-byte segments (coalesced), Z as staged (rounded once already, as a
                 // framework's separate pass over a stored product would have it).
                 __syncwarp();
-{% if spec.bgrad %}
+{% if spec.epilogue.bgrad %}
                 float bsum[EPC] = {};   // this lane's rows' sums of its segment's columns
 {% endif %}
 #pragma unroll
                 for (int p = 0; p < GATE_PASSES; ++p) {
                     const int r = p * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
-{% if spec.layout_c.value == "c" %}
-                    {{ spec.c_ctype }} cg[1][EPC];
+{% if spec.epilogue.layout_c.value == "c" %}
+                    {{ spec.epilogue.c_dtype.ctype }} cg[1][EPC];
                     {
                         {{ gate_load("p", "cg[0]") | indent(24) }}
                     }
 {% endif %}
                     if (mw + r < M && nc + seg * EPC < N) {
-                        {{ spec.y_ctype }}* const s = &st[r * 64 + (seg ^ (r & 7)) * EPC];
+                        {{ spec.epilogue.y_ctype }}* const s = &st[r * 64 + (seg ^ (r & 7)) * EPC];
                         float v[EPC];
                         load_vec(s, v);
 #pragma unroll
                         for (int e = 0; e < EPC; ++e)
                             v[e] *= {{ ep.gate_factor(spec, "to_f32(cg[p % GATE_HELD][e])") }};
                         store_vec(s, v);
-{% if spec.bgrad %}
+{% if spec.epilogue.bgrad %}
                         load_vec(s, v);   // as stored: the GEMMs' dZ, as autograd sums it
 #pragma unroll
                         for (int e = 0; e < EPC; ++e) bsum[e] += v[e];
 {% endif %}
                     }
-{% if spec.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c.value == "r" %}
                     if (p + GATE_HELD < GATE_PASSES) {
                         {{ gate_load("p + GATE_HELD", "cg[p % GATE_HELD]") | indent(24) }}
                     }
 {% endif %}
                 }
-{% if spec.bgrad %}
+{% if spec.epilogue.bgrad %}
                 // The block's 16-row column sums of Y as stored: the lanes of a segment add
                 // their rows' sums, and those of the first rows write them; rows past M added
                 // nothing.
@@ -623,7 +622,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     const int r = p * RPP + lane / SEGS, seg = lane % SEGS;
                     const int m = mw + r, n = nc + seg * EPC;
                     if (m < M && n < N) {
-                        const {{ spec.y_ctype }}* const src = &st[r * 64 + (seg ^ (r & 7)) * EPC];
+                        const {{ spec.epilogue.y_ctype }}* const src = &st[r * 64 + (seg ^ (r & 7)) * EPC];
                         auto* dst = &{{ what }}[static_cast<long long>(m) * ld{{ what | lower }} + n];
                         if (n + EPC <= N) {
                             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
@@ -638,11 +637,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endfor %}
             }
         }
-    }
-{% if spec.tma_store %}
-    if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
-{% endif %}
-}
 {% else %}
         // Fused epilogue on the accumulators: acc[mi][4 j + 2 h + c] is row
         // row0 + 64 mi + 16 warp + g + 8 h of the tile, column 8 j + 2 t + c.
@@ -650,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < BN / 8; ++j) {
             const int nb = n0 + j * 8 + 2 * t;
             if (nb >= N) continue;
-{% if spec.bias.value == "colbias" %}
+{% if spec.epilogue.bias.value == "colbias" %}
             const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
             const float col_bias[2] = {cb.x, cb.y};   // this thread's two columns
 {% endif %}
@@ -659,12 +653,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const int mi = r / 2, h = r % 2;
                 const int m = m0 + row0 + mi * 64 + warp * 16 + g + 8 * h;
                 if (m >= M) continue;
-{% if spec.bias.value == "rowbias" %}
+{% if spec.epilogue.bias.value == "rowbias" %}
                 const float row_bias = tile_bias[m - m0];
 {% endif %}
                 {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
             }
         }
+{% endif %}
+    }
+    if constexpr (TMA_STORE) {
+        if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
     }
 }
-{% endif %}

@@ -6,6 +6,7 @@ import errno
 import multiprocessing as mp
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,17 @@ from ge2jit import CacheWarning
 from ge2jit.jit import cache as cache_mod
 from ge2jit.jit.cache import CacheEntry, KernelCache, cache_key
 from ge2jit.jit.loader import build, key_for
-from ge2jit.ops.gemm.spec import TILED_CONFIGS, Act, BiasKind, DType, Layout, TiledGemmSpec
+from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
+from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec
 
-SPEC = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.COL, False,
-                TILED_CONFIGS[-1])
+SPEC = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                     Epilogue(out_dtype=DType.F32, act=Act.RELU, bias=BiasKind.COL,
+                              bias_dtype=DType.F32), TILED_CONFIGS[-1])
+
+
+def _with_act(act: Act) -> TiledGemmSpec:
+    """SPEC with another activation: another kernel."""
+    return replace(SPEC, epilogue=replace(SPEC.epilogue, act=act))
 
 BASE = dict(source="src", options=("--gpu-architecture=sm_90",), arch="sm_90",
             nvrtc_fingerprint="f" * 16, ge2jit_version="0.1.0", header_checksum="")
@@ -37,7 +45,7 @@ def test_key_follows_rendered_source_not_spec():
     k90, src, opts = key_for(SPEC, "sm_90")
     assert key_for(SPEC, "sm_80")[0] != k90
     assert key_for(SPEC, "sm_90a")[0] != k90
-    other = TiledGemmSpec(**{**SPEC.__dict__, "act": Act.GELU})
+    other = _with_act(Act.GELU)
     assert key_for(other, "sm_90")[0] != k90
     assert "--gpu-architecture=sm_90" in opts and "extern \"C\"" in src
 
@@ -104,7 +112,7 @@ def test_unwritable_directory_falls_back_to_memory_with_one_warning(tmp_path):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         e1, _ = build(SPEC, "sm_80", cache=c)
-        other = TiledGemmSpec(**{**SPEC.__dict__, "act": Act.TANH})
+        other = _with_act(Act.TANH)
         e2, _ = build(other, "sm_80", cache=c)
     msgs = [x for x in w if issubclass(x.category, CacheWarning)]
     assert len(msgs) == 1 and "kept in memory" in str(msgs[0].message)
@@ -193,7 +201,7 @@ def test_many_processes_compiling_one_key(tmp_path):
 def test_compile_many_in_processes(tmp_path):
     from ge2jit.jit.parallel import compile_many
 
-    specs = [TiledGemmSpec(**{**SPEC.__dict__, "act": act})
+    specs = [_with_act(act)
              for act in (Act.RELU, Act.SILU, Act.TANH)]
     jobs = [(s, "sm_80") for s in specs] + [(specs[0], "sm_80")]     # a duplicate
     seen = []
@@ -342,7 +350,7 @@ def _forge(path: Path, **changes) -> None:
 
 def test_an_entry_of_another_kernel_under_this_key_is_a_miss(tmp_path):
     c = KernelCache(tmp_path)
-    other = TiledGemmSpec(**{**SPEC.__dict__, "act": Act.TANH})
+    other = _with_act(Act.TANH)
     mine, _ = build(SPEC, "sm_80", cache=c)
     theirs, _ = build(other, "sm_80", cache=c)
     path = c.path_for(mine.key)

@@ -15,6 +15,7 @@ from ge2jit.jit.params import Kind, Param, array, double, int64, layout, pointer
 from ge2jit.jit.render import render
 from ge2jit.jit.spec import KernelSpec
 from ge2jit.ops.gemm import spec as g
+from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Epilogue
 from ge2jit.ops.optim import UpdateSpec
 
 R, C = g.Layout.ROW, g.Layout.COL
@@ -24,29 +25,40 @@ Act = g.Act
 WG = g.WGMMA_CONFIGS[0]
 
 
-def _wgmma(dtype, la=R, lb=C, lc=None, **kw):
-    return g.WgmmaGemmSpec(dtype, la, lb, lc, Act.NONE, COL, False, WG, **kw)
+def _wgmma(dtype, la=R, lb=C, out=None, **kw):
+    epilogue = Epilogue(out_dtype=out or dtype, bias=COL, bias_dtype=dtype)
+    return g.WgmmaGemmSpec(dtype, la, lb, epilogue, WG, **kw)
 
 
 SPECS = [
-    *(g.TiledGemmSpec(d, R, C, lc, Act.RELU, b, z, g.TILED_CONFIGS[0], out_dtype=o)
-      for d in g.DType for lc, b, z, o in ((None, NONE, False, None), (C, ROW, True, F32))),
-    g.TiledGemmSpec(F16, R, R, R, Act.NONE, NONE, False, g.TILED_CONFIGS[1], gate=Act.GELU),
-    *(g.PipelinedGemmSpec(F32, C, R, lc, Act.GELU, COL, False, g.PIPELINED_F32_CONFIGS[0],
-                          True, True, True, split)
-      for lc, split in ((R, False), (None, True))),
-    *(g.MmaGemmSpec(d, R, C, C, Act.SILU, SCALAR, True, cfg, c_dtype=F32)
+    *(g.TiledGemmSpec(d, R, C, e, g.TILED_CONFIGS[0])
+      for d in g.DType for e in (
+          Epilogue(out_dtype=d, act=Act.RELU),
+          Epilogue(out_dtype=F32, act=Act.RELU, bias=ROW, bias_dtype=d, layout_c=C, c_dtype=d,
+                   save_z=True))),
+    g.TiledGemmSpec(F16, R, R, Epilogue(out_dtype=F16, layout_c=R, c_dtype=F16, gate=Act.GELU),
+                    g.TILED_CONFIGS[1]),
+    g.PipelinedGemmSpec(F32, C, R, Epilogue(out_dtype=F32, act=Act.GELU, bias=COL,
+                                            bias_dtype=F32, layout_c=R, c_dtype=F32),
+                        g.PIPELINED_F32_CONFIGS[0], True, True, True, False),
+    g.PipelinedGemmSpec(F32, C, R, PARTIAL_SUMS, g.PIPELINED_F32_CONFIGS[0], True, True, True,
+                        True),
+    *(g.MmaGemmSpec(d, R, C, Epilogue(out_dtype=d, act=Act.SILU, bias=SCALAR, bias_dtype=d,
+                                      layout_c=C, c_dtype=F32, save_z=True), cfg)
       for d, cfg in ((F16, g.MMA_16BIT_CONFIGS[0]), (BF16, g.MMA_16BIT_CONFIGS[2]),
                      (F32, g.MMA_TF32_CONFIGS[0]))),
     _wgmma(BF16),                                       # 4 tensor maps (TMA stores of Y, Z)
     _wgmma(F16, C, R, store16=False),                   # 2
-    _wgmma(F16, out_dtype=F32),                         # 2: float32 Y leaves without TMA
+    _wgmma(F16, out=F32),                               # 2: float32 Y leaves without TMA
     _wgmma(F32),
-    _wgmma(BF16, split_k=True),
-    g.WgmmaGemmSpec(BF16, R, C, R, Act.NONE, NONE, False, WG, gate=Act.GELU,
-                    bgrad=True),                        # the bias pointer is bgrad's output
-    *(g.SplitKReduceSpec(d, lc, Act.TANH, b, z, v, bias_dtype=F32)
-      for d in g.DType for lc, b, z, v in ((None, NONE, False, True), (C, ROW, True, False))),
+    g.WgmmaGemmSpec(BF16, R, C, PARTIAL_SUMS, WG, split_k=True),
+    g.WgmmaGemmSpec(BF16, R, C, Epilogue(out_dtype=BF16, layout_c=R, c_dtype=BF16,
+                                         gate=Act.GELU, bgrad=True),
+                    WG),                                # the bias pointer is bgrad's output
+    *(g.SplitKReduceSpec(d, e, v) for d in g.DType for e, v in (
+        (Epilogue(out_dtype=d, act=Act.TANH), True),
+        (Epilogue(out_dtype=d, act=Act.TANH, bias=ROW, bias_dtype=F32, layout_c=C, c_dtype=d,
+                  save_z=True), False))),
     *(g.TransposeSpec(d) for d in g.DType),
     *(g.Tf32SplitSpec(t, o) for t in (False, True) for o in ("hhl", "hlh")),
     g.DzSpec(Act.GELU, False, COL, BF16, F32, BF16),

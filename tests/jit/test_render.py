@@ -8,22 +8,24 @@ import re
 import pytest
 
 from ge2jit.jit.render import render, template_dir
+from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
 from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_TF32_CONFIGS,
     TILED_CONFIGS,
-    Act,
-    BiasKind,
     DType,
-    Layout,
     MmaConfig,
     MmaGemmSpec,
     TileConfig,
     TiledGemmSpec,
 )
 
+F32 = DType.F32
 ALL_SPECS = [
-    TiledGemmSpec(DType.F32, la, lb, lc, act, bias, z, tile)
+    TiledGemmSpec(F32, la, lb, Epilogue(out_dtype=F32, act=act, bias=bias,
+                                        bias_dtype=None if bias is BiasKind.NONE else F32,
+                                        layout_c=lc, c_dtype=None if lc is None else F32,
+                                        save_z=z), tile)
     for la, lb, lc, act, bias, z, tile in itertools.product(
         Layout, Layout, (None, *Layout), Act, BiasKind, (False, True), TILED_CONFIGS)
 ]
@@ -42,12 +44,13 @@ def test_every_combination_renders():
         assert re.search(r"extern \"C\" __global__ void __launch_bounds__\(THREADS(, 1)?\)\n" + name
                          + r"\(", src), name
         assert "{{" not in src and "{%" not in src
-        assert f"act_{spec.act.value}(z, leaky_slope)" in src
+        ep = spec.epilogue
+        assert f"act_{ep.act.value}(z, leaky_slope)" in src
         assert f"constexpr int BM = {spec.tile.bm};" in src
         assert f"constexpr int TN = {spec.tile.tn};" in src
-        assert ("store(&Z[(long long)m * ldz + n], z);" in src) == spec.save_z
-        assert ("C_AT(m, n)" in src) == spec.has_c
-        assert ("bias[" in src) == (spec.bias is not BiasKind.NONE)
+        assert ("store(&Z[(long long)m * ldz + n], z);" in src) == ep.save_z
+        assert ("C_AT(m, n)" in src) == ep.has_c
+        assert ("bias[" in src) == (ep.bias is not BiasKind.NONE)
         a_row = "#define A_AT(m, k) A[(long long)(m) * lda + (k)]" in src
         assert a_row == (spec.layout_a is Layout.ROW)
         b_row = "#define B_AT(k, n) B[(long long)(k) * ldb + (n)]" in src
@@ -56,28 +59,34 @@ def test_every_combination_renders():
 
 
 def test_kernel_name_is_procedural():
-    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU, BiasKind.COL, False,
-                    TileConfig(128, 64, 8, 8, 4))
+    spec = TiledGemmSpec(F32, Layout.ROW, Layout.COL,
+                         Epilogue(out_dtype=F32, act=Act.GELU, bias=BiasKind.COL, bias_dtype=F32),
+                         TileConfig(128, 64, 8, 8, 4))
     assert spec.kernel_name == "gemm_f32_rc_128x64x8_8x4_gelu_colbias"
-    spec2 = TiledGemmSpec(DType.F32, Layout.COL, Layout.ROW, Layout.ROW, Act.SILU, BiasKind.ROW,
-                          True, TileConfig(64, 64, 8, 4, 4))
+    spec2 = TiledGemmSpec(F32, Layout.COL, Layout.ROW,
+                          Epilogue(out_dtype=F32, act=Act.SILU, bias=BiasKind.ROW,
+                                   bias_dtype=F32, layout_c=Layout.ROW, c_dtype=F32,
+                                   save_z=True),
+                          TileConfig(64, 64, 8, 4, 4))
     assert spec2.kernel_name == "gemm_f32_cr_64x64x8_4x4_silu_rowbias_cr_z"
 
 
 def test_element_types_reach_the_kernel_signature():
-    spec = TiledGemmSpec(DType.BF16, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
-                         True, TILED_CONFIGS[0], out_dtype=DType.F32, c_dtype=DType.F32)
+    bf16 = DType.BF16
+    spec = TiledGemmSpec(bf16, Layout.ROW, Layout.COL,
+                         Epilogue(out_dtype=F32, act=Act.GELU, bias=BiasKind.COL,
+                                  bias_dtype=bf16, layout_c=Layout.ROW, c_dtype=F32, save_z=True),
+                         TILED_CONFIGS[0])
     assert spec.kernel_name == ("gemm_bf16_rc_128x128x8_8x8_gelu_colbias_crf32_of32_z")
     src = render(spec)
     for decl in ("const bf16_t* __restrict__ A", "const bf16_t* __restrict__ B",
                  "const float* __restrict__ C", "const bf16_t* __restrict__ bias",
                  "float* __restrict__ Y", "float* __restrict__ Z"):
         assert decl in src
-    # Unused C and bias take the inputs' type: equal kernels have equal specs and names.
-    same = TiledGemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
-                    TILED_CONFIGS[0], c_dtype=DType.F32, bias_dtype=DType.F32)
-    assert same == TiledGemmSpec(DType.F16, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE,
-                            False, TILED_CONFIGS[0])
+    # A C and bias that are not read have no type: their pointers take the inputs'.
+    plain = render(TiledGemmSpec(DType.F16, Layout.ROW, Layout.ROW,
+                                 Epilogue(out_dtype=DType.F16), TILED_CONFIGS[0]))
+    assert "const f16_t* __restrict__ C" in plain and "const f16_t* __restrict__ bias" in plain
 
 
 @pytest.mark.parametrize("dtype", list(DType))
@@ -86,8 +95,9 @@ def test_mma_specs_render(dtype):
     instr = {"f32": "m16n8k8.row.col.f32.tf32.tf32.f32", "f16": "m16n8k16.row.col.f32.f16.f16",
              "bf16": "m16n8k16.row.col.f32.bf16.bf16"}[dtype.value]
     for la, lb in itertools.product(Layout, Layout):
-        spec = MmaGemmSpec(dtype, la, lb, Layout.COL, Act.SILU, BiasKind.ROW, True, configs[0],
-                           copy_a=8, out_dtype=DType.F32)
+        epilogue = Epilogue(out_dtype=F32, act=Act.SILU, bias=BiasKind.ROW, bias_dtype=dtype,
+                            layout_c=Layout.COL, c_dtype=dtype, save_z=True)
+        spec = MmaGemmSpec(dtype, la, lb, epilogue, configs[0], copy_a=8)
         src = render(spec)
         assert "{{" not in src and "{%" not in src
         assert f"mma.sync.aligned.{instr}" in src
@@ -98,22 +108,21 @@ def test_mma_specs_render(dtype):
         trans = "ldmatrix_x4_trans(af[mi]" in src
         assert trans == (la is Layout.COL and dtype is not DType.F32)
     with pytest.raises(ValueError, match="BK = .* does not fit"):
-        MmaGemmSpec(dtype, la, lb, None, Act.NONE, BiasKind.NONE, False,
+        MmaGemmSpec(dtype, la, lb, Epilogue(out_dtype=dtype),
                     MmaConfig(64, 64, 64 if dtype is DType.F32 else 16, 32, 32, 4))
 
 
 def test_spec_is_hashable_and_frozen():
     a = ALL_SPECS[5]
-    b = TiledGemmSpec(a.dtype, a.layout_a, a.layout_b, a.layout_c, a.act, a.bias, a.save_z, a.tile)
+    b = TiledGemmSpec(a.dtype, a.layout_a, a.layout_b, a.epilogue, a.tile)
     assert a == b and hash(a) == hash(b)
     with pytest.raises(AttributeError):
-        a.save_z = not a.save_z
+        a.tile = TILED_CONFIGS[0]
 
 
 def test_spec_rejects_wrong_types():
-    with pytest.raises(TypeError, match="act"):
-        TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW, None, "gelu", BiasKind.NONE, False,
-                 TILED_CONFIGS[0])
+    with pytest.raises(TypeError, match=r"TiledGemmSpec.epilogue: expected Epilogue, got 'gelu'"):
+        TiledGemmSpec(F32, Layout.ROW, Layout.ROW, "gelu", TILED_CONFIGS[0])
 
 
 @pytest.mark.parametrize("args, match", [

@@ -10,6 +10,7 @@ import pytest
 from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
 from ge2jit.jit.sass import dump_sass, find_cuobjdump, instruction_mix
+from ge2jit.ops.gemm.epilogue import Epilogue
 from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_X3_CONFIGS,
@@ -23,21 +24,30 @@ from ge2jit.ops.gemm.spec import (
     WgmmaGemmSpec,
 )
 
+
+def _epilogue(dtype: DType, act: Act, bias: BiasKind, save_z: bool = False) -> Epilogue:
+    """Y in the inputs' type, the bias too."""
+    return Epilogue(out_dtype=dtype, act=act, bias=bias,
+                    bias_dtype=None if bias is BiasKind.NONE else dtype, save_z=save_z)
+
+
 CASES = {
-    "wgmma_bf16": (WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, None, Act.GELU_TANH,
-                                 BiasKind.COL, False, WGMMA_CONFIGS[0]), "sm_90a",
-                   "HGMMA.64x256x16.F32.BF16"),
-    "wgmma_f16_mn_major": (WgmmaGemmSpec(DType.F16, Layout.COL, Layout.ROW, None, Act.SILU,
-                                         BiasKind.COL, True, WGMMA_CONFIGS[1]), "sm_90a",
-                           "HGMMA.64x128x16.F32"),
-    "wgmma_tf32x3": (WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.GELU,
-                                   BiasKind.ROW, False, WGMMA_X3_CONFIGS[0], promote=True),
+    "wgmma_bf16": (WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL,
+                                 _epilogue(DType.BF16, Act.GELU_TANH, BiasKind.COL),
+                                 WGMMA_CONFIGS[0]), "sm_90a", "HGMMA.64x256x16.F32.BF16"),
+    "wgmma_f16_mn_major": (WgmmaGemmSpec(DType.F16, Layout.COL, Layout.ROW,
+                                         _epilogue(DType.F16, Act.SILU, BiasKind.COL, True),
+                                         WGMMA_CONFIGS[1]), "sm_90a", "HGMMA.64x128x16.F32"),
+    "wgmma_tf32x3": (WgmmaGemmSpec(DType.F32, Layout.ROW, Layout.COL,
+                                   _epilogue(DType.F32, Act.GELU, BiasKind.ROW),
+                                   WGMMA_X3_CONFIGS[0], promote=True),
                      "sm_90a", "HGMMA.64x128x8.F32.TF32"),
-    "mma_bf16": (MmaGemmSpec(DType.BF16, Layout.ROW, Layout.ROW, None, Act.RELU, BiasKind.COL,
-                             False, MMA_16BIT_CONFIGS[0]), "sm_80", "HMMA.16816.F32.BF16"),
-    "mma_tf32x3": (MmaGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE,
-                               BiasKind.NONE, False, MMA_X3_CONFIGS[0], promote=True), "sm_80",
-                   "HMMA.1688.F32.TF32"),
+    "mma_bf16": (MmaGemmSpec(DType.BF16, Layout.ROW, Layout.ROW,
+                             _epilogue(DType.BF16, Act.RELU, BiasKind.COL), MMA_16BIT_CONFIGS[0]),
+                 "sm_80", "HMMA.16816.F32.BF16"),
+    "mma_tf32x3": (MmaGemmSpec(DType.F32, Layout.ROW, Layout.COL,
+                               _epilogue(DType.F32, Act.NONE, BiasKind.NONE), MMA_X3_CONFIGS[0],
+                               promote=True), "sm_80", "HMMA.1688.F32.TF32"),
 }
 
 

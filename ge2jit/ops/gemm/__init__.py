@@ -1,9 +1,10 @@
-"""The fused GEMM op: validation (problem), kernel specs (spec), kernel choice (select) and the
-launcher with its plans, tuning and explanation (op); the backward (backward); what the tools
-know of both (registration)."""
+"""The fused GEMM op: validation (problem), the epilogue (epilogue), kernel specs (spec), kernel
+choice (select) and the launcher with its plans, tuning and explanation (op); the backward
+(backward); what the tools know of both (registration)."""
 
 from ...runtime.registry import register
 from .backward import Gradients, gemm_bias_act_backward
+from .epilogue import PARTIAL_SUMS, Epilogue
 from .op import Explanation, TuneResult, clear_plans, explain, gemm_bias_act, tune
 from .registration import BACKWARD, FORWARD
 from .select import Choice
@@ -37,7 +38,8 @@ from .spec import (
 
 __all__ = ["gemm_bias_act", "gemm_bias_act_backward", "Gradients", "DzSpec", "DbiasSpec", "tune",
            "explain", "clear_plans", "Explanation", "TuneResult",
-           "Choice", "TiledGemmSpec", "PipelinedGemmSpec", "SplitKReduceSpec", "TileConfig",
+           "Choice", "Epilogue", "PARTIAL_SUMS", "TiledGemmSpec", "PipelinedGemmSpec",
+           "SplitKReduceSpec", "TileConfig",
            "PipelineConfig", "TILED_CONFIGS", "PIPELINED_F32_CONFIGS", "Act", "BiasKind",
            "DType", "Layout", "Precision", "MmaConfig", "MmaGemmSpec", "WgmmaConfig",
            "WgmmaGemmSpec", "TransposeSpec", "Tf32SplitSpec", "MMA_16BIT_CONFIGS",

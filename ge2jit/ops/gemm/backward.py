@@ -18,9 +18,10 @@ from ...runtime import arrays
 from ...runtime.arrays import call_arguments, framework_of_type, views
 from ...runtime.prepared import PreparedCalls
 from . import op, problem
+from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind
 from .op import gemm_bias_act
 from .problem import check_shaped, validate
-from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec, Layout
+from .spec import DbiasSpec, DType, DzSpec, Layout
 
 NEEDS = ("a", "b", "bias", "c")
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
@@ -178,7 +179,7 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
     if not wanted <= set(NEEDS):
         raise ArgumentValueError(f"needs: expected names of {', '.join(NEEDS)}, got "
                                  f"{sorted(map(str, wanted - set(NEEDS)))}")
-    m, n = p.m, p.n
+    m, n, act = p.m, p.n, p.epilogue.act
     floats = (p.dtype, DType.F32)
     grad_dtype = _check_mn(gy, "gy", m, n, floats)
     problem.check_same_device({"gy": gy, "z": z, "y": y}, p.device_id)
@@ -189,16 +190,16 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
         src_dtype = _check_mn(z, "z", m, n, floats)
     elif y is not None:
         src_dtype = _check_mn(y, "y", m, n, floats)
-        if p.act not in ACTS_FROM_Y:
+        if act not in ACTS_FROM_Y:
             raise ArgumentValueError(
-                f"y: act {p.act.value!r} has no derivative in terms of its output; pass z "
+                f"y: act {act.value!r} has no derivative in terms of its output; pass z "
                 f"(the forward's save_preact) or neither (Z is recomputed); y works for "
                 f"{', '.join(a.value for a in ACTS_FROM_Y)}")
-        if p.act is Act.LEAKY_RELU and p.leaky_slope < 0:
+        if act is Act.LEAKY_RELU and p.leaky_slope < 0:
             raise ArgumentValueError(f"y: with leaky_slope {p.leaky_slope} < 0 the sign of Y "
                                      "does not give the sign of Z; pass z")
         src, from_y = y, True
-    elif p.act is Act.NONE:   # act' is 1: nothing to read
+    elif act is Act.NONE:   # act' is 1: nothing to read
         src, src_dtype, from_y = None, grad_dtype, False
     else:   # recomputed from A and B, in float32
         src, src_dtype, from_y = None, DType.F32, False
@@ -290,23 +291,26 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     """The backward of one validated argument pattern (the arrays: the first call's CuPy
     views), as a function of the call's arrays (``fw``'s) and scalars: repeated calls with the
     same signature skip validation (as the forward does)."""
-    m, n, k = p.m, p.n, p.k
+    m, n, k, act = p.m, p.n, p.k, p.epilogue.act
     dev = p.device_id
     want_bias = "bias" in wanted and bias is not None
     want_c = "c" in wanted and c is not None
     need_dz = bool(wanted & {"a", "b"})
     write_dc = want_c and p.beta != 0.0
-    recompute = src is None and p.act is not Act.NONE
+    recompute = src is None and act is not Act.NONE
     # gy is dZ when act is none: the GEMMs read it unless its type differs from theirs
-    write_dz = need_dz and not (p.act is Act.NONE and grad_dtype is p.dtype)
-    bias_kind = p.bias_kind if want_bias else BiasKind.NONE
+    write_dz = need_dz and not (act is Act.NONE and grad_dtype is p.dtype)
+    bias_kind = p.epilogue.bias if want_bias else BiasKind.NONE
     gy_strides = _strides(gy)
     src_strides = (n, 1) if recompute else _strides(src) if src is not None else (0, 0)
     vec = n % 8 == 0 and all(
         x is None or (x.data.ptr % 16 == 0 and st[1] == 1 and (st[0] * x.itemsize) % 16 == 0)
         for x, st in ((gy, gy_strides), (src, src_strides)))
-    spec = DzSpec(p.act, from_y, bias_kind, grad_dtype, src_dtype, p.dtype, write_dz=write_dz,
-                  write_dc=write_dc, dc_dtype=p.c_dtype if write_dc else DType.F32, vec=vec)
+    dc_dtype = problem.check_dtype(c, "c") if write_dc else DType.F32
+    reads_src = act is not Act.NONE   # act' of "none" is 1: Z (or Y) is not read
+    spec = DzSpec(act, from_y and reads_src, bias_kind, grad_dtype,
+                  src_dtype if reads_src else grad_dtype, p.dtype, write_dz=write_dz,
+                  write_dc=write_dc, dc_dtype=dc_dtype, vec=vec)
     tm, grid = _pass_shape(m, n, spec.cols)
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
@@ -318,13 +322,13 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
             dc_r=n if write_dc else 0, dc_c=int(write_dc), M_=m, N_=n, rows_=tm)
     if launch is not None and partial_shape is not None:
         if bias_kind is BiasKind.SCALAR:
-            total = launcher_for(DbiasSpec(p.bias_dtype, True), p.device_id).bind(
+            total = launcher_for(DbiasSpec(p.epilogue.bias_dtype, True), p.device_id).bind(
                 (1, 1, 1), (256, 1, 1), 0, cols=1, chunk=0)
 
             def reduce(stream, partial, out_ptr):
                 total(stream, partial=ptr(partial), rows=partial_shape[0], out=out_ptr)
         else:
-            reduce = _column_summer(p.bias_dtype, dev, fw)
+            reduce = _column_summer(p.epilogue.bias_dtype, dev, fw)
     ptr, current_stream = fw.ptr, fw.stream_getter(dev)
     new_dz = fw.allocator(a.dtype, dev)
     new_f32 = fw.allocator(np.float32, dev)

@@ -4,6 +4,7 @@ tuning in tuning.py)."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 
@@ -226,7 +227,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
             parse_config(config)  # a bad name is an error before anything is allocated
         y, z, y_native, z_native = _outputs(p, save_preact, fw, (out, preact_out))
         if not p.empty:
-            plan = plan_for(p, y, z, save_preact, config, tune_problem if autotune else None)
+            plan = plan_for(p, y, z, config, tune_problem if autotune else None)
             plan.launch(p, y, z, fw.stream_getter(device_id)(), fw.scratch(device_id))
             if not p.copied and device_id == arrays.current_device():
                 prepared = _prepare(plan, p, bool(save_preact), y, z,
@@ -264,13 +265,14 @@ def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope:
         v = views(fw, native)
         p = validate(v["a"], v["b"], None, "none", v["c"], alpha, 1.0, leaky_slope, None,
                      precision=precision)
-        p = p.replace(gate=gate, gate_from_y=gate_from_y, bgrad=bgrad)
         y, _, y_native, _ = _outputs(p, False, fw)
         if p.empty:
             return y_native, None, None
-        plan = plan_for(p, y, None, False, config)
+        p = p.replace(epilogue=replace(p.epilogue, gate=gate, gate_from_y=gate_from_y,
+                                       bgrad=bgrad))
+        plan = plan_for(p, y, None, config)
         partial = None
-        if getattr(plan.main.spec, "bgrad", False):
+        if plan.main.spec.epilogue.bgrad:
             partial = fw.allocator(np.float32, device_id)((-(-p.m // 16), p.n))
             p = p.replace(bias=fw.view(partial, "partial"), bias_stride=p.n)
         plan.launch(p, y, None, fw.stream_getter(device_id)(), fw.scratch(device_id))
@@ -295,6 +297,6 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
             raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches "
                                      "nothing")
         y, z, _, _ = _outputs(p, save_preact, fw, (out, preact_out))
-        plan = plan_for(p, y, z, save_preact, config, tune_problem if autotune else None)
+        plan = plan_for(p, y, z, config, tune_problem if autotune else None)
     return Explanation(plan.choice, plan.kernels, plan.grid, plan.block, plan.smem,
                        2.0 * p.m * p.n * p.k)

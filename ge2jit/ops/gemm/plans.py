@@ -217,7 +217,7 @@ class TmaPlan(Plan):
         es = spec.dtype.itemsize
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
-        self._y_type = spec.out_dtype.value if spec.tma_store else None
+        self._y_type = spec.epilogue.out_dtype.value if spec.tma_store else None
 
     def _with_maps(self, stream_ptr, *, A, lda, B, ldb, C, ldc, bias, bias_stride, Y, ldy, Z,
                    ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split) -> None:
@@ -284,15 +284,14 @@ def tuning_key(p: Problem, arch: str) -> dict:
     }
 
 
-def kernels_for(p: Problem, choice: Choice, save_z: bool, aligns: Aligns) -> KernelSet:
+def kernels_for(p: Problem, choice: Choice, aligns: Aligns) -> KernelSet:
     cfg = choice.config
     check_config(cfg, device_arch(p.device_id), p.dtype, p.precision, target="this GPU")
-    return kernel_set(p.dtype, p.layout_a, p.layout_b, p.layout_c, p.act, p.bias_kind, save_z,
-                      cfg, choice.split_k, p.k, aligns, p.out_dtype, p.c_dtype, p.bias_dtype,
-                      p.precision, p.gate, bool(p.gate_from_y), bool(p.bgrad))
+    return kernel_set(p.dtype, p.layout_a, p.layout_b, p.epilogue, cfg, choice.split_k, p.k,
+                      aligns, p.precision)
 
 
-def build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
+def build_plan(p: Problem, choice: Choice, vecs) -> Plan:
     cfg = choice.config
     m, n = p.m, p.n
     grid_m, grid_n = -(-m // cfg.bm), -(-n // cfg.bn)
@@ -300,7 +299,7 @@ def build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
         raise ArgumentValueError(
             f"b: N = {n} needs {grid_n} column blocks, more than the {_GRID_Y_MAX} a launch "
             f"allows with config {cfg.name}")
-    ks = kernels_for(p, choice, save_z, vecs)
+    ks = kernels_for(p, choice, vecs)
     smem = ks.main.smem_bytes
     limit = device_attributes(p.device_id).get("MaxSharedMemoryPerBlockOptin", 48 * 1024)
     if smem > limit:
@@ -333,7 +332,7 @@ def build_plan(p: Problem, choice: Choice, save_z: bool, vecs) -> Plan:
                 ks.k_tiles_per_split, reduce, reduce_grid, prep, ks.splits)
 
 
-def _choose(p: Problem, config, autotune, save_z: bool, vecs) -> Choice:
+def _choose(p: Problem, config, autotune, vecs) -> Choice:
     if config is not None:
         cfg, split = parse_config(config)
         return Choice(cfg, split, "pinned")
@@ -347,14 +346,14 @@ def _choose(p: Problem, config, autotune, save_z: bool, vecs) -> Choice:
         except (ArgumentValueError, KeyError, TypeError):
             pass  # a record from an incompatible version: ignore it
     if autotune is not None:
-        return autotune(p, save_z, vecs).best
+        return autotune(p, vecs).best
     return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id),
                      p.layout_a.value + p.layout_b.value, p.dtype, p.precision,
-                     gated=p.gate is not None)
+                     gated=p.epilogue.gate is not None)
 
 
-def _make_plan(p: Problem, config, autotune, save_z: bool, vecs) -> Plan:
-    choice = _choose(p, config, autotune, save_z, vecs)
+def _make_plan(p: Problem, config, autotune, vecs) -> Plan:
+    choice = _choose(p, config, autotune, vecs)
     chosen = choice
     choice = resolve(choice, p.dtype, p.layout_a.value + p.layout_b.value, vecs, p.m, p.n,
                      p.k, sm_count(p.device_id), p.precision)
@@ -366,7 +365,7 @@ def _make_plan(p: Problem, config, autotune, save_z: bool, vecs) -> Plan:
                           f"{FALLBACK_TILE.name} (align or copy the operand for the tensor "
                           f"cores)", RuntimeWarning, stacklevel=4)
     try:
-        return build_plan(p, choice, save_z, vecs)
+        return build_plan(p, choice, vecs)
     except (KernelCompileError, KernelLaunchError) as e:
         if choice.config == FALLBACK_TILE or choice.reason == "pinned":
             raise
@@ -376,23 +375,22 @@ def _make_plan(p: Problem, config, autotune, save_z: bool, vecs) -> Plan:
             warnings.warn(f"ge2jit: config {choice.name} failed ({first}); using the fallback "
                           f"kernel {FALLBACK_TILE.name} instead", RuntimeWarning, stacklevel=4)
         return build_plan(p, Choice(FALLBACK_TILE, 1, "fallback", f"{choice.name}: {first}"),
-                           save_z, vecs)
+                          vecs)
 
 
-def plan_for(p: Problem, y, z, save_preact: bool, config, autotune=None) -> Plan:
+def plan_for(p: Problem, y, z, config, autotune=None) -> Plan:
     """The plan of a validated problem writing Y (and Z) to ``y`` (``z``), cached by everything
-    it depends on. ``autotune``: None, or ``f(p, save_z, aligns) -> TuneResult`` that times the
+    it depends on. ``autotune``: None, or ``f(p, aligns) -> TuneResult`` that times the
     candidates when the tuning database has nothing for the problem."""
     vecs = aligns(p, y, z)
-    key = (p.device_id, p.dtype, p.out_dtype, p.c_dtype, p.bias_dtype, p.precision, p.layout_a,
-           p.layout_b, p.layout_c, p.act, p.bias_kind, save_preact, p.m, p.n, p.k, vecs, config,
-           autotune is not None, p.gate, p.gate_from_y, p.bgrad)
+    key = (p.device_id, p.dtype, p.precision, p.layout_a, p.layout_b, p.epilogue, p.m, p.n, p.k,
+           vecs, config, autotune is not None)
     plan = _plans.get(key)
     if plan is None:
         with _plans_lock:
             plan = _plans.get(key)
             if plan is None:
-                plan = _make_plan(p, config, autotune, save_preact, vecs)
+                plan = _make_plan(p, config, autotune, vecs)
                 _plans[key] = plan
     return plan
 

@@ -17,7 +17,8 @@ from ...runtime.checks import (  # noqa: F401 - the op's modules take the shared
 )
 from ...runtime.dtypes import SUPPORTED_DTYPES, DType, dtype_name
 from ...runtime.prepared import check_spans
-from .spec import ACT_NAMES, Act, BiasKind, Layout, Precision
+from .epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout
+from .spec import Precision
 
 PRECISIONS = {p.value: p for p in Precision}
 BIAS_SHAPES_TEXT = "None, () or (1,) for a scalar, (N,) or (1, N) per column, (M, 1) per row"
@@ -152,13 +153,13 @@ def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
 
 
 class Problem:
-    """A validated call: sizes, kinds and the operands as the kernel will read them. Immutable:
-    ``replace`` makes a changed copy."""
+    """A validated call: sizes, types, the epilogue and the operands as the kernel will read
+    them. Immutable: ``replace`` makes a changed copy."""
 
-    __slots__ = ("m", "n", "k", "dtype", "out_dtype", "y_numpy_dtype", "c_dtype", "bias_dtype",
-                 "precision", "act", "bias_kind", "bias_stride", "alpha", "beta", "leaky_slope",
-                 "device_id", "a", "b", "c", "bias", "out", "preact_out", "layout_a", "lda",
-                 "layout_b", "ldb", "layout_c", "ldc", "copied", "gate", "gate_from_y", "bgrad")
+    __slots__ = ("m", "n", "k", "dtype", "y_numpy_dtype", "precision", "epilogue",
+                 "bias_stride", "alpha", "beta", "leaky_slope", "device_id", "a", "b", "c",
+                 "bias", "out", "preact_out", "layout_a", "lda", "layout_b", "ldb", "ldc",
+                 "copied")
 
     def __init__(self, **kw):
         unknown = set(kw) - set(self.__slots__)
@@ -228,8 +229,8 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     beta = check_scalar(beta, "beta")
     slope = check_scalar(leaky_slope, "leaky_slope")
     kind, bias_stride = bias_kind(bias, m, n)
-    bias_dtype = dtype if bias is None else _input_or_f32(bias, "bias", dtype)
-    c_dtype = dtype
+    bias_dtype = None if bias is None else _input_or_f32(bias, "bias", dtype)
+    c_dtype = None
     if c is not None:
         check_array(c, "c")
         if c.ndim != 2 or c.shape != (m, n):
@@ -255,19 +256,22 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
                        "preact_out": preact_out}, device_id)
     check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
     use_c = c is not None and beta != 0.0
-    layouts = dict(layout_a=None, lda=0, layout_b=None, ldb=0, layout_c=None, ldc=0)
+    layouts = dict(layout_a=None, lda=0, layout_b=None, ldb=0, ldc=0)
+    layout_c = None
     copied = False
     if m and n:
         layouts["layout_a"], layouts["lda"], a_read = layout_of(a, "a")
         layouts["layout_b"], layouts["ldb"], b_read = layout_of(b, "b")
         c_read = c
         if use_c:
-            layouts["layout_c"], layouts["ldc"], c_read = layout_of(c, "c")
+            layout_c, layouts["ldc"], c_read = layout_of(c, "c")
         copied = a_read is not a or b_read is not b or (use_c and c_read is not c)
         a, b, c = a_read, b_read, c_read
-    return Problem(m=m, n=n, k=k, dtype=dtype, out_dtype=y_dtype, y_numpy_dtype=np_y,
-                   c_dtype=c_dtype if use_c else dtype, bias_dtype=bias_dtype, precision=prec,
-                   act=act_e, bias_kind=kind, bias_stride=bias_stride, alpha=alpha, beta=beta,
+    epilogue = Epilogue(out_dtype=y_dtype, act=act_e, bias=kind, bias_dtype=bias_dtype,
+                        layout_c=layout_c, c_dtype=c_dtype if layout_c is not None else None,
+                        save_z=bool(save_preact))
+    return Problem(m=m, n=n, k=k, dtype=dtype, y_numpy_dtype=np_y, precision=prec,
+                   epilogue=epilogue, bias_stride=bias_stride, alpha=alpha, beta=beta,
                    leaky_slope=slope, device_id=device_id, a=a, b=b, bias=bias, out=out,
                    preact_out=preact_out, c=c if use_c else None, copied=copied, **layouts)
 

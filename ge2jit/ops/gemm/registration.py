@@ -11,6 +11,7 @@ from ...runtime.dtypes import dtype_name
 from ...runtime.registry import Explanation, Op, bind
 from . import warmup, warmup_backward
 from .backward import gemm_bias_act_backward
+from .epilogue import BiasKind, Epilogue, Layout
 from .op import clear_plans, explain, gemm_bias_act, tune
 from .plans import tuning_key as _problem_tuning_key
 from .problem import (
@@ -21,7 +22,7 @@ from .problem import (
     validate,
 )
 from .select import Choice, candidates, check_config, kernel_set, parse_config
-from .spec import BiasKind, DType, Layout, MmaConfig, PipelineConfig, TileConfig, WgmmaConfig
+from .spec import DType, MmaConfig, PipelineConfig, TileConfig, WgmmaConfig
 
 #: ``bias=`` and ``c_layout=`` names: "none" (or None), "scalar", "col", "row"; "r", "c"
 _BIAS = {kind.name.lower(): kind for kind in BiasKind}
@@ -126,9 +127,12 @@ def specs_for_config(config, arch: str, *, dtype="float32", act: str = "none",
     prec = check_precision(precision, dt)
     check_config(cfg, arch, dt, prec, who="arch", target="the arch asked for")
     aligns = (16, 16, 16) if aligned else (dt.itemsize, dt.itemsize, out_dt.itemsize)
-    return kernel_set(dt, Layout(layouts[0]), Layout(layouts[1]), layout_c, act_, bias_kind,
-                      save_preact, cfg, split, _INSPECT_K, aligns, out_dt, dt, bias_dt,
-                      prec).specs
+    epilogue = Epilogue(out_dtype=out_dt, act=act_, bias=bias_kind,
+                        bias_dtype=None if bias_kind is BiasKind.NONE else bias_dt,
+                        layout_c=layout_c, c_dtype=None if layout_c is None else dt,
+                        save_z=save_preact)
+    return kernel_set(dt, Layout(layouts[0]), Layout(layouts[1]), epilogue, cfg, split,
+                      _INSPECT_K, aligns, prec).specs
 
 
 FORWARD = Op(

@@ -6,13 +6,12 @@ from dataclasses import dataclass, replace
 
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.nvrtc import arch_number as number_of_arch
+from .epilogue import PARTIAL_SUMS, Epilogue
 from .spec import (
     PIPELINED_F32_CONFIGS,
     TILED_CONFIGS,
     WGMMA_CONFIGS,
     WGMMA_X3_CONFIGS,
-    Act,
-    BiasKind,
     DType,
     Layout,
     MmaConfig,
@@ -389,25 +388,26 @@ def _preps(dtype: DType, layout_a: Layout, layout_b: Layout, stage: tuple[bool, 
     return tuple(spec if s else None for spec, s in zip(preps, stage))
 
 
-def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layout | None,
-               act: Act, bias: BiasKind, save_z: bool, config, split_k: int, k: int,
-               aligns: Aligns, out_dtype: DType | None = None, c_dtype: DType | None = None,
-               bias_dtype: DType | None = None,
-               precision: Precision = Precision.IEEE, gate: Act | None = None,
-               gate_from_y: bool = False, bgrad: bool = False) -> KernelSet:
-    """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this K
-    and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it too.
+def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilogue, config,
+               split_k: int, k: int, aligns: Aligns, precision: Precision = Precision.IEEE
+               ) -> KernelSet:
+    """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this
+    epilogue, K and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it
+    too. Each spec gets its fields chosen here, once: the copy and store widths the alignments
+    and layouts allow, and for a split K the ``PARTIAL_SUMS`` epilogue of the slices, the
+    problem's going to the reduction.
 
     A tensor-core config whose operands cannot be copied (16-bit data at odd addresses or
     leading dimensions) becomes the fallback kernel, which reads any alignment. With 3xTF32
     (float32 inputs), the tensor-core configs read both operands through split K-major
-    copies; the CUDA-core configs compute exact float32. ``bgrad`` (with a gate): the Hopper
-    kernel sums its output's columns too where it can (``WgmmaGemmSpec.can_bgrad``); the
-    caller reads ``main.bgrad`` to know."""
+    copies; the CUDA-core configs compute exact float32. ``epilogue.bgrad`` (with a gate)
+    asks for the column sums: the Hopper kernel makes them where it can
+    (``WgmmaGemmSpec.can_bgrad``), no other kernel does; the caller reads
+    ``main.epilogue.bgrad`` to know."""
     align_a, align_b, align_y = aligns
-    types = dict(out_dtype=out_dtype, c_dtype=c_dtype, bias_dtype=bias_dtype, gate=gate,
-                 gate_from_y=gate_from_y)
-    y_item = (out_dtype or dtype).itemsize
+    y_item = epilogue.out_dtype.itemsize
+    sums = epilogue.bgrad
+    epilogue = replace(epilogue, bgrad=False)
     if precision is Precision.TF32X3 and dtype is not DType.F32:
         raise ArgumentValueError(f"precision: 'tf32x3' applies to float32 inputs, not "
                                  f"{dtype.numpy_name}")
@@ -434,21 +434,25 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         k_tiles = -(-k * k_parts(precision) // (128 // dtype.itemsize))
         per_split = max(-(-k_tiles // split_k), 1)
         splits = -(-k_tiles // per_split) if split_k > 1 else 1
-        main = WgmmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config,
-                             align_y >= 2 * y_item, align_y >= 16, promote=x3,
-                             split_k=splits > 1, **types)
-        if bgrad and main.can_bgrad:
-            main = replace(main, bgrad=True)
+        main_epilogue = PARTIAL_SUMS if splits > 1 else epilogue
+        # reading C with the accumulators leaves too few registers for the staging (a gate
+        # reads C after staging, from whole rows)
+        store16 = align_y >= 16 and (main_epilogue.layout_c is None
+                                     or main_epilogue.gate is not None)
+        main = WgmmaGemmSpec(dtype, la, lb, main_epilogue, config,
+                             store16 or align_y >= 2 * y_item, store16, promote=x3,
+                             split_k=splits > 1)
+        if sums and main.can_bgrad:
+            main = replace(main, epilogue=replace(main_epilogue, bgrad=True))
         reduce = None
         if splits > 1:   # 4 outputs per thread: 4-element stores need that alignment
-            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z,
-                                      align_y >= 4 * y_item, **types)
+            reduce = SplitKReduceSpec(dtype, epilogue, align_y >= 4 * y_item)
         return KernelSet(main, reduce, splits, per_split if splits > 1 else 0, prep_a, prep_b)
     if isinstance(config, MmaConfig) and mma_fits(aligns, precision):
         copy_a = 16 if stage[0] else min(align_a, 16)
         copy_b = 16 if stage[1] else min(align_b, 16)
-        main = MmaGemmSpec(dtype, la, lb, layout_c, act, bias, save_z, config, copy_a, copy_b,
-                           align_y >= 2 * y_item, promote=x3, **types)
+        main = MmaGemmSpec(dtype, la, lb, epilogue, config, copy_a, copy_b,
+                           align_y >= 2 * y_item, promote=x3)
         return KernelSet(main, None, 1, 0, prep_a, prep_b)
     if isinstance(config, PipelineConfig):
         if dtype is not DType.F32:
@@ -459,15 +463,16 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, layout_c: Layou
         k_tiles = -(-k // config.bk) if k else 0
         per_split = max(-(-k_tiles // split_k), 1)
         splits = max(-(-k_tiles // per_split), 1) if split_k > 1 else 1
-        gates = dict(gate=gate, gate_from_y=gate_from_y)
-        main = PipelinedGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, config,
-                                 align_a >= 16, align_b >= 16, align_y >= 16, splits > 1,
-                                 **gates)
-        reduce = None
-        if splits > 1:
-            reduce = SplitKReduceSpec(dtype, layout_c, act, bias, save_z, align_y >= 16,
-                                      **gates)
+        split = splits > 1
+        # 16-byte copies of an operand whose contiguous dimension is the shared tile's (m of
+        # column-major A, n of row-major B); the slices of a split K go to a workspace of
+        # 16-byte rows
+        main = PipelinedGemmSpec(dtype, layout_a, layout_b,
+                                 PARTIAL_SUMS if split else epilogue, config,
+                                 align_a >= 16 and layout_a is Layout.COL,
+                                 align_b >= 16 and layout_b is Layout.ROW,
+                                 align_y >= 16 or split, split)
+        reduce = SplitKReduceSpec(dtype, epilogue, align_y >= 16) if split else None
         return KernelSet(main, reduce, splits, per_split)
     tile = config if isinstance(config, TileConfig) else FALLBACK_TILE
-    return KernelSet(TiledGemmSpec(dtype, layout_a, layout_b, layout_c, act, bias, save_z, tile,
-                              **types), None, 1, 0)
+    return KernelSet(TiledGemmSpec(dtype, layout_a, layout_b, epilogue, tile), None, 1, 0)

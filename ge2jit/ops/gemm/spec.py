@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from ...errors import ArgumentValueError
@@ -10,6 +10,7 @@ from ...jit.nvrtc import arch_number
 from ...jit.params import Param, array, double, int64, pointer, tensor_maps
 from ...jit.spec import KernelSpec
 from ...runtime.dtypes import DType
+from .epilogue import ACTS_FROM_Y, PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout, check_field
 
 
 class Precision(Enum):
@@ -20,39 +21,6 @@ class Precision(Enum):
     IEEE = "ieee"
     TF32 = "tf32"
     TF32X3 = "tf32x3"
-
-
-class Layout(Enum):
-    """How a 2-D operand is stored: row-major (strides (ld, 1)) or column-major ((1, ld))."""
-
-    ROW = "r"
-    COL = "c"
-
-
-class Act(Enum):
-    NONE = "none"
-    RELU = "relu"
-    LEAKY_RELU = "leaky_relu"
-    GELU = "gelu"
-    GELU_TANH = "gelu_tanh"
-    SIGMOID = "sigmoid"
-    TANH = "tanh"
-    SILU = "silu"
-
-
-class BiasKind(Enum):
-    """Shape class of the bias: none, one scalar, one value per column (N), one per row (M)."""
-
-    NONE = "nobias"
-    SCALAR = "scalarbias"
-    COL = "colbias"
-    ROW = "rowbias"
-
-
-ACT_NAMES: dict[str, Act] = {a.value: a for a in Act}
-
-#: Activations whose derivative is a function of their output (the backward can start from Y).
-ACTS_FROM_Y = (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.SIGMOID, Act.TANH)
 
 
 @dataclass(frozen=True)
@@ -111,120 +79,31 @@ TILED_CONFIGS: tuple[TileConfig, ...] = (
 )
 
 
-class EpilogueTypes:
-    """What every kernel that runs the fused epilogue shares, given the fields ``dtype``,
-    ``layout_c``, ``act``, ``bias``, ``save_z`` and the keyword-only ``out_dtype``,
-    ``c_dtype``, ``bias_dtype``, ``gate``, ``gate_from_y``: the type checks and defaults, the
-    element types the templates use, and the epilogue's part of the kernel name.
-
-    ``gate`` (an activation, with act none, no bias and C given) makes the epilogue
-    ``Y = alpha * A @ B * gate'(C)``: the backward's dA of the next layer formed as the
-    gradient of this layer's pre-activation, with C its Z (or, ``gate_from_y``, its output)."""
-
-    def _check(self, name: str, typ: type, optional: bool = False) -> None:
-        """TypeError unless field ``name`` is a ``typ`` (or None, when ``optional``)."""
-        value = getattr(self, name)
-        if optional and value is None:
-            return
-        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise TypeError(f"{type(self).__name__}.{name}: expected {typ.__name__}"
-                            f"{' or None' if optional else ''}, got {value!r}")
-
-    def _default_types(self) -> None:
-        """Y, C and bias types default to ``dtype``; a C or bias that is not read takes
-        ``dtype`` too, so that equal kernels have equal specs."""
-        for name in ("out_dtype", "c_dtype", "bias_dtype"):
-            self._check(name, DType, optional=True)
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, self.dtype)
-        if self.layout_c is None:
-            object.__setattr__(self, "c_dtype", self.dtype)
-        if self.bias is BiasKind.NONE:
-            object.__setattr__(self, "bias_dtype", self.dtype)
-        self._check("gate", Act, optional=True)
-        self._check("gate_from_y", bool)
-        if self.gate is None:
-            object.__setattr__(self, "gate_from_y", False)
-        elif (self.act is not Act.NONE or self.bias is not BiasKind.NONE or self.save_z
-              or self.layout_c is None):
-            raise ArgumentValueError(
-                f"{type(self).__name__}: a gate (Y = alpha * A @ B * act'(C)) reads C and "
-                "takes no activation, bias or saved Z")
-        elif self.gate_from_y and self.gate not in ACTS_FROM_Y:
-            raise ArgumentValueError(f"{type(self).__name__}: act {self.gate.value!r} has no "
-                                     "derivative in terms of its output")
-
-    def _epilogue_params(self, bias_sums: bool = False) -> tuple[Param, ...]:
-        """C, the bias (``bias_sums``: bgrad's float32 output instead), Y and Z, each with its
-        leading dimension (the bias: its stride)."""
-        bias = (array("bias", "float", "bias_stride") if bias_sums else
-                array("bias", self.bias_ctype, "bias_stride", const=True))
-        return (*array("C", self.c_ctype, "ldc", const=True), *bias,
-                *array("Y", self.y_ctype, "ldy"), *array("Z", self.y_ctype, "ldz"))
-
-    @property
-    def has_c(self) -> bool:
-        return self.layout_c is not None
-
-    @property
-    def c_ctype(self) -> str:
-        return self.c_dtype.ctype
-
-    @property
-    def bias_ctype(self) -> str:
-        return self.bias_dtype.ctype
-
-    @property
-    def y_ctype(self) -> str:
-        return self.out_dtype.ctype
-
-    def _epilogue_name(self) -> str:
-        """``_<act>_<bias>[<dtype>][_c<layout>[<dtype>]][_o<dtype>][_z]`` (dtypes only where they
-        differ from the inputs')."""
-        d = self.dtype
-        name = f"_{self.act.value}_{self.bias.value}"
-        if self.gate is not None:
-            name += f"_g{'y' if self.gate_from_y else 'z'}{self.gate.value}"
-        if self.bias_dtype is not d:
-            name += self.bias_dtype.value
-        if self.layout_c is not None:
-            name += f"_c{self.layout_c.value}" + (self.c_dtype.value if self.c_dtype is not d
-                                                  else "")
-        if self.out_dtype is not d:
-            name += f"_o{self.out_dtype.value}"
-        if self.save_z:
-            name += "_z"
-        return name
-
-
 @dataclass(frozen=True)
-class GemmKernelSpec(EpilogueTypes, KernelSpec):
+class GemmKernelSpec(KernelSpec):
     """The fields every fused GEMM kernel has: operand types and layouts, and the epilogue.
-
-    ``out_dtype``, ``c_dtype`` and ``bias_dtype`` (keyword-only) default to ``dtype``; a C or
-    bias that the kernel does not read takes ``dtype`` too, so that equal kernels have equal
-    specs. Subclasses add their tile config after these fields.
-    """
+    Subclasses add their tile config after these fields."""
 
     dtype: DType
     layout_a: Layout
     layout_b: Layout
-    layout_c: Layout | None  # None: no C term (beta == 0)
-    act: Act
-    bias: BiasKind
-    save_z: bool
-    out_dtype: DType | None = field(default=None, kw_only=True)
-    c_dtype: DType | None = field(default=None, kw_only=True)
-    bias_dtype: DType | None = field(default=None, kw_only=True)
-    gate: Act | None = field(default=None, kw_only=True)
-    gate_from_y: bool = field(default=False, kw_only=True)
+    epilogue: Epilogue
 
-    def _normalize_types(self) -> None:
+    def _check_fields(self) -> None:
+        """The types of the shared fields; an epilogue's column sums only where the kernel
+        makes them (``can_bgrad``)."""
         for name, typ in (("dtype", DType), ("layout_a", Layout), ("layout_b", Layout),
-                          ("act", Act), ("bias", BiasKind), ("save_z", bool)):
-            self._check(name, typ)
-        self._check("layout_c", Layout, optional=True)
-        self._default_types()
+                          ("epilogue", Epilogue)):
+            check_field(self, name, typ)
+        if self.epilogue.bgrad and not self.can_bgrad:
+            raise ArgumentValueError(f"{type(self).__name__}: bgrad sums a gated epilogue's "
+                                     f"staged blocks: {self._bgrad_needs}")
+
+    #: Whether the kernel can sum its gated output's columns (``Epilogue.bgrad``).
+    can_bgrad = False
+    #: What those sums need, for the error of a spec that asks for them where they cannot be.
+    _bgrad_needs = ("only the Hopper kernel (WgmmaGemmSpec) stages them; expected an "
+                    "epilogue without bgrad")
 
     @property
     def in_ctype(self) -> str:
@@ -236,7 +115,7 @@ class GemmKernelSpec(EpilogueTypes, KernelSpec):
         (split-K). The kernel reads M, N, K, alpha, beta and leaky_slope through locals."""
         t = self.in_ctype
         return (*array("A", t, "lda", const=True), *array("B", t, "ldb", const=True),
-                *self._epilogue_params(getattr(self, "bgrad", False)),   # bgrad: the Hopper kernel
+                *self.epilogue.params(self.dtype),
                 *int64("M_", "N_", "K_"), *double("alpha_", "beta_", "leaky_slope_"),
                 *int64("k_tiles_per_split"))
 
@@ -246,7 +125,17 @@ class GemmKernelSpec(EpilogueTypes, KernelSpec):
 
     @property
     def fast_act(self) -> bool:
-        return self.fast_activations and self.out_dtype is not DType.F32
+        return self.fast_activations and self.epilogue.out_dtype is not DType.F32
+
+
+def _check_slices(spec: GemmKernelSpec) -> None:
+    """A kernel with ``split_k`` stores raw partial products: the epilogue belongs to the
+    reduction."""
+    if spec.split_k and spec.epilogue != PARTIAL_SUMS:
+        raise ArgumentValueError(
+            f"{type(spec).__name__}.epilogue: split-K slices store raw float32 partial "
+            f"products (SplitKReduceSpec applies the epilogue); expected PARTIAL_SUMS, got "
+            f"{spec.epilogue!r}")
 
 
 @dataclass(frozen=True)
@@ -261,13 +150,13 @@ class TiledGemmSpec(GemmKernelSpec):
     template = "gemm/tiled.cu"
 
     def __post_init__(self):
-        self._check("tile", TileConfig)
-        self._normalize_types()
+        check_field(self, "tile", TileConfig)
+        self._check_fields()
 
     @property
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
-                f"{self.tile.name}" + self._epilogue_name())
+                f"{self.tile.name}" + self.epilogue.name(self.dtype))
 
 
 def _check_positive_ints(cfg, names) -> None:
@@ -420,20 +309,26 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
     template = "gemm/simt_pipelined.cu"
 
     def __post_init__(self):
-        self._check("config", PipelineConfig)
-        self._normalize_types()
-        if {self.dtype, self.out_dtype, self.c_dtype, self.bias_dtype} != {DType.F32}:
+        check_field(self, "config", PipelineConfig)
+        self._check_fields()
+        ep = self.epilogue
+        if {self.dtype, ep.out_dtype, ep.c_dtype, ep.bias_dtype} - {None} != {DType.F32}:
             raise TypeError("PipelinedGemmSpec: the CUDA-core kernel is float32 only")
         for name in ("vec_a", "vec_b", "vec_y", "split_k"):
-            self._check(name, bool)
+            check_field(self, name, bool)
         if self.vec_a and self.layout_a is not Layout.COL:
-            object.__setattr__(self, "vec_a", False)  # 16-byte copies need m contiguous
+            raise ArgumentValueError("PipelinedGemmSpec.vec_a: 16-byte copies of A need it "
+                                     "column-major (m contiguous); expected False with "
+                                     "row-major A, got True")
         if self.vec_b and self.layout_b is not Layout.ROW:
-            object.__setattr__(self, "vec_b", False)
-        if self.split_k:  # the epilogue belongs to the reduction kernel
-            for name, value in (("layout_c", None), ("act", Act.NONE), ("gate", None),
-                                ("bias", BiasKind.NONE), ("save_z", False), ("vec_y", True)):
-                object.__setattr__(self, name, value)
+            raise ArgumentValueError("PipelinedGemmSpec.vec_b: 16-byte copies of B need it "
+                                     "row-major (n contiguous); expected False with "
+                                     "column-major B, got True")
+        _check_slices(self)
+        if self.split_k and not self.vec_y:
+            raise ArgumentValueError("PipelinedGemmSpec.vec_y: split-K slices go to a "
+                                     "workspace of 16-byte rows in 16-byte stores; expected "
+                                     "True with split_k, got False")
 
     @property
     def kernel_name(self) -> str:
@@ -442,7 +337,7 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
                 f"{self.config.name}_v{vec}")
         if self.split_k:
             return name + "_splitk"
-        return name + self._epilogue_name()
+        return name + self.epilogue.name(self.dtype)
 
     @property
     def smem_bytes(self) -> int:
@@ -450,46 +345,43 @@ class PipelinedGemmSpec(CpAsyncKernel, GemmKernelSpec):
 
 
 @dataclass(frozen=True)
-class SplitKReduceSpec(EpilogueTypes, KernelSpec):
+class SplitKReduceSpec(KernelSpec):
     """Sums split-K partial products (float32) and applies the fused epilogue once. ``dtype``
-    is the GEMM's input type; Y/Z, C and the bias are ``out_dtype``, ``c_dtype`` and
-    ``bias_dtype`` (default: ``dtype``), as in ``GemmKernelSpec``."""
+    is the GEMM's input type; ``vec_y``: 4-element stores of Y and Z."""
 
     dtype: DType
-    layout_c: Layout | None
-    act: Act
-    bias: BiasKind
-    save_z: bool
+    epilogue: Epilogue
     vec_y: bool
-    out_dtype: DType | None = field(default=None, kw_only=True)
-    c_dtype: DType | None = field(default=None, kw_only=True)
-    bias_dtype: DType | None = field(default=None, kw_only=True)
-    gate: Act | None = field(default=None, kw_only=True)
-    gate_from_y: bool = field(default=False, kw_only=True)
 
     template = "gemm/splitk_reduce.cu"
     threads = 256
     smem_bytes = 0
 
     def __post_init__(self):
-        self._check("vec_y", bool)
-        self._default_types()
+        check_field(self, "dtype", DType)
+        check_field(self, "epilogue", Epilogue)
+        check_field(self, "vec_y", bool)
+        if self.epilogue.bgrad:
+            raise ArgumentValueError("SplitKReduceSpec.epilogue: bgrad sums a gated "
+                                     "epilogue's staged blocks, which only the Hopper kernel "
+                                     "stages; expected an epilogue without bgrad")
 
     @property
     def fast_act(self) -> bool:
         """The fast activations where Y is 16-bit, as the tensor-core kernels use them."""
-        return self.out_dtype is not DType.F32
+        return self.epilogue.out_dtype is not DType.F32
 
     @property
     def kernel_name(self) -> str:
-        name = f"gemm_splitk_reduce_{self.dtype.value}" + self._epilogue_name()
+        name = f"gemm_splitk_reduce_{self.dtype.value}" + self.epilogue.name(self.dtype)
         return name + ("_v4" if self.vec_y else "_v1")
 
     @property
     def params(self) -> tuple[Param, ...]:
         """The partial products W (``splits`` slices of M rows), the epilogue's arrays, the
         sizes and the scalars."""
-        return (*array("W", "float", "ldw", "splits", const=True), *self._epilogue_params(),
+        return (*array("W", "float", "ldw", "splits", const=True),
+                *self.epilogue.params(self.dtype),
                 *int64("M", "N"), *double("alpha_", "beta_", "leaky_slope_"))
 
 
@@ -592,10 +484,10 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     fast_activations = True
 
     def __post_init__(self):
-        self._check("config", MmaConfig)
-        self._check("vec_y", bool)
-        self._check("promote", bool)
-        self._normalize_types()
+        check_field(self, "config", MmaConfig)
+        check_field(self, "vec_y", bool)
+        check_field(self, "promote", bool)
+        self._check_fields()
         if not self.config.supports(self.dtype):
             raise ArgumentValueError(
                 f"config: {self.config.name} has BK = {self.config.bk}, which does not fit "
@@ -614,7 +506,7 @@ class MmaGemmSpec(CpAsyncKernel, GemmKernelSpec):
     def kernel_name(self) -> str:
         return (f"gemm_{self.dtype.value}_{self.layout_a.value}{self.layout_b.value}_"
                 f"{self.config.name}_a{self.copy_a}b{self.copy_b}{'y2' if self.vec_y else 'y1'}"
-                + ("_p" if self.promote else "") + self._epilogue_name())
+                + ("_p" if self.promote else "") + self.epilogue.name(self.dtype))
 
     @property
     def smem_bytes(self) -> int:
@@ -744,44 +636,37 @@ class WgmmaGemmSpec(GemmKernelSpec):
     #: accumulators a thread (``WgmmaConfig.can_promote``)
     promote: bool = False
     #: work units are (tile, slice of K); each writes raw float32 partial products to its
-    #: slice of a workspace, and ``SplitKReduceSpec`` applies the epilogue
+    #: slice of a workspace (the epilogue ``PARTIAL_SUMS``), and ``SplitKReduceSpec`` applies
+    #: the problem's epilogue
     split_k: bool = False
-    #: with a gate: the column sums of each warp's 16 rows of Y, in float32, to the array
-    #: the bias pointer gives (rows of ``bias_stride``): the partial sums of the bias
-    #: gradient of the layer whose pre-activation Y is the gradient of (cuBLASLt's BGRAD)
-    bgrad: bool = False
 
     template = "gemm/wgmma.cu"
     fast_activations = True
+    _bgrad_needs = ("it needs a gate and store16, not split-K, and a config other than 64x256 "
+                    "ping-pong (registers)")
 
     def __post_init__(self):
-        self._check("config", WgmmaConfig)
-        self._check("vec_y", bool)
-        self._check("store16", bool)
-        self._check("promote", bool)
-        self._check("split_k", bool)
-        self._check("bgrad", bool)
-        if self.split_k:  # the epilogue belongs to the reduction kernel
-            for name, value in (("layout_c", None), ("act", Act.NONE), ("gate", None),
-                                ("bias", BiasKind.NONE), ("save_z", False),
-                                ("out_dtype", DType.F32)):
-                object.__setattr__(self, name, value)
+        check_field(self, "config", WgmmaConfig)
+        check_field(self, "vec_y", bool)
+        check_field(self, "store16", bool)
+        check_field(self, "promote", bool)
+        check_field(self, "split_k", bool)
         if self.promote and not self.config.can_promote:
             raise ArgumentValueError(
                 f"config: {self.config.name} keeps {self.config.accumulators} accumulators a "
                 f"thread, too many for the second set that precision='tf32x3' needs (at most "
                 f"64: {', '.join(c.name for c in WGMMA_X3_CONFIGS)})")
-        self._normalize_types()
-        if self.layout_c is not None and self.gate is None:
-            # reading C with the accumulators leaves too few registers for the staging (a
-            # gate reads C after staging, from whole rows)
-            object.__setattr__(self, "store16", False)
-        if self.store16:
-            object.__setattr__(self, "vec_y", True)
-        if self.bgrad and not self.can_bgrad:
-            raise ArgumentValueError(f"{type(self).__name__}: bgrad sums a gated epilogue's "
-                                     "staged blocks: it needs a gate and store16, not split-K, "
-                                     "and a config other than 64x256 ping-pong (registers)")
+        self._check_fields()
+        _check_slices(self)
+        ep = self.epilogue
+        if self.store16 and ep.layout_c is not None and ep.gate is None:
+            raise ArgumentValueError(
+                "WgmmaGemmSpec.store16: reading C with the accumulators leaves too few "
+                "registers for the staging (a gate reads C after staging, from whole rows); "
+                f"expected False with layout_c {ep.layout_c.value!r} and no gate, got True")
+        if self.store16 and not self.vec_y:
+            raise ArgumentValueError("WgmmaGemmSpec.vec_y: store16 stores whole 16-byte "
+                                     "segments; expected True with store16, got False")
         if self.dtype is DType.F32 and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL):
             raise ArgumentValueError(
                 "config: the tf32 wgmma kernel needs row-major A and column-major B (K-major "
@@ -794,19 +679,18 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 + ("yt" if self.tma_store else "y16" if self.store16 else
                    "y2" if self.vec_y else "y1")
                 + ("_p" if self.promote else "")
-                + ("_splitk" if self.split_k else self._epilogue_name())
-                + ("_bg" if self.bgrad else ""))
+                + ("_splitk" if self.split_k else self.epilogue.name(self.dtype)))
 
     @property
     def can_bgrad(self) -> bool:
-        """Whether this kernel can sum its gated output's columns (``bgrad``)."""
-        return (self.gate is not None and self.store16 and not self.split_k
+        """Whether this kernel can sum its gated output's columns (``Epilogue.bgrad``)."""
+        return (self.epilogue.gate is not None and self.store16 and not self.split_k
                 and not (self.config.pingpong and self.config.bn == 256))
 
     @property
     def tma_store(self) -> bool:
         """16-bit Y (and Z) leave shared memory by TMA stores; the kernel takes their maps."""
-        return self.store16 and self.out_dtype.itemsize == 2
+        return self.store16 and self.epilogue.out_dtype.itemsize == 2
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -894,7 +778,10 @@ class DzSpec(KernelSpec):
     ``ACTS_FROM_Y``), stored as dZ (``write_dz``, type ``dz_dtype``) and/or dC = beta * dZ
     (``write_dc``, ``dc_dtype``), with the sums of dZ that dBias needs (``bias``: per column,
     per row or in total) as float32 partial sums per block. ``vec``: 16-byte accesses of 8
-    columns a thread (unit column strides, 16-byte aligned rows and pointers, N % 8 == 0)."""
+    columns a thread (unit column strides, 16-byte aligned rows and pointers, N % 8 == 0).
+    What is not read or written has one value, so that equal kernels have equal specs: with
+    act none (act' is 1) ``from_y`` is False and ``src_dtype`` is ``grad_dtype``; without dC,
+    ``dc_dtype`` is float32."""
 
     act: Act
     from_y: bool
@@ -916,16 +803,19 @@ class DzSpec(KernelSpec):
                           ("grad_dtype", DType), ("src_dtype", DType), ("dz_dtype", DType),
                           ("write_dz", bool), ("write_dc", bool), ("dc_dtype", DType),
                           ("vec", bool)):
-            if not isinstance(getattr(self, name), typ):
-                raise TypeError(f"DzSpec.{name}: expected {typ.__name__}, got "
-                                f"{getattr(self, name)!r}")
+            check_field(self, name, typ)
         if self.from_y and self.act not in ACTS_FROM_Y:
             raise ArgumentValueError(f"DzSpec: act {self.act.value!r} needs Z, not Y")
-        if not self.write_dc:
-            object.__setattr__(self, "dc_dtype", DType.F32)
-        if self.act is Act.NONE:   # Z is not read: equal kernels, equal specs
-            object.__setattr__(self, "from_y", False)
-            object.__setattr__(self, "src_dtype", self.grad_dtype)
+        if not self.write_dc and self.dc_dtype is not DType.F32:
+            raise ArgumentValueError(f"DzSpec.dc_dtype: no dC is written (write_dc False); "
+                                     f"expected DType.F32, got {self.dc_dtype!r}")
+        if self.act is Act.NONE and self.from_y:
+            raise ArgumentValueError("DzSpec.from_y: act 'none' reads neither Z nor Y; "
+                                     "expected False, got True")
+        if self.act is Act.NONE and self.src_dtype is not self.grad_dtype:
+            raise ArgumentValueError(f"DzSpec.src_dtype: act 'none' reads neither Z nor Y; "
+                                     f"expected the grad_dtype {self.grad_dtype!r}, got "
+                                     f"{self.src_dtype!r}")
 
     @property
     def kernel_name(self) -> str:

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from .spec import ACT_NAMES
+from .epilogue import ACT_NAMES
 from .torch_ops import gemm_bias_act, mlp
 
 

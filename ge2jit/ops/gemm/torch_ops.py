@@ -14,7 +14,8 @@ from ...runtime.torchlib import absent, autocast_dtype, cast, op_name, precision
 from .backward import gemm_bias_act_backward as _backward
 from .op import gemm_bias_act as _forward
 from .problem import layout_by_strides
-from .spec import ACT_NAMES, ACTS_FROM_Y, Act, Layout
+from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
+from .spec import Layout
 
 NEEDS = ("a", "b", "bias", "c")
 

@@ -16,12 +16,12 @@ from .problem import Problem, validate
 from .select import Choice, candidates, parse_config
 
 
-def _scratch_outputs(p: Problem, save_z: bool):
+def _scratch_outputs(p: Problem):
     """Y (and Z) to time candidates with: CuPy arrays on the current stream."""
     import cupy as cp
 
     y = cp.empty((p.m, p.n), dtype=p.y_numpy_dtype)
-    return y, (cp.empty((p.m, p.n), dtype=p.y_numpy_dtype) if save_z else None)
+    return y, (cp.empty((p.m, p.n), dtype=p.y_numpy_dtype) if p.epilogue.save_z else None)
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,14 @@ class TuneResult:
         return "\n".join(rows)
 
 
-def tune_problem(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int | None = None
-          ) -> TuneResult:
+def tune_problem(p: Problem, vecs, reps: int = 20, processes: int | None = None
+                 ) -> TuneResult:
     """Time every candidate of ``p`` (compiled first, in parallel), store the fastest, forget
     the plans (so the next call takes it)."""
     import cupy as cp
 
     arch = device_arch(p.device_id)
-    y, z = _scratch_outputs(p, save_z)
+    y, z = _scratch_outputs(p)
     stream = cp.cuda.get_current_stream().ptr
     alloc = cp.cuda.alloc   # the plans run on CuPy views here
     flops = 2.0 * p.m * p.n * p.k
@@ -58,7 +58,7 @@ def tune_problem(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int 
     jobs = []
     for cfg, split in cands:
         try:
-            ks = kernels_for(p, Choice(cfg, split), save_z, vecs)
+            ks = kernels_for(p, Choice(cfg, split), vecs)
         except ArgumentValueError:
             continue
         jobs += [(spec, spec.target_arch(arch)) for spec in ks.specs]
@@ -66,7 +66,7 @@ def tune_problem(p: Problem, save_z: bool, vecs, reps: int = 20, processes: int 
     for cfg, split in cands:
         choice = Choice(cfg, split, "tuned")
         try:
-            plan = build_plan(p, choice, save_z, vecs)
+            plan = build_plan(p, choice, vecs)
             ms = time_ms(lambda plan=plan: plan.launch(p, y, z, stream, alloc), warmup=2,
                          reps=reps)
             records.append({"config": plan.choice.name, "ms": ms,
@@ -105,5 +105,5 @@ def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta
                      None, save_preact, out_dtype, precision)
         if p.empty:
             raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
-        y, z = _scratch_outputs(p, save_preact)
-        return tune_problem(p, save_preact, aligns(p, y, z), reps, processes)
+        y, z = _scratch_outputs(p)
+        return tune_problem(p, aligns(p, y, z), reps, processes)

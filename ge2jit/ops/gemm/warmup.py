@@ -7,6 +7,7 @@ import itertools
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
 from ...runtime.tables import MAX_SMS, check_keys, check_list
+from .epilogue import ACT_NAMES, BiasKind, Epilogue, Layout
 from .problem import MAX_K, MAX_MN, PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
@@ -19,12 +20,9 @@ from .select import (
     wgmma_configs,
 )
 from .spec import (
-    ACT_NAMES,
     PIPELINED_F32_CONFIGS,
     TILED_CONFIGS,
-    BiasKind,
     DType,
-    Layout,
     MmaConfig,
     PipelineConfig,
     Precision,
@@ -152,7 +150,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
     """The specs to compile for one validated entry on one architecture.
 
     ``tuned`` holds (layouts, (M, N, K), config name) from the tuning database to add.
-    ``gate``, ``gate_from_y``, ``bgrad``: the backward's gated GEMMs (``kernel_set``'s).
+    ``gate``, ``gate_from_y``, ``bgrad``: the backward's gated GEMMs (their ``Epilogue``
+    fields).
     """
     number = arch_number(arch)
     specs = []
@@ -164,8 +163,12 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
         precision = PRECISIONS.get(dname, Precision.IEEE)
         out_dtype, bias_dtype, c_dtype = (dtype if x == "input" else DType.F32
                                           for x in (oname, bname, cname))
-        base = (dtype, Layout(layouts[0]), Layout(layouts[1]), C_LAYOUTS[c], ACT_NAMES[act],
-                BIAS[bias], save_z)
+        layout_c = C_LAYOUTS[c]
+        epilogue = Epilogue(out_dtype=out_dtype, act=ACT_NAMES[act], bias=BIAS[bias],
+                            bias_dtype=None if BIAS[bias] is BiasKind.NONE else bias_dtype,
+                            layout_c=layout_c, c_dtype=None if layout_c is None else c_dtype,
+                            save_z=save_z, gate=gate, gate_from_y=gate_from_y, bgrad=bgrad)
+        operands = (dtype, Layout(layouts[0]), Layout(layouts[1]))
         tc = uses_tensor_cores(dtype, precision)
 
         def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype):
@@ -213,9 +216,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                 # the family below when this alignment rules the config out (as at run time)
                 ch = resolve(Choice(cfg, split), dtype, layouts, al, m or 4096, n or 4096, k,
                              sms or 132, precision)
-                specs.extend(kernel_set(*base, ch.config, ch.split_k, k, al, out_dtype, c_dtype,
-                                        bias_dtype, precision, gate, gate_from_y,
-                                        bgrad).specs)
+                specs.extend(kernel_set(*operands, epilogue, ch.config, ch.split_k, k, al,
+                                        precision).specs)
     return list(dict.fromkeys(specs))
 
 

@@ -10,7 +10,8 @@ from ...errors import ArgumentValueError
 from ...runtime.tables import check_keys, check_list
 from . import warmup
 from .backward import _CHUNK, _pass_shape
-from .spec import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind, DbiasSpec, DType, DzSpec
+from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act, BiasKind
+from .spec import DbiasSpec, DType, DzSpec
 
 #: key -> (description of accepted values, default)
 KEYS = {
@@ -104,10 +105,12 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
             specs += _gemms(entry, arch, sms, dname, "rr", (m, n, k), bias=[bias_name],
                             bias_dtypes=[bname], out_dtypes=["float32"])
         if write_dz or bias_kind is not BiasKind.NONE:
+            reads_src = act is not Act.NONE   # act' of "none" is 1: nothing read
             vecs = [False, True] if entry["aligned"] and n % 8 == 0 else [False]
             for vec in vecs:
-                spec = DzSpec(act, source == "y", bias_kind, grad, src_dtype, dtype,
-                              write_dz=write_dz, vec=vec)
+                spec = DzSpec(act, source == "y" and reads_src, bias_kind, grad,
+                              src_dtype if reads_src else grad, dtype, write_dz=write_dz,
+                              vec=vec)
                 specs.append(spec)
                 tm, pass_grid = _pass_shape(m, n, spec.cols)
                 if bias_kind is BiasKind.SCALAR:
@@ -133,10 +136,10 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
             specs += gated
             if a_bias:
                 a_bias_dtype = dtype if abname == "input" else DType.F32
-                if any(getattr(s, "bgrad", False) for s in gated):   # sums from the epilogue
+                epilogues = [s.epilogue for s in gated if hasattr(s, "epilogue")]
+                if any(e.bgrad for e in epilogues):   # sums from the epilogue
                     specs += _sums(a_bias_dtype, -(-m // 16))
-                if not all(getattr(s, "bgrad", False) for s in gated
-                           if hasattr(s, "gate") and s.gate is not None):
+                if not all(e.bgrad for e in epilogues if e.gate is not None):
                     # a pass over dA where the kernel makes no sums
                     spec = DzSpec(Act.NONE, False, BiasKind.COL, dtype, dtype, dtype,
                                   write_dz=False, vec=False)

@@ -15,6 +15,7 @@ from allpairspy import AllPairs
 from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
 from ge2jit.jit.parallel import compile_many
+from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Epilogue
 from ge2jit.ops.gemm.spec import (
     ACTS_FROM_Y,
     MMA_16BIT_CONFIGS,
@@ -62,41 +63,66 @@ GATED_FEW = {**GATED, "gate": [(Act.GELU, False), (Act.GELU_TANH, False), (Act.S
                                (Act.SIGMOID, True), (Act.LEAKY_RELU, True)]}
 
 
-def _gate(p: dict) -> dict:
-    gate, from_y = p.get("gate", (None, False))
-    return dict(gate=gate, gate_from_y=from_y)
-
-
-def _types(p: dict, dtype: DType) -> dict:
+def _epilogue(p: dict, dtype: DType) -> Epilogue:
+    """A row's epilogue: the types of Y, C and the bias are the inputs' ("input", the
+    default) or float32; a C or bias that is not there has none."""
     pick = {"input": dtype, "f32": DType.F32}
-    return dict(out_dtype=pick[p["out"]], c_dtype=pick[p["c_type"]],
-                bias_dtype=pick[p["bias_type"]], **_gate(p))
+    gate, from_y = p.get("gate", (None, False))
+    layout_c, bias = p["layout_c"], p["bias"]
+    return Epilogue(
+        out_dtype=pick[p.get("out", "input")], act=p["act"], bias=bias,
+        bias_dtype=None if bias is BiasKind.NONE else pick[p.get("bias_type", "input")],
+        layout_c=layout_c, c_dtype=None if layout_c is None else pick[p.get("c_type", "input")],
+        save_z=p["save_z"], gate=gate, gate_from_y=from_y)
+
+
+def _tiled(p: dict) -> TiledGemmSpec:
+    return TiledGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], _epilogue(p, p["dtype"]),
+                         p["tile"])
 
 
 def _mma(p: dict) -> MmaGemmSpec:
-    return MmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                       p["bias"], p["save_z"], p["config"], p["copy_a"], p["copy_b"],
-                       p["vec_y"], promote=p.get("promote", False), **_types(p, p["dtype"]))
+    return MmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], _epilogue(p, p["dtype"]),
+                       p["config"], p["copy_a"], p["copy_b"], p["vec_y"],
+                       promote=p.get("promote", False))
 
 
 def _wgmma(p: dict) -> WgmmaGemmSpec:
-    spec = WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                         p["bias"], p["save_z"], p["config"], p["vec_y"], p["store16"],
-                         promote=p.get("promote", False), split_k=p["split_k"],
-                         **_types(p, p["dtype"]))
-    # the column sums of a gated output where the kernel can make them (as kernel_set does)
-    return replace(spec, bgrad=True) if p.get("bgrad") and spec.can_bgrad else spec
+    """The fields as kernel_set chooses them: split-K slices store ``PARTIAL_SUMS``; no
+    staging with a C term (a gate's excepted); staged results leave as vectors; the column
+    sums of a gated output where the kernel can make them."""
+    epilogue = PARTIAL_SUMS if p["split_k"] else _epilogue(p, p["dtype"])
+    store16 = p["store16"] and (epilogue.layout_c is None or epilogue.gate is not None)
+    spec = WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], epilogue, p["config"],
+                         p["vec_y"] or store16, store16, promote=p.get("promote", False),
+                         split_k=p["split_k"])
+    if p.get("bgrad") and spec.can_bgrad:
+        return replace(spec, epilogue=replace(epilogue, bgrad=True))
+    return spec
 
 
 def _pipelined(p: dict) -> PipelinedGemmSpec:
-    return PipelinedGemmSpec(DType.F32, p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                             p["bias"], p["save_z"], p["config"], p["vec_a"], p["vec_b"],
-                             p["vec_y"], p["split_k"], **_gate(p))
+    """The fields as kernel_set chooses them: 16-byte copies of an operand whose contiguous
+    dimension is the shared tile's; split-K slices store ``PARTIAL_SUMS`` as vectors."""
+    split = p["split_k"]
+    la, lb = p["layout_a"], p["layout_b"]
+    return PipelinedGemmSpec(DType.F32, la, lb, PARTIAL_SUMS if split else _epilogue(p, DType.F32),
+                             p["config"], p["vec_a"] and la is Layout.COL,
+                             p["vec_b"] and lb is Layout.ROW, p["vec_y"] or split, split)
 
 
 def _splitk_reduce(p: dict) -> SplitKReduceSpec:
-    return SplitKReduceSpec(p["dtype"], p["layout_c"], p["act"], p["bias"], p["save_z"],
-                            p["vec_y"], **_types(p, p["dtype"]))
+    return SplitKReduceSpec(p["dtype"], _epilogue(p, p["dtype"]), p["vec_y"])
+
+
+def _dz(p: dict) -> DzSpec:
+    """The fields as the backward chooses them: act none reads neither Z nor Y (not from Y,
+    its type gY's); without dC, dC's type is float32."""
+    reads = p["act"] is not Act.NONE
+    return DzSpec(p["act"], p["from_y"] and reads, p["bias"], p["grad"],
+                  p["src"] if reads else p["grad"], p["dz"], write_dz=p["write_dz"],
+                  write_dc=p["write_dc"], dc_dtype=p["dc"] if p["write_dc"] else DType.F32,
+                  vec=p["vec"])
 
 
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
@@ -106,8 +132,7 @@ FAMILIES = {
     "tiled": (
         {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
          **TYPES, "tile": list(TILED_CONFIGS), "arch": ARCHS},
-        lambda p: TiledGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                           p["bias"], p["save_z"], p["tile"], **_types(p, p["dtype"])),
+        _tiled,
     ),
     "mma_16bit": (
         {"dtype": [DType.F16, DType.BF16], "config": list(MMA_16BIT_CONFIGS), **MMA_COMMON},
@@ -169,9 +194,7 @@ FAMILIES = {
         {"act": list(Act), "from_y": [False], "bias": list(BiasKind), "grad": list(DType),
          "src": list(DType), "dz": list(DType), "write_dz": [False, True],
          "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
-        lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
-                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"],
-                         vec=p["vec"]),
+        _dz,
     ),
     "dbias": (
         {"out": list(DType), "total": [False, True], "arch": ARCHS},
@@ -193,8 +216,7 @@ FAMILIES = {
         {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GATED,
          "out": ["input"], "c_type": ["input", "f32"], "bias_type": ["input"],
          "tile": list(TILED_CONFIGS), "arch": ARCHS},
-        lambda p: TiledGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], p["layout_c"], p["act"],
-                           p["bias"], p["save_z"], p["tile"], **_types(p, p["dtype"])),
+        _tiled,
     ),
     "gated_mma_16bit": (
         {"dtype": [DType.F16, DType.BF16], "config": list(MMA_16BIT_CONFIGS),
@@ -237,9 +259,7 @@ FAMILIES = {
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),
          "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
          "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
-        lambda p: DzSpec(p["act"], p["from_y"], p["bias"], p["grad"], p["src"], p["dz"],
-                         write_dz=p["write_dz"], write_dc=p["write_dc"], dc_dtype=p["dc"],
-                         vec=p["vec"]),
+        _dz,
     ),
 }
 

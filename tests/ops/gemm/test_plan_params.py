@@ -12,14 +12,12 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from ge2jit.ops.gemm import plans  # noqa: E402
+from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout  # noqa: E402
 from ge2jit.ops.gemm.spec import (  # noqa: E402
     PIPELINED_F32_CONFIGS,
     TILED_CONFIGS,
     WGMMA_CONFIGS,
-    Act,
-    BiasKind,
     DType,
-    Layout,
     PipelinedGemmSpec,
     SplitKReduceSpec,
     Tf32SplitSpec,
@@ -70,8 +68,10 @@ def _run_and_bind(plan):
 
 def test_plan_run_and_bind_pass_each_parameter(launches):
     calls, kernel = launches
-    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, Layout.ROW, Act.GELU, BiasKind.COL,
-                    True, TILED_CONFIGS[0])
+    epilogue = Epilogue(out_dtype=DType.F32, act=Act.GELU, bias=BiasKind.COL,
+                        bias_dtype=DType.F32, layout_c=Layout.ROW, c_dtype=DType.F32,
+                        save_z=True)
+    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, epilogue, TILED_CONFIGS[0])
     _run_and_bind(plans.Plan(None, kernel(spec), (2, 3, 1), (256, 1, 1), 0, 7))
     assert calls == [(999, PARAMS)] * 2
 
@@ -79,8 +79,8 @@ def test_plan_run_and_bind_pass_each_parameter(launches):
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F32])
 def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype):
     calls, kernel = launches
-    spec = WgmmaGemmSpec(dtype, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.COL, True,
-                         WGMMA_CONFIGS[3])
+    epilogue = Epilogue(out_dtype=dtype, bias=BiasKind.COL, bias_dtype=dtype, save_z=True)
+    spec = WgmmaGemmSpec(dtype, Layout.ROW, Layout.COL, epilogue, WGMMA_CONFIGS[3])
     _run_and_bind(plans.TmaPlan(None, kernel(spec), (132, 1, 1), (384, 1, 1), 5000, 7))
     name, es = dtype.value, dtype.itemsize
     bm, bn, bk = WGMMA_CONFIGS[3].bm, WGMMA_CONFIGS[3].bn, 128 // es
@@ -96,9 +96,12 @@ def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype):
 
 def test_split_k_plan_reduces_the_partials_with_the_epilogues_parameters(launches):
     calls, kernel = launches
-    gemm = PipelinedGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE,
-                             False, PIPELINED_F32_CONFIGS[0], split_k=True)
-    reduce = SplitKReduceSpec(DType.F32, Layout.ROW, Act.GELU, BiasKind.COL, True, True)
+    gemm = PipelinedGemmSpec(DType.F32, Layout.ROW, Layout.COL, PARTIAL_SUMS,
+                             PIPELINED_F32_CONFIGS[0], vec_y=True, split_k=True)
+    epilogue = Epilogue(out_dtype=DType.F32, act=Act.GELU, bias=BiasKind.COL,
+                        bias_dtype=DType.F32, layout_c=Layout.ROW, c_dtype=DType.F32,
+                        save_z=True)
+    reduce = SplitKReduceSpec(DType.F32, epilogue, True)
     _run_and_bind(plans.Plan(None, kernel(gemm), (2, 3, 4), (256, 1, 1), 0, 7, kernel(reduce),
                           (5, 1, 1), splits=4))
     partials = {**PARAMS, "C": 0, "ldc": 0, "bias": 0, "bias_stride": 0, "Y": WORKSPACE,
@@ -111,8 +114,8 @@ def test_split_k_plan_reduces_the_partials_with_the_epilogues_parameters(launche
 
 def test_staged_plan_reads_the_copies(launches):
     calls, kernel = launches
-    gemm = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
-                    TILED_CONFIGS[0])
+    gemm = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, Epilogue(out_dtype=DType.F32),
+                         TILED_CONFIGS[0])
     prep = (kernel(Tf32SplitSpec(False, "hhl")), kernel(Tf32SplitSpec(True, "hlh")))
     _run_and_bind(plans.Plan(None, kernel(gemm), (2, 3, 1), (256, 1, 1), 0, 7, prep=prep))
     ld = 900   # 3 segments of K, 16-byte rows

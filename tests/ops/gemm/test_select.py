@@ -115,8 +115,9 @@ def test_tensor_core_heuristic_and_candidates():
 
 
 def test_resolve_steps_down_by_layout_and_alignment():
+    from ge2jit.ops.gemm.epilogue import Epilogue
     from ge2jit.ops.gemm.select import Choice, kernel_set, resolve, tma_fits
-    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, Act, BiasKind, DType, Layout
+    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType, Layout
 
     wg = Choice(WGMMA_CONFIGS[0], 1, "heuristic")
     assert resolve(wg, DType.BF16, "cr", (16, 16, 16), 512, 512, 512, 132) is wg
@@ -131,29 +132,23 @@ def test_resolve_steps_down_by_layout_and_alignment():
     assert fallback.family == "tiled" and fallback.reason == "fallback"
     assert "not 4-byte aligned" in fallback.detail
     assert resolve(wg, DType.F32, "cr", (4, 4, 16), 512, 512, 512, 132) is wg
-    ks = kernel_set(DType.F32, Layout.COL, Layout.ROW, None, Act.NONE, BiasKind.NONE, False,
-                    WGMMA_CONFIGS[0], 1, 512, (4, 4, 16))
+    plain = Epilogue(out_dtype=DType.F32)
+    ks = kernel_set(DType.F32, Layout.COL, Layout.ROW, plain, WGMMA_CONFIGS[0], 1, 512,
+                    (4, 4, 16))
     assert ks.prep_a == ks.prep_b and ks.prep_a.kernel_name == "transpose_f32"
     assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
     assert ks.specs == (ks.main, ks.prep_a)
-    ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
-                    WGMMA_CONFIGS[0], 1, 512, (16, 16, 16))
+    ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, plain, WGMMA_CONFIGS[0], 1, 512,
+                    (16, 16, 16))
     assert ks.prep_a is None and ks.prep_b is None and ks.specs == (ks.main,)
 
 
 @pytest.mark.parametrize("layouts", ["rr", "rc", "cr", "cc"])
 @pytest.mark.parametrize("family", ["wgmma", "mma"])
 def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
+    from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue
     from ge2jit.ops.gemm.select import Choice, k_parts, kernel_set, resolve
-    from ge2jit.ops.gemm.spec import (
-        MMA_TF32_CONFIGS,
-        WGMMA_CONFIGS,
-        Act,
-        BiasKind,
-        DType,
-        Layout,
-        Precision,
-    )
+    from ge2jit.ops.gemm.spec import MMA_TF32_CONFIGS, WGMMA_CONFIGS, DType, Layout, Precision
 
     cfg = WGMMA_CONFIGS[3] if family == "wgmma" else MMA_TF32_CONFIGS[3]
     x3 = Precision.TF32X3
@@ -162,8 +157,8 @@ def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
     ch = Choice(cfg, 1, "heuristic")
     assert resolve(ch, DType.F32, layouts, (4, 4, 4), 300, 500, 70, 132, x3) is ch
     la, lb = Layout(layouts[0]), Layout(layouts[1])
-    ks = kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False, cfg, 1, 70,
-                    (4, 4, 4), precision=x3)
+    gelu = Epilogue(out_dtype=DType.F32, act=Act.GELU, bias=BiasKind.COL, bias_dtype=DType.F32)
+    ks = kernel_set(DType.F32, la, lb, gelu, cfg, 1, 70, (4, 4, 4), precision=x3)
     assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
     assert ks.prep_a.kernel_name == "tf32x3_split_hhl" + ("_t" if layouts[0] == "c" else "")
     assert ks.prep_b.kernel_name == "tf32x3_split_hlh" + ("_t" if layouts[1] == "r" else "")
@@ -171,21 +166,20 @@ def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
     if family == "mma":
         assert (ks.main.copy_a, ks.main.copy_b) == (16, 16)
         with pytest.raises(ArgumentValueError, match="too large for the separate product"):
-            kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False,
-                       MMA_TF32_CONFIGS[0], 1, 70, (4, 4, 4), precision=x3)
+            kernel_set(DType.F32, la, lb, gelu, MMA_TF32_CONFIGS[0], 1, 70, (4, 4, 4),
+                       precision=x3)
     else:   # a config without room for the rounded second set of accumulators is refused
         with pytest.raises(ArgumentValueError, match="too many for the second set"):
-            kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False,
-                       WGMMA_CONFIGS[0], 1, 70, (4, 4, 4), precision=x3)
+            kernel_set(DType.F32, la, lb, gelu, WGMMA_CONFIGS[0], 1, 70, (4, 4, 4),
+                       precision=x3)
     # K = 0 reads no operand: nothing to split
-    ks0 = kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False,
-                     MMA_TF32_CONFIGS[3], 1, 0, (4, 4, 4), precision=x3)
+    ks0 = kernel_set(DType.F32, la, lb, gelu, MMA_TF32_CONFIGS[3], 1, 0, (4, 4, 4),
+                     precision=x3)
     assert ks0.prep_a is None and ks0.prep_b is None
     # the CUDA-core configs stay exact float32
     from ge2jit.ops.gemm.select import FALLBACK_TILE
 
-    ks = kernel_set(DType.F32, la, lb, None, Act.GELU, BiasKind.COL, False, FALLBACK_TILE, 1,
-                    70, (4, 4, 4), precision=x3)
+    ks = kernel_set(DType.F32, la, lb, gelu, FALLBACK_TILE, 1, 70, (4, 4, 4), precision=x3)
     assert ks.prep_a is None and ks.specs == (ks.main,)
 
 
@@ -228,31 +222,31 @@ def test_config_names_of_every_family_parse():
 
 
 def test_hopper_split_k_specs_and_names():
+    from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Act, BiasKind, Epilogue
     from ge2jit.ops.gemm.select import kernel_set
-    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, Act, BiasKind, DType, Layout, Precision
+    from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType, Layout, Precision
 
     cfg = WGMMA_CONFIGS[3]
     assert parse_config(cfg.name + "_k3") == (cfg, 3)
     with pytest.raises(ArgumentValueError, match="mma.sync configs have no split-K"):
         parse_config("mma_128x128x32_w64x64_s4_k2")
     # 1000 of K in 64-wide bf16 k-tiles: 16, in slices of 6, 6 and 4
-    ks = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, Layout.COL, Act.GELU, BiasKind.ROW,
-                    True, cfg, 3, 1000, (16, 16, 16), out_dtype=DType.BF16,
-                    c_dtype=DType.F32, bias_dtype=DType.BF16)
+    epilogue = Epilogue(out_dtype=DType.BF16, act=Act.GELU, bias=BiasKind.ROW,
+                        bias_dtype=DType.BF16, layout_c=Layout.COL, c_dtype=DType.F32,
+                        save_z=True)
+    ks = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, epilogue, cfg, 3, 1000, (16, 16, 16))
     assert (ks.splits, ks.k_tiles_per_split) == (3, 6)
     assert ks.main.split_k and ks.main.kernel_name.endswith("_splitk")
-    assert ks.main.out_dtype is DType.F32 and ks.main.act is Act.NONE and not ks.main.save_z
+    assert ks.main.epilogue == PARTIAL_SUMS
     r = ks.reduce
-    assert (r.act, r.bias, r.layout_c, r.save_z) == (Act.GELU, BiasKind.ROW, Layout.COL, True)
-    assert (r.out_dtype, r.c_dtype, r.bias_dtype) == (DType.BF16, DType.F32, DType.BF16)
-    assert r.fast_act and r.vec_y
+    assert r.epilogue == epilogue and r.fast_act and r.vec_y
     # 3xTF32 slices the tripled K: 3 x 100 floats in 32-wide k-tiles = 10
-    ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
-                    cfg, 4, 100, (16, 16, 16), precision=Precision.TF32X3)
+    ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, Epilogue(out_dtype=DType.F32), cfg, 4,
+                    100, (16, 16, 16), precision=Precision.TF32X3)
     assert (ks.splits, ks.k_tiles_per_split) == (4, 3) and ks.main.promote
     # a split that K cannot feed is no split
-    ks = kernel_set(DType.BF16, Layout.ROW, Layout.COL, None, Act.NONE, BiasKind.NONE, False,
-                    cfg, 4, 64, (16, 16, 16))
+    ks = kernel_set(DType.BF16, Layout.ROW, Layout.COL, Epilogue(out_dtype=DType.BF16), cfg, 4,
+                    64, (16, 16, 16))
     assert ks.splits == 1 and ks.reduce is None and not ks.main.split_k
     # candidates: slices for few tiles and a long K only
     few = [s for c, s in candidates(256, 256, 8192, 90, DType.BF16) if c == cfg]

@@ -8,8 +8,9 @@ import pytest
 
 import ge2jit
 from ge2jit.ops.gemm import problem
+from ge2jit.ops.gemm.epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout
 from ge2jit.ops.gemm.problem import layout_of, validate
-from ge2jit.ops.gemm.spec import ACT_NAMES, Act, BiasKind, DType, Layout, Precision
+from ge2jit.ops.gemm.spec import DType, Precision
 
 from ...fake_cupy import FakeArray, make_module
 
@@ -43,7 +44,7 @@ def refused(exc, match, **kw):
 
 def test_valid_call():
     p = ok(act="gelu")
-    assert (p.m, p.n, p.k, p.act) == (M, N, K, Act.GELU)
+    assert (p.m, p.n, p.k, p.epilogue.act) == (M, N, K, Act.GELU)
     assert p.layout_a is Layout.ROW and p.lda == K and p.ldb == N
 
 
@@ -87,16 +88,19 @@ def half(*shape):
 
 def test_16bit_inputs_types_of_bias_c_and_y():
     p = ok(a=half(M, K), b=half(K, N))
-    assert p.dtype is DType.F16 and p.out_dtype is DType.F16 and p.precision is Precision.IEEE
+    assert p.dtype is DType.F16 and p.precision is Precision.IEEE
+    assert p.epilogue == Epilogue(out_dtype=DType.F16)
     p = ok(a=half(M, K), b=half(K, N), bias=FakeArray((N,)), c=FakeArray((M, N)), beta=1.0,
            out_dtype="float32")
-    assert (p.bias_dtype, p.c_dtype, p.out_dtype) == (DType.F32, DType.F32, DType.F32)
+    e = p.epilogue
+    assert (e.bias_dtype, e.c_dtype, e.out_dtype) == (DType.F32, DType.F32, DType.F32)
     p = ok(a=half(M, K), b=half(K, N), bias=half(N), out=FakeArray((M, N)))
-    assert p.out_dtype is DType.F32 and p.bias_dtype is DType.F16  # Y's type from out
+    e = p.epilogue
+    assert e.out_dtype is DType.F32 and e.bias_dtype is DType.F16  # Y's type from out
     p = ok(a=half(M, K), b=half(K, N), out_dtype=np.float16, out=half(M, N))
-    assert p.out_dtype is DType.F16
+    assert p.epilogue.out_dtype is DType.F16
     p = ok(a=half(M, K), b=half(K, N), c=FakeArray((M, N)), beta=0.0)
-    assert p.c is None and p.c_dtype is DType.F16   # C unread: its type does not matter
+    assert p.c is None and p.epilogue.c_dtype is None   # C unread: no type
 
 
 def test_16bit_refusals():
@@ -156,7 +160,7 @@ def test_bfloat16_by_name():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     bf = np.dtype(ml_dtypes.bfloat16)
     p = ok(a=FakeArray((M, K), bf), b=FakeArray((K, N), bf), out_dtype=ml_dtypes.bfloat16)
-    assert p.dtype is DType.BF16 and p.out_dtype is DType.BF16
+    assert p.dtype is DType.BF16 and p.epilogue.out_dtype is DType.BF16
     refused(ValueError, r"b: expected dtype bfloat16 \(the dtype of a\), got float16",
             a=FakeArray((M, K), bf), b=half(K, N))
 
@@ -184,7 +188,7 @@ def test_scalars(name):
     ((N,), BiasKind.COL), ((1, N), BiasKind.COL), ((M, 1), BiasKind.ROW),
 ])
 def test_bias_shapes_accepted(shape, kind):
-    assert ok(bias=FakeArray(shape)).bias_kind is kind
+    assert ok(bias=FakeArray(shape)).epilogue.bias is kind
 
 
 @pytest.mark.parametrize("shape", [(M,), (N, 1), (M, N), (1, 1, N), (N + 1,), (2, N)])
@@ -208,7 +212,7 @@ def test_c_shape_and_beta_without_c():
 
 def test_c_with_zero_beta_is_not_read():
     p = ok(c=FakeArray((M, N)), beta=0.0)
-    assert p.c is None and p.layout_c is None
+    assert p.c is None and p.epilogue.layout_c is None
 
 
 def test_out_checks():
@@ -403,9 +407,8 @@ def test_tf32x3_over_3k_beyond_32_bits():
     small = select.heuristic(4096, 4096, k - 1, 132, 90, "rr", DType.F32, Precision.TF32X3)
     assert isinstance(small.config, WgmmaConfig)
     with pytest.raises(ge2jit.ArgumentValueError, match=r"3K = \d+, more than the 2147483647"):
-        select.kernel_set(DType.F32, Layout.ROW, Layout.ROW, None, Act.NONE, BiasKind.NONE,
-                          False, small.config, 1, k, (16, 16, 16),
-                          precision=Precision.TF32X3)
+        select.kernel_set(DType.F32, Layout.ROW, Layout.ROW, Epilogue(out_dtype=DType.F32),
+                          small.config, 1, k, (16, 16, 16), precision=Precision.TF32X3)
 
 
 def test_backward_pass_grid_stays_within_65535_rows_of_blocks():
@@ -414,3 +417,21 @@ def test_backward_pass_grid_stays_within_65535_rows_of_blocks():
     for m, n in ((2**31 - 2**16, 8), (70_000_000, 1), (1000, 1000)):
         tm, grid = _pass_shape(m, n, 1)
         assert grid[1] <= 65535 and tm * grid[1] >= m and grid[0] * 32 >= n
+
+
+def test_backward_pass_spec_refuses_fields_it_does_not_read():
+    from ge2jit.ops.gemm.spec import DzSpec
+
+    f32, f16 = DType.F32, DType.F16
+    with pytest.raises(ge2jit.ArgumentValueError, match="^DzSpec.from_y: act 'none' reads "
+                       "neither Z nor Y; expected False, got True$"):
+        DzSpec(Act.NONE, True, BiasKind.COL, f16, f16, f16)
+    with pytest.raises(ge2jit.ArgumentValueError, match="^DzSpec.src_dtype: act 'none' reads "
+                       "neither Z nor Y; expected the grad_dtype <DType.F32: 'f32'>, got "
+                       "<DType.F16: 'f16'>$"):
+        DzSpec(Act.NONE, False, BiasKind.COL, f32, f16, f16)
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"^DzSpec.dc_dtype: no dC is written "
+                       r"\(write_dc False\); expected DType.F32, got <DType.F16: 'f16'>$"):
+        DzSpec(Act.RELU, True, BiasKind.NONE, f16, f16, f16, dc_dtype=f16)
+    spec = DzSpec(Act.NONE, False, BiasKind.ROW, f32, f32, f16, write_dc=True, dc_dtype=f16)
+    assert (spec.from_y, spec.src_dtype, spec.dc_dtype) == (False, f32, f16)

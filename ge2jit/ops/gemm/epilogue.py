@@ -1,0 +1,159 @@
+"""The fused epilogue of the GEMM kernels: its vocabulary (storage layouts, activations, bias
+kinds) and ``Epilogue``, the one value that a problem, a plan key, ``kernel_set`` and every GEMM
+kernel spec carry for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from ...errors import ArgumentValueError
+from ...jit.params import Param, array
+from ...runtime.dtypes import DType
+
+
+class Layout(Enum):
+    """How a 2-D operand is stored: row-major (strides (ld, 1)) or column-major ((1, ld))."""
+
+    ROW = "r"
+    COL = "c"
+
+
+class Act(Enum):
+    NONE = "none"
+    RELU = "relu"
+    LEAKY_RELU = "leaky_relu"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    SILU = "silu"
+
+
+class BiasKind(Enum):
+    """Shape class of the bias: none, one scalar, one value per column (N), one per row (M)."""
+
+    NONE = "nobias"
+    SCALAR = "scalarbias"
+    COL = "colbias"
+    ROW = "rowbias"
+
+
+ACT_NAMES: dict[str, Act] = {a.value: a for a in Act}
+
+#: Activations whose derivative is a function of their output (the backward can start from Y).
+ACTS_FROM_Y = (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.SIGMOID, Act.TANH)
+
+
+def check_field(obj, name: str, typ: type, optional: bool = False) -> None:
+    """TypeError unless field ``name`` of ``obj`` is a ``typ`` (or None, when ``optional``);
+    a bool is no int."""
+    value = getattr(obj, name)
+    if optional and value is None:
+        return
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise TypeError(f"{type(obj).__name__}.{name}: expected {typ.__name__}"
+                        f"{' or None' if optional else ''}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Epilogue:
+    """What a GEMM kernel does with its float32 accumulators ``acc``: ``Z = alpha * acc +
+    beta * C + bias`` and ``Y = act(Z)``, stored as ``out_dtype`` (Z too, with ``save_z``).
+
+    ``bias`` is the bias' shape class, ``bias_dtype`` its type (None without a bias);
+    ``layout_c`` is C's layout, None for no C term (beta == 0), ``c_dtype`` its type (None
+    without C). ``gate`` (an activation, with act none, no bias, no Z and C given) makes it
+    ``Y = alpha * acc * gate'(C)``: the backward's dA of the next layer formed as the gradient
+    of this layer's pre-activation, with C its Z (or, ``gate_from_y``, its output). ``bgrad``
+    (with a gate): the column sums of each 16 rows of Y as well, in float32, to the array the
+    bias pointer gives (rows of ``bias_stride``): the partial sums of that layer's bias
+    gradient (cuBLASLt's BGRAD). A problem's epilogue asks for them; a kernel's makes them
+    (``kernel_set`` keeps it where the kernel can). The leaky ReLU's slope is no part of it:
+    the kernels take it as a parameter at launch.
+    """
+
+    out_dtype: DType
+    act: Act = Act.NONE
+    bias: BiasKind = BiasKind.NONE
+    bias_dtype: DType | None = None
+    layout_c: Layout | None = None
+    c_dtype: DType | None = None
+    save_z: bool = False
+    gate: Act | None = None
+    gate_from_y: bool = False
+    bgrad: bool = False
+
+    def __post_init__(self):
+        for name, typ, optional in (("out_dtype", DType, False), ("act", Act, False),
+                                    ("bias", BiasKind, False), ("bias_dtype", DType, True),
+                                    ("layout_c", Layout, True), ("c_dtype", DType, True),
+                                    ("save_z", bool, False), ("gate", Act, True),
+                                    ("gate_from_y", bool, False), ("bgrad", bool, False)):
+            check_field(self, name, typ, optional)
+        if (self.bias_dtype is None) != (self.bias is BiasKind.NONE):
+            raise ArgumentValueError(
+                f"Epilogue.bias_dtype: expected a DType with bias {self.bias.value!r} and None "
+                f"without a bias, got {self.bias_dtype!r}")
+        if (self.c_dtype is None) != (self.layout_c is None):
+            raise ArgumentValueError(
+                f"Epilogue.c_dtype: expected a DType with a C term (layout_c given) and None "
+                f"without one, got {self.c_dtype!r} with layout_c {self.layout_c!r}")
+        if self.gate is None:
+            if self.gate_from_y:
+                raise ArgumentValueError("Epilogue.gate_from_y: expected False without a gate, "
+                                         "got True")
+            if self.bgrad:
+                raise ArgumentValueError("Epilogue.bgrad: the column sums are a gated output's; "
+                                         "expected False without a gate, got True")
+        elif (self.act is not Act.NONE or self.bias is not BiasKind.NONE or self.save_z
+              or self.layout_c is None):
+            raise ArgumentValueError(
+                "Epilogue: a gate (Y = alpha * A @ B * act'(C)) reads C and takes no "
+                "activation, bias or saved Z")
+        elif self.gate_from_y and self.gate not in ACTS_FROM_Y:
+            raise ArgumentValueError(f"Epilogue: act {self.gate.value!r} has no derivative in "
+                                     "terms of its output")
+
+    @property
+    def has_c(self) -> bool:
+        return self.layout_c is not None
+
+    @property
+    def y_ctype(self) -> str:
+        """The C type of Y and Z."""
+        return self.out_dtype.ctype
+
+    def name(self, dtype: DType) -> str:
+        """Its part of a kernel's name, for inputs of type ``dtype``:
+        ``_<act>_<bias>[_g<z|y><gate>][<bias dtype>][_c<layout>[<dtype>]][_o<dtype>][_z][_bg]``
+        (dtypes only where they differ from the inputs')."""
+        name = f"_{self.act.value}_{self.bias.value}"
+        if self.gate is not None:
+            name += f"_g{'y' if self.gate_from_y else 'z'}{self.gate.value}"
+        if self.bias_dtype not in (None, dtype):
+            name += self.bias_dtype.value
+        if self.layout_c is not None:
+            name += f"_c{self.layout_c.value}" + (self.c_dtype.value if self.c_dtype is not dtype
+                                                  else "")
+        if self.out_dtype is not dtype:
+            name += f"_o{self.out_dtype.value}"
+        if self.save_z:
+            name += "_z"
+        if self.bgrad:
+            name += "_bg"
+        return name
+
+    def params(self, dtype: DType) -> tuple[Param, ...]:
+        """The kernel parameters of C, the bias (``bgrad``: the float32 column sums written in
+        its place), Y and Z, each with its leading dimension (the bias: its stride). A C or
+        bias that is not read is typed as the inputs (``dtype``)."""
+        bias = (array("bias", "float", "bias_stride") if self.bgrad else
+                array("bias", (self.bias_dtype or dtype).ctype, "bias_stride", const=True))
+        return (*array("C", (self.c_dtype or dtype).ctype, "ldc", const=True), *bias,
+                *array("Y", self.y_ctype, "ldy"), *array("Z", self.y_ctype, "ldz"))
+
+
+#: The epilogue of a split-K slice: its raw float32 partial products, which
+#: ``SplitKReduceSpec`` sums before it applies the problem's epilogue.
+PARTIAL_SUMS = Epilogue(out_dtype=DType.F32)
