@@ -6,10 +6,11 @@ would not hold anyway, and loading a module is no stream operation a graph can r
 kernel that is not loaded yet when a captured step launches it is an error that says to warm
 up with the same shapes first (``GraphCaptureError``), never a half-captured stream.
 
-``ge2jit.graph`` marks its captures here (``capture_scope``); captures ge2jit did not start are
-seen where that is cheap: PyTorch's current stream (``torch.cuda.graph``) and CuPy's current
-stream (other than the legacy default stream), queried only when a kernel is about to be
-loaded, never on a launch.
+``ge2jit.graph`` marks its captures here (``capture_scope``). A capture ge2jit did not start is
+seen on PyTorch's current stream (``torch.cuda.graph``, whose global capture mode would refuse
+the module load anyway, invalidating the capture), queried only when a kernel is about to be
+loaded, never on a launch. A CuPy capture of the caller's own (relaxed mode, where a load is
+allowed) is left alone.
 """
 
 from __future__ import annotations
@@ -51,28 +52,9 @@ def _torch_capturing() -> bool:
         return False
 
 
-def _cupy_capturing() -> bool:
-    cupy = sys.modules.get("cupy")
-    if cupy is None:
-        return False
-    try:
-        stream = cupy.cuda.get_current_stream()
-        if stream.ptr in (0, 1, 2):   # the legacy and per-thread default streams never capture
-            return False
-        return bool(stream.is_capturing())
-    except RuntimeError as e:   # CuPy's "an error has invalidated the capture sequence"
-        return "captur" in str(e) and "invalidated" in str(e)
-    except Exception:  # noqa: BLE001 - no device, no driver: no capture
-        return False
-
-
 def external_capture() -> str | None:
-    """A capture that ge2jit did not start, on PyTorch's or CuPy's current stream, or None."""
-    if _torch_capturing():
-        return "PyTorch's current stream"
-    if _cupy_capturing():
-        return "CuPy's current stream"
-    return None
+    """A capture that ge2jit did not start, on PyTorch's current stream, or None."""
+    return "PyTorch's current stream" if _torch_capturing() else None
 
 
 def check_not_capturing(kernel_name: str, device_id: int) -> None:
