@@ -32,11 +32,13 @@ _INPUT, _REFERENCE, _VALUE = "input", "reference", "value"
 
 @dataclass(frozen=True)
 class _Slot:
-    """What a captured step does with one argument leaf on each call."""
+    """What a captured step does with one argument leaf on each call: ``role`` _INPUT (copied
+    into ``static``), _REFERENCE (must be the array at ``ptr`` with ``layout``) or _VALUE
+    (must have ``key``)."""
 
     path: str
-    role: str          # _INPUT (copied into ``static``), _REFERENCE (must be the same
-    framework: str | None   # array), _VALUE (must be equal)
+    role: str
+    framework: str | None
     meta: tuple = ()
     ptr: int = 0
     layout: tuple = ()
@@ -133,17 +135,17 @@ class CapturedStep:
             memory it keeps).
     """
 
-    def __init__(self, fn, backend, device: int, slots: tuple, structure, graph, outputs,
-                 pool, warmups: int, warmup_outputs, keep):
+    def __init__(self, fn, backend, device: int, slots: tuple, args: Arguments, graph,
+                 outputs, pool, warmups: int, warmup_outputs, keep):
         self.fn, self.backend, self.device = fn, backend.name, device
-        self._backend, self._slots, self._structure = backend, slots, structure
+        self._backend, self._slots, self._structure = backend, slots, args.structure
         self.graph, self.outputs, self.pool = graph, outputs, pool
         self.warmups, self.warmup_outputs = warmups, warmup_outputs
         self._keep = keep   # arrays the graph reads or writes: alive as long as it is
         self.inputs = {s.path: s.static for s in slots if s.role == _INPUT}
         self._label = _label(fn)
         self._device_of = backend.device
-        self._names = argument_names(fn, structure_args(structure))
+        self._names = argument_names(fn, args.nargs)
 
     def __call__(self, *args, **kwargs):
         return self.run(flatten(self.fn, args, kwargs, _backends.kind_of, self._names))
@@ -209,11 +211,6 @@ class CapturedStep:
                 f"{'; '.join(parts) or 'no arguments'})>")
 
 
-def structure_args(structure) -> int:
-    """How many positional arguments a call of this structure (``Arguments.structure``) had."""
-    return len(structure[1][0][1])
-
-
 def describe(x) -> str:
     kind = _backends.KINDS[_backends.kind_of(x)]
     return _backends.describe_meta(kind.meta(x))
@@ -277,8 +274,8 @@ def build(fn, args: Arguments, *, inputs=None, warmup=None, backend=None) -> Cap
                 "by reference), or close over the state; if the change is meant, list the "
                 "inputs explicitly to silence this", GraphCaptureWarning, stacklevel=3)
     graph, outputs = b.capture(fn, static_args, static_kwargs, label, pool)
-    return CapturedStep(fn, b, device, tuple(slots), args.structure, graph, outputs, pool,
-                        warmup, warm, tuple(keep) + tuple(values))
+    return CapturedStep(fn, b, device, tuple(slots), args, graph, outputs, pool, warmup, warm,
+                        tuple(keep) + tuple(values))
 
 
 def _torch_device(index: int):
