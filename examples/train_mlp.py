@@ -1,7 +1,7 @@
 """Train a 3-layer MLP on ge2jit alone: two interleaved spirals, classified. Needs a CUDA GPU.
 
     python examples/train_mlp.py [--dtype float32|bfloat16] [--optimizer adam|sgd]
-                                 [--steps 400] [--seed 0] [--act gelu_tanh]
+                                 [--steps 400] [--seed 0] [--act gelu_tanh] [--graph]
 
 Without a GPU it says so in one line, with what works without one (compiling and inspecting
 kernels), and exits with status 2: nothing was trained.
@@ -15,6 +15,13 @@ pass forms dZ or db below the last layer. Every parameter is updated by one fuse
 kernel (``ge2jit.adam_update`` or ``ge2jit.sgd_update``). The softmax cross-entropy loss and
 its gradient are a few CuPy array expressions. In bfloat16 the optimizer keeps float32 master
 weights and writes the bfloat16 copies that the next forward reads; biases stay float32.
+Adam's step count is a device counter that the step advances (``adam_update(step=t)``).
+
+``--graph`` captures the training step once as a CUDA graph (``ge2jit.graph.capture``: its
+warm-up is the first step) and replays it for every other step: the batch is copied into the
+graph's input buffers, the parameters and optimizer state (closed over by the step) are
+updated in place by each replay, Adam's counter advances in the graph. The losses are the
+eager run's, bit for bit; the per-step times of both are printed at the end.
 
 ``numpy_losses`` trains the same network, from the same initial weights and data, in float64
 NumPy: the GPU test compares the first steps' losses with it.
@@ -73,8 +80,12 @@ def _loss_and_grad(xp, logits, labels):
 
 def train(steps: int = 400, *, dtype: str = "float32", optimizer: str = "adam", seed: int = 0,
           act: str = "gelu_tanh", hidden: int = 256, points: int = 1024, lr: float | None = None,
-          progress: bool = True):
-    """Trains on the GPU; returns (losses per step, final accuracy)."""
+          progress: bool = True, graph: bool = False, timings: dict | None = None):
+    """Trains on the GPU; returns (losses per step, final accuracy). ``graph``: the step
+    captured once and replayed (see the module's docstring). ``timings``, a dict, receives
+    the seconds per step after the first (``per_step_s``) and how many were timed."""
+    import time
+
     import cupy as cp
 
     import ge2jit
@@ -103,14 +114,11 @@ def train(steps: int = 400, *, dtype: str = "float32", optimizer: str = "adam", 
             "state": [cp.zeros_like(w), cp.zeros_like(w), cp.zeros_like(b), cp.zeros_like(b)],
         })
     acts = [act, act, "none"]
-    losses = []
-    bar = range(1, steps + 1)
-    if progress:
-        from tqdm import tqdm
+    counter = {"t": cp.zeros((), cp.int32)}   # Adam's step count, advanced by the step
 
-        bar = tqdm(bar, desc=f"spirals ({dtype}, {optimizer})", unit="step")
-    acc = 0.0
-    for step in bar:
+    def train_step(x, y_true):
+        """One training step, all of it queued on the GPU (nothing synchronizes): returns the
+        loss and the accuracy as 0-d arrays."""
         # forward: keep each layer's input and pre-activation
         h, saved = x, []
         for layer, a in zip(layers, acts):
@@ -118,13 +126,14 @@ def train(steps: int = 400, *, dtype: str = "float32", optimizer: str = "adam", 
             saved.append((h, z))
             h = out
         loss, grad, acc = _loss_and_grad(cp, h.astype(np.float32), y_true)
-        losses.append(float(loss))
         g = grad.astype(compute)   # dL/dZ of the last layer, whose act is "none"
         # backward, last layer first. g is dL/dZ of layer i (so act="none"); its dX comes back
         # as dL/dZ of layer i - 1, that layer's act' applied in the GEMM's epilogue, and with
         # it layer i - 1's bias gradient (the column sums of that dZ, a_bias). The first
         # layer needs no gradient of its input.
         grad_bias = None   # layer i's bias gradient, when layer i + 1's backward made it
+        if optimizer == "adam":
+            counter["t"] += 1   # in place: a captured step advances it on every replay
         for i in reversed(range(len(layers))):
             layer, h_in = layers[i], saved[i][0]
             needs = ("b",) if grad_bias is not None else ("b", "bias")
@@ -140,16 +149,49 @@ def train(steps: int = 400, *, dtype: str = "float32", optimizer: str = "adam", 
             copy = None if compute == np.float32 else layer["w_c"]
             s = layer["state"]
             if optimizer == "adam":
-                ge2jit.adam_update(layer["w"], grads.b, s[0], s[1], step=step, lr=lr,
+                ge2jit.adam_update(layer["w"], grads.b, s[0], s[1], step=counter["t"], lr=lr,
                                    param_copy=copy)
-                ge2jit.adam_update(layer["b"], db, s[2], s[3], step=step, lr=lr)
+                ge2jit.adam_update(layer["b"], db, s[2], s[3], step=counter["t"], lr=lr)
             else:
                 ge2jit.sgd_update(layer["w"], grads.b, s[0], lr=lr, momentum=0.9,
                                   param_copy=copy)
                 ge2jit.sgd_update(layer["b"], db, s[2], lr=lr, momentum=0.9)
+        return loss, acc
+
+    if not steps:
+        return [], 0.0
+    run = train_step
+    if graph:
+        run = ge2jit.graph.capture(train_step, x, y_true)   # its warm-up: step 1, eagerly
+        loss, acc = run.warmup_outputs
+    else:
+        loss, acc = train_step(x, y_true)
+    log = cp.zeros(steps, loss.dtype)   # the losses, kept on the GPU until the end
+    rt = cp.cuda.runtime
+
+    def record(i: int, loss) -> None:   # log[i] = loss, queued (one small copy)
+        rt.memcpyAsync(log.data.ptr + i * log.itemsize, loss.data.ptr, log.itemsize,
+                       rt.memcpyDeviceToDevice, cp.cuda.get_current_stream().ptr)
+
+    record(0, loss)
+    bar = range(2, steps + 1)
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(bar, desc=f"spirals ({dtype}, {optimizer}{', graph' if graph else ''})",
+                   unit="step", initial=1, total=steps)
+    cp.cuda.get_current_stream().synchronize()
+    start = time.perf_counter()
+    for step in bar:
+        loss, acc = run(x, y_true)   # a graph: the batch copied in, one replay
+        record(step - 1, loss)
         if progress and step % 10 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{float(acc):.3f}")
-    return losses, float(acc)
+            bar.set_postfix(loss=f"{float(loss):.4f}", acc=f"{float(acc):.3f}")
+    cp.cuda.get_current_stream().synchronize()
+    if timings is not None:
+        timings["steps_timed"] = max(steps - 1, 0)
+        timings["per_step_s"] = (time.perf_counter() - start) / max(steps - 1, 1)
+    return log.get().astype(float).tolist(), float(acc)
 
 
 def numpy_losses(steps: int, *, seed: int = 0, act: str = "gelu_tanh", hidden: int = 256,
@@ -212,14 +254,28 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--act", default="gelu_tanh", choices=ACTS)
     parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--graph", action="store_true",
+                        help="capture the training step as a CUDA graph and replay it")
     args = parser.parse_args(argv)
     if not gpu_available():
         print(NO_GPU, file=sys.stderr)
         return 2
-    losses, acc = train(args.steps, dtype=args.dtype, optimizer=args.optimizer, seed=args.seed,
-                        act=args.act, lr=args.lr)
+    options = dict(dtype=args.dtype, optimizer=args.optimizer, seed=args.seed, act=args.act,
+                   lr=args.lr)
+    timed: dict = {}
+    losses, acc = train(args.steps, graph=args.graph, timings=timed, **options)
     print(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}), accuracy {acc:.3f} on the "
           f"{2 * 1024} training points")
+    if args.graph:   # the same steps eagerly, for the comparison
+        eager: dict = {}
+        train(min(args.steps, 200), timings=eager, progress=False, **options)
+        print(f"per step: {timed['per_step_s'] * 1e6:.0f} µs as a CUDA graph, "
+              f"{eager['per_step_s'] * 1e6:.0f} µs eagerly "
+              f"({eager['per_step_s'] / timed['per_step_s']:.2f}x; "
+              f"{timed['steps_timed']} and {eager['steps_timed']} steps timed)")
+    else:
+        print(f"per step: {timed['per_step_s'] * 1e6:.0f} µs eagerly (--graph: as a CUDA "
+              "graph)")
     return 0
 
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from . import graph  # ge2jit.graph: capture a step as a CUDA graph
 from ._version import __version__
 from .errors import (
     ArgumentTypeError,
@@ -13,6 +14,7 @@ from .errors import (
     CacheWarning,
     DeviceMismatchError,
     Ge2jitError,
+    GraphCaptureError,
     KernelCompileError,
     KernelLaunchError,
     MissingDependencyError,
@@ -55,6 +57,7 @@ __all__ = [
     "adam_update",
     "sgd_update",
     "softmax",
+    "graph",
     "tune",
     "explain",
     "warmup",
@@ -71,6 +74,7 @@ __all__ = [
     "DeviceMismatchError",
     "KernelCompileError",
     "KernelLaunchError",
+    "GraphCaptureError",
     "MissingDependencyError",
     "NvrtcError",
     "SettingsError",

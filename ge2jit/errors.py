@@ -75,5 +75,19 @@ class KernelLaunchError(Ge2jitError):
     """A compiled kernel could not be loaded or launched (for example, too many resources)."""
 
 
+class GraphCaptureError(Ge2jitError, RuntimeError):
+    """Capturing a step as a CUDA graph failed (``ge2jit.graph``): a kernel that would be
+    compiled or loaded during the capture (warm up with the same shapes first), or an
+    operation a capture cannot hold (a synchronization, a copy to the host such as ``.item()``,
+    work on the legacy default stream). The message names what failed and where; the capture
+    was ended and nothing of it kept, so the stream and the device stay usable."""
+
+
+class GraphCaptureWarning(UserWarning):
+    """A captured step looks wrong but may be meant (``ge2jit.graph``): for example, it
+    changed one of its arguments, which the graph copies in on each call, so the change
+    happens to the graph's copy, not to the caller's array."""
+
+
 class CacheWarning(UserWarning):
     """The disk cache is unusable (read-only, full); kernels are kept in memory instead."""

@@ -50,6 +50,36 @@ def test_bfloat16_and_sgd_learn_too():
     np.testing.assert_allclose(sgd, want, rtol=2e-4)
 
 
+@gpu
+@pytest.mark.parametrize("dtype,optimizer", [("float32", "adam"), ("bfloat16", "adam"),
+                                             ("float32", "sgd")])
+def test_the_step_captured_as_a_graph_trains_as_the_eager_one(dtype, optimizer):
+    lr = None if optimizer == "adam" else 0.05
+    eager, acc = train_mlp.train(8, dtype=dtype, optimizer=optimizer, lr=lr, seed=4,
+                                 progress=False)
+    graph, acc_graph = train_mlp.train(8, dtype=dtype, optimizer=optimizer, lr=lr, seed=4,
+                                       progress=False, graph=True)
+    assert graph == eager and acc_graph == acc   # bit for bit: the same kernels, replayed
+
+
+@gpu
+def test_graph_training_learns_the_spirals():
+    timings = {}
+    losses, acc = train_mlp.train(400, seed=0, progress=False, graph=True, timings=timings)
+    assert losses[0] > 0.5 and losses[-1] < LOSS_F32, losses[::50]
+    assert acc > 0.99
+    assert timings["steps_timed"] == 399 and timings["per_step_s"] > 0
+
+
+@gpu
+def test_the_script_with_graph_prints_both_times():
+    env = {**os.environ, "PYTHONPATH": str(_path.parent.parent)}   # this checkout's ge2jit
+    r = subprocess.run([sys.executable, str(_path), "--graph", "--steps", "50"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "accuracy" in r.stdout and "as a CUDA graph" in r.stdout and "eagerly" in r.stdout
+
+
 @pytest.mark.skipif(gpu_count() > 0, reason="with a GPU the script trains")
 def test_without_gpu_says_so_in_one_line():
     env = {**os.environ, "PYTHONPATH": str(_path.parent.parent)}   # this checkout's ge2jit

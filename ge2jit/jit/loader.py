@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .._version import __version__
 from ..errors import KernelLaunchError
+from ..runtime.capture import check_not_capturing
 from . import nvrtc
 from .cache import CacheEntry, cache_key, default_cache
 from .device import device_arch
@@ -117,6 +118,8 @@ def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
         table = _tables.setdefault(device_id, {})
         if spec in table:
             return table[spec]
+        # never compile or load inside a CUDA graph capture (GraphCaptureError: warm up first)
+        check_not_capturing(spec.kernel_name, device_id)
         entry, _ = build(spec, spec.target_arch(device_arch(device_id)))
         with cupy.cuda.Device(device_id):
             module = cupy.cuda.function.Module()

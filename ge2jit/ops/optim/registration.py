@@ -8,9 +8,11 @@ from ...jit.loader import get_kernel
 from ...runtime.dtypes import SUPPORTED_DTYPES, dtype_name
 from ...runtime.registry import ConfigChoice, Explanation, Op, bind
 from . import (
+    STEP_TYPES,
     UpdateSpec,
     _adam_scalars,
     _checked,
+    _is_device_step,
     _sgd_scalars,
     adam_update,
     sgd_update,
@@ -19,11 +21,12 @@ from . import (
 
 
 def _arrays(rule: str, x: dict) -> tuple:
-    """(param, grad, buf1, buf2, param_copy, nesterov) of a call's bound arguments, whose
-    scalars are checked as the call checks them."""
+    """(param, grad, buf1, buf2, param_copy, nesterov[, device step]) of a call's bound
+    arguments, whose scalars are checked as the call checks them."""
     if rule == "adam":
         _adam_scalars(x["step"], x["lr"], x["betas"], x["eps"], x["weight_decay"])
-        return x["param"], x["grad"], x["m"], x["v"], x["param_copy"], False
+        return (x["param"], x["grad"], x["m"], x["v"], x["param_copy"], False,
+                x["step"] if _is_device_step(x["step"]) else None)
     _sgd_scalars(x["lr"], x["momentum"], x["weight_decay"], x["nesterov"])
     return (x["param"], x["grad"], x["momentum_buffer"], None, x["param_copy"],
             x["nesterov"])
@@ -50,14 +53,17 @@ def _op(rule: str, function, prefixes: tuple[str, ...]) -> Op:
                            (UpdateSpec.threads, 1, 1))
 
     def specs_for_config(config, arch: str, *, grad_dtype="float32", copy_dtype=None,
-                         nesterov: bool = False) -> tuple:
-        """The step's kernel for a gradient type and a copy type (None: no param_copy)."""
+                         nesterov: bool = False, step_dtype=None) -> tuple:
+        """The step's kernel for a gradient type and a copy type (None: no param_copy);
+        Adam's ``step_dtype``: None for a Python int step, else the device counter's type."""
         if config is not None:
             raise ArgumentValueError(f"config: {name} has no configs, got {config!r}")
         if not isinstance(nesterov, bool):
             raise ArgumentValueError(f"nesterov: expected a bool, got {nesterov!r}")
         return (UpdateSpec(rule, _dtype(grad_dtype, "grad_dtype", SUPPORTED_DTYPES),
-                           _dtype(copy_dtype, "copy_dtype", warmup.COPIES), nesterov),)
+                           _dtype(copy_dtype, "copy_dtype", warmup.COPIES), nesterov,
+                           None if step_dtype is None else
+                           _dtype(step_dtype, "step_dtype", {t: t for t in STEP_TYPES})),)
 
     return Op(name=name, function=function, warmup={name: getattr(warmup, rule)}, plan=plan,
               specs_for_config=specs_for_config, kernel_prefixes=prefixes)

@@ -1,5 +1,6 @@
 """What a warm-up entry for the optimizer steps compiles: ``[[adam_update]]`` and
-``[[sgd_update]]`` tables, the gradient's types and those of the parameter's copy."""
+``[[sgd_update]]`` tables, the gradient's types and those of the parameter's copy (and for
+Adam, where its step count comes from: ``step_dtypes``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import itertools
 
 from ...runtime.dtypes import SUPPORTED_DTYPES
 from ...runtime.tables import check_keys, check_list
-from . import UpdateSpec
+from . import STEP_TYPES, UpdateSpec
 
 COPIES = {"none": None, **SUPPORTED_DTYPES}
+#: Adam's step count: "host" (a Python int) or the type of a device counter
+STEPS = {"host": None, **{name: name for name in STEP_TYPES}}
 
 
 def _keys(rule: str) -> dict:
@@ -21,6 +24,9 @@ def _keys(rule: str) -> dict:
     }
     if rule == "sgd":
         keys["nesterov"] = ("a list of booleans", [False])
+    else:
+        keys["step_dtypes"] = (f"a list of {sorted(STEPS)} (the step count: 'host' for a "
+                               "Python int, else the type of a device counter)", ["host"])
     return keys
 
 
@@ -37,15 +43,16 @@ class _Table:
         return {key: check_list(entry, key, allowed, self.KEYS)
                 for key, allowed in (("grad_dtypes", SUPPORTED_DTYPES),
                                      ("copy_dtypes", COPIES),
-                                     *((("nesterov", [False, True]),) if self.rule == "sgd"
-                                       else ()))}
+                                     (("nesterov", [False, True]) if self.rule == "sgd"
+                                      else ("step_dtypes", STEPS)))}
 
     def expand(self, entry: dict, arch: str, *, sms=None, tuned=()) -> list:
         """The update kernels of the entry (the same for every architecture)."""
         return list(dict.fromkeys(
-            UpdateSpec(self.rule, SUPPORTED_DTYPES[g], COPIES[c], nesterov)
-            for g, c, nesterov in itertools.product(entry["grad_dtypes"], entry["copy_dtypes"],
-                                                     entry.get("nesterov", [False]))))
+            UpdateSpec(self.rule, SUPPORTED_DTYPES[g], COPIES[c], nesterov, STEPS[t])
+            for g, c, nesterov, t in itertools.product(
+                entry["grad_dtypes"], entry["copy_dtypes"], entry.get("nesterov", [False]),
+                entry.get("step_dtypes", ["host"]))))
 
     @staticmethod
     def tuned_entries(records, arch: str) -> list:
