@@ -1,12 +1,17 @@
 """A GPT-style MLP block (Linear d -> 4d, GELU-tanh, Linear 4d -> d), forward + backward, in
-PyTorch: ge2jit.torch.MLP against PyTorch eager, torch.compile and torch.compile
-reduce-overhead, every implementation timed in turns (CUDA events around batches, medians).
+PyTorch: ge2jit.torch.MLP eagerly and captured as a CUDA graph (ge2jit.graph.capture) against
+PyTorch eager, torch.compile and torch.compile reduce-overhead, every implementation timed in
+turns (CUDA events around batches, medians of rounds).
 
     python bench/bench_torch_mlp.py [--d 1024] [--tokens 512,4096,16384] [--dtype bfloat16]
                                     [--json PATH]
 
-float32 runs at ``torch.get_float32_matmul_precision()`` ``--precision`` (default "highest"
-for PyTorch and "high" for ge2jit, i.e. 3xTF32 against exact float32, the issue's comparison).
+A step is ``model(x).backward(gy)`` (gradients accumulate into the parameters' ``.grad``, in
+every implementation alike). "ge2jit kernels alone" is the eager ge2jit step queued behind
+``torch.cuda._sleep`` until the whole batch is queued: the GPU runs its kernels back to back,
+so it measures their GPU time (and the gaps between them on the GPU), no host time; a captured
+step should cost about that. float32 runs at ``torch.get_float32_matmul_precision()``
+``--precision`` (default "highest") for PyTorch and at 3xTF32 ("high") for ge2jit.
 """
 
 from __future__ import annotations
@@ -20,18 +25,24 @@ import time
 
 import torch
 
+import ge2jit.graph
 import ge2jit.torch as gt
 
 
 def _timed(cases, rounds=15, batch=10):
+    """Median ms per step of each case, the cases in turns. A case is ``fn`` or ``(fn, hold)``:
+    ``hold`` GPU cycles of sleep queued before its batch (its events time the batch after)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for fn in cases.values():
+    cases = {k: v if isinstance(v, tuple) else (v, 0) for k, v in cases.items()}
+    for fn, _ in cases.values():
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
     times = {k: [] for k in cases}
     for _ in range(rounds):
-        for name, fn in cases.items():
+        for name, (fn, hold) in cases.items():
+            if hold:
+                torch.cuda._sleep(hold)
             start.record()
             for _ in range(batch):
                 fn()
@@ -39,6 +50,18 @@ def _timed(cases, rounds=15, batch=10):
             end.synchronize()
             times[name].append(start.elapsed_time(end) / batch)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _hold_cycles(fn, batch=10) -> int:
+    """GPU cycles of sleep that outlast queuing ``batch`` runs of ``fn``: twice its host time
+    at 2 GHz (no GPU clock is faster; a slower one sleeps longer)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(batch):
+        fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return int(2 * host * 2e9) + 1_000_000
 
 
 def row(tokens, d, dtype, ge2jit_precision):
@@ -57,7 +80,10 @@ def row(tokens, d, dtype, ge2jit_precision):
             model(x).backward(gy)
         return run
 
-    cases = {"ge2jit.torch.MLP": step(ours), "torch eager": step(ref),
+    eager = step(ours)
+    captured = ge2jit.graph.capture(eager, backend="torch")
+    cases = {"ge2jit.torch.MLP": eager, "ge2jit.torch.MLP, CUDA graph": captured.replay,
+             "ge2jit kernels alone": (eager, _hold_cycles(eager)), "torch eager": step(ref),
              "torch.compile": step(compiled), "torch.compile reduce-overhead": step(graphs)}
     return _timed(cases)
 
@@ -76,15 +102,17 @@ def main(argv=None) -> int:
     torch.set_float32_matmul_precision(args.precision)
     ours_precision = args.ge2jit_precision or ("tf32x3" if dtype == torch.float32 else None)
     rows = []
-    print(f"| tokens | {' | '.join(['ge2jit.torch.MLP', 'eager', 'compile', 'reduce-overhead'])}"
-          " | vs best |\n|---|---|---|---|---|---|")
+    names = ["ge2jit eager", "ge2jit graph", "ge2jit kernels alone", "torch eager",
+             "torch.compile", "reduce-overhead"]
+    print(f"| tokens | {' | '.join(names)} | eager vs best torch | graph vs best torch |\n"
+          f"|{'---|' * (len(names) + 3)}")
     for tokens in (int(t) for t in args.tokens.split(",")):
         t = row(tokens, args.d, dtype, ours_precision)
         best = min(v for k, v in t.items() if not k.startswith("ge2jit"))
-        ours = t["ge2jit.torch.MLP"]
         rows.append({"tokens": tokens, **t})
         print(f"| {tokens} | " + " | ".join(f"{v:.3f}" for v in t.values())
-              + f" | {best / ours:.2f}x |", flush=True)
+              + f" | {best / t['ge2jit.torch.MLP']:.2f}x"
+              f" | {best / t['ge2jit.torch.MLP, CUDA graph']:.2f}x |", flush=True)
     if args.json:
         doc = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                "commit": os.environ.get("GE2JIT_COMMIT", ""), "d": args.d,

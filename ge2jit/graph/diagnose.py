@@ -95,6 +95,9 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(d + os.sep for d in dirs)
 
 
+_CYTHON = (".pyx", ".pxd", ".pxi")
+
+
 def locate(tb) -> tuple[str | None, str | None]:
     """(the step's own line that failed, as ``file:line in function (`code`)``; the public
     ge2jit function it was calling) from a traceback, each None where unknown."""
@@ -103,7 +106,8 @@ def locate(tb) -> tuple[str | None, str | None]:
     ge2jit_dir = libs[0]
     user = None
     for i, f in enumerate(frames):
-        if not os.path.abspath(f.filename).startswith(libs):
+        # Cython frames (CuPy's .pyx) name their file relative to nothing: never the user's
+        if not (os.path.abspath(f.filename).startswith(libs) or f.filename.endswith(_CYTHON)):
             user = i
     if user is None:
         return None, None

@@ -21,6 +21,9 @@ import numpy as np
 from ..errors import KernelLaunchError
 from .params import Param, layout
 
+#: CUresult of a driver call on a thread with no current context
+CUDA_ERROR_INVALID_CONTEXT = 201
+
 _tls = threading.local()
 _lock = threading.Lock()
 _classes: dict[tuple, type] = {}
@@ -50,7 +53,11 @@ _pack_into(_owner[1], 0, {values})
 try:
     {driver}(_fptr, _gx, _gy, _gz, _bx, _by, _bz, _smem, _stream_ptr, _owner[2], 0)
 except Exception as _e:
-    {owner}._failed(_e)
+    {owner}._failed(_e)   # returns when it made the thread's context current: once more
+    try:
+        {driver}(_fptr, _gx, _gy, _gz, _bx, _by, _bz, _smem, _stream_ptr, _owner[2], 0)
+    except Exception as _e:
+        {owner}._failed(_e, True)
 """
 _CALL = """
 def launch(_self, _grid, _block, _smem, _stream_ptr, /{args}):
@@ -147,7 +154,17 @@ class Launcher:
         self._owner = owner = (get_ident(), values, params)
         return owner
 
-    def _failed(self, e: Exception):
+    def _failed(self, e: Exception, retried: bool = False) -> None:
+        """Raise the KernelLaunchError of ``e``, except the first time a thread without a
+        current CUDA context launched (CUDA_ERROR_INVALID_CONTEXT; PyTorch's autograd
+        threads, which set device 0 without making its context current): then make it
+        current and return, for the launch to be tried again."""
+        if not retried and getattr(e, "status", None) == CUDA_ERROR_INVALID_CONTEXT:
+            import cupy
+
+            runtime = cupy.cuda.runtime
+            runtime.setDevice(runtime.getDevice())   # initializes the primary context, current
+            return
         raise KernelLaunchError(f"launch of {self.name} failed: {e}") from e
 
     def bind(self, grid, block, smem: int, **fixed):

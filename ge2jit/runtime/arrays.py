@@ -225,10 +225,12 @@ class TorchFramework(Framework):
         return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0), strides=strides)
 
     def allocator(self, dtype, device_id: int):
-        empty, td, dev = self.torch.empty, self.torch_dtype(dtype), self._device(device_id)
+        # empty_strided with the strides given parses its arguments in about half the host
+        # time of torch.empty (which a prepared call pays for every output it allocates)
+        empty, td, dev = self.torch.empty_strided, self.torch_dtype(dtype), self._device(device_id)
 
         def alloc(shape):
-            return empty(shape, dtype=td, device=dev)
+            return empty(shape, _contiguous(shape), dtype=td, device=dev)
 
         return alloc
 
@@ -237,10 +239,10 @@ class TorchFramework(Framework):
                                 device=self._device(device_id))
 
     def scratch(self, device_id: int):
-        empty, u8, dev = self.torch.empty, self.torch.uint8, self._device(device_id)
+        empty, u8, dev = self.torch.empty_strided, self.torch.uint8, self._device(device_id)
 
         def alloc(nbytes: int) -> _TorchScratch:
-            return _TorchScratch(empty((nbytes,), dtype=u8, device=dev))
+            return _TorchScratch(empty((nbytes,), (1,), dtype=u8, device=dev))
 
         return alloc
 
@@ -263,10 +265,24 @@ class TorchFramework(Framework):
         stack = contextlib.ExitStack()
         if device_id != cp.cuda.runtime.getDevice():
             stack.enter_context(cp.cuda.Device(device_id))
+        else:   # the device's context current on this thread (PyTorch's autograd threads
+            # may have none: they set device 0 without making its context current)
+            cp.cuda.runtime.setDevice(device_id)
         stream = self.stream_getter(device_id)()
         if stream != cp.cuda.get_current_stream().ptr:
             stack.enter_context(external_stream(stream, device_id))
         return stack
+
+
+def _contiguous(shape) -> tuple:
+    """The row-major strides, in elements, of ``shape``."""
+    if len(shape) == 2:
+        return (shape[1], 1)
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 class _TorchScratch:

@@ -432,3 +432,22 @@ def test_graph_imports_no_op():
     for path in sorted((PACKAGE / "graph").rglob("*.py")):
         bad = [m for m in _imports(path) if m.startswith("ge2jit.ops")]
         assert not bad, (path, bad)
+
+
+def test_the_failing_line_named_is_the_steps_not_a_cython_frame():
+    """A capture error raised inside CuPy's Cython code (frames named ``runtime.pyx``,
+    relative to nothing) names the step's own line."""
+    from ge2jit.graph.diagnose import locate
+
+    ns: dict = {}
+    exec(compile("def check_status():\n    raise RuntimeError('capturing')\n",
+                 "cupy_backends/cuda/api/runtime.pyx", "exec"), ns)
+
+    def step():
+        ns["check_status"]()
+
+    with pytest.raises(RuntimeError) as e:
+        step()
+    where, op = locate(e.value.__traceback__)
+    assert where.startswith("test_graph_cpu.py:") and " in step " in where, where
+    assert "check_status\"]()" in where and op is None

@@ -5,6 +5,7 @@ functions take them by name (no GPU: the driver call is replaced)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import struct
 from dataclasses import dataclass
@@ -247,6 +248,47 @@ def test_a_failed_launch_names_the_kernel(launcher):
         launcher.launch((1, 1, 1), (32, 1, 1), 0, 0, **_values(PARAMS))
     with pytest.raises(KernelLaunchError, match="launch of kern failed"):
         launcher.bind((1, 1, 1), (32, 1, 1), 0)(0, **_values(PARAMS))
+
+
+class _NoContext(Exception):
+    status = 201   # CUDA_ERROR_INVALID_CONTEXT, as CuPy's CUDADriverError carries it
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_a_thread_without_a_context_gets_it_current_and_the_launch_retried(launcher, cupy,
+                                                                          monkeypatch, bound):
+    """PyTorch's autograd threads may run with no current context (device 0 set without
+    one): the first launch there makes the device's primary context current and launches
+    again; a second failure is the launch's error."""
+    from ge2jit.errors import KernelLaunchError
+
+    calls, set_to = [], []
+    _recording(launcher, calls)
+    recorded = launcher._launch
+
+    def first_fails(*args):
+        if not set_to:
+            raise _NoContext("CUDA_ERROR_INVALID_CONTEXT: invalid device context")
+        recorded(*args)
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 3)
+    monkeypatch.setattr(cupy.cuda.runtime, "setDevice", set_to.append)
+    values = _values(PARAMS)
+    launcher._launch = first_fails
+    run = (launcher.bind((1, 1, 1), (32, 1, 1), 0) if bound
+           else functools.partial(launcher.launch, (1, 1, 1), (32, 1, 1), 0))
+    run(0, **values)
+    assert set_to == [3] and len(calls) == 1
+
+    def always(*args):
+        raise _NoContext("CUDA_ERROR_INVALID_CONTEXT: invalid device context")
+
+    launcher._launch = always
+    run = (launcher.bind((1, 1, 1), (32, 1, 1), 0) if bound
+           else functools.partial(launcher.launch, (1, 1, 1), (32, 1, 1), 0))
+    with pytest.raises(KernelLaunchError, match="launch of kern failed: CUDA_ERROR_INVALID_CON"):
+        run(0, **values)
+    assert set_to == [3, 3]
 
 
 @pytest.mark.parametrize("name", ["in", "_x", "2d", "a b"])

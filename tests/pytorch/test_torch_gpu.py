@@ -140,6 +140,48 @@ def test_opcheck_each_custom_op(gt):
                                             "gelu_tanh,none", 0.01, "ieee", True))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_functions_and_the_custom_ops_give_the_same_bits(gt, dtype):
+    """Eager calls run the ops' implementations through torch.autograd.Function classes (no
+    custom-op layers); torch.ops.ge2jit.* run the same implementations: outputs and
+    gradients equal bit for bit, with and without a gradient wanted."""
+    torch.manual_seed(6)
+    x = torch.randn(96, 64, device="cuda", dtype=dtype, requires_grad=True)
+    w1 = torch.randn(128, 64, device="cuda", dtype=dtype, requires_grad=True)
+    b1 = torch.randn(128, device="cuda", dtype=dtype, requires_grad=True)
+    w2 = torch.randn(32, 128, device="cuda", dtype=dtype, requires_grad=True)
+    gy = torch.randn(96, 32, device="cuda", dtype=dtype)
+    leaves = (x, w1, b1, w2)
+
+    def grads_of(y):
+        for t in leaves:
+            t.grad = None
+        y.backward(gy)
+        return [t.grad.clone() for t in leaves]
+
+    y = gt.mlp(x, [w1, w2], [b1, None], ["gelu_tanh", "none"])
+    assert type(y.grad_fn).__name__ == "_MLPFunctionBackward"
+    eager = grads_of(y)
+    precision = gt.precision_for(dtype, None)   # what the functions pass
+    y_op = torch.ops.ge2jit.mlp(x, [w1, w2], [b1], [True, False], "gelu_tanh,none", 0.01,
+                                precision, True)[0]
+    assert "ge2jit" in type(y_op.grad_fn).__name__
+    assert torch.equal(y, y_op)
+    for g, g_op in zip(eager, grads_of(y_op)):
+        assert torch.equal(g, g_op)
+    with torch.no_grad():
+        assert torch.equal(gt.mlp(x, [w1, w2], [b1, None], ["gelu_tanh", "none"]), y)
+
+    h = gt.gemm_bias_act(x, w1.t(), b1, act="silu")
+    assert type(h.grad_fn).__name__ == "_GemmFunctionBackward"
+    loss_grads = grads_of(h @ w2.t())
+    h_op = torch.ops.ge2jit.gemm_bias_act(x, w1.t(), b1, None, "silu", 1.0, 0.0, 0.01,
+                                          precision, True)[0]
+    assert torch.equal(h, h_op)
+    for g, g_op in zip(loss_grads[:3], grads_of(h_op @ w2.t())[:3]):
+        assert torch.equal(g, g_op)
+
+
 def test_torch_compile_fullgraph_same_results(gt):
     torch.manual_seed(4)
     model = torch.nn.Sequential(gt.Linear(64, 128, act="gelu_tanh"), gt.MLP([128, 256, 64]),

@@ -184,3 +184,37 @@ def test_optimizer_steps_on_tensors():
     p2 = p0 - lr * (m2 / (1 - b1**3)) / ((v2 / (1 - b2**3)).sqrt() + eps)
     torch.testing.assert_close(p.double(), p2, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.double(), m2, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("first_in_thread", [False, True])
+def test_a_call_on_a_thread_with_no_current_context(first_in_thread):
+    """A fresh thread has no CUDA context current until something makes it so (PyTorch's
+    autograd threads run so): a first call and a cached call there both run, CuPy arrays
+    and torch tensors alike, into outputs passed in (no allocation makes it current first)."""
+    import threading
+
+    a, b = randn(64, 48), randn(48, 40)
+    out = torch.empty(64, 40, device="cuda")
+    ca, cb, cout = cp.asarray(a), cp.asarray(b), cp.empty((64, 40), dtype=cp.float32)
+    if not first_in_thread:
+        ge2jit.gemm_bias_act(a, b, act="relu", out=out)
+        ge2jit.gemm_bias_act(ca, cb, act="relu", out=cout)
+    torch.cuda.synchronize()
+    out.fill_(float("nan"))
+    cout.fill(float("nan"))
+    errors = []
+
+    def run():
+        try:
+            ge2jit.gemm_bias_act(a, b, act="relu", out=out)
+            ge2jit.gemm_bias_act(ca, cb, act="relu", out=cout)
+        except Exception as e:   # reported below, in the test's thread
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    check_gemm(out, a, b, None, "relu", 1e-5)
+    check_gemm(torch.as_tensor(cout, device="cuda"), a, b, None, "relu", 1e-5)

@@ -12,9 +12,9 @@ from torch import Tensor
 
 from ...runtime.torchlib import absent, autocast_dtype, cast, op_name, precision_for
 from .backward import gemm_bias_act_backward as _backward
+from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
 from .op import gemm_bias_act as _forward
 from .problem import layout_by_strides
-from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
 from .spec import Layout
 
 NEEDS = ("a", "b", "bias", "c")
@@ -43,16 +43,19 @@ def _gradient_like(x: Tensor, shape) -> Tensor:
 
 # --- the forward ---------------------------------------------------------------------------
 
-@torch.library.custom_op(op_name("gemm_bias_act"), mutates_args=(), device_types="cuda")
-def gemm_bias_act_op(a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None,
-                     act: str, alpha: float, beta: float, leaky_slope: float,
-                     precision: str | None, save_preact: bool) -> tuple[Tensor, Tensor]:
+def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None, act: str,
+          alpha: float, beta: float, leaky_slope: float, precision: str | None,
+          save_preact: bool) -> tuple[Tensor, Tensor]:
     """``(Y, Z)`` of ``ge2jit.gemm_bias_act`` (Z empty without ``save_preact``)."""
     out = _forward(a, b, bias, act=act, c=c, alpha=alpha, beta=beta, leaky_slope=leaky_slope,
                    save_preact=save_preact, precision=precision)
     if save_preact:
         return out
     return out, absent(out)
+
+
+gemm_bias_act_op = torch.library.custom_op(op_name("gemm_bias_act"), mutates_args=(),
+                                           device_types="cuda")(_gemm)
 
 
 @gemm_bias_act_op.register_fake
@@ -67,6 +70,7 @@ def _forward_setup(ctx, inputs, output):
     a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact = inputs
     y, z = output
     ctx.mark_non_differentiable(z)
+    ctx.set_materialize_grads(False)   # Z has no gradient: no zeros made for it
     kind = _source_kind(act, leaky_slope)
     src = z if save_preact and kind == "z" else y if kind == "y" else None
     ctx.kind = kind if src is not None or kind == "none" else "recompute"
@@ -75,7 +79,11 @@ def _forward_setup(ctx, inputs, output):
     ctx.save_for_backward(a, b, bias, c, src)
 
 
-def _forward_backward(ctx, gy, gz):
+def _gemm_grads(ctx, gy, backward):
+    """The gradients of ``_gemm``'s inputs, by ``backward`` (the backward op, or in eager mode
+    its implementation)."""
+    if gy is None:
+        return (None,) * 10
     a, b, bias, c, src = ctx.saved_tensors
     act, alpha, beta, leaky_slope, precision = ctx.scalars
     needs = [bool(n) for n in ctx.needs_input_grad[:4]]
@@ -83,29 +91,34 @@ def _forward_backward(ctx, gy, gz):
     needs[3] = needs[3] and ctx.has[1]
     z = src if ctx.kind == "z" else None
     y = src if ctx.kind == "y" else None
-    grads = torch.ops.ge2jit.gemm_bias_act_backward(gy, a, b, bias, c, z, y, act, alpha, beta,
-                                                    leaky_slope, precision, needs)
+    grads = backward(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs)
     return (*(g if n else None for g, n in zip(grads, needs)), None, None, None, None, None,
             None)
 
 
-gemm_bias_act_op.register_autograd(_forward_backward, setup_context=_forward_setup)
+def _gemm_autograd(ctx, gy, gz):
+    return _gemm_grads(ctx, gy, torch.ops.ge2jit.gemm_bias_act_backward)
+
+
+gemm_bias_act_op.register_autograd(_gemm_autograd, setup_context=_forward_setup)
 
 
 # --- the backward --------------------------------------------------------------------------
 
-@torch.library.custom_op(op_name("gemm_bias_act_backward"), mutates_args=(),
-                         device_types="cuda")
-def gemm_bias_act_backward_op(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None,
-                              c: Tensor | None, z: Tensor | None, y: Tensor | None,
-                              act: str, alpha: float, beta: float, leaky_slope: float,
-                              precision: str | None, needs: list[bool]) -> list[Tensor]:
+def _gemm_backward(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None,
+                   z: Tensor | None, y: Tensor | None, act: str, alpha: float, beta: float,
+                   leaky_slope: float, precision: str | None, needs: list[bool]
+                   ) -> list[Tensor]:
     """``[dA, dB, dBias, dC]`` of ``ge2jit.gemm_bias_act_backward`` (empty where ``needs``,
     over (a, b, bias, c), is false)."""
     names = tuple(n for n, want in zip(NEEDS, needs) if want)
     g = _backward(gy, a, b, bias, act=act, z=z, y=y, c=c, alpha=alpha, beta=beta,
                   leaky_slope=leaky_slope, needs=names, precision=precision)
     return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias, g.c)]
+
+
+gemm_bias_act_backward_op = torch.library.custom_op(
+    op_name("gemm_bias_act_backward"), mutates_args=(), device_types="cuda")(_gemm_backward)
 
 
 @gemm_bias_act_backward_op.register_fake
@@ -141,9 +154,8 @@ def _acts(acts: str, layers: int) -> list[str]:
     return names
 
 
-@torch.library.custom_op(op_name("mlp"), mutates_args=(), device_types="cuda")
-def mlp_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[bool],
-           acts: str, leaky_slope: float, precision: str | None, save: bool) -> list[Tensor]:
+def _mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[bool],
+         acts: str, leaky_slope: float, precision: str | None, save: bool) -> list[Tensor]:
     """``[Y, H_1 .. H_{L-1}, Z_1 .. Z_L]`` of layers ``H_l = act_l(H_{l-1} @ W_l.T + b_l)``
     (``W_l``: (out, in), as ``nn.Linear`` stores it; ``biases``: those of the layers whose
     ``has_bias`` is true, in order); without ``save`` only ``[Y]``. ``Z_l`` is empty where
@@ -163,6 +175,9 @@ def mlp_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: lis
     return [h, *hs[:-1], *zs]
 
 
+mlp_op = torch.library.custom_op(op_name("mlp"), mutates_args=(), device_types="cuda")(_mlp)
+
+
 @mlp_op.register_fake
 def _(x, weights, biases, has_bias, acts, leaky_slope, precision, save):
     names = _acts(acts, len(weights))
@@ -179,33 +194,39 @@ def _mlp_setup(ctx, inputs, output):
     x, weights, biases, has_bias, acts, leaky_slope, precision, save = inputs
     layers = len(weights)
     ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)   # only Y has a gradient: no zeros made for the others
     ctx.scalars = (acts, leaky_slope, precision, layers, len(biases))
     ctx.has_bias = list(has_bias)
     ctx.save_for_backward(x, *weights, *biases, *output)
 
 
-def _mlp_backward(ctx, grads):
-    gy = grads[0]   # the other outputs carry no gradient
+def _mlp_grads(ctx, gy, backward):
+    """``(dX, [dW_l], [the biases' gradients])`` of ``_mlp``, by ``backward`` (the backward
+    op, or in eager mode its implementation)."""
     acts, leaky_slope, precision, layers, nb = ctx.scalars
     saved = list(ctx.saved_tensors)
     x, weights, biases = saved[0], saved[1:1 + layers], saved[1 + layers:1 + layers + nb]
     rest = saved[1 + layers + nb:]
     y, hs, zs = rest[0], rest[1:layers], rest[layers:]
-    grads = torch.ops.ge2jit.mlp_backward(gy, x, weights, biases, ctx.has_bias, [*hs, y], zs,
-                                          acts, leaky_slope, precision,
-                                          bool(ctx.needs_input_grad[0]))
+    if gy is None:   # Y's gradient: none reached it
+        return None, [None] * layers, [None] * nb
+    grads = backward(gy, x, weights, biases, ctx.has_bias, [*hs, y], zs, acts, leaky_slope,
+                     precision, bool(ctx.needs_input_grad[0]))
     gx, gws, gbs = grads[0], grads[1:1 + layers], grads[1 + layers:]
-    return (gx if ctx.needs_input_grad[0] else None, list(gws), list(gbs), None, None, None,
-            None, None)
+    return gx if ctx.needs_input_grad[0] else None, list(gws), list(gbs)
 
 
-mlp_op.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+def _mlp_autograd(ctx, grads):   # grads: one per output of the list mlp returns
+    return (*_mlp_grads(ctx, grads[0], torch.ops.ge2jit.mlp_backward), None, None, None, None,
+            None)
 
 
-@torch.library.custom_op(op_name("mlp_backward"), mutates_args=(), device_types="cuda")
-def mlp_backward_op(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor],
-                    has_bias: list[bool], outputs: list[Tensor], zs: list[Tensor], acts: str,
-                    leaky_slope: float, precision: str | None, needs_x: bool) -> list[Tensor]:
+mlp_op.register_autograd(_mlp_autograd, setup_context=_mlp_setup)
+
+
+def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor],
+                  has_bias: list[bool], outputs: list[Tensor], zs: list[Tensor], acts: str,
+                  leaky_slope: float, precision: str | None, needs_x: bool) -> list[Tensor]:
     """``[dX, dW_1 .. dW_L, the biases' gradients]`` of ``mlp`` (dX empty when not
     wanted): ``outputs`` are the layers' outputs ``H_1 .. H_L``, ``zs`` the saved
     pre-activations (``mlp``'s). Each layer's dA is formed by its GEMM's epilogue as the
@@ -248,11 +269,65 @@ def mlp_backward_op(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[T
     return [gx if gx is not None else absent(gy), *gws, *(b for b in gbs if b is not None)]
 
 
+mlp_backward_op = torch.library.custom_op(op_name("mlp_backward"), mutates_args=(),
+                                          device_types="cuda")(_mlp_backward)
+
+
 @mlp_backward_op.register_fake
 def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precision, needs_x):
     gws = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights]
     gbs = [torch.empty_like(b, memory_format=torch.contiguous_format) for b in biases]
     return [x.new_empty(x.shape) if needs_x else absent(gy), *gws, *gbs]
+
+
+# --- eager mode ----------------------------------------------------------------------------
+# The same implementations and autograd formulas as the custom ops, as torch.autograd.Function
+# classes: in eager mode a step pays for neither the dispatcher's custom-op layers nor the
+# generated autograd wrapper around them (about 0.3 ms of host time per MLP block step).
+# Traced code (torch.compile, fake or other tensor subclasses) takes the custom ops.
+
+class _GemmFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact):
+        return _gemm(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact)
+
+    setup_context = staticmethod(_forward_setup)
+
+    @staticmethod
+    def backward(ctx, gy, gz):
+        return _gemm_grads(ctx, gy, _gemm_backward)
+
+
+class _MLPFunction(torch.autograd.Function):
+    """``_mlp(..., save=True)``; the weights and present biases come as separate arguments
+    (an autograd.Function gives no gradient to tensors in a list)."""
+
+    @staticmethod
+    def forward(x, has_bias, acts, leaky_slope, precision, layers, *params):
+        return tuple(_mlp(x, list(params[:layers]), list(params[layers:]), has_bias, acts,
+                          leaky_slope, precision, True))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, has_bias, acts, leaky_slope, precision, layers, *params = inputs
+        _mlp_setup(ctx, (x, params[:layers], params[layers:], has_bias, acts, leaky_slope,
+                         precision, True), output)
+
+    @staticmethod
+    def backward(ctx, gy, *_):
+        gx, gws, gbs = _mlp_grads(ctx, gy, _mlp_backward)
+        return (gx, None, None, None, None, None, *gws, *gbs)
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _traced(*tensors) -> bool:
+    """Whether this call takes the custom ops: it is being traced (``torch.compile``, fake
+    tensors and other subclasses of Tensor) or not every tensor is on a CUDA device (meta
+    tensors get the fake implementations, others the dispatcher's error)."""
+    return torch.compiler.is_compiling() or any(
+        t is not None and (type(t) not in _PLAIN or not t.is_cuda) for t in tensors)
 
 
 # --- the functions users call --------------------------------------------------------------
@@ -286,10 +361,15 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     if c is not None and c.dtype != torch.float32:
         c = cast(c, dtype)
     precision = precision_for(a.dtype, precision)
-    keep_z = save_preact or (_needs_grad(a, b, bias, c)
-                             and _source_kind(act, leaky_slope) == "z")
-    y, z = gemm_bias_act_op(a, b, bias, c, act, float(alpha), float(beta), float(leaky_slope),
-                            precision, keep_z)
+    grad = _needs_grad(a, b, bias, c)
+    keep_z = save_preact or (grad and _source_kind(act, leaky_slope) == "z")
+    args = (a, b, bias, c, act, float(alpha), float(beta), float(leaky_slope), precision, keep_z)
+    if _traced(a, b, bias, c):
+        y, z = gemm_bias_act_op(*args)
+    elif grad:
+        y, z = _GemmFunction.apply(*args)
+    else:
+        y, z = _gemm(*args)
     return (y, z) if save_preact else y
 
 
@@ -307,6 +387,12 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
     biases = [b if b is None or b.dtype == torch.float32 else cast(b, dtype) for b in biases]
     precision = precision_for(x.dtype, precision)
     save = _needs_grad(x, *weights, *biases)
-    return mlp_op(x, weights, [b for b in biases if b is not None],
-                  [b is not None for b in biases], ",".join(acts), float(leaky_slope),
-                  precision, save)[0]
+    present = [b for b in biases if b is not None]
+    has_bias = [b is not None for b in biases]
+    acts, leaky_slope = ",".join(acts), float(leaky_slope)
+    if _traced(x, *weights, *present):
+        return mlp_op(x, weights, present, has_bias, acts, leaky_slope, precision, save)[0]
+    if save:
+        return _MLPFunction.apply(x, has_bias, acts, leaky_slope, precision, len(weights),
+                                  *weights, *present)[0]
+    return _mlp(x, weights, present, has_bias, acts, leaky_slope, precision, False)[0]
