@@ -88,6 +88,39 @@ def row(tokens, d, dtype, ge2jit_precision):
     return _timed(cases)
 
 
+def backward_row(tokens, d, dtype, ge2jit_precision):
+    """GPU time (kernels alone, queued behind a sleep) of the block's backward: ge2jit's
+    chained backward (``torch.ops.ge2jit.mlp_backward``: dZ of the last layer, the gated dA
+    that is the first layer's dZ with its dBias, both dW, dX) against its four GEMMs alone
+    (``torch.mm`` into preallocated outputs)."""
+    torch.manual_seed(1)
+    w1 = torch.randn(4 * d, d, device="cuda", dtype=dtype) / d ** 0.5
+    w2 = torch.randn(d, 4 * d, device="cuda", dtype=dtype) / (4 * d) ** 0.5
+    b1 = torch.randn(4 * d, device="cuda", dtype=dtype)
+    b2 = torch.randn(d, device="cuda", dtype=dtype)
+    x = torch.randn(tokens, d, device="cuda", dtype=dtype)
+    gy = torch.randn(tokens, d, device="cuda", dtype=dtype)
+    ops, acts = torch.ops.ge2jit, "gelu_tanh,none"
+    y, h1, z1, z2 = ops.mlp(x, [w1, w2], [b1, b2], [True, True], acts, 0.01, ge2jit_precision,
+                            True)
+
+    def chained():
+        ops.mlp_backward(gy, x, [w1, w2], [b1, b2], [True, True], [h1, y], [z1, z2], acts,
+                         0.01, ge2jit_precision, True)
+
+    dh, dw2 = torch.empty_like(h1), torch.empty_like(w2)
+    dx, dw1 = torch.empty_like(x), torch.empty_like(w1)
+
+    def four_gemms():
+        torch.mm(gy, w2, out=dh)
+        torch.mm(gy.t(), h1, out=dw2)
+        torch.mm(dh, w1, out=dx)
+        torch.mm(dh.t(), x, out=dw1)
+
+    return _timed({"ge2jit chained backward": (chained, _hold_cycles(chained)),
+                   "four GEMMs (torch.mm)": (four_gemms, _hold_cycles(four_gemms))})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=1024)
@@ -113,10 +146,20 @@ def main(argv=None) -> int:
         print(f"| {tokens} | " + " | ".join(f"{v:.3f}" for v in t.values())
               + f" | {best / t['ge2jit.torch.MLP']:.2f}x"
               f" | {best / t['ge2jit.torch.MLP, CUDA graph']:.2f}x |", flush=True)
+    backward = []
+    print("\n| tokens | ge2jit chained backward (ms, kernels alone) | four GEMMs (torch.mm) "
+          "| ratio |\n|---|---|---|---|")
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        t = backward_row(tokens, args.d, dtype, ours_precision)
+        ours, gemms = t["ge2jit chained backward"], t["four GEMMs (torch.mm)"]
+        backward.append({"tokens": tokens, **t})
+        print(f"| {tokens} | {ours:.3f} | {gemms:.3f} | {ours / gemms:.2f}x |", flush=True)
     if args.json:
         doc = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                "commit": os.environ.get("GE2JIT_COMMIT", ""), "d": args.d,
-               "dtype": args.dtype, "torch": torch.__version__, "rows": rows}
+               "dtype": args.dtype, "precision": args.precision,
+               "ge2jit_precision": ours_precision, "torch": torch.__version__, "rows": rows,
+               "backward": backward}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0
