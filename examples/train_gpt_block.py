@@ -1,0 +1,350 @@
+"""Train a small GPT-style decoder on ge2jit.torch layers to copy sequences. Needs a CUDA GPU.
+
+    python examples/train_gpt_block.py [--compile | --graph] [--baseline]
+                                       [--dtype float32|bfloat16] [--steps 300] [--batch 32]
+                                       [--seq 64] [--vocab 64] [--d 256] [--heads 4]
+                                       [--layers 2] [--lr 1e-3] [--seed 0]
+                                       [--log-every 10] [--json PATH]
+
+Without a GPU it says so in one line and exits with status 2: nothing was trained.
+
+The model: token embedding plus a learned positional embedding, ``--layers`` pre-LayerNorm
+blocks, a final LayerNorm and a head (no bias). A block is ``x + attn(ln1(x))`` then
+``x + mlp(ln2(x))``: the attention's qkv and output projections are ``ge2jit.torch.Linear``
+(the attention itself ``scaled_dot_product_attention(is_causal=True)``), the MLP is
+``ge2jit.torch.MLP([d, 4 * d, d], act="gelu_tanh")`` (one custom op whose backward is
+chained), the head a ``ge2jit.torch.Linear``. ``--baseline`` builds the same model on
+PyTorch's layers (``nn.Linear``; ``nn.Sequential(Linear, GELU("tanh"), Linear)``), with the
+same initial weights, so the two can be compared with one script.
+
+The task: a sequence of ``seq / 2`` random tokens (from ``vocab``), a separator, and the same
+tokens again; the model reads the first ``seq`` of those ``seq + 1`` tokens and predicts each
+next one, and the loss (cross-entropy) and the accuracy count the copied half only. Batches
+are drawn on the GPU from a seeded ``torch.Generator``; the accuracy printed at the end is
+the argmax's on a held-out batch (another generator's).
+
+Training: AdamW. ``--dtype bfloat16`` keeps the parameters in float32 and runs the forward
+under ``torch.autocast("cuda", torch.bfloat16)``. Modes:
+
+- eager (default);
+- ``--compile``: the model is ``torch.compile(model, fullgraph=True)`` (the ge2jit layers are
+  custom ops: no graph break), its backward compiled with it; the loss and AdamW stay eager;
+- ``--graph``: the whole step (zero_grad, forward, loss, backward, AdamW's step) is captured
+  once as a CUDA graph with ``ge2jit.graph.capture(..., backend="torch")`` and replayed for
+  every later step, each batch copied into the graph's input buffers. The first step is the
+  capture's warm-up (an eager step, which also creates the gradients and AdamW's state);
+  AdamW is ``capturable=True`` (its step count lives on the GPU). The step returns the loss
+  tensor, which the next replay overwrites; it is read (``float(loss)``) every
+  ``--log-every`` steps, outside the step.
+
+It prints a progress bar (the loss every ``--log-every`` steps), the final loss and the copy
+accuracy, and the median time of a step over the last half of the steps (CUDA events around
+each step); ``--json PATH`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+import ge2jit.graph
+import ge2jit.torch as gt
+
+MODES = ("eager", "compile", "graph")
+
+NO_GPU = ("train_gpt_block.py: no CUDA GPU found (torch.cuda.is_available() is False); "
+          "training needs one.")
+
+
+# --- the model -----------------------------------------------------------------------------
+
+def linear(n_in: int, n_out: int, baseline: bool, device, bias: bool = True) -> nn.Module:
+    """A Linear layer: ge2jit's or, for the baseline, PyTorch's."""
+    return (nn.Linear if baseline else gt.Linear)(n_in, n_out, bias=bias, device=device)
+
+
+def make_mlp(d: int, baseline: bool, device) -> nn.Module:
+    """The block's MLP, d -> 4d (GELU, tanh approximation) -> d."""
+    if baseline:
+        return nn.Sequential(nn.Linear(d, 4 * d, device=device), nn.GELU(approximate="tanh"),
+                             nn.Linear(4 * d, d, device=device))
+    return gt.MLP([d, 4 * d, d], act="gelu_tanh", device=device)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d: int, heads: int, baseline: bool, device):
+        super().__init__()
+        self.heads = heads
+        self.qkv = linear(d, 3 * d, baseline, device)
+        self.proj = linear(d, d, baseline, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)   # each (b, heads, t, d / heads)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, d: int, heads: int, baseline: bool, device):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d, device=device)
+        self.attn = CausalSelfAttention(d, heads, baseline, device)
+        self.ln2 = nn.LayerNorm(d, device=device)
+        self.mlp = make_mlp(d, baseline, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token and learned positional embeddings, ``layers`` blocks, a final LayerNorm and a
+    head over the ``vocab`` tokens (the separator, token ``vocab``, is only read)."""
+
+    def __init__(self, vocab: int, seq: int, d: int, heads: int, layers: int, *,
+                 baseline: bool = False, device=None):
+        super().__init__()
+        self.tok = nn.Embedding(vocab + 1, d, device=device)
+        self.pos = nn.Parameter(torch.zeros(seq, d, device=device))
+        self.blocks = nn.ModuleList(Block(d, heads, baseline, device) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d, device=device)
+        self.head = linear(d, vocab, baseline, device, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[:idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+LINEARS = (nn.Linear, gt.Linear)
+
+
+def init_weights(model: GPT, seed: int) -> None:
+    """GPT-2's initialization: linear weights and embeddings normal(0, 0.02), the residual
+    projections (attention output, the MLP's last layer) 0.02 / sqrt(2 * layers), biases 0,
+    LayerNorms 1 and 0. Drawn on the CPU from ``seed`` in module order, so the ge2jit and
+    the baseline model start from the same weights."""
+    g = torch.Generator().manual_seed(seed)
+    std = 0.02
+    residual_std = std / math.sqrt(2 * len(model.blocks))
+    residual = set()
+    for block in model.blocks:
+        residual.add(id(block.attn.proj))
+        residual.add(id([m for m in block.mlp.modules() if isinstance(m, LINEARS)][-1]))
+
+    def normal_(p: torch.Tensor, s: float) -> None:
+        p.copy_(torch.randn(p.shape, generator=g) * s)
+
+    with torch.no_grad():
+        normal_(model.tok.weight, std)
+        normal_(model.pos, std)
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+            elif isinstance(m, LINEARS):
+                normal_(m.weight, residual_std if id(m) in residual else std)
+                if m.bias is not None:
+                    m.bias.zero_()
+
+
+# --- the task ------------------------------------------------------------------------------
+
+def copy_batch(gen: torch.Generator, batch: int, seq: int, vocab: int, device):
+    """``(x, targets)``: x (batch, seq) holds ``seq / 2`` random tokens, the separator
+    (token ``vocab``) and the first ``seq / 2 - 1`` tokens again; targets (batch, seq / 2)
+    are the random tokens, which the logits at positions ``seq / 2 ..`` must predict."""
+    half = seq // 2
+    tokens = torch.randint(0, vocab, (batch, half), generator=gen, device=device)
+    sep = torch.full((batch, 1), vocab, dtype=tokens.dtype, device=device)
+    x = torch.cat([tokens, sep, tokens[:, :-1]], dim=1)
+    return x, tokens
+
+
+def copy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the copied half (the last ``targets.shape[1]`` positions)."""
+    half = targets.shape[1]
+    copied = logits[:, -half:]
+    return F.cross_entropy(copied.reshape(-1, copied.shape[-1]), targets.reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, amp: bool):
+    """(loss, accuracy of the argmax) on the copied half of a batch, as Python floats."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        logits = model(x)
+        loss = copy_loss(logits, targets)
+    predicted = logits[:, -targets.shape[1]:].argmax(dim=-1)
+    return float(loss), float((predicted == targets).float().mean())
+
+
+# --- training ------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    mode: str
+    dtype: str
+    baseline: bool
+    steps: int
+    final_loss: float          # the training loss of the last step
+    accuracy: float            # the copy's accuracy on the held-out batch
+    eval_loss: float           # the loss on the held-out batch
+    step_ms: float             # median time of a step over the last half of the steps
+    losses: list = field(default_factory=list)         # the training loss of every step
+    step_times_ms: list = field(default_factory=list)  # every step's time (CUDA events)
+    config: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """What ``--json`` writes: everything but the per-step lists."""
+        out = asdict(self)
+        del out["losses"], out["step_times_ms"]
+        return out
+
+
+def check_sizes(*, seq: int, d: int, heads: int, steps: int, log_every: int) -> None:
+    """Raises ValueError, naming the option, for sizes the model or the loop cannot take."""
+    if seq < 2 or seq % 2:
+        raise ValueError(f"seq: expected an even number >= 2, got {seq}")
+    if heads < 1 or d % heads:
+        raise ValueError(f"d: {d} is not divisible by heads ({heads})")
+    if steps < 1 or log_every < 1:
+        raise ValueError(f"steps, log_every: expected at least 1, got {steps}, {log_every}")
+
+
+def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, d: int = 256,
+          heads: int = 4, layers: int = 2, lr: float = 1e-3, weight_decay: float = 0.01,
+          dtype: str = "float32", mode: str = "eager", baseline: bool = False, seed: int = 0,
+          log_every: int = 10, eval_batch: int = 512, progress: bool = True) -> Result:
+    """Train on the copy task (see the module's docstring) on the current CUDA device."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
+    check_sizes(seq=seq, d=d, heads=heads, steps=steps, log_every=log_every)
+    config = dict(batch=batch, seq=seq, vocab=vocab, d=d, heads=heads, layers=layers, lr=lr,
+                  weight_decay=weight_decay, seed=seed)
+    device = torch.device("cuda", torch.cuda.current_device())
+    amp = dtype == "bfloat16"
+    model = GPT(vocab, seq, d, heads, layers, baseline=baseline, device=device)
+    init_weights(model, seed)
+    forward = torch.compile(model, fullgraph=True) if mode == "compile" else model
+    # capturable: AdamW keeps its step count on the GPU and reads it there (a graph replays
+    # no Python, so no host-side count could advance)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
+                            capturable=mode == "graph")
+
+    def train_step(x, targets):
+        """One step, all of it queued on the GPU (nothing here reads a value back): the
+        gradients are zeroed in place (a graph replays their addresses), and the loss comes
+        back as a tensor."""
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = copy_loss(forward(x), targets)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    data = torch.Generator(device=device).manual_seed(seed)
+    held_out = torch.Generator(device=device).manual_seed(seed + 2**31)
+    log = torch.zeros(steps, device=device)   # the losses, kept on the GPU until the end
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
+    what = f"{mode}, {dtype}{', baseline' if baseline else ''}"
+    bar = tqdm(range(steps), desc=f"copy ({what})", unit="step", disable=not progress)
+    step = None
+    for i in bar:
+        x, targets = copy_batch(data, batch, seq, vocab, device)
+        starts[i].record()
+        if mode != "graph":
+            loss = train_step(x, targets)
+        elif step is None:
+            # One warm-up run (a real training step on this batch: the first step) creates
+            # the gradients and AdamW's state and loads every kernel; then the step is
+            # captured (the capture runs nothing). With one warm-up the graph run trains on
+            # the same batches as an eager run. AdamW warns that a capturable instance runs
+            # uncaptured: that is the warm-up, meant.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="This instance was constructed with "
+                                        "capturable=True")
+                step = ge2jit.graph.capture(train_step, x, targets, warmup=1, backend="torch")
+            loss = step.warmup_outputs
+        else:
+            loss = step(x, targets)   # the batch copied in, one replay
+        ends[i].record()
+        log[i].copy_(loss)
+        if (i + 1) % log_every == 0 or i + 1 == steps:
+            bar.set_postfix(loss=f"{float(loss):.4f}")   # a read-back, outside the step
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    losses = log.tolist()
+    eval_loss, accuracy = evaluate(model, *copy_batch(held_out, eval_batch, seq, vocab, device),
+                                   amp)
+    return Result(mode=mode, dtype=dtype, baseline=baseline, steps=steps,
+                  final_loss=losses[-1], accuracy=accuracy, eval_loss=eval_loss,
+                  step_ms=statistics.median(times[steps // 2:]), losses=losses,
+                  step_times_ms=times, config=config)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the model (fullgraph=True)")
+    group.add_argument("--graph", action="store_true",
+                       help="capture the whole training step as a CUDA graph and replay it")
+    parser.add_argument("--baseline", action="store_true",
+                        help="PyTorch's nn.Linear and MLP instead of ge2jit's layers")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="bfloat16: float32 parameters, the forward under autocast")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=64, help="tokens the model reads (even)")
+    parser.add_argument("--vocab", type=int, default=64)
+    parser.add_argument("--d", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=10,
+                        help="read the loss back for the progress bar every N steps")
+    parser.add_argument("--json", metavar="PATH", help="write the results there")
+    args = parser.parse_args(argv)
+    try:
+        check_sizes(seq=args.seq, d=args.d, heads=args.heads, steps=args.steps,
+                    log_every=args.log_every)
+    except ValueError as e:
+        parser.error(str(e))
+    if not torch.cuda.is_available():
+        print(NO_GPU, file=sys.stderr)
+        return 2
+    mode = "compile" if args.compile else "graph" if args.graph else "eager"
+    result = train(steps=args.steps, batch=args.batch, seq=args.seq, vocab=args.vocab,
+                   d=args.d, heads=args.heads, layers=args.layers, lr=args.lr,
+                   dtype=args.dtype, mode=mode, baseline=args.baseline, seed=args.seed,
+                   log_every=args.log_every)
+    print(f"final loss {result.final_loss:.4f}, copy accuracy {100 * result.accuracy:.1f}%")
+    print(f"step time: {result.step_ms:.3f} ms (median of the last half of the steps)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.summary(), f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
