@@ -75,11 +75,11 @@ class Linear(nn.Module):
 
 class MLP(nn.Module):
     """Linear layers ``sizes[0] -> sizes[1] -> ... -> sizes[-1]`` with ``act`` after each but
-    the last (``final_act`` there, "none" by default), as one custom op
-    (``torch.ops.ge2jit.mlp``) whose backward is chained: each layer's dX GEMM multiplies by
-    the previous layer's act' in its epilogue and sums that layer's bias gradient there, so the
-    backward of the block is its GEMMs and nearly nothing else. A GPT block's MLP is
-    ``MLP([d, 4 * d, d], act="gelu_tanh")``.
+    the last (``final_act`` there, "none" by default), as one op (``ge2jit.torch.mlp``: the
+    custom op ``torch.ops.ge2jit.mlp`` where traced) whose backward is chained: each layer's
+    dX GEMM multiplies by the previous layer's act' in its epilogue and sums that layer's
+    bias gradient there, so the backward of the block is its GEMMs and nearly nothing else.
+    A GPT block's MLP is ``MLP([d, 4 * d, d], act="gelu_tanh")``.
 
     The layers are ``Linear`` modules (``layers.0.weight``, ...), with their parameters,
     initialization, precision and autocast rules.

@@ -2,7 +2,10 @@
 backward, and a chained stack of layers (an MLP whose backward gates each dA by the previous
 layer's act' in its epilogue). Each has a fake implementation (shapes and types, for
 ``torch.compile`` and meta tensors); the forwards are differentiable through
-``register_autograd``, their backwards being the backward ops. Imported by ``ge2jit.torch``.
+``register_autograd``, their backwards being the backward ops. The functions users call
+(``gemm_bias_act``, ``mlp``) run the same implementations through ``torch.autograd.Function``
+classes in eager mode (less host time) and the custom ops where the call is traced. Imported
+by ``ge2jit.torch``.
 """
 
 from __future__ import annotations
@@ -342,8 +345,9 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
                   precision: str | None = None):
     """``ge2jit.gemm_bias_act`` on PyTorch tensors as a differentiable custom op
     (``torch.ops.ge2jit.gemm_bias_act``): gradients flow to ``a``, ``b``, ``bias`` and ``c``
-    through ge2jit's fused backward; it works in eager mode, under ``torch.compile`` (no graph
-    break) and inside CUDA-graph capture.
+    through ge2jit's fused backward; it works in eager mode (through an autograd.Function
+    over the same implementation, bit for bit the op's results), under ``torch.compile`` (the
+    op, no graph break) and inside CUDA-graph capture.
 
     float32 inputs run at ``precision`` if given, else at PyTorch's
     ``torch.get_float32_matmul_precision()``: "highest" is exact float32, "high" is 3xTF32
@@ -377,7 +381,8 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
         precision: str | None = None) -> Tensor:
     """Layers ``H_l = act_l(H_{l-1} @ W_l.T + b_l)`` from ``x`` (``W_l`` of (out, in), as
     ``nn.Linear`` stores them; ``b_l`` a tensor or None; ``acts`` one name per layer) as one
-    differentiable custom op (``torch.ops.ge2jit.mlp``), whose backward is chained: each
+    differentiable custom op (``torch.ops.ge2jit.mlp``; in eager mode an autograd.Function
+    over the same implementation), whose backward is chained: each
     layer's dA leaves its GEMM as the previous layer's dZ (act' applied in the epilogue) with
     that layer's bias gradient, so the backward is the 2L - 1 GEMMs and nearly nothing else.
     Precision and autocast as in ``gemm_bias_act``."""
