@@ -55,7 +55,7 @@ SPECS = [
     g.WgmmaGemmSpec(BF16, R, C, PARTIAL_SUMS, WG, split_k=True),
     g.WgmmaGemmSpec(BF16, R, C, Epilogue(out_dtype=BF16, layout_c=R, c_dtype=BF16,
                                          gate=Act.GELU, bgrad=True),
-                    WG),                                # the bias pointer is bgrad's output
+                    g.WGMMA_CONFIGS[1]),                # the bias pointer is bgrad's output
     *(g.SplitKReduceSpec(d, e, v) for d in g.DType for e, v in (
         (Epilogue(out_dtype=d, act=Act.TANH), True),
         (Epilogue(out_dtype=d, act=Act.TANH, bias=ROW, bias_dtype=F32, layout_c=C, c_dtype=d,

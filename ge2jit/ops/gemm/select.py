@@ -251,7 +251,8 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
     8192 x 256); smaller problems take 64x128 or 128x64 tiles, or, for K of 8192 and more,
     128x128 tiles with K split to fill the GPU. A gating epilogue (``gated``) over an output
     at least 4 times as wide as K takes ping-pong 128x128 tiles from a wave up (measured on an
-    H100: 16384 x 4096 x 1024 with the column sums 0.307 ms against 0.345 cooperative)."""
+    H100: 16384 x 4096 x 1024 with the column sums 0.307 ms against 0.345 cooperative), and
+    never the 64x256 ping-pong tile (a gate does not fit its staged epilogue's registers)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str, split: int = 1) -> Choice:
@@ -269,7 +270,7 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
     if k >= 1024 and 10 * big >= 9 * sms:
         return pick("wgmma_128x256_s4", "about a wave or more, K >= 1024")
     if _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
-        if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
+        if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms and not gated:
             return pick("wgmma_64x256_s4_pp", "ping-pong, long K")
         return pick("wgmma_128x128_s6_pp", "ping-pong")
     if 2 * tiles_128 >= sms:
@@ -437,8 +438,9 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
         main_epilogue = PARTIAL_SUMS if splits > 1 else epilogue
         # reading C with the accumulators leaves too few registers for the staging (a gate
         # reads C after staging, from whole rows)
-        store16 = align_y >= 16 and (main_epilogue.layout_c is None
-                                     or main_epilogue.gate is not None)
+        store16 = (align_y >= 16 and (main_epilogue.layout_c is None
+                                      or main_epilogue.gate is not None)
+                   and WgmmaGemmSpec.staging_spills(config, main_epilogue) is None)
         main = WgmmaGemmSpec(dtype, la, lb, main_epilogue, config,
                              store16 or align_y >= 2 * y_item, store16, promote=x3,
                              split_k=splits > 1)

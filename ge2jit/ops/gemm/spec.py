@@ -642,8 +642,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
 
     template = "gemm/wgmma.cu"
     fast_activations = True
-    _bgrad_needs = ("it needs a gate and store16, not split-K, and a config other than 64x256 "
-                    "ping-pong (registers)")
+    _bgrad_needs = ("it needs a gate and store16, not split-K, and a config narrower than 256 "
+                    "columns (the 256-wide ones spill registers)")
 
     def __post_init__(self):
         check_field(self, "config", WgmmaConfig)
@@ -664,6 +664,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 "WgmmaGemmSpec.store16: reading C with the accumulators leaves too few "
                 "registers for the staging (a gate reads C after staging, from whole rows); "
                 f"expected False with layout_c {ep.layout_c.value!r} and no gate, got True")
+        if self.store16 and (why := self.staging_spills(self.config, ep)):
+            raise ArgumentValueError(f"WgmmaGemmSpec.store16: {why}; expected False, got True")
         if self.store16 and not self.vec_y:
             raise ArgumentValueError("WgmmaGemmSpec.vec_y: store16 stores whole 16-byte "
                                      "segments; expected True with store16, got False")
@@ -681,11 +683,28 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 + ("_p" if self.promote else "")
                 + ("_splitk" if self.split_k else self.epilogue.name(self.dtype)))
 
+    @staticmethod
+    def staging_spills(config: WgmmaConfig, epilogue: Epilogue) -> str | None:
+        """Why the staged epilogue (``store16``) of ``config`` spills registers with
+        ``epilogue``, or None where it fits (found by compiling every combination for sm_90a:
+        the 64x256 ping-pong tile keeps 128 accumulators a thread, and the gate's C values
+        or these stores' addresses on top of them do not fit)."""
+        if not (config.pingpong and config.bn == 256):
+            return None
+        if epilogue.gate is not None:
+            return (f"{config.name} with a gate spills registers when staged (the gate's C "
+                    "values on top of 128 accumulators a thread)")
+        if (epilogue.out_dtype.itemsize == 4 and epilogue.save_z
+                and epilogue.bias in (BiasKind.SCALAR, BiasKind.ROW)):
+            return (f"{config.name} spills registers when it stages float32 Y and Z with a "
+                    f"{epilogue.bias.value[:-4]} bias")
+        return None
+
     @property
     def can_bgrad(self) -> bool:
         """Whether this kernel can sum its gated output's columns (``Epilogue.bgrad``)."""
         return (self.epilogue.gate is not None and self.store16 and not self.split_k
-                and not (self.config.pingpong and self.config.bn == 256))
+                and self.config.bn < 256)
 
     @property
     def tma_store(self) -> bool:

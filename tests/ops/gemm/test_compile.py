@@ -92,7 +92,8 @@ def _wgmma(p: dict) -> WgmmaGemmSpec:
     staging with a C term (a gate's excepted); staged results leave as vectors; the column
     sums of a gated output where the kernel can make them."""
     epilogue = PARTIAL_SUMS if p["split_k"] else _epilogue(p, p["dtype"])
-    store16 = p["store16"] and (epilogue.layout_c is None or epilogue.gate is not None)
+    store16 = (p["store16"] and (epilogue.layout_c is None or epilogue.gate is not None)
+               and WgmmaGemmSpec.staging_spills(p["config"], epilogue) is None)
     spec = WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], epilogue, p["config"],
                          p["vec_y"] or store16, store16, promote=p.get("promote", False),
                          split_k=p["split_k"])
@@ -325,3 +326,39 @@ def test_full_product_compiles_without_spills(tmp_path):
     outcomes = compile_many(jobs, cache_root=tmp_path)
     bad = [o for o in outcomes if o.status == "failed" or o.spill_bytes != 0 or o.stack_bytes]
     assert not bad, [(o.kernel_name, o.arch, o.error or o.spill_bytes) for o in bad[:20]]
+
+
+def _wide_staging_cases() -> list:
+    """The 64x256 ping-pong tile's epilogues that spilled when staged (a gate; float32 Y and
+    Z with a scalar or row bias: found by compiling every combination for sm_90a), and the
+    256-wide tiles with the column sums, as kernel_set now makes them."""
+    from ge2jit.ops.gemm.select import kernel_set
+
+    pp256 = next(c for c in WGMMA_CONFIGS if c.pingpong and c.bn == 256)
+    co256 = next(c for c in WGMMA_CONFIGS if not c.pingpong and c.bn == 256)
+    bf16, f16, row = DType.BF16, DType.F16, Layout.ROW
+    cases = []
+    for dtype in (bf16, f16):
+        for gate in GATES[1:]:
+            cases.append((pp256, dtype, Epilogue(out_dtype=dtype, layout_c=row, c_dtype=dtype,
+                                                 gate=gate[0], gate_from_y=gate[1])))
+            cases.append((co256, dtype, Epilogue(out_dtype=dtype, layout_c=row, c_dtype=dtype,
+                                                 gate=gate[0], gate_from_y=gate[1],
+                                                 bgrad=True)))
+        for act in (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.GELU):
+            for bias in (BiasKind.SCALAR, BiasKind.ROW):
+                cases.append((pp256, dtype, Epilogue(out_dtype=DType.F32, act=act, bias=bias,
+                                                     bias_dtype=dtype, save_z=True)))
+    specs = {}
+    for cfg, dtype, epilogue in cases:
+        main = kernel_set(dtype, row, row, epilogue, cfg, 1, 4096, (16, 16, 16)).main
+        specs[main.kernel_name] = main
+    return [pytest.param(s, id=name) for name, s in sorted(specs.items())]
+
+
+@pytest.mark.parametrize("spec", _wide_staging_cases())
+def test_the_wide_tiles_epilogues_that_spilled_staged_compile_without_spills(spec, cache):
+    assert not spec.store16 or spec.epilogue.gate is not None and not spec.config.pingpong
+    assert not spec.epilogue.bgrad
+    entry, _ = build(spec, "sm_90a", cache=cache)
+    assert entry.spill_stores == 0 and entry.spill_loads == 0, (spec.kernel_name, entry.log)

@@ -6,6 +6,7 @@ and the specs that carry it, which refuse an inconsistent combination instead of
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -129,8 +130,8 @@ def test_kernel_names_are_the_families_parts_then_the_epilogues():
             "gemm_bf16_rc_128x128x8_8x8_gelu_colbias_crf32_of32_z")
     assert (SplitKReduceSpec(BF16, epilogue, True).kernel_name ==
             "gemm_splitk_reduce_bf16_gelu_colbias_crf32_of32_z_v4")
-    hopper = WgmmaGemmSpec(BF16, R, C, gated(bgrad=True), WGMMA_CONFIGS[0])
-    assert hopper.kernel_name == "gemm_bf16_rc_wgmma_128x256_s4_yt_none_nobias_gzgelu_cr_bg"
+    hopper = WgmmaGemmSpec(BF16, R, C, gated(bgrad=True), WGMMA_CONFIGS[1])
+    assert hopper.kernel_name == "gemm_bf16_rc_wgmma_128x128_s6_pp_yt_none_nobias_gzgelu_cr_bg"
     split = WgmmaGemmSpec(BF16, R, C, PARTIAL_SUMS, WGMMA_CONFIGS[0], split_k=True)
     assert split.kernel_name == "gemm_bf16_rc_wgmma_128x256_s4_y16_splitk"
 
@@ -177,9 +178,29 @@ def test_only_the_hopper_kernel_sums_columns():
         SplitKReduceSpec(BF16, sums, True)
     with pytest.raises(ArgumentValueError, match="it needs a gate and store16, not split-K"):
         WgmmaGemmSpec(BF16, R, C, sums, WGMMA_CONFIGS[0], store16=False)
-    pingpong_256 = next(c for c in WGMMA_CONFIGS if c.pingpong and c.bn == 256)
-    with pytest.raises(ArgumentValueError, match="other than 64x256 ping-pong"):
-        WgmmaGemmSpec(BF16, R, C, sums, pingpong_256)
+    for wide in (c for c in WGMMA_CONFIGS if c.bn == 256):
+        with pytest.raises(ArgumentValueError, match="narrower than 256 columns"):
+            WgmmaGemmSpec(BF16, R, C, sums, wide, store16=not wide.pingpong)
+
+
+def test_a_staged_epilogue_that_would_spill_is_refused_and_not_chosen():
+    """The 64x256 ping-pong tile with a gate spills registers when staged: the spec refuses
+    store16 there, kernel_set stores unstaged, and the heuristic gives gated GEMMs other
+    tiles."""
+    from ge2jit.ops.gemm.select import _wgmma_heuristic
+
+    pp256 = next(c for c in WGMMA_CONFIGS if c.pingpong and c.bn == 256)
+    with pytest.raises(ArgumentValueError, match=r"^WgmmaGemmSpec.store16: wgmma_64x256_s4_pp "
+                                                 "with a gate spills registers"):
+        WgmmaGemmSpec(BF16, R, C, gated(), pp256)
+    ks = kernel_set(BF16, R, C, gated(), pp256, 1, 4096, (16, 16, 16))
+    assert not ks.main.store16 and ks.main.vec_y
+    assert kernel_set(BF16, R, C, Epilogue(out_dtype=BF16), pp256, 1, 4096,
+                      (16, 16, 16)).main.store16   # no gate: staged as before
+    for m, n, k in itertools.product((1024, 4096, 16384), (1024, 4096, 8192),
+                                     (1024, 2048, 4096, 8192)):
+        for sms in (66, 114, 132):
+            assert _wgmma_heuristic(m, n, k, sms, True).config.name != pp256.name, (m, n, k)
 
 
 def test_split_k_slices_take_the_partial_sums_epilogue():
@@ -229,7 +250,12 @@ def test_kernel_set_chooses_each_specs_fields_once():
     assert (ks.main.vec_a, ks.main.vec_b, ks.main.vec_y) == (False, True, True)
     assert ks.reduce.vec_y is False
     # the column sums: asked by the problem's epilogue, made by the Hopper kernel where it can
-    for cfg, made in ((WGMMA_CONFIGS[0], True), (MMA_16BIT_CONFIGS[0], False),
-                      (TILED_CONFIGS[0], False)):
+    # (not by the 256-wide Hopper tiles: their staged sums spill registers)
+    made_by = {c.name: c.bn < 256 for c in WGMMA_CONFIGS}
+    assert made_by == {"wgmma_128x256_s4": False, "wgmma_64x256_s4_pp": False,
+                       "wgmma_128x128_s6_pp": True, "wgmma_128x128_s6": True,
+                       "wgmma_128x64_s8": True, "wgmma_64x128_s8": True}
+    for cfg, made in (*((c, made_by[c.name]) for c in WGMMA_CONFIGS),
+                      (MMA_16BIT_CONFIGS[0], False), (TILED_CONFIGS[0], False)):
         ks = kernel_set(BF16, R, C, gated(bgrad=True), cfg, 1, 4096, (16, 16, 16))
         assert ks.main.epilogue == gated(bgrad=made), cfg.name
