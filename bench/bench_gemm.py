@@ -128,9 +128,13 @@ EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
 
 def commit() -> str | None:
     """The benchmarked commit: $GE2JIT_COMMIT (a checkout without git history), else git's."""
-    return os.environ.get("GE2JIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-        text=True).stdout.strip() or None
+    if os.environ.get("GE2JIT_COMMIT"):
+        return os.environ["GE2JIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip() or None
+    except OSError:   # no git
+        return None
 
 
 def parse_shapes(parser, text: str) -> list[tuple[int, int, int]]:

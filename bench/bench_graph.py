@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import cupy as cp  # noqa: E402
 import ml_dtypes  # noqa: E402
+from bench_gemm import commit  # noqa: E402
 
 import ge2jit  # noqa: E402
 
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
               f"{r['graph_pool_bytes'] / 2**20:.1f} MiB)")
     if args.json:
         doc = {"device": props["name"].decode(), "date": time.strftime("%Y-%m-%d"),
-               "commit": os.environ.get("GE2JIT_COMMIT", ""), "rounds": args.rounds,
+               "commit": commit(), "rounds": args.rounds,
                "batch": args.batch, "results": results}
         Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import cupy as cp
+from bench_gemm import commit
 
 import ge2jit
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         print(f"| {name} | {us:.2f} |")
     if args.json:
         doc = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-               "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GE2JIT_COMMIT", ""),
+               "date": time.strftime("%Y-%m-%d"), "commit": commit(),
                "host_us": results}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

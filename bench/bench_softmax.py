@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,8 +33,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import cupy as cp  # noqa: E402
+from bench_gemm import commit, import_torch, interleaved_ms, np_dtype  # noqa: E402
 
 import ge2jit  # noqa: E402
 from ge2jit.jit.device import gpu_count  # noqa: E402
@@ -45,61 +44,6 @@ from ge2jit.ops.softmax import choose, softmax  # noqa: E402
 
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 QUICK_LENGTHS = [128, 1024, 4096, 32768, 131072]
-
-
-def np_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def commit() -> str | None:
-    """The benchmarked commit: $GE2JIT_COMMIT (a checkout without git history), else git's."""
-    if os.environ.get("GE2JIT_COMMIT"):
-        return os.environ["GE2JIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        return None
-
-
-def import_torch():
-    """PyTorch when it is importable and sees a GPU, else None (its rows are skipped)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
-def interleaved_ms(fns: list, *, rounds: int, batch_ms: float = 1.0,
-                   warmup: int = 3) -> list[float]:
-    """Median per-call times (ms) of ``fns`` timed in turns: per round, a batch of back-to-back
-    calls of each (batch sizes set from a first timing to about ``batch_ms``)."""
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    batches = []
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        once = max(cp.cuda.get_elapsed_time(start, end), 1e-3)
-        batches.append(max(1, min(100, int(batch_ms / once))))
-    times = [[] for _ in fns]
-    for _ in range(rounds):
-        for j, fn in enumerate(fns):
-            start.record()
-            for _ in range(batches[j]):
-                fn()
-            end.record()
-            end.synchronize()
-            times[j].append(cp.cuda.get_elapsed_time(start, end) / batches[j])
-    return [statistics.median(t) for t in times]
 
 
 def bench_row(dtype: str, n: int, mib: int, rounds: int, torch, sms: int) -> dict:
@@ -126,7 +70,7 @@ def bench_row(dtype: str, n: int, mib: int, rounds: int, torch, sms: int) -> dic
         copy_kind = "cupy elementwise copy"
     # CuPy and PyTorch both launch on the legacy default stream here, where the events are
     # recorded
-    times = interleaved_ms(list(cases.values()), rounds=rounds)
+    times = interleaved_ms([(fn, [()]) for fn in cases.values()], rounds=rounds)
     ms = dict(zip(cases, times))
     gbps = {k: 2 * nbytes / (t * 1e-3) / 1e9 for k, t in ms.items()}
     row = {"dtype": dtype, "n": n, "rows": rows, "bytes_per_array": nbytes,

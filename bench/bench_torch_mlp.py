@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch
+from bench_gemm import commit
 
 import ge2jit.graph
 import ge2jit.torch as gt
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         print(f"| {tokens} | {ours:.3f} | {gemms:.3f} | {ours / gemms:.2f}x |", flush=True)
     if args.json:
         doc = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-               "commit": os.environ.get("GE2JIT_COMMIT", ""), "d": args.d,
+               "commit": commit(), "d": args.d,
                "dtype": args.dtype, "precision": args.precision,
                "ge2jit_precision": ours_precision, "torch": torch.__version__, "rows": rows,
                "backward": backward}
