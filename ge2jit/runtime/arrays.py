@@ -304,9 +304,8 @@ def torch_framework() -> TorchFramework:
     return _torch_fw
 
 
-def array_kind(x):
-    """'cupy', 'torch', 'cai' (any other object with ``__cuda_array_interface__``, read through
-    CuPy) or None (not a GPU array) for one argument."""
+def _kind(x):
+    """'cupy', 'torch', 'cai' or None for one argument."""
     cp = _cp()
     if isinstance(x, cp.ndarray):
         return "cupy"
@@ -332,7 +331,7 @@ def framework_of(arrays: dict) -> tuple[Framework, dict]:
         if x is None:
             out[name] = None
             continue
-        kind = array_kind(x)
+        kind = _kind(x)
         if kind is None:
             raise not_an_array(x, name)
         if kind == "cai":
