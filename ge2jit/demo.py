@@ -34,7 +34,7 @@ def _demo_specs(arch: str, m: int, n: int, k: int) -> list:
     """
     number = arch_number(arch)
     choice = heuristic(m, n, k, 1, number, "rr")
-    vecs = (4, 16 if n % 4 == 0 else 4, 16 if n % 4 == 0 else 4)   # A unaligned, B and Y by N
+    vecs = (4, 16 if n % 4 == 0 else 4, 16 if n % 4 == 0 else 4, 16)   # A unaligned, B, Y by N
     specs = []
     for act in DEMO_ACTS:
         epilogue = Epilogue(out_dtype=DType.F32, act=Act(act), bias=BiasKind.COL,

@@ -2,16 +2,16 @@
    compute_z emits `float <out> = alpha * acc (+ beta * C) (+ bias);` for element (m, n), or,
    for a spec with a gate, `alpha * acc * gate'(C)` (the derivative from Z, or from Y when
    gate_from_y: the backward's dZ of the layer whose saved Z or output C is).
-   In scope it needs: alpha, beta, C_AT (when the spec has C), and the bias value named by
-   `col_bias` / `row_bias` / `bias_value`. #}
-{% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True) %}
+   In scope it needs: alpha, beta, C_AT (when the spec has C; `c_value`, an expression, gives
+   the C element instead), and the bias value named by `col_bias` / `row_bias` / `bias_value`. #}
+{% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True, c_value=None) %}
 float {{ out }} = alpha * ({{ acc }});
 {% if spec.epilogue.gate %}
 {% if gate %}
 {{ out }} *= {{ gate_factor(spec, "to_f32(C_AT(" ~ m ~ ", " ~ n ~ "))") }};
 {% endif %}
 {% elif spec.epilogue.layout_c %}
-{{ out }} = fmaf(beta, to_f32(C_AT({{ m }}, {{ n }})), {{ out }});
+{{ out }} = fmaf(beta, to_f32({{ c_value or "C_AT(" ~ m ~ ", " ~ n ~ ")" }}), {{ out }});
 {% endif %}
 {% if spec.epilogue.bias.value == "scalarbias" %}
 {{ out }} += bias_value;

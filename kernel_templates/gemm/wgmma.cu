@@ -58,6 +58,57 @@ constexpr int BIAS_PER = (BIAS_N + GROUP - 1) / GROUP;    // values per thread
 struct __align__(64) TensorMap { unsigned long long opaque[16]; };
 
 {{ ep.c_accessor(spec) }}
+{% if spec.c_tma %}
+// C (the gate's input, or beta's term) arrives by TMA through the ring: after a tile's k-tiles,
+// C_SLOTS more ring positions hold its C tile in units of 64 rows x 128 bytes (128-byte
+// swizzle, as the A and B tiles), the first UNITS_A of a position in its A buffer, the rest in
+// its B buffer. The copies are issued as positions free up, a few k-tiles before the main loop
+// ends, so the epilogue reads C from shared memory instead of waiting on global loads.
+using CType = {{ spec.epilogue.c_dtype.ctype }};
+constexpr int C_ES = sizeof(CType);
+constexpr int C_COLS = 128 / C_ES;                       // columns of a unit
+constexpr int C_UNITS_N = BN / C_COLS;                   // units across a tile
+constexpr int C_UNITS = BM / 64 * C_UNITS_N;
+constexpr int UNITS_A = BM / 64, UNITS_SLOT = (BM + BN) / 64;   // units a ring position holds
+constexpr int C_SLOTS = (C_UNITS + UNITS_SLOT - 1) / UNITS_SLOT;
+static_assert(C_SLOTS <= 2 && C_SLOTS < STAGES, "C positions of the ring");
+// Byte offset from the first tile buffer of unit u of a C tile whose positions are in ring
+// slots slot[0..C_SLOTS).
+__device__ __forceinline__ int c_unit(const int (&slot)[C_SLOTS], int u) {
+    // (constant indices: a computed one would put the slots on the stack)
+    const int s = C_SLOTS > 1 && u >= UNITS_SLOT ? slot[C_SLOTS - 1] : slot[0];
+    const int q = u % UNITS_SLOT;
+    return q < UNITS_A ? s * A_STAGE + q * 8192
+                       : STAGES * A_STAGE + s * B_STAGE + (q - UNITS_A) * 8192;
+}
+// Byte offset of C(rr, cc) of the tile (rr, cc relative to its first row and column).
+__device__ __forceinline__ int c_offset(const int (&slot)[C_SLOTS], int rr, int cc) {
+    const int b = (cc % C_COLS) * C_ES;
+    return c_unit(slot, (rr / 64) * C_UNITS_N + cc / C_COLS) + (rr % 64) * 128
+         + ((((b >> 4) ^ (rr & 7)) << 4) | (b & 15));
+}
+// The N values of C at (rr, cc..) into dst (cc a multiple of N; N values are 4 to 32 bytes).
+template <int N>
+__device__ __forceinline__ void c_load(const char* ring, const int (&slot)[C_SLOTS], int rr,
+                                       int cc, CType* dst) {
+    constexpr int BYTES = N * C_ES, PIECE = BYTES < 16 ? BYTES : 16;
+    static_assert(BYTES % 4 == 0 && BYTES <= 32, "a segment of C");
+#pragma unroll
+    for (int q = 0; q < BYTES / PIECE; ++q) {
+        const char* src = ring + c_offset(slot, rr, cc + q * (PIECE / C_ES));
+        char* d = reinterpret_cast<char*>(dst) + q * PIECE;
+        if constexpr (PIECE == 16) {
+            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
+        } else if constexpr (PIECE == 8) {
+            *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(src);
+        } else {
+            *reinterpret_cast<unsigned*>(d) = *reinterpret_cast<const unsigned*>(src);
+        }
+    }
+}
+{% else %}
+constexpr int C_SLOTS = 0;
+{% endif %}
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count));
@@ -199,6 +250,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     {{ spec.epilogue.y_ctype }}* const staging =
         reinterpret_cast<{{ spec.epilogue.y_ctype }}*>(smem_raw + (sStaging - smem_u32(smem_raw)));
 {% endif %}
+{% if spec.c_tma %}
+    const char* const ring = smem_raw + (base - smem_u32(smem_raw));   // C is read from here
+{% endif %}
 {% if bias_tile %}
     float* const bias_tiles = reinterpret_cast<float*>(smem_raw + (sBias - smem_u32(smem_raw)));
 {% endif %}
@@ -259,6 +313,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                  full + 8 * s);
 {% endif %}
                 }
+{% if spec.c_tma %}
+                for (int c = 0; c < C_SLOTS; ++c, ++it) {   // the tile's C, after its k-tiles
+                    const int s = it % STAGES;
+                    const int units = min(UNITS_SLOT, C_UNITS - c * UNITS_SLOT);
+                    mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(full + 8 * s, units * 8192);
+                    for (int q = 0; q < units; ++q) {
+                        const int u = c * UNITS_SLOT + q;
+                        tma_load(q < UNITS_A ? sA + s * A_STAGE + q * 8192
+                                             : sB + s * B_STAGE + (q - UNITS_A) * 8192,
+                                 &tma_c, n0 + (u % C_UNITS_N) * C_COLS, m0 + (u / C_UNITS_N) * 64,
+                                 full + 8 * s);
+                    }
+                }
+{% endif %}
             }
         }
         return;
@@ -274,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = PINGPONG ? 0 : wg * WG_M;    // this consumer's first row in a tile
-{% if spec.epilogue.gate and spec.store16 and spec.epilogue.layout_c.value == "r" %}
+{% if spec.epilogue.gate and spec.store16 and spec.epilogue.layout_c.value == "r" and not spec.c_tma %}
     // C (the gate's input) in 16-byte segments when its rows are 16-byte aligned
     const bool c_vec = ((reinterpret_cast<unsigned long long>(C) |
                          static_cast<unsigned long long>(ldc) * sizeof(*C)) & 15) == 0;
@@ -320,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         ring += kt_end - kt0;
 {% else %}
         constexpr int kt0 = 0;
-        const int tile = unit, kt_end = k_tiles, first = i * k_tiles;
+        const int tile = unit, kt_end = k_tiles, first = i * (k_tiles + C_SLOTS);
 {% endif %}
         if (PINGPONG && (i & 1) != wg) continue;
         int m0, n0;
@@ -342,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.split_k %}
         {{ spec.epilogue.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
 {% endif %}
-{% if spec.epilogue.gate %}
+{% if spec.epilogue.gate and not spec.c_tma %}
         {   // This consumer's part of C (the gate's input) into L2 while the main loop runs,
             // so that the epilogue's reads of it wait on L2, not on memory (the plain C
             // epilogue measured slower with it). Each contiguous run of it (a row's BN
@@ -429,6 +498,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 total[mi][e] = 0.0f;
             }
 {% endif %}
+{% if spec.c_tma %}
+        // This tile's C, in the ring positions after its k-tiles: wait for its copies before
+        // the other ping-pong consumer starts its main loop, which would otherwise wait on a
+        // later phase of these positions' barriers while they are still in this one (a wait
+        // by parity cannot tell phases two apart).
+        int c_slot[C_SLOTS];
+#pragma unroll
+        for (int c = 0; c < C_SLOTS; ++c) {
+            const int at = first + (kt_end - kt0) + c;
+            c_slot[c] = at % STAGES;
+            mbar_wait(full + 8 * c_slot[c], (at / STAGES) & 1);
+        }
+{% endif %}
         if (PINGPONG) {
             if (lane == 0) mbar_arrive(order + 8 * (1 - wg));   // the other consumer's turn
             ++turn;
@@ -456,7 +538,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.epilogue.gate %}
         constexpr int GATE_SEGS = 64 / EPC, GATE_RPP = 32 / GATE_SEGS;   // segments a row, rows a pass
         constexpr int GATE_PASSES = 16 / GATE_RPP;
-{% if spec.epilogue.layout_c.value == "r" %}
+{% if spec.c_tma %}
+        constexpr int GATE_HELD = 1;   // (C from shared memory, a segment a pass where used)
+{% elif spec.epilogue.layout_c.value == "r" %}
         constexpr int GATE_REGS = EPC * sizeof(*C) / 4;   // registers a pass's values
         // Where a block's C values fit in 16 registers (16-bit C and Y), the warp loads the
         // next block's while it stages, gates and stores this one, so that the loads' latency
@@ -491,7 +575,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int jc = 0; jc < BN / 64; ++jc) {
                 const int nc = n0 + jc * 64;
                 if (nc >= N) break;
-{% if spec.epilogue.gate and spec.epilogue.layout_c.value == "r" %}
+{% if spec.epilogue.gate and spec.epilogue.layout_c.value == "r" and not spec.c_tma %}
                 // The gate's C values for this block (rows in passes of GATE_RPP, a 16-byte
                 // segment of output columns a lane): loaded ahead, or the first passes' now.
                 alignas(16) {{ spec.epilogue.c_dtype.ctype }} cg[GATE_HELD][EPC];
@@ -540,10 +624,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         const float row_bias = tile_bias[m - m0];
 {% endif %}
                         float v[2];
+{% if spec.c_tma and not spec.epilogue.gate %}
+                        alignas(8) CType cv[2];
+                        c_load<2>(ring, c_slot, mw - m0 + r, nb - n0, cv);
+{% endif %}
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
                             const int n = min(nb + c, N - 1);
-                            {{ ep.compute_z(spec, "z", "acc[mi][4 * (jc * 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False) | indent(28) }}
+                            {{ ep.compute_z(spec, "z", "acc[mi][4 * (jc * 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False, c_value="cv[c]" if spec.c_tma else None) | indent(28) }}
 {% if what == "Z" %}
                             v[c] = z;
 {% else %}
@@ -565,7 +653,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                 for (int p = 0; p < GATE_PASSES; ++p) {
                     const int r = p * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
-{% if spec.epilogue.layout_c.value == "c" %}
+{% if spec.c_tma %}
+                    alignas(16) CType cg[1][EPC];
+                    c_load<EPC>(ring, c_slot, mw - m0 + r, nc - n0 + seg * EPC, cg[0]);
+{% elif spec.epilogue.layout_c.value == "c" %}
                     {{ spec.epilogue.c_dtype.ctype }} cg[1][EPC];
                     {
                         {{ gate_load("p", "cg[0]") | indent(24) }}
@@ -585,7 +676,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         for (int e = 0; e < EPC; ++e) bsum[e] += v[e];
 {% endif %}
                     }
-{% if spec.epilogue.layout_c.value == "r" %}
+{% if spec.epilogue.layout_c.value == "r" and not spec.c_tma %}
                     if (p + GATE_HELD < GATE_PASSES) {
                         {{ gate_load("p + GATE_HELD", "cg[p % GATE_HELD]") | indent(24) }}
                     }
@@ -610,8 +701,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.tma_store %}
                 fence_proxy_async();
                 __syncwarp();
-                if (lane == 0 && mw < M) {
-                    tma_store(&tma_{{ what | lower }}, smem_u32(st), nc, mw);
+                if (lane == 0) {
+                    // a group for every block, empty where its rows are all past M: the wait
+                    // above counts groups as blocks, two buffers apart
+                    if (mw < M) tma_store(&tma_{{ what | lower }}, smem_u32(st), nc, mw);
                     bulk_commit();
                 }
                 sbuf ^= 1;
@@ -658,6 +751,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
                 {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
             }
+        }
+{% endif %}
+{% if spec.c_tma %}
+        __syncwarp();   // the warp has read its C: the ring positions are free again
+        if (lane == 0) {
+#pragma unroll
+            for (int c = 0; c < C_SLOTS; ++c) mbar_arrive(empty + 8 * c_slot[c]);
         }
 {% endif %}
     }

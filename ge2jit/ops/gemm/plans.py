@@ -218,6 +218,10 @@ class TmaPlan(Plan):
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
         self._y_type = spec.epilogue.out_dtype.value if spec.tma_store else None
+        ep = spec.epilogue
+        # 64 x 128-byte boxes of C, which arrives through the ring
+        self._c_map = ((ep.c_dtype.value, 128 // ep.c_dtype.itemsize, ep.c_dtype.itemsize)
+                       if spec.c_tma else None)
 
     def _with_maps(self, stream_ptr, *, A, lda, B, ldb, C, ldc, bias, bias_stride, Y, ldy, Z,
                    ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split) -> None:
@@ -233,18 +237,23 @@ class TmaPlan(Plan):
         else:
             map_b = tensor_map_2d(dt, B, N_, K_, ldb * es, 64, bk)
         y_type = self._y_type
+        if self._c_map is not None:
+            c_type, c_cols, c_es = self._c_map
+            maps = {"tma_c": tensor_map_2d(c_type, C, N_, M_, ldc * c_es, c_cols, 64)}
+        else:
+            maps = {}
         if y_type is None:
-            self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, A=A, lda=lda, B=B, ldb=ldb, C=C,
-                         ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y, ldy=ldy, Z=Z, ldz=ldz,
-                         M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
+            self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, **maps, A=A, lda=lda, B=B,
+                         ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y,
+                         ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
                          leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
             return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
         map_y = tensor_map_2d(y_type, Y, N_, M_, ldy * 2, 64, 16)
         map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * 2, 64, 16) if Z else map_y
-        self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, A=A, lda=lda,
-                     B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y, ldy=ldy,
-                     Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
+        self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, **maps,
+                     A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride,
+                     Y=Y, ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
                      leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
 
 
@@ -262,8 +271,9 @@ def aligns(p: Problem, y, z) -> Aligns:
     align_y = alignment(y.data.ptr, ld_of(y, p.m, p.n) * y.itemsize)
     if z is not None:
         align_y = min(align_y, alignment(z.data.ptr, ld_of(z, p.m, p.n) * z.itemsize))
+    align_c = 16 if p.c is None else alignment(p.c.data.ptr, p.ldc * p.c.itemsize)
     return (alignment(p.a.data.ptr, p.lda * item), alignment(p.b.data.ptr, p.ldb * item),
-            align_y)
+            align_y, align_c)
 
 
 def tuning_key(p: Problem, arch: str) -> dict:

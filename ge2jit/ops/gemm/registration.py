@@ -126,7 +126,8 @@ def specs_for_config(config, arch: str, *, dtype="float32", act: str = "none",
     out_dt = check_out_dtype(out_dtype, dt, None)
     prec = check_precision(precision, dt)
     check_config(cfg, arch, dt, prec, who="arch", target="the arch asked for")
-    aligns = (16, 16, 16) if aligned else (dt.itemsize, dt.itemsize, out_dt.itemsize)
+    aligns = ((16, 16, 16, 16) if aligned else
+              (dt.itemsize, dt.itemsize, out_dt.itemsize, 16 if layout_c is None else dt.itemsize))
     epilogue = Epilogue(out_dtype=out_dt, act=act_, bias=bias_kind,
                         bias_dtype=None if bias_kind is BiasKind.NONE else bias_dt,
                         layout_c=layout_c, c_dtype=None if layout_c is None else dt,

@@ -249,10 +249,12 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
     consumer's epilogue hides under the other's main loop), 64x256 for long K, 128x128
     otherwise; the cooperative 128x128 tile for half a wave to one (skinny outputs such as
     8192 x 256); smaller problems take 64x128 or 128x64 tiles, or, for K of 8192 and more,
-    128x128 tiles with K split to fill the GPU. A gating epilogue (``gated``) over an output
-    at least 4 times as wide as K takes ping-pong 128x128 tiles from a wave up (measured on an
-    H100: 16384 x 4096 x 1024 with the column sums 0.307 ms against 0.345 cooperative), and
-    never the 64x256 ping-pong tile (a gate does not fit its staged epilogue's registers)."""
+    128x128 tiles with K split to fill the GPU. A gating epilogue (``gated``) takes the same
+    tiles (its C arrives through the ring: on an H100, bf16, gelu_tanh gate, 16384 x 4096 x
+    1024 takes 0.297 ms on 128x256 tiles against 0.356-0.388 ping-pong 128x128, 4096 x 4096
+    x 1024 0.072 against 0.091; the 128x256 tile leaves the column sums to a pass over the
+    output, 0.04 ms at the larger), except the 64x256 ping-pong tile for long K (its staged
+    gate spills registers where C cannot come through the ring)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str, split: int = 1) -> Choice:
@@ -261,9 +263,6 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
                       f"{cfg.bm}x{cfg.bn} for {sms} SMs: {why}")
 
     tiles_128 = _tiles(m, n, by_name["wgmma_128x128_s6"])
-    if gated and n >= 4 * k and tiles_128 >= sms:
-        return pick("wgmma_128x128_s6_pp", "ping-pong hides a gating epilogue over a wide "
-                    "output")
     big = _tiles(m, n, by_name["wgmma_128x256_s4"])
     if big >= 8 * sms:
         return pick("wgmma_128x256_s4", "8 or more waves")
@@ -342,8 +341,9 @@ def resolve(choice: Choice, dtype: DType, layouts: str, aligns: Aligns, m: int, 
 
 
 #: Alignment in bytes (a power of two up to 16) of an operand's pointer and leading dimension,
-#: A's, B's and Y's (with Z's): what decides the copy and store widths a kernel can use.
-Aligns = tuple[int, int, int]
+#: A's, B's, Y's (with Z's) and C's (16 without C): what decides the copy and store widths a
+#: kernel can use, and whether C can arrive by TMA.
+Aligns = tuple[int, int, int, int]
 
 
 def alignment(ptr: int, ld_bytes: int) -> int:
@@ -393,7 +393,7 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
                split_k: int, k: int, aligns: Aligns, precision: Precision = Precision.IEEE
                ) -> KernelSet:
     """The specs that ``config`` (split ``split_k`` ways) launches for a problem with this
-    epilogue, K and these alignments (bytes: A's, B's, Y's). Needs no GPU: the warm-up uses it
+    epilogue, K and these alignments (bytes: A's, B's, Y's, C's). Needs no GPU: the warm-up uses it
     too. Each spec gets its fields chosen here, once: the copy and store widths the alignments
     and layouts allow, and for a split K the ``PARTIAL_SUMS`` epilogue of the slices, the
     problem's going to the reduction.
@@ -405,7 +405,7 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
     asks for the column sums: the Hopper kernel makes them where it can
     (``WgmmaGemmSpec.can_bgrad``), no other kernel does; the caller reads
     ``main.epilogue.bgrad`` to know."""
-    align_a, align_b, align_y = aligns
+    align_a, align_b, align_y, align_c = aligns
     y_item = epilogue.out_dtype.itemsize
     sums = epilogue.bgrad
     epilogue = replace(epilogue, bgrad=False)
@@ -436,14 +436,19 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
         per_split = max(-(-k_tiles // split_k), 1)
         splits = -(-k_tiles // per_split) if split_k > 1 else 1
         main_epilogue = PARTIAL_SUMS if splits > 1 else epilogue
-        # reading C with the accumulators leaves too few registers for the staging (a gate
-        # reads C after staging, from whole rows)
-        store16 = (align_y >= 16 and (main_epilogue.layout_c is None
-                                      or main_epilogue.gate is not None)
-                   and WgmmaGemmSpec.staging_spills(config, main_epilogue) is None)
+        # a row-major C whose rows TMA can copy arrives through the ring; else reading C with
+        # the accumulators leaves too few registers for the staging (a gate reads it after
+        # staging, from whole rows)
+        c_tma = (align_y >= 16 and main_epilogue.layout_c is Layout.ROW and align_c >= 16
+                 and WgmmaGemmSpec.c_tma_unfit(config, main_epilogue) is None)
+        staging = (align_y >= 16
+                   and WgmmaGemmSpec.staging_spills(config, main_epilogue, c_tma) is None)
+        c_tma = c_tma and staging
+        store16 = staging and (main_epilogue.layout_c is None or main_epilogue.gate is not None
+                               or c_tma)
         main = WgmmaGemmSpec(dtype, la, lb, main_epilogue, config,
                              store16 or align_y >= 2 * y_item, store16, promote=x3,
-                             split_k=splits > 1)
+                             split_k=splits > 1, c_tma=c_tma)
         if sums and main.can_bgrad:
             main = replace(main, epilogue=replace(main_epilogue, bgrad=True))
         reduce = None

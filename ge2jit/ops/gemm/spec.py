@@ -618,9 +618,11 @@ class WgmmaGemmSpec(GemmKernelSpec):
     """The Hopper GEMM (sm_90a): TMA copies into a ring of shared-memory stages guarded by
     mbarriers, one producer warpgroup and ``config.consumers`` consumer warpgroups issuing
     ``wgmma`` from shared memory, a persistent grid over the output tiles, and the fused
-    epilogue on the accumulator registers. ``store16`` (Y and Z rows 16-byte aligned; not with
-    a C term, whose reads need the registers, except a gate's, applied to the staged block
-    with C read in whole rows): each warp stages 16 x 64 blocks of results in
+    epilogue on the accumulator registers. ``c_tma``: a row-major C with 16-byte aligned rows
+    arrives by TMA through the same ring, after each tile's k-tiles, and the epilogue reads
+    it from shared memory. ``store16`` (Y and Z rows 16-byte aligned; with a C term only when
+    it comes through the ring, else its reads need the registers, except a gate's, applied to
+    the staged block with C read in whole rows): each warp stages 16 x 64 blocks of results in
     shared memory; 16-bit outputs leave by TMA stores (``tma_store``: two staging buffers a
     warp, the store of one overlapping the filling of the other), float32 ones as whole
     16-byte segments, so rows go out in full lines; else pairs (``vec_y``) or single
@@ -639,6 +641,10 @@ class WgmmaGemmSpec(GemmKernelSpec):
     #: slice of a workspace (the epilogue ``PARTIAL_SUMS``), and ``SplitKReduceSpec`` applies
     #: the problem's epilogue
     split_k: bool = False
+    #: C (row-major, 16-byte aligned rows) arrives by TMA through the ring after each tile's
+    #: k-tiles, and the staged epilogue reads it from shared memory (a gate's input, or beta's
+    #: term: then C needs no registers, and a C term can be staged)
+    c_tma: bool = False
 
     template = "gemm/wgmma.cu"
     fast_activations = True
@@ -651,6 +657,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
         check_field(self, "store16", bool)
         check_field(self, "promote", bool)
         check_field(self, "split_k", bool)
+        check_field(self, "c_tma", bool)
         if self.promote and not self.config.can_promote:
             raise ArgumentValueError(
                 f"config: {self.config.name} keeps {self.config.accumulators} accumulators a "
@@ -659,12 +666,22 @@ class WgmmaGemmSpec(GemmKernelSpec):
         self._check_fields()
         _check_slices(self)
         ep = self.epilogue
-        if self.store16 and ep.layout_c is not None and ep.gate is None:
+        if self.c_tma and not (ep.layout_c is Layout.ROW and self.store16 and not self.split_k):
+            raise ArgumentValueError(
+                "WgmmaGemmSpec.c_tma: C arrives by TMA for the staged epilogue of a row-major "
+                "C; expected False unless layout_c is 'r', store16 is True and split_k False, "
+                f"got True with layout_c {ep.layout_c and ep.layout_c.value!r}, store16 "
+                f"{self.store16}, split_k {self.split_k}")
+        if self.c_tma and (why := self.c_tma_unfit(self.config, ep)):
+            raise ArgumentValueError(f"WgmmaGemmSpec.c_tma: {why}; expected False, got True")
+        if (self.store16 and ep.layout_c is not None and ep.gate is None
+                and not self.c_tma):
             raise ArgumentValueError(
                 "WgmmaGemmSpec.store16: reading C with the accumulators leaves too few "
-                "registers for the staging (a gate reads C after staging, from whole rows); "
-                f"expected False with layout_c {ep.layout_c.value!r} and no gate, got True")
-        if self.store16 and (why := self.staging_spills(self.config, ep)):
+                "registers for the staging (unless C arrives by TMA, c_tma; a gate reads C "
+                "after staging, from whole rows); expected False with layout_c "
+                f"{ep.layout_c.value!r}, no gate and no c_tma, got True")
+        if self.store16 and (why := self.staging_spills(self.config, ep, self.c_tma)):
             raise ArgumentValueError(f"WgmmaGemmSpec.store16: {why}; expected False, got True")
         if self.store16 and not self.vec_y:
             raise ArgumentValueError("WgmmaGemmSpec.vec_y: store16 stores whole 16-byte "
@@ -681,17 +698,20 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 + ("yt" if self.tma_store else "y16" if self.store16 else
                    "y2" if self.vec_y else "y1")
                 + ("_p" if self.promote else "")
+                + ("_ct" if self.c_tma else "")
                 + ("_splitk" if self.split_k else self.epilogue.name(self.dtype)))
 
     @staticmethod
-    def staging_spills(config: WgmmaConfig, epilogue: Epilogue) -> str | None:
+    def staging_spills(config: WgmmaConfig, epilogue: Epilogue, c_tma: bool = False
+                       ) -> str | None:
         """Why the staged epilogue (``store16``) of ``config`` spills registers with
-        ``epilogue``, or None where it fits (found by compiling every combination for sm_90a:
-        the 64x256 ping-pong tile keeps 128 accumulators a thread, and the gate's C values
-        or these stores' addresses on top of them do not fit)."""
+        ``epilogue`` (and C through the ring or not, ``c_tma``), or None where it fits (found
+        by compiling every combination for sm_90a: the 64x256 ping-pong tile keeps 128
+        accumulators a thread, and a gate's C values read from memory, or these stores'
+        addresses, on top of them do not fit)."""
         if not (config.pingpong and config.bn == 256):
             return None
-        if epilogue.gate is not None:
+        if epilogue.gate is not None and not c_tma:
             return (f"{config.name} with a gate spills registers when staged (the gate's C "
                     "values on top of 128 accumulators a thread)")
         if (epilogue.out_dtype.itemsize == 4 and epilogue.save_z
@@ -700,11 +720,28 @@ class WgmmaGemmSpec(GemmKernelSpec):
                     f"{epilogue.bias.value[:-4]} bias")
         return None
 
+    @staticmethod
+    def c_tma_unfit(config: WgmmaConfig, epilogue: Epilogue) -> str | None:
+        """Why a row-major C cannot arrive through ``config``'s ring (``c_tma``), or None
+        where it can: its tile must take at most two ring positions, and a C term (not a
+        gate's) with Z saved spills registers (found by compiling every combination for
+        sm_90a: both passes, Z's and Y's, read C)."""
+        positions = -(-(config.bm // 64) * (config.bn * epilogue.c_dtype.itemsize // 128)
+                      // ((config.bm + config.bn) // 64))
+        if positions > 2:
+            return (f"a {epilogue.c_dtype.numpy_name} C tile of {config.name} takes "
+                    f"{positions} ring positions (at most 2)")
+        if epilogue.gate is None and epilogue.save_z:
+            return f"{config.name} spills registers reading C from the ring for both Z and Y"
+        return None
+
     @property
     def can_bgrad(self) -> bool:
-        """Whether this kernel can sum its gated output's columns (``Epilogue.bgrad``)."""
+        """Whether this kernel can sum its gated output's columns (``Epilogue.bgrad``): not
+        the 256-wide tiles (they spill registers), except the ping-pong one with C through
+        the ring."""
         return (self.epilogue.gate is not None and self.store16 and not self.split_k
-                and self.config.bn < 256)
+                and (self.config.bn < 256 or (self.config.pingpong and self.c_tma)))
 
     @property
     def tma_store(self) -> bool:
@@ -713,8 +750,10 @@ class WgmmaGemmSpec(GemmKernelSpec):
 
     @property
     def params(self) -> tuple[Param, ...]:
-        """The tensor maps of A and B (and, ``tma_store``, of Y and Z), then the GEMM's."""
-        maps = ("tma_a", "tma_b", "tma_y", "tma_z") if self.tma_store else ("tma_a", "tma_b")
+        """The tensor maps of A and B (and, ``tma_store``, of Y and Z; ``c_tma``, of C), then
+        the GEMM's."""
+        maps = (("tma_a", "tma_b") + (("tma_y", "tma_z") if self.tma_store else ())
+                + (("tma_c",) if self.c_tma else ()))
         return (*tensor_maps(*maps), *super().params)
 
     def target_arch(self, device_arch: str) -> str:

@@ -127,21 +127,23 @@ def validate_entry(entry: dict) -> dict:
 
 
 def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layouts: str,
-                  item: int, y_item: int):
-    """Alignment variants (bytes: A, B, Y) to compile: the least aligned one the type allows
-    always, the aligned one when asked (for a shape: what contiguous operands of that shape
-    have)."""
+                  item: int, y_item: int, c_item: int | None, c_layout: str | None):
+    """Alignment variants (bytes: A, B, Y, C) to compile: the least aligned one the types
+    allow always, the aligned one when asked (for a shape: what contiguous operands of that
+    shape have). ``c_item``, ``c_layout``: C's item size and layout, None without C."""
     from .select import alignment
 
-    out = [(item, item, y_item)]
+    out = [(item, item, y_item, c_item or 16)]
     if entry["aligned"]:
         if m is None:
-            out.append((16, 16, 16))
+            out.append((16, 16, 16, 16))
         else:
             lda = k if layouts[0] == "r" else m
             ldb = n if layouts[1] == "r" else k
+            ldc = n if c_layout == "r" else m
             out.append((alignment(256, lda * item), alignment(256, ldb * item),
-                        alignment(256, n * y_item)))
+                        alignment(256, n * y_item),
+                        alignment(256, ldc * c_item) if c_item else 16))
     return list(dict.fromkeys(out))
 
 
@@ -171,8 +173,13 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
         operands = (dtype, Layout(layouts[0]), Layout(layouts[1]))
         tc = uses_tensor_cores(dtype, precision)
 
-        def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype):
-            return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize)
+        c_item = None if layout_c is None else c_dtype.itemsize
+        c_layout = None if layout_c is None else layout_c.value
+
+        def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype, c_item=c_item,
+                     c_layout=c_layout):
+            return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize,
+                                 c_item, c_layout)
 
         choices = []  # (config, split, (m, n, k), alignment variants, from the heuristic)
         if entry["configs"] == "heuristic":

@@ -184,19 +184,21 @@ def test_only_the_hopper_kernel_sums_columns():
 
 
 def test_a_staged_epilogue_that_would_spill_is_refused_and_not_chosen():
-    """The 64x256 ping-pong tile with a gate spills registers when staged: the spec refuses
-    store16 there, kernel_set stores unstaged, and the heuristic gives gated GEMMs other
-    tiles."""
+    """The 64x256 ping-pong tile with a gate spills registers when staged with C read from
+    memory: the spec refuses store16 there and kernel_set stores unstaged; with C through the
+    ring it fits, and makes the column sums too."""
     from ge2jit.ops.gemm.select import _wgmma_heuristic
 
     pp256 = next(c for c in WGMMA_CONFIGS if c.pingpong and c.bn == 256)
     with pytest.raises(ArgumentValueError, match=r"^WgmmaGemmSpec.store16: wgmma_64x256_s4_pp "
                                                  "with a gate spills registers"):
         WgmmaGemmSpec(BF16, R, C, gated(), pp256)
-    ks = kernel_set(BF16, R, C, gated(), pp256, 1, 4096, (16, 16, 16))
+    ks = kernel_set(BF16, R, C, gated(), pp256, 1, 4096, (16, 16, 16, 8))
     assert not ks.main.store16 and ks.main.vec_y
+    ks = kernel_set(BF16, R, C, gated(bgrad=True), pp256, 1, 4096, (16, 16, 16, 16))
+    assert ks.main.store16 and ks.main.c_tma and ks.main.epilogue.bgrad
     assert kernel_set(BF16, R, C, Epilogue(out_dtype=BF16), pp256, 1, 4096,
-                      (16, 16, 16)).main.store16   # no gate: staged as before
+                      (16, 16, 16, 16)).main.store16   # no gate: staged as before
     for m, n, k in itertools.product((1024, 4096, 16384), (1024, 4096, 8192),
                                      (1024, 2048, 4096, 8192)):
         for sms in (66, 114, 132):
@@ -222,9 +224,15 @@ def test_hopper_staging_and_pipelined_copies_are_refused_where_they_cannot_run()
     with_c = Epilogue(out_dtype=BF16, layout_c=R, c_dtype=BF16)
     with pytest.raises(ArgumentValueError, match="^WgmmaGemmSpec.store16: reading C with the "
                        "accumulators leaves too few registers for the staging .* expected "
-                       "False with layout_c 'r' and no gate, got True$"):
+                       "False with layout_c 'r', no gate and no c_tma, got True$"):
         WgmmaGemmSpec(BF16, R, C, with_c, WGMMA_CONFIGS[0])
     assert not WgmmaGemmSpec(BF16, R, C, with_c, WGMMA_CONFIGS[0], store16=False).store16
+    assert WgmmaGemmSpec(BF16, R, C, with_c, WGMMA_CONFIGS[0], c_tma=True).store16
+    for ep, kw in ((with_c, {"store16": False}), (dataclasses.replace(with_c, layout_c=C), {}),
+                   (Epilogue(out_dtype=BF16), {})):
+        with pytest.raises(ArgumentValueError, match="^WgmmaGemmSpec.c_tma: C arrives by TMA "
+                           "for the staged epilogue of a row-major C; expected False unless"):
+            WgmmaGemmSpec(BF16, R, C, ep, WGMMA_CONFIGS[0], c_tma=True, **kw)
     with pytest.raises(ArgumentValueError, match="^WgmmaGemmSpec.vec_y: store16 stores whole "
                        "16-byte segments; expected True with store16, got False$"):
         WgmmaGemmSpec(BF16, R, C, Epilogue(out_dtype=BF16), WGMMA_CONFIGS[0], vec_y=False)
@@ -239,23 +247,37 @@ def test_hopper_staging_and_pipelined_copies_are_refused_where_they_cannot_run()
 
 def test_kernel_set_chooses_each_specs_fields_once():
     with_c = Epilogue(out_dtype=BF16, act=Act.GELU, layout_c=R, c_dtype=BF16)
-    ks = kernel_set(BF16, R, C, with_c, WGMMA_CONFIGS[0], 1, 4096, (16, 16, 16))
-    assert ks.main.epilogue == with_c and not ks.main.store16 and ks.main.vec_y
+    # C whose rows TMA can copy arrives through the ring, and the epilogue is staged
+    ks = kernel_set(BF16, R, C, with_c, WGMMA_CONFIGS[0], 1, 4096, (16, 16, 16, 16))
+    assert ks.main.epilogue == with_c and ks.main.store16 and ks.main.c_tma
+    assert ks.main.kernel_name.endswith("_ct" + with_c.name(BF16))
+    assert [p.name for p in ks.main.params[:5]] == ["tma_a", "tma_b", "tma_y", "tma_z", "tma_c"]
+    # else C is read with the accumulators, unstaged
+    ks = kernel_set(BF16, R, C, with_c, WGMMA_CONFIGS[0], 1, 4096, (16, 16, 16, 2))
+    assert not ks.main.store16 and not ks.main.c_tma and ks.main.vec_y
+    column_c = dataclasses.replace(with_c, layout_c=C)
+    ks = kernel_set(BF16, R, C, column_c, WGMMA_CONFIGS[0], 1, 4096, (16, 16, 16, 16))
+    assert not ks.main.store16 and not ks.main.c_tma
+    # a gate's C: through the ring when it can, else read after staging
+    ks = kernel_set(BF16, R, C, gated(), WGMMA_CONFIGS[1], 1, 4096, (16, 16, 16, 16))
+    assert ks.main.store16 and ks.main.c_tma
+    ks = kernel_set(BF16, R, C, gated(), WGMMA_CONFIGS[1], 1, 4096, (16, 16, 16, 8))
+    assert ks.main.store16 and not ks.main.c_tma
     # the slices store partial sums; the reduction applies the problem's epilogue
-    ks = kernel_set(BF16, R, C, with_c, WGMMA_CONFIGS[0], 2, 4096, (16, 16, 16))
+    ks = kernel_set(BF16, R, C, with_c, WGMMA_CONFIGS[0], 2, 4096, (16, 16, 16, 16))
     assert ks.main.epilogue == PARTIAL_SUMS and ks.main.store16
     assert ks.reduce.epilogue == with_c
     ks = kernel_set(F32, R, R, Epilogue(out_dtype=F32), PIPELINED_F32_CONFIGS[0], 2, 4096,
-                    (16, 16, 4))
+                    (16, 16, 4, 16))
     assert (ks.main.vec_a, ks.main.vec_b, ks.main.vec_y) == (False, True, True)
     assert ks.reduce.vec_y is False
     # the column sums: asked by the problem's epilogue, made by the Hopper kernel where it can
     # (not by the 256-wide Hopper tiles: their staged sums spill registers)
-    made_by = {c.name: c.bn < 256 for c in WGMMA_CONFIGS}
-    assert made_by == {"wgmma_128x256_s4": False, "wgmma_64x256_s4_pp": False,
+    made_by = {c.name: c.bn < 256 or c.pingpong for c in WGMMA_CONFIGS}
+    assert made_by == {"wgmma_128x256_s4": False, "wgmma_64x256_s4_pp": True,
                        "wgmma_128x128_s6_pp": True, "wgmma_128x128_s6": True,
                        "wgmma_128x64_s8": True, "wgmma_64x128_s8": True}
     for cfg, made in (*((c, made_by[c.name]) for c in WGMMA_CONFIGS),
                       (MMA_16BIT_CONFIGS[0], False), (TILED_CONFIGS[0], False)):
-        ks = kernel_set(BF16, R, C, gated(bgrad=True), cfg, 1, 4096, (16, 16, 16))
+        ks = kernel_set(BF16, R, C, gated(bgrad=True), cfg, 1, 4096, (16, 16, 16, 16))
         assert ks.main.epilogue == gated(bgrad=made), cfg.name

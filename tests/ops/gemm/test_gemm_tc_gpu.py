@@ -231,6 +231,43 @@ def test_every_candidate_config(kind, config, shape, la, lb):
         assert config in name
 
 
+@pytest.mark.parametrize("shape", [(2000, 2056, 200), (320, 264, 1000), (8, 8, 24)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("c_type", ["input", "float32"])
+@pytest.mark.parametrize("kind, config", [(k, c) for k in KINDS for c in _configs(k)
+                                          if c.startswith("wgmma_")])
+def test_c_through_the_ring_every_hopper_config(kind, config, c_type, shape):
+    """beta * C with a row-major C whose rows are 16-byte aligned: C arrives by TMA through
+    the ring after each tile's k-tiles and the staged epilogue reads it from shared memory
+    ('_ct' kernels), on every Hopper config: several tiles a block (the ring's positions
+    wrap across tiles), partial tiles, K shorter than the ring; bfloat16/float32 Y. A C tile
+    that needs more than two ring positions, or a saved Z, keeps the direct reads."""
+    from ge2jit.ops.gemm.epilogue import Epilogue, Layout
+    from ge2jit.ops.gemm.spec import WgmmaConfig, WgmmaGemmSpec
+    from ge2jit.runtime.dtypes import SUPPORTED_DTYPES, DType
+
+    if not hopper():
+        pytest.skip("wgmma configs need sm_90")
+    dtype, precision, _ = KINDS[kind]
+    other = np.dtype(dtype if c_type == "input" else np.float32)
+    m, n, k = shape
+    a, b = rand(dtype, m, k), rand(dtype, k, n, layout="c")
+    c = rand(other, m, n)
+    for out_dtype in (None, np.float32):
+        check(kind, a, b, rand(dtype, n), act="gelu", c=c, alpha=0.5, beta=-1.25,
+              config=config, out_dtype=out_dtype)
+    names = ge2jit.explain(a, b, rand(dtype, n), act="gelu", c=c, beta=-1.25, config=config,
+                           precision=precision).kernel_names
+    c_dt = SUPPORTED_DTYPES[other.name]
+    unfit = WgmmaGemmSpec.c_tma_unfit(WgmmaConfig.parse(config), Epilogue(
+        out_dtype=DType.F32, layout_c=Layout.ROW, c_dtype=c_dt))
+    assert ("_ct_" in names[0]) == (unfit is None), (names, unfit)
+    # Z saved with a C term: read directly
+    check(kind, a, b, None, act="relu", c=c, beta=0.5, save_preact=True, config=config)
+    assert "_ct_" not in ge2jit.explain(a, b, act="relu", c=c, beta=0.5, save_preact=True,
+                                        config=config, precision=precision).kernel_names[0]
+
+
 #: (gate activation, from Y, C's layout, C's type): each source of the derivative, layout and
 #: type of C at least once with each config
 GATES = [(Act.GELU, False, "r", "input"), (Act.SILU, False, "c", "f32"),
@@ -247,8 +284,11 @@ def test_gating_epilogue_every_candidate_config(kind, config, gate, from_y, lc, 
     activation), on every config, split-K's reduction included; the tile-staged Hopper
     epilogue reads C in 16-byte segments when its rows allow it, element by element when not
     (270 columns) or when C is column-major."""
+    from ge2jit.ops.gemm.epilogue import Epilogue, Layout
     from ge2jit.ops.gemm.op import gated_gemm
     from ge2jit.ops.gemm.reference import activation, activation_grad
+    from ge2jit.ops.gemm.spec import WgmmaConfig, WgmmaGemmSpec
+    from ge2jit.runtime.dtypes import SUPPORTED_DTYPES, DType
 
     if config.startswith("wgmma_") and not hopper():
         pytest.skip("wgmma configs need sm_90")
@@ -289,6 +329,11 @@ def test_gating_epilogue_every_candidate_config(kind, config, gate, from_y, lc, 
         assert call is not None and family in names, names
         if family == "_wgmma_":
             assert config.split("_k")[0] in names, names
+            if "_k" not in config:   # a row-major C with aligned rows arrives by TMA
+                unfit = WgmmaGemmSpec.c_tma_unfit(WgmmaConfig.parse(config), Epilogue(
+                    out_dtype=DType.F32, layout_c=Layout.ROW,
+                    c_dtype=SUPPORTED_DTYPES[c.dtype.name], gate=gate))
+                assert ("_ct_" in names) == (lc == "r" and n % 8 == 0 and unfit is None), names
         # the column sums of each 16 rows of Y as stored, where the kernel makes them
         assert (sums is not None) == ("_bg" in names), names
         if sums is not None:

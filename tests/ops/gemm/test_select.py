@@ -95,9 +95,9 @@ def test_tensor_core_heuristic_and_candidates():
     }.items():
         got = heuristic(m, n, k, 132, 90, "rr", dtype).name
         assert got == want, ((m, n, k, dtype), got)
-    # the gating epilogue over an output 4x wider than K: ping-pong; narrower: as ungated
-    for (m, n, k), want in {(16384, 4096, 1024): "wgmma_128x128_s6_pp",
-                            (4096, 4096, 1024): "wgmma_128x128_s6_pp",
+    # the gating epilogue (its C through the ring): as ungated
+    for (m, n, k), want in {(16384, 4096, 1024): "wgmma_128x256_s4",
+                            (4096, 4096, 1024): "wgmma_128x256_s4",
                             (16384, 1024, 4096): "wgmma_128x256_s4",
                             (512, 4096, 1024): "wgmma_128x128_s6"}.items():
         got = heuristic(m, n, k, 132, 90, "rc", DType.BF16, gated=True).name
@@ -120,7 +120,7 @@ def test_resolve_steps_down_by_layout_and_alignment():
     from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType, Layout
 
     wg = Choice(WGMMA_CONFIGS[0], 1, "heuristic")
-    assert resolve(wg, DType.BF16, "cr", (16, 16, 16), 512, 512, 512, 132) is wg
+    assert resolve(wg, DType.BF16, "cr", (16, 16, 16, 16), 512, 512, 512, 132) is wg
     assert tma_fits((8, 16, 16), DType.BF16, "rr", 64).startswith("TMA needs 16-byte")
     # tf32 operands that are not K-major go through an aligned K-major copy
     assert tma_fits((16, 4, 16), DType.F32, "rr", 64) is None
@@ -128,18 +128,18 @@ def test_resolve_steps_down_by_layout_and_alignment():
     down = resolve(wg, DType.BF16, "rr", (8, 16, 4), 512, 512, 512, 132)
     assert down.family == "mma" and "TMA needs 16-byte" in down.detail
     assert down.reason == "heuristic"
-    fallback = resolve(wg, DType.F16, "rr", (2, 16, 16), 512, 512, 512, 132)
+    fallback = resolve(wg, DType.F16, "rr", (2, 16, 16, 16), 512, 512, 512, 132)
     assert fallback.family == "tiled" and fallback.reason == "fallback"
     assert "not 4-byte aligned" in fallback.detail
-    assert resolve(wg, DType.F32, "cr", (4, 4, 16), 512, 512, 512, 132) is wg
+    assert resolve(wg, DType.F32, "cr", (4, 4, 16, 16), 512, 512, 512, 132) is wg
     plain = Epilogue(out_dtype=DType.F32)
     ks = kernel_set(DType.F32, Layout.COL, Layout.ROW, plain, WGMMA_CONFIGS[0], 1, 512,
-                    (4, 4, 16))
+                    (4, 4, 16, 16))
     assert ks.prep_a == ks.prep_b and ks.prep_a.kernel_name == "transpose_f32"
     assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
     assert ks.specs == (ks.main, ks.prep_a)
     ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, plain, WGMMA_CONFIGS[0], 1, 512,
-                    (16, 16, 16))
+                    (16, 16, 16, 16))
     assert ks.prep_a is None and ks.prep_b is None and ks.specs == (ks.main,)
 
 
@@ -155,10 +155,10 @@ def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
     assert k_parts(x3) == 3 and k_parts(Precision.TF32) == 1
     # any alignment: the split copies are aligned by construction
     ch = Choice(cfg, 1, "heuristic")
-    assert resolve(ch, DType.F32, layouts, (4, 4, 4), 300, 500, 70, 132, x3) is ch
+    assert resolve(ch, DType.F32, layouts, (4, 4, 4, 16), 300, 500, 70, 132, x3) is ch
     la, lb = Layout(layouts[0]), Layout(layouts[1])
     gelu = Epilogue(out_dtype=DType.F32, act=Act.GELU, bias=BiasKind.COL, bias_dtype=DType.F32)
-    ks = kernel_set(DType.F32, la, lb, gelu, cfg, 1, 70, (4, 4, 4), precision=x3)
+    ks = kernel_set(DType.F32, la, lb, gelu, cfg, 1, 70, (4, 4, 4, 16), precision=x3)
     assert (ks.main.layout_a, ks.main.layout_b) == (Layout.ROW, Layout.COL)
     assert ks.prep_a.kernel_name == "tf32x3_split_hhl" + ("_t" if layouts[0] == "c" else "")
     assert ks.prep_b.kernel_name == "tf32x3_split_hlh" + ("_t" if layouts[1] == "r" else "")
@@ -166,20 +166,20 @@ def test_tf32x3_splits_both_operands_into_k_major_copies(layouts, family):
     if family == "mma":
         assert (ks.main.copy_a, ks.main.copy_b) == (16, 16)
         with pytest.raises(ArgumentValueError, match="too large for the separate product"):
-            kernel_set(DType.F32, la, lb, gelu, MMA_TF32_CONFIGS[0], 1, 70, (4, 4, 4),
+            kernel_set(DType.F32, la, lb, gelu, MMA_TF32_CONFIGS[0], 1, 70, (4, 4, 4, 16),
                        precision=x3)
     else:   # a config without room for the rounded second set of accumulators is refused
         with pytest.raises(ArgumentValueError, match="too many for the second set"):
-            kernel_set(DType.F32, la, lb, gelu, WGMMA_CONFIGS[0], 1, 70, (4, 4, 4),
+            kernel_set(DType.F32, la, lb, gelu, WGMMA_CONFIGS[0], 1, 70, (4, 4, 4, 16),
                        precision=x3)
     # K = 0 reads no operand: nothing to split
-    ks0 = kernel_set(DType.F32, la, lb, gelu, MMA_TF32_CONFIGS[3], 1, 0, (4, 4, 4),
+    ks0 = kernel_set(DType.F32, la, lb, gelu, MMA_TF32_CONFIGS[3], 1, 0, (4, 4, 4, 16),
                      precision=x3)
     assert ks0.prep_a is None and ks0.prep_b is None
     # the CUDA-core configs stay exact float32
     from ge2jit.ops.gemm.select import FALLBACK_TILE
 
-    ks = kernel_set(DType.F32, la, lb, gelu, FALLBACK_TILE, 1, 70, (4, 4, 4), precision=x3)
+    ks = kernel_set(DType.F32, la, lb, gelu, FALLBACK_TILE, 1, 70, (4, 4, 4, 16), precision=x3)
     assert ks.prep_a is None and ks.specs == (ks.main,)
 
 
@@ -234,7 +234,7 @@ def test_hopper_split_k_specs_and_names():
     epilogue = Epilogue(out_dtype=DType.BF16, act=Act.GELU, bias=BiasKind.ROW,
                         bias_dtype=DType.BF16, layout_c=Layout.COL, c_dtype=DType.F32,
                         save_z=True)
-    ks = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, epilogue, cfg, 3, 1000, (16, 16, 16))
+    ks = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, epilogue, cfg, 3, 1000, (16, 16, 16, 16))
     assert (ks.splits, ks.k_tiles_per_split) == (3, 6)
     assert ks.main.split_k and ks.main.kernel_name.endswith("_splitk")
     assert ks.main.epilogue == PARTIAL_SUMS
@@ -242,11 +242,11 @@ def test_hopper_split_k_specs_and_names():
     assert r.epilogue == epilogue and r.fast_act and r.vec_y
     # 3xTF32 slices the tripled K: 3 x 100 floats in 32-wide k-tiles = 10
     ks = kernel_set(DType.F32, Layout.ROW, Layout.COL, Epilogue(out_dtype=DType.F32), cfg, 4,
-                    100, (16, 16, 16), precision=Precision.TF32X3)
+                    100, (16, 16, 16, 16), precision=Precision.TF32X3)
     assert (ks.splits, ks.k_tiles_per_split) == (4, 3) and ks.main.promote
     # a split that K cannot feed is no split
     ks = kernel_set(DType.BF16, Layout.ROW, Layout.COL, Epilogue(out_dtype=DType.BF16), cfg, 4,
-                    64, (16, 16, 16))
+                    64, (16, 16, 16, 16))
     assert ks.splits == 1 and ks.reduce is None and not ks.main.split_k
     # candidates: slices for few tiles and a long K only
     few = [s for c, s in candidates(256, 256, 8192, 90, DType.BF16) if c == cfg]

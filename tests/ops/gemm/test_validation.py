@@ -408,7 +408,7 @@ def test_tf32x3_over_3k_beyond_32_bits():
     assert isinstance(small.config, WgmmaConfig)
     with pytest.raises(ge2jit.ArgumentValueError, match=r"3K = \d+, more than the 2147483647"):
         select.kernel_set(DType.F32, Layout.ROW, Layout.ROW, Epilogue(out_dtype=DType.F32),
-                          small.config, 1, k, (16, 16, 16), precision=Precision.TF32X3)
+                          small.config, 1, k, (16, 16, 16, 16), precision=Precision.TF32X3)
 
 
 def test_backward_pass_grid_stays_within_65535_rows_of_blocks():
