@@ -6,6 +6,8 @@ from enum import Enum
 
 import numpy as np
 
+from ..errors import ArgumentValueError
+
 
 class DType(Enum):
     """Element type of an operand or output as it is stored in memory."""
@@ -42,3 +44,14 @@ def dtype_name(x) -> str | None:
         return np.dtype(x).name
     except TypeError:
         return None
+
+
+def as_dtype(dtype) -> DType:
+    """A DType from a DType or a dtype name ('float32', 'bfloat16', ...) or object."""
+    if isinstance(dtype, DType):
+        return dtype
+    dt = SUPPORTED_DTYPES.get(dtype if isinstance(dtype, str) else getattr(dtype, "name", ""))
+    if dt is None:
+        raise ArgumentValueError(f"dtype: expected one of {', '.join(SUPPORTED_DTYPES)}, got "
+                                 f"{dtype!r}")
+    return dt

@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentValueError
+from . import arrays as _arrays
+from .arrays import call_arguments, framework_of_type, views
 from .checks import byte_span
 
 _tables: list[PreparedCalls] = []
@@ -40,11 +42,49 @@ class PreparedCalls:
     def clear(self) -> None:
         self._table.clear()
 
+    def run(self, arrays: dict, extra: tuple, first_call):
+        """One call through this table. ``arrays`` (name -> array or None; the first decides
+        the framework) and ``extra`` (the call's other arguments, hashable) make the call's
+        signature; a prepared call stored under it runs as ``call(*arrays.values())``.
+        Otherwise ``first_call(fw, device_id, views, native)`` (``views``: CuPy views of the
+        arrays by name, ``native``: the arrays as the framework reads them) checks and
+        launches the call in the framework's context and returns (result, prepared call or
+        None); the prepared call is stored for the next call of this signature."""
+        values = tuple(arrays.values())
+        fw = framework_of_type(type(values[0]))
+        sig = None
+        if fw is not None:
+            sig = _signature(fw, values, extra)
+            call = None if sig is None else self.get(sig)
+            if call is not None:
+                return call(*values)
+        fw, device_id, native = call_arguments(arrays)
+        if sig is None and framework_of_type(type(values[0])) is fw:
+            sig = _signature(fw, values, extra)
+        with fw.context(device_id):
+            result, call = first_call(fw, device_id, views(fw, native), native)
+            if call is not None and sig is not None and device_id == _arrays.current_device():
+                self.put(sig, call)
+        return result
+
     def __len__(self) -> int:
         return len(self._table)
 
     def __repr__(self) -> str:
         return f"PreparedCalls({self.name!r}, {len(self)} of {self.limit})"
+
+
+def _signature(fw, values: tuple, extra: tuple):
+    """The signature of a call on ``values`` (arrays or None) of framework ``fw`` with the
+    other arguments ``extra``; None when an argument has no key or is not hashable (such a
+    call is checked and launched, never prepared)."""
+    try:
+        sig = (fw, *(None if x is None else fw.key(x) for x in values), extra,
+               _arrays.current_device())
+        hash(sig)
+    except (AttributeError, TypeError):
+        return None
+    return sig
 
 
 def clear_all() -> None:

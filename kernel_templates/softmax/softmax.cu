@@ -10,6 +10,7 @@
 // the row has finished its first pass), so y may be x itself (in place). x and y are not
 // __restrict__: loads are batched explicitly instead.
 {% include "common/types.cuh" %}
+{% include "common/rows.cuh" %}
 
 using Tin = {{ spec.in_dtype.ctype }};
 using Tout = {{ spec.out_dtype.ctype }};
@@ -27,77 +28,11 @@ static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
 // Slots past the end of a row hold -inf: they add e^(-inf - max) = 0 to the sum (and are never
 // stored). When the maximum itself is -inf (-inf and NaN only), the row is NaN whatever they add.
 #define SOFTMAX_NEG_INF __int_as_float(0xff800000u)
-constexpr unsigned FULL_MASK = 0xffffffffu;
 
 // e^(v - m). The difference is taken first: v * log2(e) - m * log2(e) overflows for |v| near
 // float32's maximum.
 __device__ __forceinline__ float exp_diff(float v, float m) {
     return exp2f((v - m) * 1.4426950408889634f);
-}
-
-template <int BYTES> struct RawOf;
-template <> struct RawOf<2> { using type = unsigned short; };
-template <> struct RawOf<4> { using type = unsigned int; };
-template <> struct RawOf<8> { using type = uint2; };
-template <> struct RawOf<16> { using type = uint4; };
-
-// v[0..V) = p[0..V) as float32, in one access (p aligned to V elements).
-template <int V, typename T>
-__device__ __forceinline__ void load_full(const T* p, float* v) {
-    if constexpr (V == 1) {
-        v[0] = to_f32(*p);
-    } else {
-        using R = typename RawOf<V * sizeof(T)>::type;
-        const R raw = *reinterpret_cast<const R*>(p);
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = to_f32(e[k]);
-    }
-}
-
-// The slot of V elements of a row starting at e0 (a multiple of V): one access when it lies
-// inside the row, else element by element, -inf past the end (n).
-template <int V, typename T, typename I>
-__device__ __forceinline__ void load_slot(const T* row, I e0, I n, float* v) {
-    if (e0 + V <= n) {
-        load_full<V>(row + e0, v);
-    } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = e0 + k < n ? to_f32(row[e0 + k]) : SOFTMAX_NEG_INF;
-    }
-}
-
-template <int V, typename T, typename I>
-__device__ __forceinline__ void store_slot(T* row, I e0, I n, const float* v) {
-    if (e0 + V <= n) {
-        if constexpr (V == 1) {
-            store(row + e0, v[0]);
-        } else {
-            float w[V];
-#pragma unroll
-            for (int k = 0; k < V; ++k) w[k] = v[k];
-            store_vec(row + e0, w);
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k)
-            if (e0 + k < n) store(row + e0 + k, v[k]);
-    }
-}
-
-// Butterfly over groups of W lanes (W a power of two <= 32): every lane of a group ends with
-// the same bits (each step adds or compares the same two values, in either order).
-template <int W>
-__device__ __forceinline__ float group_max(float v) {
-#pragma unroll
-    for (int o = W / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-template <int W>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-    for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
 }
 
 // Online (max, sum) pairs: (m, s) stands for s * e^m. m = -inf with s = 0 is the empty pair.
@@ -147,17 +82,6 @@ __device__ __forceinline__ void pair_add(float& m, float& s, float& comp, const 
     s = t;
 }
 
-// Block-wide reduction (max or sum): every thread gets the result. `buf` holds 32 floats; two calls in a
-// row must use different buffers (the second's writes could overtake the first's reads).
-template <int T, bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float* buf) {
-    v = MAX ? group_max<32>(v) : group_sum<32>(v);
-    if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    const float w = buf[threadIdx.x & (T / 32 - 1)];
-    return MAX ? group_max<T / 32>(w) : group_sum<T / 32>(w);
-}
-
 // ---- warp: LANES lanes per row (a whole warp, or a part of one for short rows), each holding
 // VPT values of ROWS rows in registers; THREADS / LANES * ROWS rows per block and step. Lane g
 // of a group holds the vectors at (j * LANES + g) * VEC, j < VPT / VEC.
@@ -178,7 +102,7 @@ __device__ __forceinline__ void softmax_warp(const Tin* x, Tout* y, long long ro
                 const Tin* p = x + row * sx;
 #pragma unroll
                 for (int j = 0; j < SLOTS; ++j)
-                    load_slot<VEC>(p, (j * LANES + g) * VEC, n, &v[r][j * VEC]);
+                    load_slot<VEC>(p, (j * LANES + g) * VEC, n, &v[r][j * VEC], SOFTMAX_NEG_INF);
             } else {
 #pragma unroll
                 for (int i = 0; i < VPT; ++i) v[r][i] = SOFTMAX_NEG_INF;
@@ -231,7 +155,8 @@ __device__ __forceinline__ void softmax_block(const Tin* x, Tout* y, long long r
         const Tin* p = x + row * sx;
         float v[VPT];
 #pragma unroll
-        for (int j = 0; j < SLOTS; ++j) load_slot<VEC>(p, (j * THREADS + t) * VEC, n, &v[j * VEC]);
+        for (int j = 0; j < SLOTS; ++j)
+            load_slot<VEC>(p, (j * THREADS + t) * VEC, n, &v[j * VEC], SOFTMAX_NEG_INF);
         float m = SOFTMAX_NEG_INF;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) m = fmaxf(m, v[i]);
@@ -268,7 +193,8 @@ __device__ __forceinline__ void softmax_loop(const Tin* x, Tout* y, long long ro
             float v[VPT];
 #pragma unroll
             for (int j = 0; j < SLOTS; ++j)
-                load_slot<VEC>(p, c + static_cast<long long>(j * THREADS + t) * VEC, n, &v[j * VEC]);
+                load_slot<VEC>(p, c + static_cast<long long>(j * THREADS + t) * VEC, n,
+                               &v[j * VEC], SOFTMAX_NEG_INF);
             pair_add<VPT>(m, s, comp, v);
         }
         s -= comp;
@@ -290,7 +216,8 @@ __device__ __forceinline__ void softmax_loop(const Tin* x, Tout* y, long long ro
             float v[VPT];
 #pragma unroll
             for (int j = 0; j < SLOTS; ++j)
-                load_slot<VEC>(p, c + static_cast<long long>(j * THREADS + t) * VEC, n, &v[j * VEC]);
+                load_slot<VEC>(p, c + static_cast<long long>(j * THREADS + t) * VEC, n,
+                               &v[j * VEC], SOFTMAX_NEG_INF);
 #pragma unroll
             for (int i = 0; i < VPT; ++i) v[i] = exp_diff(v[i], m) * inv;
 #pragma unroll

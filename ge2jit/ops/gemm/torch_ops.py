@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 
 from ...runtime.torchlib import absent, autocast_dtype, cast, op_name, precision_for
+from ...runtime.torchlib import needs_grad as _needs_grad
+from ...runtime.torchlib import traced as _traced
 from .backward import gemm_bias_act_backward as _backward
 from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
 from .op import gemm_bias_act as _forward
@@ -322,22 +324,7 @@ class _MLPFunction(torch.autograd.Function):
         return (gx, None, None, None, None, None, *gws, *gbs)
 
 
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
-def _traced(*tensors) -> bool:
-    """Whether this call takes the custom ops: it is being traced (``torch.compile``, fake
-    tensors and other subclasses of Tensor) or not every tensor is on a CUDA device (meta
-    tensors get the fake implementations, others the dispatcher's error)."""
-    return torch.compiler.is_compiling() or any(
-        t is not None and (type(t) not in _PLAIN or not t.is_cuda) for t in tensors)
-
-
 # --- the functions users call --------------------------------------------------------------
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
 
 def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "none",
                   c: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0,

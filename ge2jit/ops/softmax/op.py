@@ -23,6 +23,7 @@ from ...runtime.checks import (
 )
 from ...runtime.dtypes import DType
 from ...runtime.prepared import OverlapGuard, PreparedCalls
+from ...runtime.rows import vector_width, walk_as_one
 from ...runtime.tools import tuned_config
 from .spec import access_width, choose, parse_config
 
@@ -42,25 +43,11 @@ class AxisLayout(NamedTuple):
     inner_stride: int
 
 
-def _walk_as_one(dims) -> tuple[int, int] | None:
-    """(count, stride) of ``dims`` ((size, stride) pairs, outermost first) walked as one
-    dimension; None when their strides do not allow it."""
-    dims = [(size, stride) for size, stride in dims if size != 1]
-    if not dims:
-        return 1, 0
-    count, stride = dims[-1]
-    for size, s in reversed(dims[:-1]):
-        if s != stride * count:
-            return None
-        count *= size
-    return count, stride
-
-
 def axis_layout(shape: tuple, strides: tuple, axis: int) -> AxisLayout | None:
     """``shape`` and element ``strides`` as (outer, n, inner) around ``axis``; None when the
     dimensions on one side of it cannot be walked as one (the call then copies)."""
-    outer = _walk_as_one(list(zip(shape[:axis], strides[:axis])))
-    inner = _walk_as_one(list(zip(shape[axis + 1:], strides[axis + 1:])))
+    outer = walk_as_one(list(zip(shape[:axis], strides[:axis])))
+    inner = walk_as_one(list(zip(shape[axis + 1:], strides[axis + 1:])))
     if outer is None or inner is None:
         return None
     n = shape[axis]
@@ -78,12 +65,9 @@ def max_vec(x_ptr: int, x_row: int, y_ptr: int, y_row: int, in_dtype: DType,
             out_dtype: DType, rows: int) -> int:
     """The widest access (elements, a power of two, at most 16 bytes) that every row start of
     x and y allows."""
-    v = access_width(in_dtype, out_dtype)
-    while v > 1 and not (x_ptr % (v * in_dtype.itemsize) == 0
-                         and y_ptr % (v * out_dtype.itemsize) == 0
-                         and (rows == 1 or (x_row % v == 0 and y_row % v == 0))):
-        v //= 2
-    return v
+    return vector_width(access_width(in_dtype, out_dtype),
+                        ((x_ptr, x_row, in_dtype.itemsize), (y_ptr, y_row, out_dtype.itemsize)),
+                        rows)
 
 
 def _check_axis(axis, ndim: int) -> int:
