@@ -34,6 +34,14 @@ from .ops.gemm import (
     gemm_bias_act,
     gemm_bias_act_backward,
 )
+from .ops.norm import (
+    NormGradients,
+    NormOutput,
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+)
 from .ops.optim import adam_update, sgd_update
 from .ops.softmax import softmax
 from .precompile import warmup
@@ -57,6 +65,12 @@ __all__ = [
     "adam_update",
     "sgd_update",
     "softmax",
+    "rms_norm",
+    "layer_norm",
+    "rms_norm_backward",
+    "layer_norm_backward",
+    "NormOutput",
+    "NormGradients",
     "graph",
     "tune",
     "explain",

@@ -4,6 +4,7 @@ here."""
 
 from . import (  # noqa: F401 - imported for their registrations
     gemm,
+    norm,
     optim,
     softmax,
 )
