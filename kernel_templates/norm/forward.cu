@@ -5,9 +5,13 @@
 // h is x, or with a residual x + r rounded to h's type and stored (the pre-norm residual
 // stream); the statistics are those of h as stored, so y is the normalization of the very h
 // returned. RMSNorm: rstd = 1 / sqrt(mean(h^2) + eps), y = h * rstd * w. LayerNorm: the mean,
-// var = mean((h - mean)^2) (from the values in registers, or Chan's combination of per-step
-// deviations in the loop variant: no cancellation), rstd = 1 / sqrt(var + eps),
-// y = (h - mean) * rstd * w + b. y is rounded once to its type. A NaN in a row makes its
+// var = mean((h - mean)^2), rstd = 1 / sqrt(var + eps), y = (h - mean) * rstd * w + b. The
+// variance is accurate to float32's rounding whatever the mean: from the values in registers
+// by the corrected two-pass formula (deviations d from the float32 mean m, var = mean(d^2) -
+// mean(d)^2: the float32 m is off the true mean by up to an ulp of m, which mean(d^2) alone
+// would add squared); in the loop variant by Chan's combination of per-step two-pass
+// statistics of h - K, K a value of the row (its first, h[0]), so that the means combined are
+// of the spread's size, not the mean's. y is rounded once to its type. A NaN in a row makes its
 // statistics and outputs NaN; an infinity makes a LayerNorm row NaN and an RMSNorm row's rstd 0
 // (y NaN where h is infinite, 0 elsewhere): what the float32 formulas give, as in PyTorch.
 //
@@ -83,29 +87,41 @@ __device__ __forceinline__ void write_stats(const Args& p, long long row, float 
 }
 
 // The statistics of one row whose values a thread holds in v (the slots at (j * G + g) * VEC,
-// 0 past the end), `sum` adding a value over the row's threads: mean (0 for RMSNorm), rstd.
+// 0 past the end), `sum` adding a value over the row's threads (called in program order):
+// mean (0 for RMSNorm), rstd. LayerNorm: the corrected two-pass variance, mean(d^2) - mean(d)^2
+// with d = h - mean: mean(d) is the float32 mean's error (its square is what mean(d^2) has too
+// much; with a mean of 300 and a spread of 0.02, up to 3e-5 of the variance of a short row).
 template <int G, typename Sum>
 __device__ __forceinline__ void row_stats(const float* v, int g, int n, float eps, Sum sum,
                                           float& mean, float& rstd) {
-    float q = 0.0f;
+    float var;
     if constexpr (LAYER) {
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) s += v[i];
         mean = sum(s) / n;
+        float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < SLOTS; ++j)
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
                 const float d = v[j * VEC + k] - mean;
-                if ((j * G + g) * VEC + k < n) q += d * d;
+                if ((j * G + g) * VEC + k < n) {
+                    s1 += d;
+                    s2 += d * d;
+                }
             }
+        const float a = sum(s1) / n;
+        var = sum(s2) / n - a * a;
+        if (var < 0.0f) var = 0.0f;     // rounding, when every d is the same (NaN stays NaN)
     } else {
         mean = 0.0f;
+        float q = 0.0f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i) q += v[i] * v[i];
+        var = sum(q) / n;
     }
-    rstd = 1.0f / sqrtf(sum(q) / n + eps);
+    rstd = 1.0f / sqrtf(var + eps);
 }
 
 // ---- warp: LANES lanes per row, VPT values of ROWS rows each (the slots at
@@ -245,9 +261,24 @@ __device__ __forceinline__ void norm_loop(const Args& p) {
     for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
         const Tx* x = p.x + row * p.sx;
         Th* h = p.h + row * p.sh;
-        // LayerNorm: (count, mean, squared deviations) of the thread's elements; RMSNorm: the
-        // sum of squares in q, with compensation (Kahan; comp holds what q lost): a thread may
-        // add up millions of values.
+        // LayerNorm: (count, mean, squared deviations) of the thread's values of h - K, K the
+        // row's first value as stored (0 if not finite: an infinity or NaN still reaches the
+        // sums), the same in every thread. Chan's combination is exact only for exact means: in
+        // float32 a mean is off by up to an ulp of itself, which relative to the spread of the
+        // means combined (about the row's standard deviation) is large where the mean is (a
+        // mean of 300, a spread of 0.02: 1e-5 to 2e-4 of the variance); the means of h - K are
+        // of the spread's size. RMSNorm: the sum of squares in q, with compensation (Kahan;
+        // comp holds what q lost): a thread may add up millions of values.
+        float K = 0.0f;
+        if constexpr (LAYER) {
+            float h0 = to_f32(x[0]);
+            if constexpr (RESIDUAL) {
+                h0 = rounded(h, h0 + to_f32(p.r[row * p.sr]));
+                // every thread reads x[0] and r[0] before h[0] is stored (h may be x or r)
+                __syncthreads();
+            }
+            K = isfinite(h0) ? h0 : 0.0f;
+        }
         float c = 0.0f, m = 0.0f, q = 0.0f, comp = 0.0f;
         for (long long c0 = 0; c0 < p.n; c0 += STEP) {
             float v[VPT];
@@ -256,6 +287,8 @@ __device__ __forceinline__ void norm_loop(const Args& p) {
                 load_h(x, p.r + row * p.sr, h, c0 + static_cast<long long>(j * THREADS + t) * VEC,
                        p.n, &v[j * VEC]);
             if constexpr (LAYER) {
+#pragma unroll
+                for (int i = 0; i < VPT; ++i) v[i] -= K;
                 const long long first = c0 + static_cast<long long>(t) * VEC;
                 float cs = 0.0f, s = 0.0f;
 #pragma unroll
@@ -282,7 +315,10 @@ __device__ __forceinline__ void norm_loop(const Args& p) {
                 for (int i = 0; i < VPT; ++i) s += v[i] * v[i];
                 const float add = s - comp;
                 const float sum = q + add;
-                comp = (sum - q) - add;
+                // Once the sum is infinite (an infinite value, or beyond float32's range) or NaN
+                // it stays so; its compensation, (inf - q) - inf, would be NaN, and q - comp NaN
+                // where the mean square is infinite (rstd 0).
+                comp = isfinite(sum) ? (sum - q) - add : 0.0f;
                 q = sum;
             }
         }
@@ -300,7 +336,7 @@ __device__ __forceinline__ void norm_loop(const Args& p) {
             m = buf[32 + (t & (WARPS - 1))];
             q = buf[64 + (t & (WARPS - 1))];
             group_chan<WARPS>(c, m, q);
-            mean = m;
+            mean = K + m;
             var = q / p.n;
         } else {
             var = block_reduce<THREADS, false>(q - comp, buf) / p.n;

@@ -545,9 +545,10 @@ def layer_norm(x, weight=None, bias=None, *, eps: float = 1e-5, residual=None, o
     + residual`` computed in the same pass.
 
     The arguments are ``rms_norm``'s, plus ``bias`` (None, or an (n,) array like the weight).
-    The variance is that of the float32 values of h about their mean, from the values held in
-    registers (rows up to 16384 elements) or by Chan's combination of per-step means and
-    squared deviations (longer rows): no cancellation however large the mean. A NaN or an
+    The variance is that of the float32 values of h about their mean, accurate to float32's
+    rounding however large the mean: from the values held in registers by the corrected
+    two-pass formula (rows up to 16384 elements) or by Chan's combination of per-step means
+    and squared deviations of h less the row's first value (longer rows). A NaN or an
     infinite value in a row makes that row NaN, as in PyTorch.
 
     Returns:

@@ -18,8 +18,8 @@ Forward variants, by row length ``n`` (the names of ``runtime.rows``):
 ``loop_{T}``
     One block of ``T`` threads per row of any length: a pass that reads x (and the residual,
     writing h) and keeps the statistics (a compensated sum of squares; for LayerNorm Chan's
-    parallel combination of per-step means and squared deviations), then a pass that reads
-    the row again (h, as stored) and writes y.
+    parallel combination of per-step means and squared deviations of h less the row's first
+    value), then a pass that reads the row again (h, as stored) and writes y.
 
 Backward variants (``dx``, and each block's partial sums of ``dweight`` and ``dbias``, which a
 second kernel adds up in a fixed order): ``warp{G}_v{V}_r1`` (rows up to ``G * V``; blocks of
