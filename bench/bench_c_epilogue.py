@@ -14,7 +14,6 @@ PyTorch, ``torch.addmm(C, A, B, beta=...)`` (cuBLASLt) and ``mm`` followed by
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,14 @@ from pathlib import Path
 import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import commit, import_torch, interleaved_ms, np_dtype, parse_shapes  # noqa: E402
+from bench_gemm import (  # noqa: E402
+    device_meta,
+    import_torch,
+    interleaved_ms,
+    np_dtype,
+    parse_shapes,
+    print_us_table,
+)
 
 import ge2jit  # noqa: E402
 from ge2jit.ops.gemm.epilogue import Act  # noqa: E402
@@ -83,17 +89,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch = import_torch()
     rows = [row(m, n, k, torch) for m, n, k in parse_shapes(ap, args.shapes)]
-    names = list(rows[0]["us"])
-    print("| M×N×K | " + " | ".join(names) + " |")
-    print("|---" * (len(names) + 1) + "|")
-    for r in rows:
-        print(f"| {'×'.join(map(str, r['shape']))} | "
-              + " | ".join(f"{r['us'][n]:.1f}" for n in names) + " |")
+    print_us_table(rows)
     if args.json:
-        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
-        Path(args.json).write_text(json.dumps({
-            "device": props["name"].decode(), "date": datetime.date.today().isoformat(),
-            "commit": commit(), "dtype": "bfloat16", "unit": "us", "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({**device_meta(), "dtype": "bfloat16",
+                                               "unit": "us", "rows": rows}, indent=1))
     return 0
 
 

@@ -21,6 +21,7 @@ and the time to load one kernel from the disk cache in a fresh process.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -135,6 +136,23 @@ def commit() -> str | None:
                               capture_output=True, text=True).stdout.strip() or None
     except OSError:   # no git
         return None
+
+
+def device_meta() -> dict:
+    """What a results file records of the run: the device's name, the date, the commit."""
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
+    return {"device": props["name"].decode(), "date": datetime.date.today().isoformat(),
+            "commit": commit()}
+
+
+def print_us_table(rows) -> None:
+    """A markdown table of rows' ``us`` timings (one column per implementation) by shape."""
+    names = list(rows[0]["us"])
+    print("| M×N×K | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for r in rows:
+        print(f"| {'×'.join(map(str, r['shape']))} | "
+              + " | ".join(f"{r['us'][n]:.1f}" for n in names) + " |")
 
 
 def parse_shapes(parser, text: str) -> list[tuple[int, int, int]]:

@@ -33,6 +33,10 @@ from .ops.gemm import (
     WgmmaConfig,
     gemm_bias_act,
     gemm_bias_act_backward,
+    gemm_gated,
+    gemm_gated_backward,
+    interleave_gate_up,
+    split_gate_up,
 )
 from .ops.norm import (
     NormGradients,
@@ -61,6 +65,10 @@ __all__ = [
     "__version__",
     "gemm_bias_act",
     "gemm_bias_act_backward",
+    "gemm_gated",
+    "gemm_gated_backward",
+    "interleave_gate_up",
+    "split_gate_up",
     "Gradients",
     "adam_update",
     "sgd_update",

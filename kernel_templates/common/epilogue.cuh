@@ -68,21 +68,37 @@ const float leaky_slope = static_cast<float>(leaky_slope_);
 
 {# Stores yv[0..width) (and zv) at row m, columns nb.., of Y (and Z): in one vector access
    when the spec allows it and `vector_ok` holds, else element by element up to column N.
-   Inside a loop: the vector path ends the iteration with `continue`. #}
+   A gated linear unit's (spec.epilogue.glu) Y holds width / 2 values, for columns nb / 2..
+   of Y. Inside a loop: the vector path ends the iteration with `continue`. #}
 {% macro store_yz(spec, width, vector_ok, m="m", nb="nb") %}
+{% set glu = spec.epilogue.glu %}
+{% set y_width = width // 2 if glu else width %}
+{% set y_col = "(" ~ nb ~ ") / 2" if glu else nb %}
 {% if spec.vec_y %}
 if ({{ vector_ok }}) {
-    store_vec(&Y[static_cast<long long>({{ m }}) * ldy + {{ nb }}], yv);
+{% if y_width == 1 %}
+    store(&Y[static_cast<long long>({{ m }}) * ldy + {{ y_col }}], yv[0]);
+{% else %}
+    store_vec(&Y[static_cast<long long>({{ m }}) * ldy + {{ y_col }}], yv);
+{% endif %}
 {% if spec.epilogue.save_z %}
     store_vec(&Z[static_cast<long long>({{ m }}) * ldz + {{ nb }}], zv);
 {% endif %}
     continue;
 }
 {% endif %}
+{% if glu %}
+#pragma unroll
+for (int c = 0; c < {{ y_width }}; ++c)
+    if ({{ nb }} + 2 * c < N)   // (N is even: the pair's second column is there too)
+        store(&Y[static_cast<long long>({{ m }}) * ldy + {{ y_col }} + c], yv[c]);
+{% endif %}
 #pragma unroll
 for (int c = 0; c < {{ width }}; ++c) {
     if ({{ nb }} + c < N) {
+{% if not glu %}
         store(&Y[static_cast<long long>({{ m }}) * ldy + {{ nb }} + c], yv[c]);
+{% endif %}
 {% if spec.epilogue.save_z %}
         store(&Z[static_cast<long long>({{ m }}) * ldz + {{ nb }} + c], zv[c]);
 {% endif %}
@@ -90,16 +106,28 @@ for (int c = 0; c < {{ width }}; ++c) {
 }
 {% endmacro %}
 
+{# The output of a gated linear unit from a pair of Z values: act(gate) * linear. #}
+{% macro glu_value(spec, gate, linear) -%}
+act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}({{ gate }}, leaky_slope) * ({{ linear }})
+{%- endmacro %}
+
 {# zv[c], yv[c] for columns nb + c, c < width, of row m: Z and act(Z), from accumulator `acc`
-   (an expression of c), then stored with store_yz. #}
+   (an expression of c), then stored with store_yz. A gated linear unit's yv holds width / 2
+   values: act(Z) of each even column times Z of the odd one after it (nb is even). #}
 {% macro finish(spec, width, acc, col_bias, vector_ok, m="m", nb="nb") %}
-float zv[{{ width }}], yv[{{ width }}];
+float zv[{{ width }}], yv[{{ width // 2 if spec.epilogue.glu else width }}];
 #pragma unroll
 for (int c = 0; c < {{ width }}; ++c) {
     const auto n = min({{ nb }} + c, N - 1);   // clamped: columns past N are not stored
     {{ compute_z(spec, "z", acc, m, "n", col_bias, "row_bias") | indent(4) }}
     zv[c] = z;
+{% if not spec.epilogue.glu %}
     yv[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
+{% endif %}
 }
+{% if spec.epilogue.glu %}
+#pragma unroll
+for (int c = 0; c < {{ width // 2 }}; ++c) yv[c] = {{ glu_value(spec, "zv[2 * c]", "zv[2 * c + 1]") }};
+{% endif %}
 {{ store_yz(spec, width, vector_ok, m, nb) }}
 {%- endmacro %}

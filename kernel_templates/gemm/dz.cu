@@ -6,9 +6,17 @@
 // Blocks of 32 x 8 threads cover `rows` rows x {{ 32 * spec.cols }} columns; each thread {{ spec.cols }} adjacent columns of
 // every eighth row{% if spec.vec %}, read and written as 16-byte vectors (unit column strides, rows and pointers
 // 16-byte aligned, N a multiple of 8){% endif %}. Every matrix takes (row stride, column stride) in elements.
+{% if spec.glu %}
+// A gated linear unit's backward: gY has N / 2 columns, each a (gate, linear) pair of Z's
+// adjacent columns 2j, 2j + 1: dZ[2j] = gY[j] * Z[2j + 1] * act'(Z[2j]), dZ[2j + 1] =
+// gY[j] * act(Z[2j]). A thread's columns are whole pairs.
+{% endif %}
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
+{% if spec.glu %}
+{% include "common/rows.cuh" %}
+{% endif %}
 
 constexpr int COLS = {{ spec.cols }}, TILE_N = 32 * COLS;
 {% if spec.vec %}
@@ -47,8 +55,22 @@ extern "C" __global__ void __launch_bounds__(256)
 {% if spec.vec %}
         if (n0 < N) {   // N is a multiple of 8: all 8 columns are there
             float d[8];
+{% if spec.glu %}
+            {
+                float g4[4], z8[8];
+                load_full<4>(&gy[m * gy_r + n0 / 2], g4);
+                load_vec(&src[m * src_r + n0], z8);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float gate = z8[2 * j], lin = z8[2 * j + 1];
+                    d[2 * j] = g4[j] * lin * {{ ep.dact(spec.act, "gate", "slope", False, spec.fast_act) }};
+                    d[2 * j + 1] = g4[j] * act_{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(gate, slope);
+                }
+            }
+{% else %}
             load_vec(&gy[m * gy_r + n0], d);
-{% if spec.reads_src %}
+{% endif %}
+{% if spec.reads_src and not spec.glu %}
             float src8[8];
             load_vec(&src[m * src_r + n0], src8);
 #pragma unroll
@@ -79,7 +101,14 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int j = 0; j < COLS; ++j) {
             const int n = n0 + j;
             if (n < N) {
-{% if spec.reads_src %}
+{% if spec.glu %}
+                // (n0 and N are even: a pair is whole)
+                const float g = to_f32(gy[m * gy_r + (n / 2) * gy_c]);
+                const float gate = to_f32(src[m * src_r + (n & ~1) * src_c]);
+                const float d = j % 2 == 0
+                    ? g * to_f32(src[m * src_r + (n + 1) * src_c]) * {{ ep.dact(spec.act, "gate", "slope", False, spec.fast_act) }}
+                    : g * act_{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(gate, slope);
+{% elif spec.reads_src %}
                 const float s = to_f32(src[m * src_r + n * src_c]);
                 const float d = to_f32(gy[m * gy_r + n * gy_c]) * {{ ep.dact(spec.act, "s", "slope", spec.from_y, spec.fast_act) }};
 {% else %}

@@ -16,6 +16,13 @@ constexpr int THREADS = THREADS_M * THREADS_N;
 // Rows of the shared tiles are padded by 4 floats: a warp that fills a k-major tile then hits
 // 32 distinct banks, and rows stay 16-byte aligned.
 constexpr int PAD = 4;
+{% if spec.epilogue.glu %}
+// A gated linear unit's columns come in (gate, linear) pairs: a thread owns pairs of adjacent
+// columns, 2 (tx + p * THREADS_N) and the one after, for p < TN / 2.
+#define COL(j) (2 * (tx + ((j) / 2) * THREADS_N) + (j) % 2)
+{% else %}
+#define COL(j) (tx + (j) * THREADS_N)
+{% endif %}
 
 {{ ep.accessors(spec) }}
 // (THREADS, 1): without a minimum of blocks, ptxas aimed at more of them and spilled a few
@@ -28,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     __shared__ float Bs[BK][BN + PAD];   // Bs[k][n]
 
     const int tid = threadIdx.x;
-    const int tx = tid % THREADS_N;      // this thread owns columns tx + j * THREADS_N
+    const int tx = tid % THREADS_N;      // this thread owns columns COL(j)
     const int ty = tid / THREADS_N;      // and rows ty + i * THREADS_M of the block tile
     const int m0 = blockIdx.x * BM;
     const int n0 = blockIdx.y * BN;
@@ -78,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int i = 0; i < TM; ++i) a[i] = As[kk][ty + i * THREADS_M];
 #pragma unroll
-            for (int j = 0; j < TN; ++j) b[j] = Bs[kk][tx + j * THREADS_N];
+            for (int j = 0; j < TN; ++j) b[j] = Bs[kk][COL(j)];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -99,9 +106,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.epilogue.bias.value == "rowbias" %}
         const float row_bias = to_f32(bias[(long long)m * bias_stride]);
 {% endif %}
+{% if spec.epilogue.glu %}
+#pragma unroll
+        for (int j = 0; j < TN; j += 2) {
+            const int nb = n0 + COL(j);
+            if (nb >= N) continue;
+            {{ ep.finish(spec, 2, "acc[i][j + c]", "to_f32(bias[(long long)n * bias_stride])", "false") | indent(12) }}
+        }
+{% else %}
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
-            const int n = n0 + tx + j * THREADS_N;
+            const int n = n0 + COL(j);
             if (n >= N) continue;
             {{ ep.compute_z(spec, "z", "acc[i][j]", "m", "n", "to_f32(bias[(long long)n * bias_stride])", "row_bias") | indent(12) }}
 {% if spec.epilogue.save_z %}
@@ -109,5 +124,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
             store(&Y[(long long)m * ldy + n], act_{{ spec.epilogue.act.value }}(z, leaky_slope));
         }
+{% endif %}
     }
 }

@@ -3,6 +3,7 @@
 {% set a_kcont = spec.layout_a.value == "r" %}
 {% set b_kcont = spec.layout_b.value == "c" %}
 {% set n_acc = cfg.bn // 2 %}
+{% set glu = spec.epilogue.glu %}
 // {{ spec.kernel_name }}
 // Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
 // Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
@@ -535,6 +536,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // writes whole 16-byte segments: every row of the block goes out in full lines.
 {% endif %}
         constexpr int EPC = 16 / {{ spec.epilogue.out_dtype.itemsize }};   // outputs per 16-byte segment
+{% if glu %}
+        // A gated linear unit: blocks of 128 columns of the accumulators (64 pairs) make the
+        // 64 columns of a staged block of Y (NY columns in all); Z takes two blocks.
+        constexpr int CHUNK = 128;
+        const int NY = N / 2;
+{% else %}
+        constexpr int CHUNK = 64;   // columns of the accumulators a staged block holds
+{% endif %}
 {% if spec.epilogue.gate %}
         constexpr int GATE_SEGS = 64 / EPC, GATE_RPP = 32 / GATE_SEGS;   // segments a row, rows a pass
         constexpr int GATE_PASSES = 16 / GATE_RPP;
@@ -572,8 +581,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int mi = 0; mi < MI; ++mi) {
             const int mw = m0 + row0 + mi * 64 + warp * 16;    // this warp's first row
 #pragma unroll
-            for (int jc = 0; jc < BN / 64; ++jc) {
-                const int nc = n0 + jc * 64;
+            for (int jc = 0; jc < BN / CHUNK; ++jc) {
+                const int nc = n0 + jc * CHUNK;
                 if (nc >= N) break;
 {% if spec.epilogue.gate and spec.epilogue.layout_c.value == "r" and not spec.c_tma %}
                 // The gate's C values for this block (rows in passes of GATE_RPP, a 16-byte
@@ -602,16 +611,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
                 }
 {% endif %}
-{% for what in (["Z", "Y"] if spec.epilogue.save_z else ["Y"]) %}
-                {
+{# (what, which 64 of the chunk's columns): a gated linear unit's Y from the whole chunk #}
+{% if glu %}
+{% set pieces = [("Y", 0)] + ([("Z", 0), ("Z", 1)] if spec.epilogue.save_z else []) %}
+{% else %}
+{% set pieces = ([("Z", 0)] if spec.epilogue.save_z else []) + [("Y", 0)] %}
+{% endif %}
+{% for what, q in pieces %}
+{% set glu_y = glu and what == "Y" %}
+                {   // {{ what }}{{ " (the gated linear unit's: a column from each pair)" if glu_y else "" }}, columns {{ "nc / 2" if glu_y else "nc" if q == 0 else "nc + 64" }}..
+                const int yc = {{ "nc / 2" if glu_y else "nc" if q == 0 else "nc + 64" }};
 {% if spec.tma_store %}
                 {{ spec.epilogue.y_ctype }}* const st = st2 + sbuf * (16 * 64);
                 if (lane == 0) bulk_wait_read<1>();   // this block's store of two rounds ago
                 __syncwarp();
 {% endif %}
+                // groups of 8 columns of the accumulators{{ ": a thread's pair, (gate, linear), makes one column of Y (4 j8 + t of the block)" if glu_y }}
 #pragma unroll
-                for (int j8 = 0; j8 < 8; ++j8) {
-                    const int nb = nc + j8 * 8 + 2 * t;
+                for (int j8 = 0; j8 < {{ 16 if glu_y else 8 }}; ++j8) {
+                    const int nb = {{ "nc" if glu_y else "yc" }} + j8 * 8 + 2 * t;
 {% if spec.epilogue.bias.value == "colbias" %}
                     const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
                     const float col_bias[2] = {cb.x, cb.y};
@@ -631,15 +649,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
                             const int n = min(nb + c, N - 1);
-                            {{ ep.compute_z(spec, "z", "acc[mi][4 * (jc * 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False, c_value="cv[c]" if spec.c_tma else None) | indent(28) }}
-{% if what == "Z" %}
+                            {{ ep.compute_z(spec, "z", "acc[mi][4 * ((jc * CHUNK + " ~ 64 * q ~ ") / 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False, c_value="cv[c]" if spec.c_tma else None) | indent(28) }}
+{% if what == "Z" or glu_y %}
                             v[c] = z;
 {% else %}
                             v[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
 {% endif %}
                         }
+{% if glu_y %}
+                        const int col = j8 * 4 + t;
+                        store(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC],
+                              {{ ep.glu_value(spec, "v[0]", "v[1]") }});
+{% else %}
                         const int col = j8 * 8 + 2 * t;
                         store_vec(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC], v);
+{% endif %}
                     }
                 }
 {% if spec.epilogue.gate %}
@@ -708,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 if (lane == 0) {
                     // a group for every block, empty where its rows are all past M: the wait
                     // above counts groups as blocks, two buffers apart
-                    if (mw < M) tma_store(&tma_{{ what | lower }}, smem_u32(st), nc, mw);
+                    if (mw < M) tma_store(&tma_{{ what | lower }}, smem_u32(st), yc, mw);
                     bulk_commit();
                 }
                 sbuf ^= 1;
@@ -717,14 +741,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll 1
                 for (int p = 0; p < 16 / RPP; ++p) {
                     const int r = p * RPP + lane / SEGS, seg = lane % SEGS;
-                    const int m = mw + r, n = nc + seg * EPC;
-                    if (m < M && n < N) {
+                    const int m = mw + r, n = yc + seg * EPC;
+                    if (m < M && n < {{ "NY" if glu_y else "N" }}) {
                         const {{ spec.epilogue.y_ctype }}* const src = &st[r * 64 + (seg ^ (r & 7)) * EPC];
                         auto* dst = &{{ what }}[static_cast<long long>(m) * ld{{ what | lower }} + n];
-                        if (n + EPC <= N) {
+                        if (n + EPC <= {{ "NY" if glu_y else "N" }}) {
                             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
                         } else {
-                            for (int e = 0; e < N - n; ++e) dst[e] = src[e];
+                            for (int e = 0; e < {{ "NY" if glu_y else "N" }} - n; ++e) dst[e] = src[e];
                         }
                     }
                 }

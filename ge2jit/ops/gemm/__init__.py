@@ -5,8 +5,9 @@ choice (select) and the launcher with its plans, tuning and explanation (op); th
 from ...runtime.registry import register
 from .backward import Gradients, gemm_bias_act_backward
 from .epilogue import PARTIAL_SUMS, Epilogue
+from .gated import gemm_gated, gemm_gated_backward, interleave_gate_up, split_gate_up
 from .op import Explanation, TuneResult, clear_plans, explain, gemm_bias_act, tune
-from .registration import BACKWARD, FORWARD
+from .registration import BACKWARD, FORWARD, GATED, GATED_BACKWARD
 from .select import Choice
 from .spec import (
     MMA_16BIT_CONFIGS,
@@ -36,7 +37,8 @@ from .spec import (
     WgmmaGemmSpec,
 )
 
-__all__ = ["gemm_bias_act", "gemm_bias_act_backward", "Gradients", "DzSpec", "DbiasSpec", "tune",
+__all__ = ["gemm_bias_act", "gemm_bias_act_backward", "gemm_gated", "gemm_gated_backward",
+           "interleave_gate_up", "split_gate_up", "Gradients", "DzSpec", "DbiasSpec", "tune",
            "explain", "clear_plans", "Explanation", "TuneResult",
            "Choice", "Epilogue", "PARTIAL_SUMS", "TiledGemmSpec", "PipelinedGemmSpec",
            "SplitKReduceSpec", "TileConfig",
@@ -48,3 +50,5 @@ __all__ = ["gemm_bias_act", "gemm_bias_act_backward", "Gradients", "DzSpec", "Db
 
 register(FORWARD, default=True)   # the op the tools use when given arrays first
 register(BACKWARD)
+register(GATED)
+register(GATED_BACKWARD)

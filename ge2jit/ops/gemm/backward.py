@@ -27,6 +27,7 @@ NEEDS = ("a", "b", "bias", "c")
 _CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _GRID_Y_MAX = 65535
 _prepared = PreparedCalls("gemm_bias_act_backward", 256)
+_prepared_glu = PreparedCalls("gemm_gated_backward", 256)
 
 
 class Gradients(NamedTuple):
@@ -132,13 +133,21 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
         ``Gradients.a_bias`` in its shape and dtype. None for a gradient not in ``needs`` or
         for an input that was None.
     """
+    return backward(False, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
+                    precision, a_act, a_z, a_leaky_slope, a_bias)
+
+
+def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs, precision,
+             a_act, a_z, a_leaky_slope, a_bias) -> Gradients:
+    """``gemm_bias_act_backward`` (``glu`` False) or ``gemm_gated_backward`` (True)."""
+    table = _prepared_glu if glu else _prepared
     fw = framework_of_type(type(gy))
     sig = run = None
     if fw is not None:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
                              precision, a_act, a_z, a_leaky_slope, a_bias)
-            run = _prepared.get(sig)
+            run = table.get(sig)
         except (AttributeError, TypeError):   # other arrays, or unhashable: validation says why
             sig = run = None
     if run is not None:
@@ -155,20 +164,22 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
             sig = None
     with fw.context(device_id):
         run = _first_call(fw, views(fw, native), act, alpha, beta, leaky_slope, needs,
-                          precision, a_act, a_leaky_slope)
+                          precision, a_act, a_leaky_slope, glu)
         if sig is not None and device_id == arrays.current_device():
-            _prepared.put(sig, run)
+            table.put(sig, run)
         n = native
         return run(n["gy"], n["a"], n["b"], n["bias"], n["c"],
                    n["z"] if n["z"] is not None else n["y"], alpha, beta, leaky_slope, n["a_z"],
                    a_leaky_slope)
 
 
-def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a_slope):
+def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a_slope,
+                glu=False):
     """Validate a backward call's arguments (``v``: CuPy views) and prepare its pattern."""
     gy, a, b, bias, c, z, y, a_z, a_bias = (v[k] for k in ("gy", "a", "b", "bias", "c", "z",
                                                            "y", "a_z", "a_bias"))
-    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, precision=precision)
+    p = validate(a, b, bias, act, c, alpha, beta, leaky_slope, None, precision=precision,
+                 glu=glu)
     try:
         if isinstance(needs, (str, bytes)):   # set("bias") would be its letters
             raise TypeError
@@ -181,7 +192,17 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
                                  f"{sorted(map(str, wanted - set(NEEDS)))}")
     m, n, act = p.m, p.n, p.epilogue.act
     floats = (p.dtype, DType.F32)
-    grad_dtype = _check_mn(gy, "gy", m, n, floats)
+    if glu:
+        grad_dtype = check_shaped(gy, "gy", (m, n // 2), "(M, N): Y's shape", floats)
+        if any(s % gy.itemsize for s in gy.strides):
+            raise ArgumentValueError(f"gy: strides {gy.strides} are not multiples of the item "
+                                     f"size {gy.itemsize}")
+        if y is not None:
+            raise ArgumentValueError("y: a gated linear unit's backward reads the forward's "
+                                     "pre-activations: pass z (save_preact) or neither (Z "
+                                     "is recomputed)")
+    else:
+        grad_dtype = _check_mn(gy, "gy", m, n, floats)
     problem.check_same_device({"gy": gy, "z": z, "y": y}, p.device_id)
     if z is not None and y is not None:
         raise ArgumentValueError("z, y: pass one of them (z when the forward saved it)")
@@ -199,7 +220,7 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
             raise ArgumentValueError(f"y: with leaky_slope {p.leaky_slope} < 0 the sign of Y "
                                      "does not give the sign of Z; pass z")
         src, from_y = y, True
-    elif act is Act.NONE:   # act' is 1: nothing to read
+    elif act is Act.NONE and not glu:   # act' is 1: nothing to read
         src, src_dtype, from_y = None, grad_dtype, False
     else:   # recomputed from A and B, in float32
         src, src_dtype, from_y = None, DType.F32, False
@@ -292,25 +313,29 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     views), as a function of the call's arrays (``fw``'s) and scalars: repeated calls with the
     same signature skip validation (as the forward does)."""
     m, n, k, act = p.m, p.n, p.k, p.epilogue.act
+    glu = p.epilogue.glu   # gy has n / 2 columns, dZ is formed from (gate, linear) pairs of Z
     dev = p.device_id
     want_bias = "bias" in wanted and bias is not None
     want_c = "c" in wanted and c is not None
     need_dz = bool(wanted & {"a", "b"})
     write_dc = want_c and p.beta != 0.0
-    recompute = src is None and act is not Act.NONE
+    recompute = src is None and (act is not Act.NONE or glu)
     # gy is dZ when act is none: the GEMMs read it unless its type differs from theirs
-    write_dz = need_dz and not (act is Act.NONE and grad_dtype is p.dtype)
+    write_dz = need_dz and (glu or not (act is Act.NONE and grad_dtype is p.dtype))
     bias_kind = p.epilogue.bias if want_bias else BiasKind.NONE
     gy_strides = _strides(gy)
     src_strides = (n, 1) if recompute else _strides(src) if src is not None else (0, 0)
+    # (a gated linear unit's gY: 4 values a thread, aligned to 4 of its elements)
     vec = n % 8 == 0 and all(
-        x is None or (x.data.ptr % 16 == 0 and st[1] == 1 and (st[0] * x.itemsize) % 16 == 0)
-        for x, st in ((gy, gy_strides), (src, src_strides)))
+        x is None or (x.data.ptr % w == 0 and st[1] == 1 and (st[0] * x.itemsize) % w == 0)
+        for x, st, w in ((gy, gy_strides, 4 * gy.itemsize if glu else 16),
+                         (src, src_strides, 16)))
     dc_dtype = problem.check_dtype(c, "c") if write_dc else DType.F32
-    reads_src = act is not Act.NONE   # act' of "none" is 1: Z (or Y) is not read
+    # act' of "none" is 1: Z (or Y) is not read, but for a gated linear unit's linear half
+    reads_src = act is not Act.NONE or glu
     spec = DzSpec(act, from_y and reads_src, bias_kind, grad_dtype,
                   src_dtype if reads_src else grad_dtype, p.dtype, write_dz=write_dz,
-                  write_dc=write_dc, dc_dtype=dc_dtype, vec=vec)
+                  write_dc=write_dc, dc_dtype=dc_dtype, vec=vec, glu=glu)
     tm, grid = _pass_shape(m, n, spec.cols)
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)

@@ -69,8 +69,12 @@ class Epilogue:
     (with a gate): the column sums of each 16 rows of Y as well, in float32, to the array the
     bias pointer gives (rows of ``bias_stride``): the partial sums of that layer's bias
     gradient (cuBLASLt's BGRAD). A problem's epilogue asks for them; a kernel's makes them
-    (``kernel_set`` keeps it where the kernel can). The leaky ReLU's slope is no part of it:
-    the kernels take it as a parameter at launch.
+    (``kernel_set`` keeps it where the kernel can). ``glu`` (no C, no gate; no bias or one
+    per column) makes it a gated linear unit: the accumulator columns come in pairs, an even
+    column ``2j`` (the gate) and the odd one after it (``2j + 1``, the linear half), and
+    ``Y[:, j] = act(Z[:, 2j]) * Z[:, 2j + 1]``: Y has half the GEMM's columns, Z (with
+    ``save_z``) all of them. The leaky ReLU's slope is no part of it: the kernels take it as a
+    parameter at launch.
     """
 
     out_dtype: DType
@@ -83,13 +87,15 @@ class Epilogue:
     gate: Act | None = None
     gate_from_y: bool = False
     bgrad: bool = False
+    glu: bool = False
 
     def __post_init__(self):
         for name, typ, optional in (("out_dtype", DType, False), ("act", Act, False),
                                     ("bias", BiasKind, False), ("bias_dtype", DType, True),
                                     ("layout_c", Layout, True), ("c_dtype", DType, True),
                                     ("save_z", bool, False), ("gate", Act, True),
-                                    ("gate_from_y", bool, False), ("bgrad", bool, False)):
+                                    ("gate_from_y", bool, False), ("bgrad", bool, False),
+                                    ("glu", bool, False)):
             check_field(self, name, typ, optional)
         if (self.bias_dtype is None) != (self.bias is BiasKind.NONE):
             raise ArgumentValueError(
@@ -99,6 +105,12 @@ class Epilogue:
             raise ArgumentValueError(
                 f"Epilogue.c_dtype: expected a DType with a C term (layout_c given) and None "
                 f"without one, got {self.c_dtype!r} with layout_c {self.layout_c!r}")
+        if self.glu and (self.gate is not None or self.layout_c is not None
+                         or self.bias in (BiasKind.SCALAR, BiasKind.ROW)):
+            raise ArgumentValueError(
+                "Epilogue.glu: a gated linear unit (Y = act(Z[:, 0::2]) * Z[:, 1::2]) takes no "
+                "gate and no C, and no bias or one per column; expected glu False, got True "
+                f"with gate {self.gate!r}, layout_c {self.layout_c!r}, bias {self.bias.value!r}")
         if self.gate is None:
             if self.gate_from_y:
                 raise ArgumentValueError("Epilogue.gate_from_y: expected False without a gate, "
@@ -119,6 +131,10 @@ class Epilogue:
     def has_c(self) -> bool:
         return self.layout_c is not None
 
+    def y_cols(self, n: int) -> int:
+        """Y's columns for a GEMM of ``n`` columns (half of them for a gated linear unit)."""
+        return n // 2 if self.glu else n
+
     @property
     def y_ctype(self) -> str:
         """The C type of Y and Z."""
@@ -126,9 +142,9 @@ class Epilogue:
 
     def name(self, dtype: DType) -> str:
         """Its part of a kernel's name, for inputs of type ``dtype``:
-        ``_<act>_<bias>[_g<z|y><gate>][<bias dtype>][_c<layout>[<dtype>]][_o<dtype>][_z][_bg]``
-        (dtypes only where they differ from the inputs')."""
-        name = f"_{self.act.value}_{self.bias.value}"
+        ``[_glu]_<act>_<bias>[_g<z|y><gate>][<bias dtype>][_c<layout>[<dtype>]][_o<dtype>][_z]
+        [_bg]`` (dtypes only where they differ from the inputs')."""
+        name = f"{'_glu' if self.glu else ''}_{self.act.value}_{self.bias.value}"
         if self.gate is not None:
             name += f"_g{'y' if self.gate_from_y else 'z'}{self.gate.value}"
         if self.bias_dtype not in (None, dtype):

@@ -25,8 +25,8 @@ from .select import parse_config
 from .spec import Act
 from .tuning import TuneResult, tune, tune_problem
 
-__all__ = ["gemm_bias_act", "gemm_and_prepared", "gated_gemm", "explain", "tune", "TuneResult",
-           "clear_plans"]
+__all__ = ["gemm_bias_act", "gemm_glu", "gemm_and_prepared", "gated_gemm", "explain",
+           "explain_call", "tune", "TuneResult", "clear_plans"]
 
 
 def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, None)):
@@ -36,7 +36,7 @@ def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, N
     new = fw.allocator(dtype, p.device_id)
     if fw is CUPY:
         given = (p.out, p.preact_out)
-    y = given[0] if given[0] is not None else new(shape)
+    y = given[0] if given[0] is not None else new((p.m, p.epilogue.y_cols(p.n)))
     z = None
     if save_preact:
         z = given[1] if given[1] is not None else new(shape)
@@ -48,6 +48,7 @@ def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, N
 
 
 _fast = PreparedCalls("gemm_bias_act")
+_fast_glu = PreparedCalls("gemm_gated")
 _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
@@ -70,9 +71,9 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     choice. Everything the signature fixes is bound here, once. ``views``: the first call's
     (a, b, c, bias, out, preact_out) as CuPy arrays."""
     m, n, k = p.m, p.n, p.k
-    shape = (m, n)
+    shape, y_shape = (m, n), (m, p.epilogue.y_cols(n))
     use_c = p.c is not None
-    launch = plan.bind(p.lda, p.ldb, p.ldc, p.bias_stride, ld_of(y, m, n),
+    launch = plan.bind(p.lda, p.ldb, p.ldc, p.bias_stride, ld_of(y, m, p.epilogue.y_cols(n)),
                        ld_of(z, m, n) if z is not None else 0, m, n, k,
                        fw.scratch(p.device_id))
     guard = OverlapGuard(_SPAN_NAMES, views, (4, 5)) or None   # only outputs passed in
@@ -83,7 +84,7 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
         a_ptr, b_ptr = ptr(a), ptr(b)
         c_ptr = 0 if c is None else ptr(c)       # read only when use_c (beta != 0)
         bias_ptr = 0 if bias is None else ptr(bias)
-        y = out if out is not None else new(shape)
+        y = out if out is not None else new(y_shape)
         y_ptr = ptr(y)
         if save_z:
             z = preact_out if preact_out is not None else new(shape)
@@ -188,6 +189,21 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
             ``out_dtype``, ``precision`` or device.
         KernelCompileError: NVRTC rejected the kernel (the message holds its log).
     """
+    return _call(False, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                 preact_out, out_dtype, precision, config, autotune)
+
+
+def gemm_glu(a, b, bias, act, alpha, leaky_slope, save_preact, out, preact_out, out_dtype,
+             precision, config, autotune):
+    """The gated linear unit's GEMM (``gemm_gated``): ``gemm_bias_act``'s path with the
+    ``Epilogue.glu`` epilogue, B's columns (gate, linear) pairs, Y half as wide."""
+    return _call(True, a, b, bias, act, None, alpha, 0.0, leaky_slope, save_preact, out,
+                 preact_out, out_dtype, precision, config, autotune)
+
+
+def _call(glu, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
+          out_dtype, precision, config, autotune):
+    table = _fast_glu if glu else _fast
     fw = framework_of_type(type(a))
     sig = None
     if fw is not None:
@@ -195,18 +211,18 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
                              preact_out, config, autotune, arrays.current_device(), out_dtype,
                              precision)
-            prepared = _fast.get(sig)
+            prepared = table.get(sig)
         except (AttributeError, TypeError):  # other arrays, or unhashable: validation says why
             sig = prepared = None
         if prepared is not None:
             return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out)
 
     return _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                       preact_out, out_dtype, precision, config, autotune)[0]
+                       preact_out, out_dtype, precision, config, autotune, glu)[0]
 
 
 def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                preact_out, out_dtype, precision, config, autotune):
+                preact_out, out_dtype, precision, config, autotune, glu=False):
     """(the result, the prepared call or None) of a call that missed the prepared calls:
     validate, choose, launch, and prepare the pattern for the next call."""
     fw, device_id, native = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
@@ -222,7 +238,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
     with fw.context(device_id):
         v = views(fw, native)
         p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
-                     v["out"], v["preact_out"], save_preact, out_dtype, precision)
+                     v["out"], v["preact_out"], save_preact, out_dtype, precision, glu=glu)
         if config is not None:
             parse_config(config)  # a bad name is an error before anything is allocated
         y, z, y_native, z_native = _outputs(p, save_preact, fw, (out, preact_out))
@@ -234,7 +250,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
                                     (v["a"], v["b"], v["c"], v["bias"], v["out"],
                                      v["preact_out"]), fw)
                 if sig is not None:
-                    _fast.put(sig, prepared)
+                    (_fast_glu if glu else _fast).put(sig, prepared)
     return ((y_native, z_native) if save_preact else y_native), prepared
 
 
@@ -287,12 +303,19 @@ def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
             autotune: bool = False) -> Explanation:
     """Which configuration and kernels ``gemm_bias_act`` would use for these arguments, and why
     ("heuristic", "tuned", "pinned" or "fallback"). Compiles the kernels; launches nothing."""
+    return explain_call(False, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                        preact_out, out_dtype, precision, config, autotune)
+
+
+def explain_call(glu, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                 preact_out, out_dtype, precision, config, autotune) -> Explanation:
+    """``explain`` of ``gemm_bias_act`` (``glu`` False) or of ``gemm_gated`` (True)."""
     fw, device_id, native = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
-                                        "preact_out": preact_out})
+                                            "preact_out": preact_out})
     with fw.context(device_id):
         v = views(fw, native)
         p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
-                     v["out"], v["preact_out"], save_preact, out_dtype, precision)
+                     v["out"], v["preact_out"], save_preact, out_dtype, precision, glu=glu)
         if p.empty:
             raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches "
                                      "nothing")

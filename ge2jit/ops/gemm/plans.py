@@ -197,7 +197,7 @@ class Plan:
 
     def launch(self, p: Problem, y, z, stream_ptr: int, alloc) -> None:
         m, n = p.m, p.n
-        ldy = ld_of(y, m, n)
+        ldy = ld_of(y, m, p.epilogue.y_cols(n))
         ldz = ld_of(z, m, n) if z is not None else 0
         self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
                  p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
@@ -219,6 +219,7 @@ class TmaPlan(Plan):
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
         self._y_type = spec.epilogue.out_dtype.value if spec.tma_store else None
         ep = spec.epilogue
+        self._glu = ep.glu   # Y has half the columns
         # 64 x 128-byte boxes of C, which arrives through the ring
         self._c_map = ((ep.c_dtype.value, 128 // ep.c_dtype.itemsize, ep.c_dtype.itemsize)
                        if spec.c_tma else None)
@@ -249,7 +250,7 @@ class TmaPlan(Plan):
                          leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
             return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
-        map_y = tensor_map_2d(y_type, Y, N_, M_, ldy * 2, 64, 16)
+        map_y = tensor_map_2d(y_type, Y, N_ // 2 if self._glu else N_, M_, ldy * 2, 64, 16)
         map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * 2, 64, 16) if Z else map_y
         self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, **maps,
                      A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride,
@@ -268,7 +269,7 @@ def ld_of(y, m: int, n: int) -> int:
 
 def aligns(p: Problem, y, z) -> Aligns:
     item = p.a.itemsize
-    align_y = alignment(y.data.ptr, ld_of(y, p.m, p.n) * y.itemsize)
+    align_y = alignment(y.data.ptr, ld_of(y, p.m, p.epilogue.y_cols(p.n)) * y.itemsize)
     if z is not None:
         align_y = min(align_y, alignment(z.data.ptr, ld_of(z, p.m, p.n) * z.itemsize))
     align_c = 16 if p.c is None else alignment(p.c.data.ptr, p.ldc * p.c.itemsize)
@@ -284,13 +285,14 @@ def tuning_key(p: Problem, arch: str) -> dict:
         return 1 << max(x - 1, 0).bit_length()
 
     cands = candidates(p.m, p.n, p.k, arch_number(arch), p.dtype, p.precision)
+    glu = {"glu": True} if p.epilogue.glu else {}   # gemm_gated's: its own records
     return {
         "op": "gemm_bias_act", "device": device_name(p.device_id), "arch": arch,
         "dtype": p.dtype.value, "precision": p.precision.value,
         "layouts": p.layout_a.value + p.layout_b.value,
         "bucket": [bucket(p.m), bucket(p.n), bucket(p.k)],
         "candidates": sorted(f"{c.name}_k{s}" for c, s in cands),
-        "version": __version__,
+        "version": __version__, **glu,
     }
 
 
@@ -359,7 +361,12 @@ def _choose(p: Problem, config, autotune, vecs) -> Choice:
         return autotune(p, vecs).best
     return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id),
                      p.layout_a.value + p.layout_b.value, p.dtype, p.precision,
-                     gated=p.epilogue.gate is not None)
+                     gated=p.epilogue.gate is not None, glu=glu_kind(p.epilogue))
+
+
+def glu_kind(epilogue) -> str | None:
+    """The heuristic's ``glu``: a gated linear unit storing Y ("y") or Y and Z ("yz")."""
+    return ("yz" if epilogue.save_z else "y") if epilogue.glu else None
 
 
 def _make_plan(p: Problem, config, autotune, vecs) -> Plan:

@@ -198,8 +198,10 @@ def check_output(x, name: str, m: int, n: int, dtype) -> None:
 
 
 def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
-             save_preact=False, out_dtype=None, precision=None) -> Problem:
-    """Check every argument of gemm_bias_act; raise before anything is launched."""
+             save_preact=False, out_dtype=None, precision=None, glu=False) -> Problem:
+    """Check every argument of gemm_bias_act (``glu``: of gemm_gated, whose B holds (gate,
+    linear) column pairs and whose Y has half of B's columns); raise before anything is
+    launched."""
     cp = _cupy()
     a = check_array(a, "a")
     b = check_array(b, "b")
@@ -214,9 +216,13 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     k2, n = b.shape
     if k2 != k:
         raise ArgumentValueError(
-            f"b: expected shape ({k}, N) to match a of shape {a.shape} (a is (M, K), b is "
-            f"(K, N)), got {b.shape}"
+            f"b: expected shape ({k}, {'2N' if glu else 'N'}) to match a of shape {a.shape} "
+            f"(a is (M, K), b is (K, {'2N' if glu else 'N'})), got {b.shape}"
         )
+    if glu and n % 2:
+        raise ArgumentValueError(
+            f"b: expected (K, 2N), the gate and linear columns interleaved in pairs (an even "
+            f"number of columns; see interleave_gate_up), got shape {b.shape}")
     for name, size, limit, text in (("M", m, MAX_MN, "2**31 - 2**16"),
                                     ("N", n, MAX_MN, "2**31 - 2**16"),
                                     ("K", k, MAX_K, "2**31 - 1")):
@@ -229,6 +235,10 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     beta = check_scalar(beta, "beta")
     slope = check_scalar(leaky_slope, "leaky_slope")
     kind, bias_stride = bias_kind(bias, m, n)
+    if glu and kind not in (BiasKind.NONE, BiasKind.COL):
+        raise ArgumentValueError(
+            f"bias: expected None or shape ({n},) (2N: the gate's and the linear half's biases "
+            f"interleaved as b's columns), got shape {bias.shape}")
     bias_dtype = None if bias is None else _input_or_f32(bias, "bias", dtype)
     c_dtype = None
     if c is not None:
@@ -245,7 +255,7 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     y_dtype = check_out_dtype(out_dtype, dtype, out)
     np_y = a.dtype if y_dtype is dtype else np.dtype(np.float32)
     if out is not None:
-        check_output(out, "out", m, n, np_y)
+        check_output(out, "out", m, n // 2 if glu else n, np_y)
     if preact_out is not None:
         if not save_preact:
             raise ArgumentValueError("preact_out: given, but save_preact is False")
@@ -269,7 +279,7 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
         a, b, c = a_read, b_read, c_read
     epilogue = Epilogue(out_dtype=y_dtype, act=act_e, bias=kind, bias_dtype=bias_dtype,
                         layout_c=layout_c, c_dtype=c_dtype if layout_c is not None else None,
-                        save_z=bool(save_preact))
+                        save_z=bool(save_preact), glu=glu)
     return Problem(m=m, n=n, k=k, dtype=dtype, y_numpy_dtype=np_y, precision=prec,
                    epilogue=epilogue, bias_stride=bias_stride, alpha=alpha, beta=beta,
                    leaky_slope=slope, device_id=device_id, a=a, b=b, bias=bias, out=out,

@@ -122,3 +122,24 @@ def rel_error(got, ref, floor: float = 0.0) -> float:
     ref = np.asarray(ref, np.float64)
     denom = max(float(np.linalg.norm(ref)), floor)
     return float(np.linalg.norm(got - ref) / (denom if denom > 0 else 1.0))
+
+
+def gemm_gated_ref(a, b, bias=None, *, act="silu", alpha=1.0, leaky_slope=0.01):
+    """(Y, Z) of ``gemm_gated`` in float64 from host arrays: Z = alpha * A @ B + bias (B's
+    columns (gate, up) pairs), Y = act(Z[:, 0::2]) * Z[:, 1::2]."""
+    _, z = gemm_bias_act_ref(a, b, bias, alpha=alpha)
+    return activation(act, z[:, 0::2], leaky_slope) * z[:, 1::2], z
+
+
+def gemm_gated_backward_ref(gy, a, b, bias=None, *, act="silu", alpha=1.0, leaky_slope=0.01):
+    """(dA, dB, dBias) of ``gemm_gated`` in float64 from host arrays (dBias in the bias'
+    shape)."""
+    _, z = gemm_gated_ref(a, b, bias, act=act, alpha=alpha, leaky_slope=leaky_slope)
+    gy = np.asarray(gy, np.float64)
+    gate, up = z[:, 0::2], z[:, 1::2]
+    dz = np.empty_like(z)
+    dz[:, 0::2] = gy * up * activation_grad(act, gate, leaky_slope)
+    dz[:, 1::2] = gy * activation(act, gate, leaky_slope)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    d_bias = None if bias is None else dz.sum(axis=0).reshape(np.shape(bias))
+    return alpha * dz @ b.T, alpha * a.T @ dz, d_bias

@@ -12,6 +12,7 @@ from ...runtime.registry import Explanation, Op, bind
 from . import warmup, warmup_backward
 from .backward import gemm_bias_act_backward
 from .epilogue import BiasKind, Epilogue, Layout
+from .gated import explain_gated, gemm_gated, gemm_gated_backward
 from .op import clear_plans, explain, gemm_bias_act, tune
 from .plans import tuning_key as _problem_tuning_key
 from .problem import (
@@ -23,6 +24,8 @@ from .problem import (
 )
 from .select import Choice, candidates, check_config, kernel_set, parse_config
 from .spec import DType, MmaConfig, PipelineConfig, TileConfig, WgmmaConfig
+from .tuning import tune_gated
+from .warmup_gated import BACKWARD_TABLE, FORWARD_TABLE
 
 #: ``bias=`` and ``c_layout=`` names: "none" (or None), "scalar", "col", "row"; "r", "c"
 _BIAS = {kind.name.lower(): kind for kind in BiasKind}
@@ -33,15 +36,16 @@ _LAYOUTS = [a.value + b.value for a in Layout for b in Layout]
 _INSPECT_K = 1 << 16
 
 
-def _problem(args: tuple, kwargs: dict):
-    """The validated problem of a ``gemm_bias_act`` call with these arguments."""
-    x = bind(gemm_bias_act, args, kwargs)
-    fw, _, native = call_arguments({k: x[k] for k in ("a", "b", "bias", "c", "out",
-                                                      "preact_out")})
+def _problem(args: tuple, kwargs: dict, glu: bool = False):
+    """The validated problem of a ``gemm_bias_act`` (``glu``: ``gemm_gated``) call with these
+    arguments."""
+    x = bind(gemm_gated if glu else gemm_bias_act, args, kwargs)
+    fw, _, native = call_arguments({k: x.get(k) for k in ("a", "b", "bias", "c", "out",
+                                                          "preact_out")})
     v = views(fw, native)
-    return validate(v["a"], v["b"], v["bias"], x["act"], v["c"], x["alpha"], x["beta"],
+    return validate(v["a"], v["b"], v["bias"], x["act"], v["c"], x["alpha"], x.get("beta", 0.0),
                     x["leaky_slope"], v["out"], v["preact_out"], x["save_preact"],
-                    x["out_dtype"], x["precision"])
+                    x["out_dtype"], x["precision"], glu=glu)
 
 
 def plan(*args, **kwargs) -> Explanation:
@@ -49,18 +53,28 @@ def plan(*args, **kwargs) -> Explanation:
     return explain(*args, **kwargs)
 
 
-def candidate_names(*args, **kwargs) -> list[str]:
+def candidate_names(*args, _glu: bool = False, **kwargs) -> list[str]:
     """The configs the tuner tries for these arguments on this GPU."""
-    p = _problem(args, kwargs)
+    p = _problem(args, kwargs, _glu)
     number = arch_number(device_arch(p.device_id))
     return [Choice(cfg, split).name
             for cfg, split in candidates(p.m, p.n, p.k, number, p.dtype, p.precision)]
 
 
-def tuning_key(*args, **kwargs) -> dict:
+def tuning_key(*args, _glu: bool = False, **kwargs) -> dict:
     """The tuning database's key of these arguments on this GPU."""
-    p = _problem(args, kwargs)
+    p = _problem(args, kwargs, _glu)
     return _problem_tuning_key(p, device_arch(p.device_id))
+
+
+def gated_candidate_names(*args, **kwargs) -> list[str]:
+    """``candidate_names`` of a ``gemm_gated`` call."""
+    return candidate_names(*args, _glu=True, **kwargs)
+
+
+def gated_tuning_key(*args, **kwargs) -> dict:
+    """``tuning_key`` of a ``gemm_gated`` call."""
+    return tuning_key(*args, _glu=True, **kwargs)
 
 
 def _choose(value, name: str, accepted: dict, text: str):
@@ -75,7 +89,8 @@ def _choose(value, name: str, accepted: dict, text: str):
 def specs_for_config(config, arch: str, *, dtype="float32", act: str = "none",
                      bias: str | None = None, bias_dtype=None, layouts: str = "rr",
                      c_layout: str | None = None, save_preact: bool = False, out_dtype=None,
-                     precision: str | None = None, aligned: bool = True) -> tuple:
+                     precision: str | None = None, aligned: bool = True,
+                     glu: bool = False) -> tuple:
     """The kernels ``config`` runs for one specialization on ``arch``, the GEMM first (a
     split-K reduction, operand copies after it); no arrays, no GPU.
 
@@ -95,6 +110,8 @@ def specs_for_config(config, arch: str, *, dtype="float32", act: str = "none",
         precision: float32 inputs: "ieee", "tf32" or "tf32x3" (None: as ``gemm_bias_act``).
         aligned: operands with 16-byte aligned pointers and rows (False: only element
             alignment, which runs the kernels' narrow copies, or another family).
+        glu: ``gemm_gated``'s kernels (a gated linear unit's epilogue; no C, no bias or one
+            per column).
 
     Raises:
         ArgumentValueError: a bad name, argument, or a config that cannot run this
@@ -131,7 +148,7 @@ def specs_for_config(config, arch: str, *, dtype="float32", act: str = "none",
     epilogue = Epilogue(out_dtype=out_dt, act=act_, bias=bias_kind,
                         bias_dtype=None if bias_kind is BiasKind.NONE else bias_dt,
                         layout_c=layout_c, c_dtype=None if layout_c is None else dt,
-                        save_z=save_preact)
+                        save_z=save_preact, glu=glu)
     return kernel_set(dt, Layout(layouts[0]), Layout(layouts[1]), epilogue, cfg, split,
                       _INSPECT_K, aligns, prec).specs
 
@@ -147,3 +164,28 @@ BACKWARD = Op(
     name="gemm_bias_act_backward", function=gemm_bias_act_backward,
     warmup={"gemm_bias_act_backward": warmup_backward},
     kernel_prefixes=("gemm_dz_", "gemm_dbias_"))
+
+
+def gated_specs_for_config(config, arch: str, *, dtype="float32", act: str = "silu",
+                           bias: str | None = None, bias_dtype=None, layouts: str = "rr",
+                           save_preact: bool = False, out_dtype=None,
+                           precision: str | None = None, aligned: bool = True) -> tuple:
+    """``specs_for_config`` of ``gemm_gated``: the kernels ``config`` runs for one
+    specialization on ``arch`` (bias None or "col")."""
+    if bias not in (None, "none", "col"):
+        raise ArgumentValueError(f"bias: expected None or 'col' (a gated GEMM's bias is per "
+                                 f"column), got {bias!r}")
+    return specs_for_config(config, arch, dtype=dtype, act=act, bias=bias,
+                            bias_dtype=bias_dtype, layouts=layouts, save_preact=save_preact,
+                            out_dtype=out_dtype, precision=precision, aligned=aligned, glu=True)
+
+
+GATED = Op(
+    name="gemm_gated", function=gemm_gated, warmup={"gemm_gated": FORWARD_TABLE},
+    plan=explain_gated, candidates=gated_candidate_names, tuning_key=gated_tuning_key,
+    specs_for_config=gated_specs_for_config,
+    config_types=(PipelineConfig, MmaConfig, WgmmaConfig, TileConfig, Choice),
+    tune=tune_gated, clear_plans=clear_plans)
+GATED_BACKWARD = Op(
+    name="gemm_gated_backward", function=gemm_gated_backward,
+    warmup={"gemm_gated_backward": BACKWARD_TABLE})

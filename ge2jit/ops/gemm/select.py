@@ -171,10 +171,12 @@ def _tiles(m: int, n: int, cfg) -> int:
 
 def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
               layouts: str = "rr", dtype: DType = DType.F32,
-              precision: Precision = Precision.IEEE, gated: bool = False) -> Choice:
+              precision: Precision = Precision.IEEE, gated: bool = False,
+              glu: str | None = None) -> Choice:
     """A good config from the shape, operand layouts ("rc": row-major A, column-major B) and
     types alone, with no tuning run. ``gated``: the backward's gating epilogue (it reads C),
-    whose cost a ping-pong schedule hides where the output is wide for its K.
+    whose cost a ping-pong schedule hides where the output is wide for its K. ``glu``: a
+    gated linear unit's epilogue storing Y ("y") or Y and Z ("yz").
 
     Bigger tiles move fewer bytes per flop, so take the biggest tile that still fills the GPU
     (about one block per multiprocessor); when even the smallest tile leaves most of the
@@ -199,7 +201,7 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
         if arch_number == 90:
             if precision is Precision.TF32X3:
                 return _wgmma_x3_heuristic(m, n, k, sms)
-            return _wgmma_heuristic(m, n, k, sms, gated)
+            return _wgmma_heuristic(m, n, k, sms, gated, glu)
         return _mma_heuristic(m, n, sms, dtype, precision)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
@@ -243,7 +245,8 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType,
                   f"{sms} SMs")
 
 
-def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> Choice:
+def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
+                     glu: str | None = None) -> Choice:
     """Measured on an H200 (bench/NOTES.md): the cooperative 128x256 tile when there are many
     waves of tiles, or about one wave or more and K >= 1024; else ping-pong tiles (one
     consumer's epilogue hides under the other's main loop), 64x256 for long K, 128x128
@@ -253,7 +256,13 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
     tiles (its C arrives through the ring: on an H100, bf16, gelu_tanh gate, 16384 x 4096 x
     1024 takes 0.297 ms on 128x256 tiles against 0.356-0.388 ping-pong 128x128, 4096 x 4096
     x 1024 0.072 against 0.091), except the 64x256 ping-pong tile for long K (its staged gate
-    spills registers where C cannot come through the ring)."""
+    spills registers where C cannot come through the ring).
+
+    A gated linear unit (``glu``) that stores Z as well takes the ping-pong 128x128 tile where
+    it fills the GPU (the 256-wide tiles store Y and Z unstaged: on an H100, 16384 x 8192 x
+    1024 takes 0.444 ms on it against 0.990 on 128x256 tiles, 4096 x 22016 x 4096 1.294
+    against 1.406); one that stores Y alone the 64x256 ping-pong tile for K up to 2048 with
+    two waves or more (0.421 against 0.445 on 128x256 tiles at 16384 x 8192 x 1024)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str, split: int = 1) -> Choice:
@@ -263,6 +272,10 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
 
     tiles_128 = _tiles(m, n, by_name["wgmma_128x128_s6"])
     big = _tiles(m, n, by_name["wgmma_128x256_s4"])
+    if glu == "yz" and _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
+        return pick("wgmma_128x128_s6_pp", "a gated linear unit's Y and Z, staged")
+    if glu == "y" and k <= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
+        return pick("wgmma_64x256_s4_pp", "a gated linear unit, ping-pong")
     if big >= 8 * sms:
         return pick("wgmma_128x256_s4", "8 or more waves")
     if k >= 1024 and 10 * big >= 9 * sms:

@@ -148,6 +148,7 @@ class TiledGemmSpec(GemmKernelSpec):
     tile: TileConfig
 
     template = "gemm/tiled.cu"
+    vec_y = False   # Y and Z stored element by element
 
     def __post_init__(self):
         check_field(self, "tile", TileConfig)
@@ -709,7 +710,18 @@ class WgmmaGemmSpec(GemmKernelSpec):
         ``epilogue`` (and C through the ring or not, ``c_tma``), or None where it fits (found
         by compiling every combination for sm_90a: the 64x256 ping-pong tile keeps 128
         accumulators a thread, and a gate's C values read from memory, or these stores'
-        addresses, on top of them do not fit)."""
+        addresses, on top of them do not fit). A gated linear unit stages 128 columns of
+        accumulators (64 pairs) a block: a config narrower than that stores unstaged, and the
+        256-wide ones spill staging its Y and Z (the ping-pong 128x128 one too, for float32
+        outputs with a bias)."""
+        if epilogue.glu and config.bn < 128:
+            return (f"a gated linear unit stages blocks of 128 accumulator columns; "
+                    f"{config.name} has {config.bn}")
+        if epilogue.glu and epilogue.save_z and (
+                config.bn == 256 or (config.pingpong and epilogue.out_dtype.itemsize == 4
+                                     and epilogue.bias is BiasKind.COL)):
+            return (f"{config.name} spills registers when it stages a gated linear unit's Y "
+                    "and Z" + ("" if config.bn == 256 else " in float32 with a bias"))
         if not (config.pingpong and config.bn == 256):
             return None
         if epilogue.gate is not None and not c_tma:
@@ -851,6 +863,10 @@ class DzSpec(KernelSpec):
     write_dc: bool = False
     dc_dtype: DType = DType.F32
     vec: bool = False
+    #: a gated linear unit's backward (``Epilogue.glu``): gY has half of Z's columns, and each
+    #: (gate, linear) pair of Z gives d(gate) = gY * linear * act'(gate) and d(linear) =
+    #: gY * act(gate); dZ and its sums have Z's columns (N, the kernel's, counts those)
+    glu: bool = False
 
     template = "gemm/dz.cu"
     threads = 256
@@ -860,17 +876,23 @@ class DzSpec(KernelSpec):
         for name, typ in (("act", Act), ("from_y", bool), ("bias", BiasKind),
                           ("grad_dtype", DType), ("src_dtype", DType), ("dz_dtype", DType),
                           ("write_dz", bool), ("write_dc", bool), ("dc_dtype", DType),
-                          ("vec", bool)):
+                          ("vec", bool), ("glu", bool)):
             check_field(self, name, typ)
+        if self.glu and (self.from_y or self.write_dc
+                         or self.bias in (BiasKind.SCALAR, BiasKind.ROW)):
+            raise ArgumentValueError(
+                "DzSpec.glu: a gated linear unit's backward reads Z (not Y), writes no dC and "
+                "sums dZ by columns or not at all; expected glu False, got True with from_y "
+                f"{self.from_y}, write_dc {self.write_dc}, bias {self.bias.value!r}")
         if self.from_y and self.act not in ACTS_FROM_Y:
             raise ArgumentValueError(f"DzSpec: act {self.act.value!r} needs Z, not Y")
         if not self.write_dc and self.dc_dtype is not DType.F32:
             raise ArgumentValueError(f"DzSpec.dc_dtype: no dC is written (write_dc False); "
                                      f"expected DType.F32, got {self.dc_dtype!r}")
-        if self.act is Act.NONE and self.from_y:
+        if self.act is Act.NONE and self.from_y and not self.glu:
             raise ArgumentValueError("DzSpec.from_y: act 'none' reads neither Z nor Y; "
                                      "expected False, got True")
-        if self.act is Act.NONE and self.src_dtype is not self.grad_dtype:
+        if self.act is Act.NONE and not self.glu and self.src_dtype is not self.grad_dtype:
             raise ArgumentValueError(f"DzSpec.src_dtype: act 'none' reads neither Z nor Y; "
                                      f"expected the grad_dtype {self.grad_dtype!r}, got "
                                      f"{self.src_dtype!r}")
@@ -880,7 +902,8 @@ class DzSpec(KernelSpec):
         src = "y" if self.from_y else "z"
         outs = (f"_dz{self.dz_dtype.value}" if self.write_dz else "") + \
             (f"_dc{self.dc_dtype.value}" if self.write_dc else "")
-        return (f"gemm_dz_{self.act.value}_{src}{self.src_dtype.value}_g"
+        return (f"gemm_dz_{'glu_' if self.glu else ''}{self.act.value}_{src}"
+                f"{self.src_dtype.value}_g"
                 f"{self.grad_dtype.value}{outs}_{self.bias.value}{'_v8' if self.vec else ''}"
                 f"{'_fast' if self.fast_act else ''}")
 
@@ -903,8 +926,9 @@ class DzSpec(KernelSpec):
 
     @property
     def reads_src(self) -> bool:
-        """Whether Z (or Y) is read: act' of "none" is 1."""
-        return self.act is not Act.NONE
+        """Whether Z (or Y) is read: act' of "none" is 1 (a gated linear unit reads Z's
+        linear half whatever its activation)."""
+        return self.act is not Act.NONE or self.glu
 
     @property
     def cols(self) -> int:

@@ -20,7 +20,7 @@ def _scratch_outputs(p: Problem):
     """Y (and Z) to time candidates with: CuPy arrays on the current stream."""
     import cupy as cp
 
-    y = cp.empty((p.m, p.n), dtype=p.y_numpy_dtype)
+    y = cp.empty((p.m, p.epilogue.y_cols(p.n)), dtype=p.y_numpy_dtype)
     return y, (cp.empty((p.m, p.n), dtype=p.y_numpy_dtype) if p.epilogue.save_z else None)
 
 
@@ -105,5 +105,21 @@ def tune(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0, beta
                      None, save_preact, out_dtype, precision)
         if p.empty:
             raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: nothing to tune")
+        y, z = _scratch_outputs(p)
+        return tune_problem(p, aligns(p, y, z), reps, processes)
+
+
+def tune_gated(a, b, bias=None, *, act: str = "silu", alpha: float = 1.0,
+               leaky_slope: float = 0.01, save_preact: bool = False, out_dtype=None,
+               precision=None, reps: int = 20, processes: int | None = None) -> TuneResult:
+    """``tune`` of a ``gemm_gated`` call: every candidate timed with the gated epilogue, the
+    fastest stored under the gated GEMM's own key."""
+    fw, device_id, arrays = call_arguments({"a": a, "b": b, "bias": bias})
+    with fw.context(device_id):
+        v = views(fw, arrays)
+        p = validate(v["a"], v["b"], v["bias"], act, None, alpha, 0.0, leaky_slope, None,
+                     None, save_preact, out_dtype, precision, glu=True)
+        if p.empty:
+            raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n // 2}: nothing to tune")
         y, z = _scratch_outputs(p)
         return tune_problem(p, aligns(p, y, z), reps, processes)

@@ -127,10 +127,12 @@ def validate_entry(entry: dict) -> dict:
 
 
 def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layouts: str,
-                  item: int, y_item: int, c_item: int | None, c_layout: str | None):
+                  item: int, y_item: int, c_item: int | None, c_layout: str | None,
+                  y_cols: int | None = None):
     """Alignment variants (bytes: A, B, Y, C) to compile: the least aligned one the types
     allow always, the aligned one when asked (for a shape: what contiguous operands of that
-    shape have). ``c_item``, ``c_layout``: C's item size and layout, None without C."""
+    shape have). ``c_item``, ``c_layout``: C's item size and layout, None without C;
+    ``y_cols``: Y's columns where they are not N (a gated linear unit's)."""
     from .select import alignment
 
     out = [(item, item, y_item, c_item or 16)]
@@ -142,18 +144,19 @@ def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layo
             ldb = n if layouts[1] == "r" else k
             ldc = n if c_layout == "r" else m
             out.append((alignment(256, lda * item), alignment(256, ldb * item),
-                        alignment(256, n * y_item),
+                        alignment(256, (y_cols or n) * y_item),
                         alignment(256, ldc * c_item) if c_item else 16))
     return list(dict.fromkeys(out))
 
 
 def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
-           gate=None, gate_from_y: bool = False, bgrad: bool = False) -> list:
+           gate=None, gate_from_y: bool = False, bgrad: bool = False,
+           glu: bool = False) -> list:
     """The specs to compile for one validated entry on one architecture.
 
     ``tuned`` holds (layouts, (M, N, K), config name) from the tuning database to add.
     ``gate``, ``gate_from_y``, ``bgrad``: the backward's gated GEMMs (their ``Epilogue``
-    fields).
+    fields). ``glu``: ``gemm_gated``'s GEMMs, whose shapes' N is Y's (the GEMM's is 2N).
     """
     number = arch_number(arch)
     specs = []
@@ -169,7 +172,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
         epilogue = Epilogue(out_dtype=out_dtype, act=ACT_NAMES[act], bias=BIAS[bias],
                             bias_dtype=None if BIAS[bias] is BiasKind.NONE else bias_dtype,
                             layout_c=layout_c, c_dtype=None if layout_c is None else c_dtype,
-                            save_z=save_z, gate=gate, gate_from_y=gate_from_y, bgrad=bgrad)
+                            save_z=save_z, gate=gate, gate_from_y=gate_from_y, bgrad=bgrad,
+                            glu=glu)
         operands = (dtype, Layout(layouts[0]), Layout(layouts[1]))
         tc = uses_tensor_cores(dtype, precision)
 
@@ -179,7 +183,9 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
         def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype, c_item=c_item,
                      c_layout=c_layout):
             return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize,
-                                 c_item, c_layout)
+                                 c_item, c_layout, n // 2 if glu and n else None)
+
+        shapes = [(m, 2 * n, k) for m, n, k in entry["shapes"]] if glu else entry["shapes"]
 
         choices = []  # (config, split, (m, n, k), alignment variants, from the heuristic)
         if entry["configs"] == "heuristic":
@@ -187,9 +193,10 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                 raise ArgumentValueError(
                     "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
                     "the GPU, set sms = <count> in the entry, or pass --sms <count>")
-            for m, n, k in entry["shapes"]:
+            for m, n, k in shapes:
                 ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
-                               gated=gate is not None)
+                               gated=gate is not None,
+                               glu=("yz" if save_z else "y") if glu else None)
                 choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
         else:
             if entry["configs"] == "all":
@@ -203,10 +210,10 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
             else:
                 named = [parse_config(name) for name in entry["configs"]]
             for cfg, split in named:
-                for m, n, k in entry["shapes"] or [(None, None, 1 << 20)]:
+                for m, n, k in shapes or [(None, None, 1 << 20)]:
                     choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
-        for t_layouts, (m, n, k), name in tuned:
-            if t_layouts == layouts:
+        for t_layouts, (m, n, k), name, *t_glu in tuned:
+            if t_layouts == layouts and bool(t_glu and t_glu[0]) == glu:
                 cfg, split = parse_config(name)
                 choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
         for cfg, split, (m, n, k), aligns, chosen in choices:
@@ -236,7 +243,8 @@ def tuned_entries(records, arch: str) -> list[tuple]:
         if key.get("op") == "gemm_bias_act" and key.get("arch") == arch:
             shape = value.get("shape")
             if isinstance(shape, list) and len(shape) == 3 and "config" in value:
-                out.append((key.get("layouts"), tuple(shape), value["config"]))
+                out.append((key.get("layouts"), tuple(shape), value["config"],
+                            bool(key.get("glu"))))
     return out
 
 

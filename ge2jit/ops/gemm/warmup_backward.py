@@ -81,8 +81,10 @@ def _sums(dtype: DType, rows: int) -> list:
     return specs
 
 
-def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) -> list:
-    """The specs to compile for one validated entry on one architecture."""
+def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
+           glu: bool = False) -> list:
+    """The specs to compile for one validated entry on one architecture (``glu``:
+    ``gemm_gated_backward``'s, whose shapes' N is Y's: the dZ pass and the GEMMs have 2N)."""
     sms = sms or entry.get("sms")
     if sms is None:
         raise ArgumentValueError("sms: the backward's GEMMs take the heuristic's configs, which "
@@ -94,23 +96,26 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = ()) 
                              entry["shapes"])
     for dname, act_name, source, gname, bias_name, bname, (m, n, k) in grid:
         dtype, act = warmup.DTYPES[dname], ACT_NAMES[act_name]
-        if source == "y" and act not in ACTS_FROM_Y:
+        if source == "y" and (act not in ACTS_FROM_Y or glu):
             continue   # refused at run time: act' needs Z
+        if glu and bias_name in ("scalar", "row"):
+            continue   # refused: a gated GEMM's bias is per column
+        n = 2 * n if glu else n
         grad = dtype if gname == "input" else DType.F32
         bias_kind = warmup.BIAS[bias_name]
         bias_dtype = dtype if bname == "input" else DType.F32
         src_dtype = DType.F32 if source == "recompute" else dtype
-        write_dz = not (act is Act.NONE and grad is dtype)
-        if source == "recompute" and act is not Act.NONE:   # Z by the forward's GEMM, float32
+        write_dz = glu or not (act is Act.NONE and grad is dtype)
+        if source == "recompute" and (act is not Act.NONE or glu):   # Z by a GEMM, float32
             specs += _gemms(entry, arch, sms, dname, "rr", (m, n, k), bias=[bias_name],
                             bias_dtypes=[bname], out_dtypes=["float32"])
         if write_dz or bias_kind is not BiasKind.NONE:
-            reads_src = act is not Act.NONE   # act' of "none" is 1: nothing read
+            reads_src = act is not Act.NONE or glu   # act' of "none" is 1: nothing read
             vecs = [False, True] if entry["aligned"] and n % 8 == 0 else [False]
             for vec in vecs:
                 spec = DzSpec(act, source == "y" and reads_src, bias_kind, grad,
                               src_dtype if reads_src else grad, dtype, write_dz=write_dz,
-                              vec=vec)
+                              vec=vec, glu=glu)
                 specs.append(spec)
                 tm, pass_grid = _pass_shape(m, n, spec.cols)
                 if bias_kind is BiasKind.SCALAR:

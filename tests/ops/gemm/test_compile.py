@@ -63,6 +63,14 @@ GATED_FEW = {**GATED, "gate": [(Act.GELU, False), (Act.GELU_TANH, False), (Act.S
                                (Act.SIGMOID, True), (Act.LEAKY_RELU, True)]}
 
 
+# The gated linear unit's epilogue (Y = act(Z[:, 0::2]) * Z[:, 1::2]): no C, no bias or one
+# per column; the gates of the units (SwiGLU, GeGLU, ReGLU, GLU) and a bilinear one.
+GLU = {"layout_c": [None], "act": [Act.SILU, Act.GELU, Act.GELU_TANH, Act.RELU, Act.SIGMOID,
+                                   Act.NONE],
+       "bias": [BiasKind.NONE, BiasKind.COL], "save_z": [False, True], "glu": [True]}
+GLU_FEW = {**GLU, "act": [Act.SILU, Act.GELU, Act.SIGMOID]}
+
+
 def _epilogue(p: dict, dtype: DType) -> Epilogue:
     """A row's epilogue: the types of Y, C and the bias are the inputs' ("input", the
     default) or float32; a C or bias that is not there has none."""
@@ -73,7 +81,7 @@ def _epilogue(p: dict, dtype: DType) -> Epilogue:
         out_dtype=pick[p.get("out", "input")], act=p["act"], bias=bias,
         bias_dtype=None if bias is BiasKind.NONE else pick[p.get("bias_type", "input")],
         layout_c=layout_c, c_dtype=None if layout_c is None else pick[p.get("c_type", "input")],
-        save_z=p["save_z"], gate=gate, gate_from_y=from_y)
+        save_z=p["save_z"], gate=gate, gate_from_y=from_y, glu=p.get("glu", False))
 
 
 def _tiled(p: dict) -> TiledGemmSpec:
@@ -124,11 +132,12 @@ def _splitk_reduce(p: dict) -> SplitKReduceSpec:
 def _dz(p: dict) -> DzSpec:
     """The fields as the backward chooses them: act none reads neither Z nor Y (not from Y,
     its type gY's); without dC, dC's type is float32."""
-    reads = p["act"] is not Act.NONE
+    glu = p.get("glu", False)   # (reads Z's linear half whatever its activation)
+    reads = p["act"] is not Act.NONE or glu
     return DzSpec(p["act"], p["from_y"] and reads, p["bias"], p["grad"],
                   p["src"] if reads else p["grad"], p["dz"], write_dz=p["write_dz"],
                   write_dc=p["write_dc"], dc_dtype=p["dc"] if p["write_dc"] else DType.F32,
-                  vec=p["vec"])
+                  vec=p["vec"], glu=glu)
 
 
 MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **TYPES,
@@ -260,6 +269,61 @@ FAMILIES = {
         {"dtype": list(DType), **GATED, "out": ["input"], "c_type": ["input", "f32"],
          "bias_type": ["input"], "vec_y": [False, True], "arch": ARCHS},
         _splitk_reduce,
+    ),
+    # the gated linear unit's epilogue in every GEMM family, and its backward's dZ pass
+    "glu_tiled": (
+        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GLU_FEW,
+         "out": ["input", "f32"], "bias_type": ["input", "f32"], "tile": list(TILED_CONFIGS),
+         "arch": ARCHS},
+        _tiled,
+    ),
+    "glu_mma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "config": list(MMA_16BIT_CONFIGS),
+         **{**MMA_COMMON, **GLU_FEW}},
+        _mma,
+    ),
+    "glu_mma_tf32": (
+        {"dtype": [DType.F32], "config": list(MMA_TF32_CONFIGS), **{**MMA_COMMON, **GLU_FEW}},
+        _mma,
+    ),
+    "glu_wgmma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
+         **GLU, "out": ["input", "f32"], "bias_type": ["input", "f32"],
+         "config": list(WGMMA_CONFIGS), "vec_y": [False, True], "store16": [False, True],
+         "split_k": [False], "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "glu_wgmma_tf32": (
+        {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **GLU_FEW,
+         "out": ["input"], "bias_type": ["input"], "config": list(WGMMA_CONFIGS),
+         "vec_y": [False, True], "store16": [False, True], "split_k": [False],
+         "promote": [False], "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "glu_wgmma_tf32x3": (
+        {"dtype": [DType.F32], "layout_a": [Layout.ROW], "layout_b": [Layout.COL], **GLU_FEW,
+         "out": ["input"], "bias_type": ["input"], "config": list(WGMMA_X3_CONFIGS),
+         "vec_y": [False, True], "store16": [False, True], "promote": [True],
+         "split_k": [False], "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "glu_pipelined": (
+        {"layout_a": list(Layout), "layout_b": list(Layout), **GLU_FEW,
+         "config": list(PIPELINED_F32_CONFIGS), "vec_a": [False, True], "vec_b": [False, True],
+         "vec_y": [False, True], "split_k": [False], "arch": ARCHS},
+        _pipelined,
+    ),
+    "glu_splitk_reduce": (
+        {"dtype": list(DType), **GLU, "out": ["input", "f32"], "bias_type": ["input", "f32"],
+         "vec_y": [False, True], "arch": ARCHS},
+        _splitk_reduce,
+    ),
+    "glu_dz": (
+        {"act": list(Act), "from_y": [False], "bias": [BiasKind.NONE, BiasKind.COL],
+         "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
+         "write_dc": [False], "dc": [DType.F32], "vec": [False, True], "glu": [True],
+         "arch": ARCHS},
+        _dz,
     ),
     "dz_from_y": (
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),

@@ -1,0 +1,150 @@
+"""The gated GEMM (SwiGLU) against a plain GEMM of the same (M, 2N, K) and PyTorch.
+
+    python bench/bench_gated.py [--shapes 4096x11008x4096,...] [--json F] [--no-compile]
+
+bfloat16, row-major activations, weights as PyTorch lays them out ((2N, K), read as ``w.T``).
+Shapes are M x N x K with N the columns of Y (the GEMM has 2N). Per shape, timed in turns in
+one process (medians of batches):
+
+- forward: ``ge2jit.gemm_gated`` (Y only, and Y with the saved pre-activations Z), the plain
+  GEMM of (M, 2N, K) by ge2jit and by cuBLAS (``torch.mm``), and PyTorch's SwiGLU (one linear
+  to 2N, chunk, silu, mul) eager, ``torch.compile`` and ``torch.compile(mode=
+  "reduce-overhead")``; with the peak memory each forward allocates;
+- backward: ``ge2jit.gemm_gated_backward`` from the saved Z (the dZ pass and two GEMMs)
+  against its two GEMMs alone (dZ @ B.T and A.T @ dZ by ge2jit) and PyTorch eager's
+  autograd of the same unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gemm import (  # noqa: E402
+    device_meta,
+    import_torch,
+    interleaved_ms,
+    np_dtype,
+    parse_shapes,
+    print_us_table,
+)
+
+import ge2jit  # noqa: E402
+
+SHAPES = "4096x11008x4096,8192x14336x4096,16384x4096x1024"
+
+
+def _peak_mb(torch, fn, *args) -> float:
+    """The memory a call allocates at its peak beyond what was allocated before, in MB."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*args)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 1e6
+
+
+def row(m, n, k, torch, compile_: bool) -> dict:
+    dt = np_dtype("bfloat16")
+    rng = cp.random.default_rng(0)
+    sets = []
+    for _ in range(2):
+        x = rng.standard_normal((m, k), dtype=cp.float32).astype(dt)
+        w = (rng.standard_normal((2 * n, k), dtype=cp.float32) * k ** -0.5).astype(dt)
+        gy = rng.standard_normal((m, n), dtype=cp.float32).astype(dt)
+        sets.append((x, w, gy))
+    cases, names = [], []
+
+    def add(name, fn, argsets):
+        names.append(name)
+        cases.append((fn, argsets))
+
+    # forward
+    add("ge2jit gated", lambda x, w: ge2jit.gemm_gated(x, w.T), [(s[0], s[1]) for s in sets])
+    add("ge2jit gated + Z", lambda x, w: ge2jit.gemm_gated(x, w.T, save_preact=True),
+        [(s[0], s[1]) for s in sets])
+    add("ge2jit plain (M, 2N, K)", lambda x, w: ge2jit.gemm_bias_act(x, w.T),
+        [(s[0], s[1]) for s in sets])
+    peak = {}
+    if torch is not None:
+        F = torch.nn.functional
+        tsets = [tuple(torch.from_dlpack(t) for t in s) for s in sets]
+
+        def swiglu(x, w):
+            g, u = F.linear(x, w).chunk(2, dim=-1)
+            return F.silu(g) * u
+
+        add("cuBLAS plain (M, 2N, K)", lambda x, w: torch.mm(x, w.T),
+            [(s[0], s[1]) for s in tsets])
+        add("torch eager", swiglu, [(s[0], s[1]) for s in tsets])
+        if compile_:
+            for mode in ("default", "reduce-overhead"):
+                fn = torch.compile(swiglu, mode=mode)
+                add(f"torch.compile {mode}", fn, [(s[0], s[1]) for s in tsets])
+        peak = {"ge2jit gated": _peak_mb(torch, lambda x, w: ge2jit.gemm_gated(x, w.T),
+                                         *tsets[0][:2]),
+                "torch eager": _peak_mb(torch, swiglu, *tsets[0][:2])}
+    # backward (from the saved Z)
+    saved = []
+    for x, w, gy in sets:
+        _, z = ge2jit.gemm_gated(x, w.T, save_preact=True)
+        saved.append((x, w, gy, z))
+    add("ge2jit gated backward", lambda x, w, gy, z:
+        ge2jit.gemm_gated_backward(gy, x, w.T, z=z, needs=("a", "b")), saved)
+    # dA = dZ @ W and dW = dZ.T @ X (W's (2N, K) layout), with Z standing in for dZ
+    add("ge2jit its two GEMMs", lambda x, w, gy, z:
+        (ge2jit.gemm_bias_act(z, w), ge2jit.gemm_bias_act(z.T, x)), saved)
+    if torch is not None:
+        tb = []
+        for x, w, gy, _ in saved:
+            tx = torch.from_dlpack(x).requires_grad_()
+            tw = torch.from_dlpack(w).requires_grad_()
+            tb.append((swiglu(tx, tw), tx, tw, torch.from_dlpack(gy)))
+        add("torch eager backward", lambda y, tx, tw, gy:
+            torch.autograd.grad(y, (tx, tw), gy, retain_graph=True), tb)
+    ms = interleaved_ms(cases)
+    us = {nm: 1e3 * t for nm, t in zip(names, ms)}
+    kernel = ge2jit.ops.gemm.gated.explain_gated(sets[0][0], sets[0][1].T).kernel_names[0]
+    return {"shape": [m, n, k], "us": us, "peak_mb": peak, "kernel": kernel}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--json")
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    args = ap.parse_args(argv)
+    torch = import_torch()
+    rows = [row(m, n, k, torch, not args.no_compile)
+            for m, n, k in parse_shapes(ap, args.shapes)]
+    print_us_table(rows)
+    for r in rows:
+        us = r["us"]
+        line = (f"{'×'.join(map(str, r['shape']))}: gated / plain ge2jit "
+                f"{us['ge2jit gated'] / us['ge2jit plain (M, 2N, K)']:.3f}, backward / its "
+                f"GEMMs {us['ge2jit gated backward'] / us['ge2jit its two GEMMs']:.3f}")
+        if "torch eager" in us:
+            cublas = us["cuBLAS plain (M, 2N, K)"]
+            line += (f", gated / cuBLAS plain {us['ge2jit gated'] / cublas:.3f}"
+                     f", eager / gated {us['torch eager'] / us['ge2jit gated']:.3f}")
+            for mode in ("default", "reduce-overhead"):
+                if f"torch.compile {mode}" in us:
+                    line += (f", compile {mode} / gated "
+                             f"{us[f'torch.compile {mode}'] / us['ge2jit gated']:.3f}")
+            line += f", peak MB {r['peak_mb']}"
+        print(line + f" [{r['kernel']}]")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**device_meta(), "dtype": "bfloat16",
+                                               "unit": "us", "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
