@@ -35,7 +35,7 @@ from .ops.gemm import (
     gemm_bias_act_backward,
 )
 from .ops.optim import adam_update, sgd_update
-from .ops.softmax import softmax
+from .ops.softmax import softmax, softmax_backward
 from .precompile import warmup
 from .runtime.tools import explain, tune
 
@@ -57,6 +57,7 @@ __all__ = [
     "adam_update",
     "sgd_update",
     "softmax",
+    "softmax_backward",
     "graph",
     "tune",
     "explain",

@@ -101,6 +101,41 @@ def check_same_device(arrays: dict, device_id: int) -> None:
             )
 
 
+def check_out(out, inputs: dict, name: str = "out") -> None:
+    """An output ``out`` (a CuPy array) may be one of ``inputs`` (``{name: array}``) itself
+    (same memory, dtype and strides: the kernel writes in place, each element after reading
+    it) or overlap none of them; it may not hold an element twice (a zero stride)."""
+    for size, stride in zip(out.shape, out.strides):
+        if size > 1 and stride == 0 and out.size:
+            raise ArgumentValueError(f"{name}: expected an array that holds each element once, "
+                                     f"got strides {out.strides} (a broadcast view)")
+    if out.size == 0:
+        return
+    ys = byte_span(out)
+    for x_name, x in inputs.items():
+        if x is None or x.size == 0:
+            continue
+        xs = byte_span(x)
+        if xs[0] < ys[1] and ys[0] < xs[1]:
+            if out.data.ptr == x.data.ptr and out.strides == x.strides and out.dtype == x.dtype:
+                continue
+            raise ArgumentValueError(
+                f"{name}: overlaps {x_name} without being {x_name} ({x_name} bytes "
+                f"[{xs[0]:#x}, {xs[1]:#x}), {name} bytes [{ys[0]:#x}, {ys[1]:#x})); pass "
+                f"{name}={x_name} to write in place, or a separate array")
+
+
+def widest_access(width: int, arrays, rows: int) -> int:
+    """The widest access (elements, a power of two, at most ``width``) that every row start
+    of ``arrays`` allows: (pointer, row stride in elements, item size) each; row strides
+    matter only when there is more than one row."""
+    v = width
+    while v > 1 and not all(ptr % (v * item) == 0 and (rows == 1 or row % v == 0)
+                            for ptr, row, item in arrays):
+        v //= 2
+    return v
+
+
 def byte_span(x) -> tuple[int, int]:
     """[first byte, one past the last byte] an array can touch."""
     lo = hi = x.data.ptr

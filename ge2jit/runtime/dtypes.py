@@ -6,6 +6,8 @@ from enum import Enum
 
 import numpy as np
 
+from ..errors import ArgumentValueError
+
 
 class DType(Enum):
     """Element type of an operand or output as it is stored in memory."""
@@ -42,3 +44,16 @@ def dtype_name(x) -> str | None:
         return np.dtype(x).name
     except TypeError:
         return None
+
+
+def as_dtype(dtype, name: str = "dtype") -> DType:
+    """A DType from a DType or a dtype name or object ('float32', numpy.float16,
+    ml_dtypes.bfloat16, ...); one line naming ``name`` for anything else."""
+    if isinstance(dtype, DType):
+        return dtype
+    dt = SUPPORTED_DTYPES.get(dtype if isinstance(dtype, str) else getattr(dtype, "name", ""))
+    if dt is None:
+        dt = SUPPORTED_DTYPES.get(dtype_name(dtype) or "")
+    if dt is None:
+        raise ArgumentValueError(f"{name}: expected one of {SUPPORTED_TEXT}, got {dtype!r}")
+    return dt

@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentValueError
+from . import arrays
+from .arrays import call_arguments, framework_of_type, views
 from .checks import byte_span
 
 _tables: list[PreparedCalls] = []
@@ -39,6 +41,39 @@ class PreparedCalls:
 
     def clear(self) -> None:
         self._table.clear()
+
+    def lookup(self, probe, signature):
+        """The prepared call of a call whose first array is ``probe``, ``signature(fw)`` being
+        its key under probe's framework; None when there is none (a first call, or arguments
+        the signature cannot key: the first call checks them)."""
+        fw = framework_of_type(type(probe))
+        if fw is None:
+            return None
+        try:
+            return self.get(signature(fw))
+        except (AttributeError, TypeError):   # other arrays, or unhashable
+            return None
+
+    def first_call(self, probe, signature, named: dict, first):
+        """A call without a prepared call: its arrays (``named``: name -> array or None) read
+        by their framework, ``first(fw, device_id, views, native) -> (result, prepared call
+        or None)`` run in the framework's context (``views``: CuPy views by name, ``native``:
+        the arrays as given), and the prepared call it returns stored under the call's
+        signature (when the arrays' framework keys it and the call ran on the current
+        device)."""
+        fw, device_id, native = call_arguments(named)
+        sig = None
+        if framework_of_type(type(probe)) is fw:
+            try:
+                sig = signature(fw)
+                hash(sig)
+            except (AttributeError, TypeError):
+                sig = None
+        with fw.context(device_id):
+            result, call = first(fw, device_id, views(fw, native), native)
+            if call is not None and sig is not None and device_id == arrays.current_device():
+                self.put(sig, call)
+        return result
 
     def __len__(self) -> int:
         return len(self._table)

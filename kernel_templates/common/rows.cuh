@@ -1,0 +1,159 @@
+// Row kernels' building blocks (softmax, its backward, cross-entropy): vector loads and stores
+// of a row's slots with bounds, warp and block reductions that give every lane the same bits,
+// and online (max, sum of exponentials) pairs. Needs common/types.cuh first.
+//
+// Every reduction adds or compares in a fixed order (shuffle butterflies, then one value per
+// warp through shared memory), so a kernel built on them gives the same bits on every run.
+
+#define ROWS_NEG_INF __int_as_float(0xff800000u)
+constexpr unsigned FULL_MASK = 0xffffffffu;
+
+// e^(v - m). The difference is taken first: v * log2(e) - m * log2(e) overflows for |v| near
+// float32's maximum.
+__device__ __forceinline__ float exp_diff(float v, float m) {
+    return exp2f((v - m) * 1.4426950408889634f);
+}
+
+template <int BYTES> struct RawOf;
+template <> struct RawOf<2> { using type = unsigned short; };
+template <> struct RawOf<4> { using type = unsigned int; };
+template <> struct RawOf<8> { using type = uint2; };
+template <> struct RawOf<16> { using type = uint4; };
+
+// v[0..V) = p[0..V) as float32, in one access (p aligned to V elements).
+template <int V, typename T>
+__device__ __forceinline__ void load_full(const T* p, float* v) {
+    if constexpr (V == 1) {
+        v[0] = to_f32(*p);
+    } else {
+        using R = typename RawOf<V * sizeof(T)>::type;
+        const R raw = *reinterpret_cast<const R*>(p);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = to_f32(e[k]);
+    }
+}
+
+// The slot of V elements of a row starting at e0 (a multiple of V): one access when it lies
+// inside the row, else element by element, `pad` past the end (n).
+template <int V, typename T, typename I>
+__device__ __forceinline__ void load_slot(const T* row, I e0, I n, float* v, float pad) {
+    if (e0 + V <= n) {
+        load_full<V>(row + e0, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[k] = e0 + k < n ? to_f32(row[e0 + k]) : pad;
+    }
+}
+
+template <int V, typename T, typename I>
+__device__ __forceinline__ void store_slot(T* row, I e0, I n, const float* v) {
+    if (e0 + V <= n) {
+        if constexpr (V == 1) {
+            store(row + e0, v[0]);
+        } else {
+            float w[V];
+#pragma unroll
+            for (int k = 0; k < V; ++k) w[k] = v[k];
+            store_vec(row + e0, w);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+            if (e0 + k < n) store(row + e0 + k, v[k]);
+    }
+}
+
+// Butterfly over groups of W lanes (W a power of two <= 32): every lane of a group ends with
+// the same bits (each step adds or compares the same two values, in either order).
+template <int W>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+template <int W>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// Online (max, sum) pairs: (m, s) stands for s * e^m. m = -inf with s = 0 is the empty pair.
+// scale(m, mm) = e^(m - mm) for m <= mm, exactly 1 when they are equal (also both -inf or both
+// +inf, where the difference would be NaN).
+__device__ __forceinline__ float pair_scale(float m, float mm) {
+    return m == mm ? 1.0f : exp_diff(m, mm);
+}
+// Commutative to the bit (products rounded on their own, no fused multiply-add).
+__device__ __forceinline__ void pair_combine(float& m, float& s, float m2, float s2) {
+    const float mm = fmaxf(m, m2);
+    s = __fmul_rn(s, pair_scale(m, mm)) + __fmul_rn(s2, pair_scale(m2, mm));
+    m = mm;
+}
+template <int W>
+__device__ __forceinline__ void group_pair(float& m, float& s) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) {
+        const float m2 = __shfl_xor_sync(FULL_MASK, m, o);
+        const float s2 = __shfl_xor_sync(FULL_MASK, s, o);
+        pair_combine(m, s, m2, s2);
+    }
+}
+
+// s += add with compensation (Kahan; `comp` holds what the running sum lost): a thread that adds
+// up millions of steps would otherwise drift by percents in float32.
+__device__ __forceinline__ void kahan_add(float& s, float& comp, float add) {
+    const float a = add - comp;
+    const float t = s + a;
+    comp = (t - s) - a;
+    s = t;
+}
+
+// Adds values v[0..N) to the thread's running pair (padding past the row's end is -inf, which
+// adds 0). With m = -inf so far (only -inf or NaN seen), the values are taken relative to 0,
+// so -inf adds 0 and NaN adds NaN. Each step's sum is added with compensation (kahan_add).
+template <int N>
+__device__ __forceinline__ void pair_add(float& m, float& s, float& comp, const float* v) {
+    float cm = ROWS_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < N; ++i) cm = fmaxf(cm, v[i]);
+    const float mm = fmaxf(m, cm);
+    const float scale = pair_scale(m, mm);
+    s *= scale;
+    comp *= scale;
+    m = mm;
+    const float ref = m == ROWS_NEG_INF ? 0.0f : m;
+    float step = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) step += exp_diff(v[i], ref);
+    kahan_add(s, comp, step);
+}
+
+// Block-wide reduction (max or sum): every thread gets the result. `buf` holds 32 floats; two
+// calls in a row must use different buffers (the second's writes could overtake the first's
+// reads).
+template <int T, bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* buf) {
+    v = MAX ? group_max<32>(v) : group_sum<32>(v);
+    if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const float w = buf[threadIdx.x & (T / 32 - 1)];
+    return MAX ? group_max<T / 32>(w) : group_sum<T / 32>(w);
+}
+
+// Block-wide combination of the threads' (max, sum) pairs: every thread gets the block's pair.
+// `bm` and `bs` hold 32 floats each; the closing barrier lets the caller reuse them at once.
+template <int T>
+__device__ __forceinline__ void block_pair(float& m, float& s, float* bm, float* bs) {
+    group_pair<32>(m, s);
+    if ((threadIdx.x & 31) == 0) {
+        bm[threadIdx.x >> 5] = m;
+        bs[threadIdx.x >> 5] = s;
+    }
+    __syncthreads();
+    m = bm[threadIdx.x & (T / 32 - 1)];
+    s = bs[threadIdx.x & (T / 32 - 1)];
+    group_pair<T / 32>(m, s);
+    __syncthreads();   // every thread has read bm/bs
+}
