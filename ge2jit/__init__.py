@@ -25,6 +25,7 @@ from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
+from .ops.cross_entropy import cross_entropy
 from .ops.gemm import (
     Gradients,
     MmaConfig,
@@ -58,6 +59,7 @@ __all__ = [
     "sgd_update",
     "softmax",
     "softmax_backward",
+    "cross_entropy",
     "graph",
     "tune",
     "explain",

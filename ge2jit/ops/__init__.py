@@ -5,3 +5,4 @@ lines below (the tools list them so, the default op first); adding an op is one 
 from . import gemm  # noqa: F401, I001 - imported for their registrations
 from . import optim  # noqa: F401
 from . import softmax  # noqa: F401
+from . import cross_entropy  # noqa: F401
