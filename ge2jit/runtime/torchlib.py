@@ -52,6 +52,23 @@ def cast(x: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | No
     return x.to(dtype)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def traced(*tensors) -> bool:
+    """Whether a call takes its op's custom ops (rather than the eager autograd.Function
+    path): it is being traced (``torch.compile``, fake tensors and other subclasses of
+    Tensor) or not every tensor is on a CUDA device (meta tensors get the fake
+    implementations, others the dispatcher's error)."""
+    return torch.compiler.is_compiling() or any(
+        t is not None and (type(t) not in _PLAIN or not t.is_cuda) for t in tensors)
+
+
+def needs_grad(*tensors) -> bool:
+    """Whether autograd will want a gradient of any of ``tensors`` (None: absent)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def absent(like: torch.Tensor) -> torch.Tensor:
     """The stand-in of an output that is not there: an empty tensor on ``like``'s device."""
     return like.new_empty(0)
