@@ -129,6 +129,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS)
         }
         if (lane == 0) losses[row] = valid ? loss : XENT_NAN;
         if constexpr (GRAD) {
+            // the second pass's slots are not the first's: in place, a lane writes what other
+            // lanes read (the row's reduction orders a block; a warp's memory, this barrier)
+            if constexpr (VARIANT == 0) __syncwarp();
             const float inv = 1.0f / s;
             const float sc = valid ? scale : XENT_NAN;
             TG* q = grad + row * gld;
