@@ -5,7 +5,8 @@
 bfloat16, row-major A and B. Per shape, timed in turns in one process (medians of batches):
 the plain GEMM; ``beta * C`` with a contiguous C (its rows 16-byte aligned: it arrives by TMA
 through the ring, '_ct' kernels) and with C a view one element off (read from memory by the
-epilogue); the gated GEMM of the backward, ``Y = A @ B * gelu_tanh'(C)``, both ways; and, with
+epilogue); the gated GEMM of the backward, ``Y = A @ B * gelu_tanh'(C)``, both ways, and with
+the column sums of Y (the previous layer's dBias partials, through the ring); and, with
 PyTorch, ``torch.addmm(C, A, B, beta=...)`` (cuBLASLt) and ``mm`` followed by
 ``gelu_backward`` (the unfused gate).
 """
@@ -53,12 +54,13 @@ def row(m, n, k, torch) -> dict:
         add(f"beta*C, C {label}",
             lambda a, b, c, y: ge2jit.gemm_bias_act(a, b, c=c, beta=0.5, out=y),
             [(s[0], s[1], s[idx], s[4]) for s in sets])
-    for label, idx in (("ring", 2), ("memory", 3)):
+    for label, idx, bgrad in (("ring", 2, False), ("memory", 3, False), ("ring", 2, True)):
         calls = []
         for s in sets:
-            _, call, sums = gated_gemm(s[0], s[1], s[idx], gate, False, 1.0, 0.01, None)
+            _, call, sums = gated_gemm(s[0], s[1], s[idx], gate, False, 1.0, 0.01, None,
+                                       bgrad=bgrad)
             calls.append((call, s[0], s[1], sums, s[idx]))
-        add(f"gated {gate.value}, C {label}",
+        add(f"gated {gate.value}{' + column sums' if bgrad else ''}, C {label}",
             lambda call, a, b, sums, c: call(a, b, sums, c, 1.0, 1.0, 0.01, None, None), calls)
     if torch is not None:
         tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]

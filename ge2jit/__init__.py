@@ -35,6 +35,14 @@ from .ops.gemm import (
     gemm_bias_act,
     gemm_bias_act_backward,
 )
+from .ops.norm import (
+    NormGradients,
+    NormOutput,
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+)
 from .ops.optim import adam_update, sgd_update
 from .ops.softmax import softmax, softmax_backward
 from .precompile import warmup
@@ -60,6 +68,12 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "cross_entropy",
+    "rms_norm",
+    "layer_norm",
+    "rms_norm_backward",
+    "layer_norm_backward",
+    "NormOutput",
+    "NormGradients",
     "graph",
     "tune",
     "explain",

@@ -1,6 +1,6 @@
 """What the GPU tests of the ops share: the element types by name (bfloat16 is ml_dtypes'),
-outputs poisoned with NaN before a call, and bitwise comparison. Importing it skips the
-importing module where CuPy or ml_dtypes is missing."""
+outputs poisoned with NaN before a call, copies to the host, and bitwise comparison.
+Importing it skips the importing module where CuPy or ml_dtypes is missing."""
 
 from __future__ import annotations
 
@@ -21,8 +21,13 @@ def poisoned(shape, dtype):
     return cp.full(shape, np.nan, dtype=np.float32).astype(dtype)
 
 
+def host(a) -> np.ndarray:
+    """A GPU array copied to the host; a host array as it is."""
+    return cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
+
+
 def same_bits(a, b) -> bool:
-    """Whether two host arrays hold the same bits (NaN included)."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    """Whether two arrays (on the host or the GPU) hold the same bits (NaN included)."""
+    a, b = np.ascontiguousarray(host(a)), np.ascontiguousarray(host(b))
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8),
                                                                         b.view(np.uint8))

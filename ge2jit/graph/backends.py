@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from ..errors import ArgumentTypeError
-from ..runtime.arrays import external_stream
+from ..runtime.arrays import array_kind, external_stream
 from ..runtime.capture import capture_scope
 from .diagnose import capture_error, ended_error, is_capture_error
 from .tree import ArrayKind
@@ -36,15 +36,8 @@ from .tree import ArrayKind
 def kind_of(x) -> str | None:
     """"cupy" for CuPy arrays (and objects with ``__cuda_array_interface__``, read through
     CuPy), "torch" for PyTorch tensors, None for anything else."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return "cupy"
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        return "torch"
-    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
-        return "cupy"
-    return None
+    kind = array_kind(x)
+    return "cupy" if kind == "cai" else kind
 
 
 def _view(x):

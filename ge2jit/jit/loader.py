@@ -111,6 +111,27 @@ def launcher_for(spec: KernelSpec, device_id: int):
     return launcher
 
 
+#: (spec, device, threads) -> blocks a multiprocessor holds (``resident_blocks``)
+_resident: dict = {}
+
+
+def resident_blocks(spec: KernelSpec, device_id: int, threads: int) -> int:
+    """How many blocks of ``threads`` threads of ``spec``'s kernel (loaded at first use) one
+    multiprocessor of ``device_id`` holds at once: the driver's occupancy calculator, with the
+    spec's dynamic shared memory. For kernels whose blocks stay resident and walk the work."""
+    key = (spec, device_id, threads)
+    blocks = _resident.get(key)
+    if blocks is None:
+        import cupy
+
+        fptr = get_kernel(spec, device_id).function.ptr
+        with cupy.cuda.Device(device_id):
+            blocks = _resident[key] = max(1, int(
+                cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                    fptr, threads, spec.smem_bytes)))
+    return blocks
+
+
 def _load(spec: KernelSpec, device_id: int) -> LoadedKernel:
     import cupy
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..errors import ArgumentValueError
 from .params import Param, param_list
 
 
@@ -46,14 +45,3 @@ class KernelSpec:
         from .nvrtc import arch_number
 
         return f"sm_{arch_number(device_arch)}"
-
-
-def check_accesses(owner: str, vec: int, width: int, vpt: int | None = None) -> None:
-    """A spec's vector accesses: ``vec`` elements, 1, 2, 4 or 8 and at most ``width`` (what
-    16 bytes of the widest type it moves hold), and ``vpt`` values per thread (if given) a
-    whole number of them. ``owner`` names the spec in the error."""
-    if vec not in (1, 2, 4, 8) or vec > width:
-        raise ArgumentValueError(f"{owner}.vec: expected 1, 2, 4 or 8 elements of at most 16 "
-                                 f"bytes, got {vec}")
-    if vpt is not None and (vpt < 1 or vpt % vec):
-        raise ArgumentValueError(f"{owner}.vpt: expected a multiple of vec ({vec}), got {vpt}")

@@ -6,3 +6,4 @@ from . import gemm  # noqa: F401, I001 - imported for their registrations
 from . import optim  # noqa: F401
 from . import softmax  # noqa: F401
 from . import cross_entropy  # noqa: F401
+from . import norm  # noqa: F401

@@ -304,8 +304,9 @@ def torch_framework() -> TorchFramework:
     return _torch_fw
 
 
-def _kind(x):
-    """'cupy', 'torch', 'cai' or None for one argument."""
+def array_kind(x):
+    """'cupy', 'torch', 'cai' (any other object with ``__cuda_array_interface__``, read through
+    CuPy) or None (not a GPU array) for one argument."""
     cp = _cp()
     if isinstance(x, cp.ndarray):
         return "cupy"
@@ -331,7 +332,7 @@ def framework_of(arrays: dict) -> tuple[Framework, dict]:
         if x is None:
             out[name] = None
             continue
-        kind = _kind(x)
+        kind = array_kind(x)
         if kind is None:
             raise not_an_array(x, name)
         if kind == "cai":

@@ -91,6 +91,13 @@ def check_scalar(x, name: str) -> float:
                                  "beyond it") from None
 
 
+def check_bool(x, name: str) -> bool:
+    """A flag: True or False (Python's or NumPy's bool; not 0, 1 or other truthy values)."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name}: expected True or False, got {x!r}")
+    return bool(x)
+
+
 def check_same_device(arrays: dict, device_id: int) -> None:
     for name, x in arrays.items():
         if x is not None and x.data.device_id != device_id:
@@ -123,17 +130,6 @@ def check_out(out, inputs: dict, name: str = "out") -> None:
                 f"{name}: overlaps {x_name} without being {x_name} ({x_name} bytes "
                 f"[{xs[0]:#x}, {xs[1]:#x}), {name} bytes [{ys[0]:#x}, {ys[1]:#x})); pass "
                 f"{name}={x_name} to write in place, or a separate array")
-
-
-def widest_access(width: int, arrays, rows: int) -> int:
-    """The widest access (elements, a power of two, at most ``width``) that every row start
-    of ``arrays`` allows: (pointer, row stride in elements, item size) each; row strides
-    matter only when there is more than one row."""
-    v = width
-    while v > 1 and not all(ptr % (v * item) == 0 and (rows == 1 or row % v == 0)
-                            for ptr, row, item in arrays):
-        v //= 2
-    return v
 
 
 def byte_span(x) -> tuple[int, int]:

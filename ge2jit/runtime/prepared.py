@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentValueError
-from . import arrays
+from . import arrays as _arrays
 from .arrays import call_arguments, framework_of_type, views
 from .checks import byte_span
 
@@ -42,36 +42,29 @@ class PreparedCalls:
     def clear(self) -> None:
         self._table.clear()
 
-    def lookup(self, probe, signature):
-        """The prepared call of a call whose first array is ``probe``, ``signature(fw)`` being
-        its key under probe's framework; None when there is none (a first call, or arguments
-        the signature cannot key: the first call checks them)."""
-        fw = framework_of_type(type(probe))
-        if fw is None:
-            return None
-        try:
-            return self.get(signature(fw))
-        except (AttributeError, TypeError):   # other arrays, or unhashable
-            return None
-
-    def first_call(self, probe, signature, named: dict, first):
-        """A call without a prepared call: its arrays (``named``: name -> array or None) read
-        by their framework, ``first(fw, device_id, views, native) -> (result, prepared call
-        or None)`` run in the framework's context (``views``: CuPy views by name, ``native``:
-        the arrays as given), and the prepared call it returns stored under the call's
-        signature (when the arrays' framework keys it and the call ran on the current
-        device)."""
-        fw, device_id, native = call_arguments(named)
+    def run(self, arrays: dict, extra: tuple, first_call, args: tuple = ()):
+        """One call through this table. ``arrays`` (name -> array or None; the first decides
+        the framework) and ``extra`` (the call's other arguments, hashable) make the call's
+        signature; a prepared call stored under it runs as ``call(*arrays.values(), *args)``
+        (``args``: values that vary from call to call without changing the signature, such as
+        a scale factor). Otherwise ``first_call(fw, device_id, views, native)`` (``views``:
+        CuPy views of the arrays by name, ``native``: the arrays as the framework reads them)
+        checks and launches the call in the framework's context and returns (result, prepared
+        call or None); the prepared call is stored for the next call of this signature."""
+        values = tuple(arrays.values())
+        fw = framework_of_type(type(values[0]))
         sig = None
-        if framework_of_type(type(probe)) is fw:
-            try:
-                sig = signature(fw)
-                hash(sig)
-            except (AttributeError, TypeError):
-                sig = None
+        if fw is not None:
+            sig = _signature(fw, values, extra)
+            call = None if sig is None else self.get(sig)
+            if call is not None:
+                return call(*values, *args)
+        fw, device_id, native = call_arguments(arrays)
+        if sig is None and framework_of_type(type(values[0])) is fw:
+            sig = _signature(fw, values, extra)
         with fw.context(device_id):
-            result, call = first(fw, device_id, views(fw, native), native)
-            if call is not None and sig is not None and device_id == arrays.current_device():
+            result, call = first_call(fw, device_id, views(fw, native), native)
+            if call is not None and sig is not None and device_id == _arrays.current_device():
                 self.put(sig, call)
         return result
 
@@ -80,6 +73,19 @@ class PreparedCalls:
 
     def __repr__(self) -> str:
         return f"PreparedCalls({self.name!r}, {len(self)} of {self.limit})"
+
+
+def _signature(fw, values: tuple, extra: tuple):
+    """The signature of a call on ``values`` (arrays or None) of framework ``fw`` with the
+    other arguments ``extra``; None when an argument has no key or is not hashable (such a
+    call is checked and launched, never prepared)."""
+    try:
+        sig = (fw, *(None if x is None else fw.key(x) for x in values), extra,
+               _arrays.current_device())
+        hash(sig)
+    except (AttributeError, TypeError):
+        return None
+    return sig
 
 
 def clear_all() -> None:

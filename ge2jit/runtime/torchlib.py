@@ -1,7 +1,8 @@
 """What every op's PyTorch integration shares: the custom-op namespace, float32 precision from
-PyTorch's setting, autocast's input types, and the empty tensor that stands for an absent
-output (custom ops return tensors only). Imported only by the ops' PyTorch modules, which
-``ge2jit.torch`` loads: it imports torch."""
+PyTorch's setting, autocast's input types, the empty tensor that stands for an absent output
+(custom ops return tensors only), and which calls take the custom ops rather than the eager
+path. Imported only by the ops' PyTorch modules, which ``ge2jit.torch`` loads: it imports
+torch."""
 
 from __future__ import annotations
 
@@ -52,24 +53,23 @@ def cast(x: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | No
     return x.to(dtype)
 
 
+def absent(like: torch.Tensor) -> torch.Tensor:
+    """The stand-in of an output that is not there: an empty tensor on ``like``'s device."""
+    return like.new_empty(0)
+
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def traced(*tensors) -> bool:
-    """Whether a call takes its op's custom ops (rather than the eager autograd.Function
-    path): it is being traced (``torch.compile``, fake tensors and other subclasses of
-    Tensor) or not every tensor is on a CUDA device (meta tensors get the fake
-    implementations, others the dispatcher's error)."""
+    """Whether a call takes the custom ops rather than the eager ``autograd.Function``: it is
+    being traced (``torch.compile``, fake tensors and other subclasses of Tensor) or not every
+    tensor is on a CUDA device (meta tensors get the fake implementations, others the
+    dispatcher's error). None stands for an absent tensor."""
     return torch.compiler.is_compiling() or any(
         t is not None and (type(t) not in _PLAIN or not t.is_cuda) for t in tensors)
 
 
 def needs_grad(*tensors) -> bool:
-    """Whether autograd will want a gradient of any of ``tensors`` (None: absent)."""
+    """Whether autograd records a call on these tensors (None: absent)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def absent(like: torch.Tensor) -> torch.Tensor:
-    """The stand-in of an output that is not there: an empty tensor on ``like``'s device."""
-    return like.new_empty(0)
-

@@ -1,6 +1,8 @@
-// Row kernels' building blocks (softmax, its backward, cross-entropy): vector loads and stores
-// of a row's slots with bounds, warp and block reductions that give every lane the same bits,
-// and online (max, sum of exponentials) pairs. Needs common/types.cuh first.
+// Row access and reductions shared by the row-wise kernels (softmax and its backward, the norms,
+// cross-entropy: a reduction along the last axis, then a pass that writes the row): a thread's
+// slot of V elements of a row read or written in as few accesses as its alignment allows, sums
+// or maxima across the lanes of a group or the threads of a block, and online (max, sum of
+// exponentials) pairs. Needs common/types.cuh.
 //
 // Every reduction adds or compares in a fixed order (shuffle butterflies, then one value per
 // warp through shared memory), so a kernel built on them gives the same bits on every run.
@@ -20,21 +22,27 @@ template <> struct RawOf<4> { using type = unsigned int; };
 template <> struct RawOf<8> { using type = uint2; };
 template <> struct RawOf<16> { using type = uint4; };
 
-// v[0..V) = p[0..V) as float32, in one access (p aligned to V elements).
+// v[0..V) = p[0..V) as float32, in accesses of at most 16 bytes (p aligned to V elements, or
+// to 16 bytes where V elements are more).
 template <int V, typename T>
 __device__ __forceinline__ void load_full(const T* p, float* v) {
-    if constexpr (V == 1) {
-        v[0] = to_f32(*p);
-    } else {
-        using R = typename RawOf<V * sizeof(T)>::type;
-        const R raw = *reinterpret_cast<const R*>(p);
-        const T* e = reinterpret_cast<const T*>(&raw);
+    constexpr int PER = V * sizeof(T) <= 16 ? V : 16 / sizeof(T);
+    if constexpr (PER == 1) {
 #pragma unroll
-        for (int k = 0; k < V; ++k) v[k] = to_f32(e[k]);
+        for (int k = 0; k < V; ++k) v[k] = to_f32(p[k]);
+    } else {
+        using R = typename RawOf<PER * sizeof(T)>::type;
+#pragma unroll
+        for (int q = 0; q < V / PER; ++q) {
+            const R raw = *reinterpret_cast<const R*>(p + q * PER);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int k = 0; k < PER; ++k) v[q * PER + k] = to_f32(e[k]);
+        }
     }
 }
 
-// The slot of V elements of a row starting at e0 (a multiple of V): one access when it lies
+// The slot of V elements of a row starting at e0 (a multiple of V): whole accesses when it lies
 // inside the row, else element by element, `pad` past the end (n).
 template <int V, typename T, typename I>
 __device__ __forceinline__ void load_slot(const T* row, I e0, I n, float* v, float pad) {
@@ -46,6 +54,7 @@ __device__ __forceinline__ void load_slot(const T* row, I e0, I n, float* v, flo
     }
 }
 
+// Stores the slot (at most 16 bytes: V elements of T); the part past the end (n) is not written.
 template <int V, typename T, typename I>
 __device__ __forceinline__ void store_slot(T* row, I e0, I n, const float* v) {
     if (e0 + V <= n) {
@@ -130,9 +139,9 @@ __device__ __forceinline__ void pair_add(float& m, float& s, float& comp, const 
     kahan_add(s, comp, step);
 }
 
-// Block-wide reduction (max or sum): every thread gets the result. `buf` holds 32 floats; two
-// calls in a row must use different buffers (the second's writes could overtake the first's
-// reads).
+// Block-wide reduction (max or sum) over T threads (a power of two): every thread gets the
+// result, the same bits. `buf` holds 32 floats; two calls in a row must use different buffers
+// (the second's writes could overtake the first's reads).
 template <int T, bool MAX>
 __device__ __forceinline__ float block_reduce(float v, float* buf) {
     v = MAX ? group_max<32>(v) : group_sum<32>(v);

@@ -31,6 +31,17 @@ __device__ __forceinline__ unsigned short f32_to_bf16_bits(float v) {
 #endif
 }
 
+// rounded(p, v): v rounded to p's type and read back (what storing v at p keeps).
+__device__ __forceinline__ float rounded(const float*, float v) { return v; }
+__device__ __forceinline__ float rounded(const f16_t*, float v) {
+    const f16_t t{f32_to_f16_bits(v)};
+    return to_f32(t);
+}
+__device__ __forceinline__ float rounded(const bf16_t*, float v) {
+    const bf16_t t{f32_to_bf16_bits(v)};
+    return to_f32(t);
+}
+
 // store(p, v): *p = v rounded to p's type; store_vec(p, v): p[0..N) in one access (p must be
 // aligned to N elements).
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }

@@ -650,7 +650,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.epilogue.bgrad %}
                 float bsum[EPC] = {};   // this lane's rows' sums of its segment's columns
 {% endif %}
+{% if spec.epilogue.bgrad and spec.c_tma and cfg.bn == 256 %}
+#pragma unroll 1   // (unrolled, the 128x256 tile's sums spill registers)
+{% else %}
 #pragma unroll
+{% endif %}
                 for (int p = 0; p < GATE_PASSES; ++p) {
                     const int r = p * GATE_RPP + lane / GATE_SEGS, seg = lane % GATE_SEGS;
 {% if spec.c_tma %}

@@ -11,10 +11,11 @@ import numpy as np
 
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.loader import launcher_for
-from ...runtime import arrays, checks
+from ...runtime import checks
 from ...runtime.arrays import call_arguments, views
 from ...runtime.dtypes import DType
 from ...runtime.prepared import OverlapGuard, PreparedCalls
+from ...runtime.rows import GRID_MAX, vector_width
 from ...runtime.tools import tuned_config
 from .spec import (
     REDUCTIONS,
@@ -126,26 +127,11 @@ def cross_entropy(logits, targets, *, ignore_index: int = -100, reduction: str =
     options = (ignore_index, reduction, label_smoothing, grad, grad_scale is None, inplace,
                check_targets, config)
 
-    def signature(fw) -> tuple:
-        key = fw.key
-        return (fw, key(logits), key(targets), None if out is None else key(out), *options,
-                arrays.current_device())
-
-    call = _prepared.lookup(logits, signature)
-    if call is not None:
-        return call(logits, targets, out, grad_scale)
-
     def first(fw, device_id, v, native):
         return _first_call(fw, device_id, v, native, options, grad_scale)
 
-    return _prepared.first_call(logits, signature,
-                                {"logits": logits, "targets": targets, "out": out}, first)
-
-
-def _check_bool(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentTypeError(f"{name}: expected True or False, got {value!r}")
-    return bool(value)
+    return _prepared.run({"logits": logits, "targets": targets, "out": out}, options, first,
+                         (grad_scale,))
 
 
 def _check_int(value, name: str) -> int:
@@ -206,9 +192,9 @@ def checked(logits, targets, out, options, grad_scale) -> tuple[Problem, float]:
     if not 0.0 <= smoothing <= 1.0:
         raise ArgumentValueError(f"label_smoothing: expected a number in [0, 1], got "
                                  f"{label_smoothing!r}")
-    grad = _check_bool(grad, "grad")
-    inplace = _check_bool(inplace, "inplace")
-    check = _check_bool(check_targets, "check_targets")
+    grad = checks.check_bool(grad, "grad")
+    inplace = checks.check_bool(inplace, "inplace")
+    check = checks.check_bool(check_targets, "check_targets")
     cfg = None if config is None else parse_config(config)
     scale = 1.0
     if not grad:
@@ -264,7 +250,7 @@ def decide(prob: Problem, logits, grad_ptr: int, grad_row: int) -> tuple[Kernels
     spans = [(logits.data.ptr, logits.strides[0] // logits.itemsize, logits.itemsize)]
     if prob.grad_dtype is not None:
         spans.append((grad_ptr, grad_row, prob.grad_dtype.itemsize))
-    vec = checks.widest_access(access_width(prob.dtype, prob.grad_dtype), spans, prob.rows)
+    vec = vector_width(access_width(prob.dtype, prob.grad_dtype), spans, prob.rows)
     return _kernels(cfg, prob.rows, prob.dtype, prob.target_dtype, prob.grad_dtype,
                     reduction=prob.reduction, smoothing=prob.smoothing > 0, check=prob.check,
                     max_vec=vec), reason
@@ -434,10 +420,10 @@ def scale_gradient(grad, factor):
             return native["grad"]
         gld = g.strides[0] // g.itemsize
         fs = f.strides[0] // f.itemsize if f.shape == (rows,) and rows > 1 else 0
-        spec = scale_spec(dtype, checks.widest_access(16 // g.itemsize,
-                                               [(g.data.ptr, gld, g.itemsize)], rows))
+        spec = scale_spec(dtype, vector_width(access_width(dtype, None),
+                                              [(g.data.ptr, gld, g.itemsize)], rows))
         launcher_for(spec, device_id).launch(
-            (max(1, min(rows, 2**31 - 1)), 1, 1), (spec.threads, 1, 1), 0,
+            (max(1, min(rows, GRID_MAX)), 1, 1), (spec.threads, 1, 1), 0,
             fw.stream_getter(device_id)(), grad=g.data.ptr, f=f.data.ptr, rows=rows, n=n,
             gld=gld, fs=fs)
     return native["grad"]

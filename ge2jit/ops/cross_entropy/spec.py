@@ -40,14 +40,15 @@ from typing import NamedTuple
 
 from ...errors import ArgumentValueError
 from ...jit.params import Param, double, int64, pointer
-from ...jit.spec import KernelSpec, check_accesses
+from ...jit.spec import KernelSpec
 from ...runtime.dtypes import DType, as_dtype
+from ...runtime.rows import GRID_MAX, check_accesses, one_of
+from ...runtime.rows import access_width as widest_of
 
 VARIANTS = ("warp", "block")
 WARP_THREADS = 128
 BLOCK_THREADS = (128, 256, 512, 1024)
 AUX_THREADS = 1024
-GRID_MAX = 2**31 - 1
 
 #: the class indices' types -> their C type
 TARGET_TYPES = {"int32": "int", "int64": "long long"}
@@ -62,7 +63,7 @@ BLOCK_512_MAX_V = 32768
 
 def access_width(logits_dtype: DType, grad_dtype: DType | None) -> int:
     """Elements per 16-byte access of the wider of the logits' and the gradient's types."""
-    return 16 // max(logits_dtype.itemsize, grad_dtype.itemsize if grad_dtype else 0)
+    return widest_of(logits_dtype, *((grad_dtype,) if grad_dtype else ()))
 
 
 def step_vpt(vec: int) -> int:
@@ -83,10 +84,8 @@ class XentConfig:
         if self.variant not in VARIANTS:
             raise ArgumentValueError(f"config: variant must be one of {', '.join(VARIANTS)}, "
                                      f"got {self.variant!r}")
-        allowed = (WARP_THREADS,) if self.variant == "warp" else BLOCK_THREADS
-        if self.threads not in allowed:
-            raise ArgumentValueError(f"config: {self.variant} threads must be one of "
-                                     f"{', '.join(map(str, allowed))}, got {self.threads}")
+        one_of(f"{self.variant} threads", self.threads,
+               (WARP_THREADS,) if self.variant == "warp" else BLOCK_THREADS)
 
     @property
     def name(self) -> str:
@@ -276,7 +275,7 @@ class ScaleSpec(KernelSpec):
     def __post_init__(self):
         if not isinstance(self.grad_dtype, DType):
             raise TypeError("ScaleSpec: grad_dtype must be a DType")
-        check_accesses("ScaleSpec", self.vec, 16 // self.grad_dtype.itemsize)
+        check_accesses("ScaleSpec", self.vec, widest_of(self.grad_dtype))
 
     @property
     def vpt(self) -> int:
@@ -298,7 +297,7 @@ def scale_spec(grad_dtype, max_vec: int = 8) -> ScaleSpec:
     """The scale kernel of a gradient of ``grad_dtype`` whose rows allow accesses of at most
     ``max_vec`` elements."""
     dt = as_dtype(grad_dtype)
-    return ScaleSpec(dt, max(1, min(16 // dt.itemsize, max_vec)))
+    return ScaleSpec(dt, max(1, min(widest_of(dt), max_vec)))
 
 
 class Kernels(NamedTuple):

@@ -252,9 +252,8 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False) -> C
     128x128 tiles with K split to fill the GPU. A gating epilogue (``gated``) takes the same
     tiles (its C arrives through the ring: on an H100, bf16, gelu_tanh gate, 16384 x 4096 x
     1024 takes 0.297 ms on 128x256 tiles against 0.356-0.388 ping-pong 128x128, 4096 x 4096
-    x 1024 0.072 against 0.091; the 128x256 tile leaves the column sums to a pass over the
-    output, 0.04 ms at the larger), except the 64x256 ping-pong tile for long K (its staged
-    gate spills registers where C cannot come through the ring)."""
+    x 1024 0.072 against 0.091), except the 64x256 ping-pong tile for long K (its staged gate
+    spills registers where C cannot come through the ring)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str, split: int = 1) -> Choice:

@@ -648,8 +648,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
 
     template = "gemm/wgmma.cu"
     fast_activations = True
-    _bgrad_needs = ("it needs a gate and store16, not split-K, and a config narrower than 256 "
-                    "columns (the 256-wide ones spill registers)")
+    _bgrad_needs = ("it needs a gate and store16, not split-K, and C through the ring or a "
+                    "config narrower than 256 columns (the 256-wide ones reading C from memory "
+                    "spill registers)")
 
     def __post_init__(self):
         check_field(self, "config", WgmmaConfig)
@@ -738,10 +739,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
     @property
     def can_bgrad(self) -> bool:
         """Whether this kernel can sum its gated output's columns (``Epilogue.bgrad``): not
-        the 256-wide tiles (they spill registers), except the ping-pong one with C through
-        the ring."""
+        the 256-wide tiles reading C from memory (they spill registers)."""
         return (self.epilogue.gate is not None and self.store16 and not self.split_k
-                and (self.config.bn < 256 or (self.config.pingpong and self.c_tma)))
+                and (self.config.bn < 256 or self.c_tma))
 
     @property
     def tma_store(self) -> bool:

@@ -11,7 +11,6 @@ from typing import NamedTuple
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.device import sm_count
 from ...jit.loader import launcher_for
-from ...runtime import arrays
 from ...runtime.checks import (
     _cupy,
     check_aligned,
@@ -20,10 +19,10 @@ from ...runtime.checks import (
     check_out,
     check_same_device,
     check_shaped,
-    widest_access,
 )
 from ...runtime.dtypes import DType
 from ...runtime.prepared import OverlapGuard, PreparedCalls
+from ...runtime.rows import vector_width, walk_as_one
 from ...runtime.tools import tuned_config
 from .spec import access_width, check_held, choose, parse_config
 
@@ -57,25 +56,11 @@ class AxisLayout(NamedTuple):
     inner_stride: int
 
 
-def _walk_as_one(dims) -> tuple[int, int] | None:
-    """(count, stride) of ``dims`` ((size, stride) pairs, outermost first) walked as one
-    dimension; None when their strides do not allow it."""
-    dims = [(size, stride) for size, stride in dims if size != 1]
-    if not dims:
-        return 1, 0
-    count, stride = dims[-1]
-    for size, s in reversed(dims[:-1]):
-        if s != stride * count:
-            return None
-        count *= size
-    return count, stride
-
-
 def axis_layout(shape: tuple, strides: tuple, axis: int) -> AxisLayout | None:
     """``shape`` and element ``strides`` as (outer, n, inner) around ``axis``; None when the
     dimensions on one side of it cannot be walked as one (the call then copies)."""
-    outer = _walk_as_one(list(zip(shape[:axis], strides[:axis])))
-    inner = _walk_as_one(list(zip(shape[axis + 1:], strides[axis + 1:])))
+    outer = walk_as_one(list(zip(shape[:axis], strides[:axis])))
+    inner = walk_as_one(list(zip(shape[axis + 1:], strides[axis + 1:])))
     if outer is None or inner is None:
         return None
     n = shape[axis]
@@ -194,21 +179,12 @@ def softmax_backward(dy, y, axis: int = -1, *, out=None, config=None):
 def _call(kind: Kind, inputs: tuple, out, axis, config):
     """A call of ``kind`` on its input arrays: the prepared call of its signature, else a
     first call (checked, launched, prepared)."""
-    def signature(fw) -> tuple:
-        key = fw.key
-        return (fw, *map(key, inputs), None if out is None else key(out), axis, config,
-                arrays.current_device())
-
-    call = kind.prepared.lookup(inputs[0], signature)
-    if call is not None:
-        return call(*inputs, out)
-
     def first(fw, device_id, v, native):
         return _first_call(kind, fw, device_id, [v[n] for n in kind.inputs], v["out"], out,
                            axis, config)
 
-    return kind.prepared.first_call(inputs[0], signature,
-                                    {**dict(zip(kind.inputs, inputs)), "out": out}, first)
+    return kind.prepared.run({**dict(zip(kind.inputs, inputs)), "out": out}, (axis, config),
+                             first)
 
 
 def _first_call(kind, fw, device_id, ins, out, out_native, axis, config):
@@ -362,8 +338,8 @@ def _plan(kind, ins, out, axis, in_dtype, out_dtype, cfg, device_id):
         spans = [(v.data.ptr, lay.outer_stride, in_dtype.itemsize)
                  for v, lay in zip(vs, layouts)]
         spans.append((y_ptr, layouts[-1].outer_stride, out_dtype.itemsize))
-        vec = 1 if copies else widest_access(access_width(in_dtype, out_dtype), spans,
-                                             lx.outer)
+        vec = 1 if copies else vector_width(access_width(in_dtype, out_dtype), spans,
+                                            lx.outer)
         choice = _choose(lx.outer, lx.n, in_dtype, sms, out_dtype=out_dtype, max_vec=vec,
                          strided=False, config=cfg, backward=kind.backward)
     else:

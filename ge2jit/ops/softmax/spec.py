@@ -35,14 +35,23 @@ loop variant reads both twice, in steps of half the forward's values.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...errors import ArgumentValueError
 from ...jit.params import Param, int64, pointer
-from ...jit.spec import KernelSpec, check_accesses
+from ...jit.spec import KernelSpec
 from ...runtime.dtypes import DType, as_dtype
+from ...runtime.rows import (
+    GRID_MAX,
+    RowConfig,
+    RowShapes,
+    access_width,
+    check_accesses,
+    check_capacity,
+    one_of,
+    pow2_at_least,
+)
 
 VARIANTS = ("warp", "block", "loop", "strided")
 
@@ -60,12 +69,6 @@ STRIDED_VPT = 4                 # elements per thread loaded together
 #: The longest rows the warp and block variants hold (above: loop).
 WARP_MAX_N = max(WARP_LANES) * max(WARP_VPT)          # 1024
 BLOCK_MAX_N = max(BLOCK_THREADS) * max(BLOCK_VPT)     # 32768
-GRID_MAX = 2**31 - 1
-
-
-def access_width(in_dtype: DType, out_dtype: DType) -> int:
-    """Elements per 16-byte access of the wider of the two types (4 or 8)."""
-    return 16 // max(in_dtype.itemsize, out_dtype.itemsize)
 
 
 def loop_vpt(vec: int, backward: bool = False) -> int:
@@ -76,35 +79,12 @@ def loop_vpt(vec: int, backward: bool = False) -> int:
 
 
 @dataclass(frozen=True)
-class SoftmaxConfig:
+class SoftmaxConfig(RowConfig):
     """One variant with its shape parameters (see the module's docstring); ``name`` is what
     ``softmax(config=...)`` takes."""
 
-    variant: str
-    threads: int
-    vpt: int = 0          # warp and block: values per thread and row
-    lanes: int = 32       # warp: lanes per row
-    rows: int = 1         # warp: rows per lane group and step
-
     def __post_init__(self):
         _check_config(self)
-
-    @property
-    def name(self) -> str:
-        if self.variant == "warp":
-            return f"warp{self.lanes}_v{self.vpt}_r{self.rows}"
-        if self.variant == "block":
-            return f"block_{self.threads}_v{self.vpt}"
-        return f"{self.variant}_{self.threads}"
-
-    @property
-    def capacity(self) -> int | None:
-        """The longest row this variant holds (None: any length)."""
-        if self.variant == "warp":
-            return self.lanes * self.vpt
-        if self.variant == "block":
-            return self.threads * self.vpt
-        return None
 
     @property
     def strided(self) -> bool:
@@ -129,70 +109,25 @@ class SoftmaxConfig:
         cap = self.capacity
         return cap is None or n <= cap
 
-    def __str__(self) -> str:
-        return self.name
 
-
-def _one_of(what: str, value: int, allowed) -> None:
-    if value not in allowed:
-        raise ArgumentValueError(f"config: {what} must be one of "
-                                 f"{', '.join(map(str, allowed))}, got {value}")
+SHAPES = RowShapes(WARP_VPT, WARP_ROWS, WARP_MAX_VALUES, BLOCK_THREADS, BLOCK_VPT,
+                   LOOP_THREADS, WARP_THREADS, WARP_LANES)
 
 
 def _check_config(c: SoftmaxConfig) -> None:
-    if c.variant not in VARIANTS:
-        raise ArgumentValueError(f"config: variant must be one of {', '.join(VARIANTS)}, got "
-                                 f"{c.variant!r}")
-    if c.variant == "warp":
-        if c.threads != WARP_THREADS:
-            raise ArgumentValueError(f"config: warp variants run {WARP_THREADS} threads per "
-                                     f"block, got {c.threads}")
-        _one_of("lanes per row (warpG)", c.lanes, WARP_LANES)
-        _one_of("values per thread (_vV)", c.vpt, WARP_VPT)
-        _one_of("rows per lane group (_rR)", c.rows, WARP_ROWS)
-        if c.vpt * c.rows > WARP_MAX_VALUES:
-            raise ArgumentValueError(
-                f"config: {c.name} holds {c.vpt * c.rows} values per thread; at most "
-                f"{WARP_MAX_VALUES} (values per thread x rows)")
-    elif c.variant == "block":
-        _one_of("threads (block_T)", c.threads, BLOCK_THREADS)
-        _one_of("values per thread (_vV)", c.vpt, BLOCK_VPT)
-    elif c.variant == "loop":
-        _one_of("threads (loop_T)", c.threads, LOOP_THREADS)
-    else:
-        _one_of("threads (strided_T)", c.threads, STRIDED_THREADS)
+    SHAPES.check(c, VARIANTS)
+    if c.variant == "strided":
+        one_of("threads (strided_T)", c.threads, STRIDED_THREADS)
 
 
-_NAME_RE = {
-    "warp": re.compile(r"warp(\d+)_v(\d+)_r(\d+)"),
-    "block": re.compile(r"block_(\d+)_v(\d+)"),
-    "loop": re.compile(r"loop_(\d+)"),
-    "strided": re.compile(r"strided_(\d+)"),
-}
 NAME_EXAMPLES = "'warp32_v4_r2', 'block_1024_v16', 'loop_512' or 'strided_256'"
 
 
 def parse_config(config) -> SoftmaxConfig:
     """A ``SoftmaxConfig`` from its name (or the config itself); one line naming what is wrong
     for anything else."""
-    if isinstance(config, SoftmaxConfig):
-        return config
-    if not isinstance(config, str):
-        raise ArgumentValueError(f"config: expected a softmax variant name such as "
-                                 f"{NAME_EXAMPLES}, got {config!r}")
-    for variant, pattern in _NAME_RE.items():
-        match = pattern.fullmatch(config)
-        if match is None:
-            continue
-        nums = [int(g) for g in match.groups()]
-        if variant == "warp":
-            return SoftmaxConfig("warp", WARP_THREADS, vpt=nums[1], lanes=nums[0],
-                                 rows=nums[2])
-        if variant == "block":
-            return SoftmaxConfig("block", nums[0], vpt=nums[1])
-        return SoftmaxConfig(variant, nums[0])
-    raise ArgumentValueError(f"config: expected a softmax variant name such as "
-                             f"{NAME_EXAMPLES}, got {config!r}")
+    return SHAPES.parse(config, SoftmaxConfig, VARIANTS,
+                        f"a softmax variant name such as {NAME_EXAMPLES}")
 
 
 def all_configs(backward: bool = False) -> list[SoftmaxConfig]:
@@ -321,10 +256,6 @@ class Choice(NamedTuple):
         return self.spec.config
 
 
-def _pow2_at_least(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
-
-
 def candidates(n: int, dtype, out_dtype=None, *, strided: bool = False,
                backward: bool = False) -> list[SoftmaxConfig]:
     """The configurations worth timing for rows of ``n`` elements (tuning): the warp and block
@@ -334,7 +265,7 @@ def candidates(n: int, dtype, out_dtype=None, *, strided: bool = False,
     configs = all_configs(backward)
     if strided:
         return [c for c in configs if c.strided]
-    most = max(4 * _pow2_at_least(max(n, 1)), 64)
+    most = max(4 * pow2_at_least(max(n, 1)), 64)
     return [c for c in configs
             if c.variant == "loop" or (c.capacity is not None and n <= c.capacity <= most)]
 
@@ -368,16 +299,16 @@ def heuristic(rows: int, n: int, dtype, out_dtype=None, sm_count: int = 132, *,
     arrays = 2 if backward else 1
     if n <= WARP_MAX_N // arrays:
         if n <= 32 * width:
-            vpt, lanes = width, _pow2_at_least(-(-n // width))
+            vpt, lanes = width, pow2_at_least(-(-n // width))
         else:
-            vpt, lanes = _pow2_at_least(-(-n // 32)), 32
+            vpt, lanes = pow2_at_least(-(-n // 32)), 32
         r = max(1, min(max(WARP_ROWS), 16 // vpt))
         while r > 1 and -(-rows // (WARP_THREADS // lanes * r)) < 8 * sm_count:
             r //= 2
         return SoftmaxConfig("warp", WARP_THREADS, vpt=vpt, lanes=lanes, rows=r)
     if n <= BLOCK_MAX_N // arrays:
         vpt = 16 if n <= 4096 or backward else 32
-        threads = max(128, _pow2_at_least(-(-n // vpt)))
+        threads = max(128, pow2_at_least(-(-n // vpt)))
         return SoftmaxConfig("block", threads, vpt=vpt)
     return SoftmaxConfig("loop", 1024)
 
@@ -411,8 +342,7 @@ def launch_shape(config: SoftmaxConfig, rows: int) -> tuple[tuple[int, int, int]
     """(grid, block) for ``rows`` rows (strided: columns); the kernels loop over what a grid
     of at most 2^31 - 1 blocks does not cover."""
     if config.variant == "warp":
-        per_block = config.threads // config.lanes * config.rows
-        blocks = -(-rows // per_block)
+        blocks = -(-rows // config.rows_per_block)
     elif config.variant == "strided":
         blocks = -(-rows // config.threads)
     else:
@@ -437,9 +367,7 @@ def check_fits(config: SoftmaxConfig, n: int, strided: bool, backward: bool = Fa
             f"vectors are strided (another axis, or a last axis with a stride): use "
             f"{' or '.join(f'strided_{t}' for t in STRIDED_THREADS)}")
     check_held(config, backward)
-    if not config.fits(n, strided, backward):
-        raise ArgumentValueError(f"config: {config.name} holds rows of at most "
-                                 f"{config.capacity} elements, got rows of {n}")
+    check_capacity(config, n)
 
 
 def choose(rows: int, n: int, dtype, sm_count: int = 132, *, out_dtype=None,

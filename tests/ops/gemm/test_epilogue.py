@@ -181,6 +181,7 @@ def test_only_the_hopper_kernel_sums_columns():
     for wide in (c for c in WGMMA_CONFIGS if c.bn == 256):
         with pytest.raises(ArgumentValueError, match="narrower than 256 columns"):
             WgmmaGemmSpec(BF16, R, C, sums, wide, store16=not wide.pingpong)
+        assert WgmmaGemmSpec(BF16, R, C, sums, wide, c_tma=True).can_bgrad   # C in the ring
 
 
 def test_a_staged_epilogue_that_would_spill_is_refused_and_not_chosen():
@@ -273,8 +274,8 @@ def test_kernel_set_chooses_each_specs_fields_once():
     assert ks.reduce.vec_y is False
     # the column sums: asked by the problem's epilogue, made by the Hopper kernel where it can
     # (not by the 256-wide Hopper tiles: their staged sums spill registers)
-    made_by = {c.name: c.bn < 256 or c.pingpong for c in WGMMA_CONFIGS}
-    assert made_by == {"wgmma_128x256_s4": False, "wgmma_64x256_s4_pp": True,
+    made_by = {c.name: True for c in WGMMA_CONFIGS}   # (C through the ring: aligned here)
+    assert made_by == {"wgmma_128x256_s4": True, "wgmma_64x256_s4_pp": True,
                        "wgmma_128x128_s6_pp": True, "wgmma_128x128_s6": True,
                        "wgmma_128x64_s8": True, "wgmma_64x128_s8": True}
     for cfg, made in (*((c, made_by[c.name]) for c in WGMMA_CONFIGS),

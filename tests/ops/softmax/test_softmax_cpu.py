@@ -25,8 +25,8 @@ from ge2jit.ops.softmax import (
 )
 from ge2jit.ops.softmax.op import axis_layout, rows_fast
 from ge2jit.ops.softmax.spec import access_width
-from ge2jit.runtime.checks import widest_access
 from ge2jit.runtime.dtypes import DType
+from ge2jit.runtime.rows import vector_width
 
 from ...fake_cupy import FakeArray
 from ...kernel_checks import check_clean_build
@@ -278,9 +278,9 @@ def test_axis_layout_of_views():
 
 
 def max_vec(x_ptr, x_row, y_ptr, y_row, in_dtype, out_dtype, rows):
-    return widest_access(access_width(in_dtype, out_dtype),
-                         [(x_ptr, x_row, in_dtype.itemsize), (y_ptr, y_row, out_dtype.itemsize)],
-                         rows)
+    return vector_width(access_width(in_dtype, out_dtype),
+                        [(x_ptr, x_row, in_dtype.itemsize), (y_ptr, y_row, out_dtype.itemsize)],
+                        rows)
 
 
 def test_vector_width_follows_pointers_and_row_strides():
@@ -295,8 +295,8 @@ def test_vector_width_follows_pointers_and_row_strides():
     assert max_vec(4096, 1024, 8192, 1024, bf16, f32, 10) == 4
     assert max_vec(4096, -1024, 8192, 1024, f32, f32, 10) == 4    # negative row stride
     # three arrays (the backward's dy, y and dx): the narrowest allowance wins
-    assert widest_access(8, [(4096, 1024, 2), (8192 + 4, 1024, 2), (0, 1024, 2)], 3) == 2
-    assert widest_access(8, [(4096, 1024, 2), (8192, 1028, 2), (0, 1024, 2)], 3) == 4
+    assert vector_width(8, [(4096, 1024, 2), (8192 + 4, 1024, 2), (0, 1024, 2)], 3) == 2
+    assert vector_width(8, [(4096, 1024, 2), (8192, 1028, 2), (0, 1024, 2)], 3) == 4
 
 
 # ---- argument checks, on stand-in arrays
