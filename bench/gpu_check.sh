@@ -28,6 +28,7 @@ python3 -m ge2jit.demo 2>&1 | tee "$OUT/demo.log"
 if [ "${BENCH:-1}" != 0 ]; then
   python3 bench/bench_gemm.py --out "$OUT/results.json" "$@" 2>&1 | tee "$OUT/bench.log"
   python3 bench/bench_softmax.py --json "$OUT/results_softmax.json" 2>&1 | tail -n 30
+  python3 bench/bench_cross_entropy.py --json "$OUT/results_cross_entropy.json" 2>&1 | tail -n 40
   python3 bench/bench_host.py --json "$OUT/results_host.json" 2>&1 | tail -n 16
 fi
 [ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ]

@@ -25,6 +25,7 @@ from .jit import nvrtc as _nvrtc
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
+from .ops.cross_entropy import cross_entropy
 from .ops.gemm import (
     Gradients,
     MmaConfig,
@@ -47,7 +48,7 @@ from .ops.norm import (
     rms_norm_backward,
 )
 from .ops.optim import adam_update, sgd_update
-from .ops.softmax import softmax
+from .ops.softmax import softmax, softmax_backward
 from .precompile import warmup
 from .runtime.tools import explain, tune
 
@@ -73,6 +74,8 @@ __all__ = [
     "adam_update",
     "sgd_update",
     "softmax",
+    "softmax_backward",
+    "cross_entropy",
     "rms_norm",
     "layer_norm",
     "rms_norm_backward",

@@ -91,6 +91,13 @@ def check_scalar(x, name: str) -> float:
                                  "beyond it") from None
 
 
+def check_bool(x, name: str) -> bool:
+    """A flag: True or False (Python's or NumPy's bool; not 0, 1 or other truthy values)."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name}: expected True or False, got {x!r}")
+    return bool(x)
+
+
 def check_same_device(arrays: dict, device_id: int) -> None:
     for name, x in arrays.items():
         if x is not None and x.data.device_id != device_id:
@@ -99,6 +106,30 @@ def check_same_device(arrays: dict, device_id: int) -> None:
                 f"GPU {x.data.device_id}; move it with cupy.asarray inside "
                 f"`with cupy.cuda.Device({device_id}):` or switch devices"
             )
+
+
+def check_out(out, inputs: dict, name: str = "out") -> None:
+    """An output ``out`` (a CuPy array) may be one of ``inputs`` (``{name: array}``) itself
+    (same memory, dtype and strides: the kernel writes in place, each element after reading
+    it) or overlap none of them; it may not hold an element twice (a zero stride)."""
+    for size, stride in zip(out.shape, out.strides):
+        if size > 1 and stride == 0 and out.size:
+            raise ArgumentValueError(f"{name}: expected an array that holds each element once, "
+                                     f"got strides {out.strides} (a broadcast view)")
+    if out.size == 0:
+        return
+    ys = byte_span(out)
+    for x_name, x in inputs.items():
+        if x is None or x.size == 0:
+            continue
+        xs = byte_span(x)
+        if xs[0] < ys[1] and ys[0] < xs[1]:
+            if out.data.ptr == x.data.ptr and out.strides == x.strides and out.dtype == x.dtype:
+                continue
+            raise ArgumentValueError(
+                f"{name}: overlaps {x_name} without being {x_name} ({x_name} bytes "
+                f"[{xs[0]:#x}, {xs[1]:#x}), {name} bytes [{ys[0]:#x}, {ys[1]:#x})); pass "
+                f"{name}={x_name} to write in place, or a separate array")
 
 
 def byte_span(x) -> tuple[int, int]:

@@ -46,12 +46,14 @@ def dtype_name(x) -> str | None:
         return None
 
 
-def as_dtype(dtype) -> DType:
-    """A DType from a DType or a dtype name ('float32', 'bfloat16', ...) or object."""
+def as_dtype(dtype, name: str = "dtype") -> DType:
+    """A DType from a DType or a dtype name or object ('float32', numpy.float16,
+    ml_dtypes.bfloat16, ...); one line naming ``name`` for anything else."""
     if isinstance(dtype, DType):
         return dtype
     dt = SUPPORTED_DTYPES.get(dtype if isinstance(dtype, str) else getattr(dtype, "name", ""))
     if dt is None:
-        raise ArgumentValueError(f"dtype: expected one of {', '.join(SUPPORTED_DTYPES)}, got "
-                                 f"{dtype!r}")
+        dt = SUPPORTED_DTYPES.get(dtype_name(dtype) or "")
+    if dt is None:
+        raise ArgumentValueError(f"{name}: expected one of {SUPPORTED_TEXT}, got {dtype!r}")
     return dt

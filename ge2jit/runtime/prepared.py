@@ -42,14 +42,15 @@ class PreparedCalls:
     def clear(self) -> None:
         self._table.clear()
 
-    def run(self, arrays: dict, extra: tuple, first_call):
+    def run(self, arrays: dict, extra: tuple, first_call, args: tuple = ()):
         """One call through this table. ``arrays`` (name -> array or None; the first decides
         the framework) and ``extra`` (the call's other arguments, hashable) make the call's
-        signature; a prepared call stored under it runs as ``call(*arrays.values())``.
-        Otherwise ``first_call(fw, device_id, views, native)`` (``views``: CuPy views of the
-        arrays by name, ``native``: the arrays as the framework reads them) checks and
-        launches the call in the framework's context and returns (result, prepared call or
-        None); the prepared call is stored for the next call of this signature."""
+        signature; a prepared call stored under it runs as ``call(*arrays.values(), *args)``
+        (``args``: values that vary from call to call without changing the signature, such as
+        a scale factor). Otherwise ``first_call(fw, device_id, views, native)`` (``views``:
+        CuPy views of the arrays by name, ``native``: the arrays as the framework reads them)
+        checks and launches the call in the framework's context and returns (result, prepared
+        call or None); the prepared call is stored for the next call of this signature."""
         values = tuple(arrays.values())
         fw = framework_of_type(type(values[0]))
         sig = None
@@ -57,7 +58,7 @@ class PreparedCalls:
             sig = _signature(fw, values, extra)
             call = None if sig is None else self.get(sig)
             if call is not None:
-                return call(*values)
+                return call(*values, *args)
         fw, device_id, native = call_arguments(arrays)
         if sig is None and framework_of_type(type(values[0])) is fw:
             sig = _signature(fw, values, extra)

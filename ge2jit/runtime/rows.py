@@ -67,6 +67,17 @@ def vector_width(width: int, arrays, rows: int) -> int:
     return v
 
 
+def check_accesses(owner: str, vec: int, width: int, vpt: int | None = None) -> None:
+    """A kernel spec's vector accesses: ``vec`` elements, 1, 2, 4 or 8 and at most ``width``
+    (what 16 bytes of the widest type it moves hold), and ``vpt`` values per thread (if given)
+    a whole number of them. ``owner`` names the spec in the error."""
+    if vec not in (1, 2, 4, 8) or vec > width:
+        raise ArgumentValueError(f"{owner}.vec: expected 1, 2, 4 or 8 elements of at most 16 "
+                                 f"bytes ({width} here), got {vec}")
+    if vpt is not None and (vpt < 1 or vpt % vec):
+        raise ArgumentValueError(f"{owner}.vpt: expected a multiple of vec ({vec}), got {vpt}")
+
+
 @dataclass(frozen=True)
 class RowConfig:
     """One variant with its shape (see the module's docstring): ``threads`` per block, ``vpt``

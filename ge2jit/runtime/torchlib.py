@@ -58,7 +58,6 @@ def absent(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(0)
 
 
-
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 

@@ -6,6 +6,8 @@ in ge2jit does.
     layer = gt.Linear(1024, 4096, act="gelu_tanh", device="cuda", dtype=torch.bfloat16)
     block = gt.MLP([1024, 4096, 1024], act="gelu_tanh", device="cuda")
     y = gt.gemm_bias_act(a, b, bias, act="relu")        # differentiable
+    p = gt.softmax(y, dim=-1)                           # differentiable
+    loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
     norm = gt.RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)
     y, h = norm(x, residual)                            # h = x + residual, y = rms_norm(h)
 
@@ -18,11 +20,14 @@ otherwise.
 
 from __future__ import annotations
 
+from ..ops.cross_entropy.torch_ops import cross_entropy
 from ..ops.gemm.torch_modules import MLP, Linear
 from ..ops.gemm.torch_ops import gemm_bias_act, mlp
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
+from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
 
-__all__ = ["Linear", "MLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "mlp", "rms_norm",
-           "layer_norm", "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]
+__all__ = ["Linear", "MLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "mlp", "softmax",
+           "cross_entropy", "rms_norm", "layer_norm", "precision_for", "FLOAT32_PRECISION",
+           "NAMESPACE"]

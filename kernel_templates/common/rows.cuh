@@ -1,8 +1,20 @@
-// Row access and reductions shared by the row-wise kernels (a reduction along the last axis,
-// then a pass that writes the row): a thread's slot of V elements of a row read or written in
-// as few accesses as its alignment allows, and sums or maxima across the lanes of a group or
-// the threads of a block. Needs common/types.cuh.
+// Row access and reductions shared by the row-wise kernels (softmax and its backward, the norms,
+// cross-entropy: a reduction along the last axis, then a pass that writes the row): a thread's
+// slot of V elements of a row read or written in as few accesses as its alignment allows, sums
+// or maxima across the lanes of a group or the threads of a block, and online (max, sum of
+// exponentials) pairs. Needs common/types.cuh.
+//
+// Every reduction adds or compares in a fixed order (shuffle butterflies, then one value per
+// warp through shared memory), so a kernel built on them gives the same bits on every run.
+
+#define ROWS_NEG_INF __int_as_float(0xff800000u)
 constexpr unsigned FULL_MASK = 0xffffffffu;
+
+// e^(v - m). The difference is taken first: v * log2(e) - m * log2(e) overflows for |v| near
+// float32's maximum.
+__device__ __forceinline__ float exp_diff(float v, float m) {
+    return exp2f((v - m) * 1.4426950408889634f);
+}
 
 template <int BYTES> struct RawOf;
 template <> struct RawOf<2> { using type = unsigned short; };
@@ -76,6 +88,57 @@ __device__ __forceinline__ float group_sum(float v) {
     return v;
 }
 
+// Online (max, sum) pairs: (m, s) stands for s * e^m. m = -inf with s = 0 is the empty pair.
+// scale(m, mm) = e^(m - mm) for m <= mm, exactly 1 when they are equal (also both -inf or both
+// +inf, where the difference would be NaN).
+__device__ __forceinline__ float pair_scale(float m, float mm) {
+    return m == mm ? 1.0f : exp_diff(m, mm);
+}
+// Commutative to the bit (products rounded on their own, no fused multiply-add).
+__device__ __forceinline__ void pair_combine(float& m, float& s, float m2, float s2) {
+    const float mm = fmaxf(m, m2);
+    s = __fmul_rn(s, pair_scale(m, mm)) + __fmul_rn(s2, pair_scale(m2, mm));
+    m = mm;
+}
+template <int W>
+__device__ __forceinline__ void group_pair(float& m, float& s) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) {
+        const float m2 = __shfl_xor_sync(FULL_MASK, m, o);
+        const float s2 = __shfl_xor_sync(FULL_MASK, s, o);
+        pair_combine(m, s, m2, s2);
+    }
+}
+
+// s += add with compensation (Kahan; `comp` holds what the running sum lost): a thread that adds
+// up millions of steps would otherwise drift by percents in float32.
+__device__ __forceinline__ void kahan_add(float& s, float& comp, float add) {
+    const float a = add - comp;
+    const float t = s + a;
+    comp = (t - s) - a;
+    s = t;
+}
+
+// Adds values v[0..N) to the thread's running pair (padding past the row's end is -inf, which
+// adds 0). With m = -inf so far (only -inf or NaN seen), the values are taken relative to 0,
+// so -inf adds 0 and NaN adds NaN. Each step's sum is added with compensation (kahan_add).
+template <int N>
+__device__ __forceinline__ void pair_add(float& m, float& s, float& comp, const float* v) {
+    float cm = ROWS_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < N; ++i) cm = fmaxf(cm, v[i]);
+    const float mm = fmaxf(m, cm);
+    const float scale = pair_scale(m, mm);
+    s *= scale;
+    comp *= scale;
+    m = mm;
+    const float ref = m == ROWS_NEG_INF ? 0.0f : m;
+    float step = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) step += exp_diff(v[i], ref);
+    kahan_add(s, comp, step);
+}
+
 // Block-wide reduction (max or sum) over T threads (a power of two): every thread gets the
 // result, the same bits. `buf` holds 32 floats; two calls in a row must use different buffers
 // (the second's writes could overtake the first's reads).
@@ -86,4 +149,20 @@ __device__ __forceinline__ float block_reduce(float v, float* buf) {
     __syncthreads();
     const float w = buf[threadIdx.x & (T / 32 - 1)];
     return MAX ? group_max<T / 32>(w) : group_sum<T / 32>(w);
+}
+
+// Block-wide combination of the threads' (max, sum) pairs: every thread gets the block's pair.
+// `bm` and `bs` hold 32 floats each; the closing barrier lets the caller reuse them at once.
+template <int T>
+__device__ __forceinline__ void block_pair(float& m, float& s, float* bm, float* bs) {
+    group_pair<32>(m, s);
+    if ((threadIdx.x & 31) == 0) {
+        bm[threadIdx.x >> 5] = m;
+        bs[threadIdx.x >> 5] = s;
+    }
+    __syncthreads();
+    m = bm[threadIdx.x & (T / 32 - 1)];
+    s = bs[threadIdx.x & (T / 32 - 1)];
+    group_pair<T / 32>(m, s);
+    __syncthreads();   // every thread has read bm/bs
 }

@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
+from .capture import warm_up_on_a_side_stream  # noqa: E402 - after the skips above
+
 ACTS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu")
 F = torch.nn.functional
 _REF = {"none": lambda z: z, "relu": F.relu, "leaky_relu": lambda z: F.leaky_relu(z, 0.2),
@@ -213,12 +215,7 @@ def test_cuda_graph_capture_of_a_training_step(gt):
         y.backward(gy)
         return y
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    warm_up_on_a_side_stream(step)
     eager_y = step().detach().clone()
     eager_g = [p.grad.clone() for p in block.parameters()]
     graph = torch.cuda.CUDAGraph()

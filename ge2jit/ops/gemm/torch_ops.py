@@ -13,9 +13,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import absent, autocast_dtype, cast, op_name, precision_for
-from ...runtime.torchlib import needs_grad as _needs_grad
-from ...runtime.torchlib import traced as _traced
+from ...runtime.torchlib import (
+    absent,
+    autocast_dtype,
+    cast,
+    needs_grad,
+    op_name,
+    precision_for,
+    traced,
+)
 from .backward import gemm_bias_act_backward as _backward
 from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
 from .op import gemm_bias_act as _forward
@@ -352,10 +358,10 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     if c is not None and c.dtype != torch.float32:
         c = cast(c, dtype)
     precision = precision_for(a.dtype, precision)
-    grad = _needs_grad(a, b, bias, c)
+    grad = needs_grad(a, b, bias, c)
     keep_z = save_preact or (grad and _source_kind(act, leaky_slope) == "z")
     args = (a, b, bias, c, act, float(alpha), float(beta), float(leaky_slope), precision, keep_z)
-    if _traced(a, b, bias, c):
+    if traced(a, b, bias, c):
         y, z = gemm_bias_act_op(*args)
     elif grad:
         y, z = _GemmFunction.apply(*args)
@@ -378,11 +384,11 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
     weights = [cast(w, dtype) for w in weights]
     biases = [b if b is None or b.dtype == torch.float32 else cast(b, dtype) for b in biases]
     precision = precision_for(x.dtype, precision)
-    save = _needs_grad(x, *weights, *biases)
+    save = needs_grad(x, *weights, *biases)
     present = [b for b in biases if b is not None]
     has_bias = [b is not None for b in biases]
     acts, leaky_slope = ",".join(acts), float(leaky_slope)
-    if _traced(x, *weights, *present):
+    if traced(x, *weights, *present):
         return mlp_op(x, weights, present, has_bias, acts, leaky_slope, precision, save)[0]
     if save:
         return _MLPFunction.apply(x, has_bias, acts, leaky_slope, precision, len(weights),

@@ -10,13 +10,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentValueError
 from ...jit.device import sm_count
 from ...jit.loader import launcher_for, resident_blocks
 from ...runtime.checks import (
     _cupy,
     check_aligned,
     check_array,
+    check_bool,
     check_dtype,
     check_same_device,
     check_scalar,
@@ -119,12 +120,6 @@ def _check_eps(eps) -> float:
     return value
 
 
-def _check_flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentTypeError(f"{name}: expected a bool, got {value!r}")
-    return bool(value)
-
-
 def _check_vector(a, name: str, n: int, what: str) -> DType | None:
     """A weight or bias: None, or an (n,) array."""
     if a is None:
@@ -200,7 +195,7 @@ def checked_forward(kind: str, v: dict, eps, save_stats, config) -> Call:
                                      "+ residual); pass residual= too, or leave it out")
         h_dt = _check_output(v["residual_out"], "residual_out", x.shape, "x")
     eps = _check_eps(eps)
-    stats = _check_flag(save_stats, "save_stats")
+    stats = check_bool(save_stats, "save_stats")
     cfg = _config(config, parse_config)
     types = ForwardTypes(x_dt, y_dt, r_dt, h_dt, weight, bias, stats)
     return Call(kind, FORWARD_NAMES, tuple(v.get(k) for k in FORWARD_NAMES), types, rows, n,

@@ -45,6 +45,7 @@ from ...runtime.rows import (
     RowConfig,
     RowShapes,
     access_width,
+    check_accesses,
     check_capacity,
     pow2_at_least,
 )
@@ -250,15 +251,6 @@ def loop_vpt(vec: int, backward: bool) -> int:
     return max(4, vec) if backward else max(8, 2 * vec)
 
 
-def _check_shape(name: str, config: RowConfig, vec: int, width: int, vpt: int) -> None:
-    if vec not in (1, 2, 4, 8) or vec > width:
-        raise ArgumentValueError(f"{name}.vec: expected 1, 2, 4 or 8 elements of at most 16 "
-                                 f"bytes of the widest row type ({width}), got {vec}")
-    if vpt % vec:
-        raise ArgumentValueError(f"{name}.vec: expected a divisor of the values per thread "
-                                 f"({vpt}), got {vec}")
-
-
 class _RowSpec:
     """What the forward and backward specs share: the shape read from the config."""
 
@@ -316,7 +308,7 @@ class NormSpec(_RowSpec, KernelSpec):
             raise TypeError("NormSpec: types must be ForwardTypes and config a NormConfig")
         if self.kind == "rms" and self.types.bias is not None:
             raise ArgumentValueError("NormSpec: RMSNorm takes no bias")
-        _check_shape("NormSpec", self.config, self.vec, self.types.width, self.vpt)
+        check_accesses("NormSpec", self.vec, self.types.width, self.vpt)
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -358,7 +350,7 @@ class NormBackwardSpec(_RowSpec, KernelSpec):
                             "NormBackwardConfig")
         if self.kind == "rms" and self.types.bias is not None:
             raise ArgumentValueError("NormBackwardSpec: RMSNorm takes no bias")
-        _check_shape("NormBackwardSpec", self.config, self.vec, self.types.width, self.vpt)
+        check_accesses("NormBackwardSpec", self.vec, self.types.width, self.vpt)
 
     @property
     def params(self) -> tuple[Param, ...]:

@@ -1,5 +1,6 @@
-"""softmax: the call's plumbing. Argument checks, the layout of the softmax vectors in memory,
-the kernel choice (``spec.choose``, pure), the cached launcher and the launch all live here."""
+"""softmax and softmax_backward: the calls' plumbing. Argument checks, the layout of the
+vectors in memory, the kernel choice (``spec.choose``, pure), the cached launcher and the
+launch all live here; both directions share it (``Kind`` says which)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ from typing import NamedTuple
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.device import sm_count
 from ...jit.loader import launcher_for
-from ...runtime import arrays
-from ...runtime.arrays import call_arguments, framework_of_type, views
 from ...runtime.checks import (
     _cupy,
-    byte_span,
     check_aligned,
     check_array,
     check_dtype,
+    check_out,
     check_same_device,
     check_shaped,
 )
@@ -25,10 +24,24 @@ from ...runtime.dtypes import DType
 from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.rows import vector_width, walk_as_one
 from ...runtime.tools import tuned_config
-from .spec import access_width, choose, parse_config
+from .spec import access_width, check_held, choose, parse_config
 
-_prepared = PreparedCalls("softmax")
 _choose = lru_cache(maxsize=4096)(choose)
+
+
+class Kind(NamedTuple):
+    """One direction of the op: its function's name (also the tuning database's op), its
+    array arguments (named as the kernel names them), whether it is the backward, and its
+    prepared calls."""
+
+    name: str
+    inputs: tuple[str, ...]
+    backward: bool
+    prepared: PreparedCalls
+
+
+FORWARD = Kind("softmax", ("x",), False, PreparedCalls("softmax"))
+BACKWARD = Kind("softmax_backward", ("dy", "y"), True, PreparedCalls("softmax_backward"))
 
 
 class AxisLayout(NamedTuple):
@@ -55,19 +68,10 @@ def axis_layout(shape: tuple, strides: tuple, axis: int) -> AxisLayout | None:
                       inner[1])
 
 
-def rows_fast(lx: AxisLayout, ly: AxisLayout) -> bool:
-    """Whether x and y are rows along a unit-stride last axis (the warp, block and loop
-    variants); else the strided variant runs."""
-    return lx.inner == 1 and lx.n_stride == 1 and ly.n_stride == 1
-
-
-def max_vec(x_ptr: int, x_row: int, y_ptr: int, y_row: int, in_dtype: DType,
-            out_dtype: DType, rows: int) -> int:
-    """The widest access (elements, a power of two, at most 16 bytes) that every row start of
-    x and y allows."""
-    return vector_width(access_width(in_dtype, out_dtype),
-                        ((x_ptr, x_row, in_dtype.itemsize), (y_ptr, y_row, out_dtype.itemsize)),
-                        rows)
+def rows_fast(*layouts: AxisLayout) -> bool:
+    """Whether the arrays (inputs, then the output) are rows along a unit-stride last axis
+    (the warp, block and loop variants); else the strided variant runs."""
+    return layouts[0].inner == 1 and all(lay.n_stride == 1 for lay in layouts)
 
 
 def _check_axis(axis, ndim: int) -> int:
@@ -82,25 +86,6 @@ def _check_axis(axis, ndim: int) -> int:
         raise ArgumentValueError(f"axis: expected an int in [{-dims}, {dims}) for an array of "
                                  f"{ndim} dimension{'s' if ndim != 1 else ''}, got {a}")
     return a % dims
-
-
-def _check_out(x, out) -> None:
-    """out may be x itself (same memory, dtype and strides: in place) or overlap it nowhere;
-    it may not write one element twice (a zero stride)."""
-    for size, stride in zip(out.shape, out.strides):
-        if size > 1 and stride == 0 and out.size:
-            raise ArgumentValueError(f"out: expected an array that holds each element once, got "
-                                     f"strides {out.strides} (a broadcast view)")
-    if x.size == 0:
-        return
-    xs, ys = byte_span(x), byte_span(out)
-    if xs[0] < ys[1] and ys[0] < xs[1]:
-        if out.data.ptr == x.data.ptr and out.strides == x.strides and out.dtype == x.dtype:
-            return
-        raise ArgumentValueError(
-            f"out: overlaps x without being x (x bytes [{xs[0]:#x}, {xs[1]:#x}), out bytes "
-            f"[{ys[0]:#x}, {ys[1]:#x})); pass out=x for an in-place softmax, or a separate array")
-
 
 
 def _element_strides(a) -> tuple[int, ...]:
@@ -147,112 +132,177 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
             dtype or partly overlapping x, an unknown config or one that does not fit.
         DeviceMismatchError: x or out is not on the current device.
     """
-    fw = framework_of_type(type(x))
-    sig = None
-    if fw is not None:
-        try:
-            sig = (fw, fw.key(x), None if out is None else fw.key(out), axis, config,
-                   arrays.current_device())
-            call = _prepared.get(sig)
-        except (AttributeError, TypeError):   # other arrays, or unhashable: checked below
-            sig = call = None
-        if call is not None:
-            return call(x, out)
-    fw, device_id, native = call_arguments({"x": x, "out": out})
-    if sig is None and framework_of_type(type(x)) is fw:
-        try:
-            sig = (fw, fw.key(x), None if out is None else fw.key(out), axis, config,
-                   arrays.current_device())
-        except (AttributeError, TypeError):
-            sig = None
-    with fw.context(device_id):
-        v = views(fw, native)
-        result, call = _first_call(fw, device_id, v["x"], v["out"], out, axis, config)
-        if call is not None and sig is not None and device_id == arrays.current_device():
-            _prepared.put(sig, call)
-    return result
+    return _call(FORWARD, (x,), out, axis, config)
 
 
-def _first_call(fw, device_id, x, out, out_native, axis, config):
-    """Check a call (x, out: CuPy views), launch it; (the result, its prepared call or
+def softmax_backward(dy, y, axis: int = -1, *, out=None, config=None):
+    """The gradient of a softmax along ``axis``: ``dx = y * (dy - sum(dy * y))`` over each
+    vector along the axis, where ``y`` is the softmax's output and ``dy`` the gradient of the
+    loss with respect to it; one fused pass in float32 (the dot product added in a fixed
+    order: the same bits on every run).
+
+    Args:
+        dy: the output's gradient, a GPU array as ``softmax``'s x (CuPy, PyTorch on a CUDA
+            device, or ``__cuda_array_interface__``) of float32, float16 or bfloat16, any
+            number of dimensions.
+        y: the softmax's output, of dy's shape and dtype. dy and y may share memory (both
+            are only read).
+        axis: as ``softmax``'s; the same layouts are read in place (rows along a unit-stride
+            last axis with any row stride by the warp, block and loop variants; anything
+            else by the strided variant, or copied when the dimensions on one side of the
+            axis cannot be walked with one stride).
+        out: optional array of dy's shape, float32, float16 or bfloat16 (dx's dtype; default
+            dy's), written and returned. It may be dy or y itself (in place); any other
+            overlap with them is refused.
+        config: pin the kernel variant by name, as ``softmax``'s: the warp and block variants
+            hold two arrays' values, so the backward takes those holding at most 16 values
+            of each per thread (``warp{G}_v{V}_r{R}`` with V * R <= 16, ``block_{T}_v{V}``
+            with V <= 16: rows of up to 512 and 16384 elements); ``loop_{T}`` reads dy and y
+            twice (a dot-product pass, then the writing pass).
+
+    NaN anywhere in a vector's dy or y makes that vector's dx NaN; an infinite dy gives NaN or
+    infinities through the dot product, as the formula does in float64 (and PyTorch's
+    ``_softmax_backward_data``). Empty arrays give an empty result without a launch; the call
+    runs on CuPy's current device and stream (PyTorch tensors: their device, PyTorch's current
+    stream) and never synchronizes.
+
+    Raises:
+        ArgumentTypeError: dy, y or out is not a GPU array; axis is not an int.
+        ArgumentValueError: unsupported dtype, y of another shape or dtype than dy's, axis
+            out of range, out of the wrong shape or dtype or partly overlapping dy or y, an
+            unknown config or one that does not fit.
+        DeviceMismatchError: an array is not on the current device.
+    """
+    return _call(BACKWARD, (dy, y), out, axis, config)
+
+
+def _call(kind: Kind, inputs: tuple, out, axis, config):
+    """A call of ``kind`` on its input arrays: the prepared call of its signature, else a
+    first call (checked, launched, prepared)."""
+    def first(fw, device_id, v, native):
+        return _first_call(kind, fw, device_id, [v[n] for n in kind.inputs], v["out"], out,
+                           axis, config)
+
+    return kind.prepared.run({**dict(zip(kind.inputs, inputs)), "out": out}, (axis, config),
+                             first)
+
+
+def _first_call(kind, fw, device_id, ins, out, out_native, axis, config):
+    """Check a call (ins, out: CuPy views), launch it; (the result, its prepared call or
     None)."""
     given = out is not None
-    x, out, ax, in_dtype, out_dtype, cfg = checked(x, axis, out, config)
-    check_same_device({"x": x, "out": out}, device_id)
+    ins, out, ax, in_dtype, out_dtype, cfg = checked(kind, ins, axis, out, config)
+    check_same_device({**dict(zip(kind.inputs, ins)), "out": out}, device_id)
     if out is None:
-        out_native = fw.allocator(x.dtype, device_id)(x.shape)
+        out_native = fw.allocator(ins[0].dtype, device_id)(ins[0].shape)
         out = fw.view(out_native, "out")
-    if x.size == 0:
+    if ins[0].size == 0:
         return out_native, None
-    return _execute(fw, x, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, given)
+    return _execute(kind, fw, ins, out, ax, in_dtype, out_dtype, cfg, device_id, out_native,
+                    given)
 
 
-def _execute(fw, x, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, given):
-    """Choose, launch and prepare a checked, non-empty call (x, out: CuPy views)."""
-    choice, layouts, _ = decide(x, out, ax, in_dtype, out_dtype, cfg, device_id)
+def _strides(spec, layouts) -> dict:
+    """The kernel's stride parameters (``{array}o``, ``{array}n``, ``{array}i``) of the
+    arrays' layouts (inputs, then the output)."""
+    params = {}
+    for name, lay in zip((*spec.inputs, spec.output), layouts):
+        params[name + "o"], params[name + "n"], params[name + "i"] = (
+            lay.outer_stride, lay.n_stride, lay.inner_stride)
+    return params
+
+
+def _execute(kind, fw, ins, out, ax, in_dtype, out_dtype, cfg, device_id, out_native, given):
+    """Choose, launch and prepare a checked, non-empty call (ins, out: CuPy views)."""
+    choice, layouts, _ = decide(kind, ins, out, ax, in_dtype, out_dtype, cfg, device_id)
+    stream = fw.stream_getter(device_id)
     if layouts is None:   # copies: not prepared
-        _run(x, out, ax, choice, fw.stream_getter(device_id)())
+        _run(ins, out, ax, choice, stream())
         return out_native, None
-    lx, ly = layouts
-    launch = launcher_for(choice.spec, device_id).bind(
-        choice.grid, choice.block, 0, rows=choice_rows(lx, ly), n=lx.n, inner=lx.inner,
-        xo=lx.outer_stride, xn=lx.n_stride, xi=lx.inner_stride, yo=ly.outer_stride,
-        yn=ly.n_stride, yi=ly.inner_stride)
-    ptr, stream = fw.ptr, fw.stream_getter(device_id)
-    new, shape = fw.allocator(x.dtype, device_id), x.shape
-    launch(stream(), x=x.data.ptr, y=out.data.ptr)
+    spec, lx = choice.spec, layouts[0]
+    launch = launcher_for(spec, device_id).bind(
+        choice.grid, choice.block, 0, rows=choice_rows(*layouts), n=lx.n, inner=lx.inner,
+        **_strides(spec, layouts))
+    ptr = fw.ptr
+    new, shape = fw.allocator(ins[0].dtype, device_id), ins[0].shape
+    launch(stream(), **{name: a.data.ptr for name, a in zip((*spec.inputs, spec.output),
+                                                             (*ins, out))})
+    k = len(ins)
+    guard = (OverlapGuard((*kind.inputs, "out"), (*ins, out), (k,),
+                          in_place={(k, i) for i in range(k)}) if given else None)
 
-    guard = OverlapGuard(("x", "out"), (x, out), (1,), in_place={(1, 0)}) if given else None
-
-    def call(x, out):
-        x_ptr = ptr(x)
+    def output(in_ptrs: tuple, out):
         if out is None:
-            y = new(shape)
-        else:
-            y = out
-            if guard is not None:   # out given on the first call too (the signature says)
-                guard((x_ptr, ptr(y)))
-        launch(stream(), x=x_ptr, y=ptr(y))
-        return y
+            return new(shape)
+        if guard is not None:   # out given on the first call too (the signature says)
+            guard((*in_ptrs, ptr(out)))
+        return out
+
+    if kind.backward:
+        def call(dy, y, out):
+            g, v = ptr(dy), ptr(y)
+            dx = output((g, v), out)
+            launch(stream(), dy=g, y=v, dx=ptr(dx))
+            return dx
+    else:
+        def call(x, out):
+            x_ptr = ptr(x)
+            y = output((x_ptr,), out)
+            launch(stream(), x=x_ptr, y=ptr(y))
+            return y
 
     return out_native, call
 
 
-def decide(x, out, axis: int, in_dtype: DType, out_dtype: DType, cfg, device_id: int):
+def decide(kind, ins, out, axis: int, in_dtype: DType, out_dtype: DType, cfg, device_id: int):
     """(choice, layouts or None, reason) of a checked call (CuPy views; ``axis`` normalized):
     the pinned config, else the tuning database's for this key, else the heuristic."""
     reason = "pinned"
     if cfg is None:
-        tuned = tuned_config("softmax", tuning_key(x, axis, out=out))
+        tuned = tuned_config(kind.name, tuning_key(ins[0], axis, out=out))
         cfg = None if tuned is None else parse_config(tuned)
         reason = "heuristic" if cfg is None else "tuned"
-    choice, layouts = _plan(x, out, axis, in_dtype, out_dtype, cfg, device_id)
+    choice, layouts = _plan(kind, ins, out, axis, in_dtype, out_dtype, cfg, device_id)
     return choice, layouts, reason
 
 
-def checked(x, axis, out, config):
-    """(x, out, axis, in dtype, out dtype, config or None) of a call's arguments (CuPy
+def checked(kind, ins, axis, out, config):
+    """(inputs, out, axis, in dtype, out dtype, config or None) of a call's arguments (CuPy
     views), checked as the call checks them; ``out`` None stays None."""
-    check_array(x, "x")
-    in_dtype = check_dtype(x, "x")
-    ax = _check_axis(axis, x.ndim)
+    names = kind.inputs
+    for a, name in zip(ins, names):
+        check_array(a, name)
+    first, shape = names[0], ins[0].shape
+    in_dtype = check_dtype(ins[0], first)
+    for a, name in zip(ins[1:], names[1:]):
+        if a.shape != shape:
+            raise ArgumentValueError(f"{name}: expected shape {shape} ({first}'s), got "
+                                     f"{a.shape}")
+        if check_dtype(a, name) is not in_dtype:
+            raise ArgumentValueError(f"{name}: expected dtype {in_dtype.numpy_name} "
+                                     f"({first}'s), got {a.dtype}")
+    ax = _check_axis(axis, ins[0].ndim)
     cfg = None if config is None else parse_config(config)
+    if cfg is not None:
+        check_held(cfg, kind.backward)
     out_dtype = in_dtype
     if out is not None:
-        out_dtype = check_shaped(out, "out", x.shape, "(x's)", tuple(DType))
-        _check_out(x, out)
-    check_aligned(x, "x")
-    return x, out, ax, in_dtype, out_dtype, cfg
+        out_dtype = check_shaped(out, "out", shape, f"({first}'s)", tuple(DType))
+        check_out(out, dict(zip(names, ins)))
+    for a, name in zip(ins, names):
+        check_aligned(a, name)
+    return list(ins), out, ax, in_dtype, out_dtype, cfg
 
 
-def choice_rows(lx: AxisLayout, ly: AxisLayout) -> int:
-    return lx.outer if rows_fast(lx, ly) else lx.outer * lx.inner
+def choice_rows(*layouts: AxisLayout) -> int:
+    lx = layouts[0]
+    return lx.outer if rows_fast(*layouts) else lx.outer * lx.inner
 
 
 def tuning_key(x, axis: int = -1, *, out=None, config=None) -> dict:
-    """What keys the tuning database for a softmax of ``x``: the types, the vector length
-    (rounded up to a power of two), the vector count (likewise) and whether the vectors are
-    rows along a unit-stride last axis."""
+    """What keys the tuning database for a softmax (or its backward) of ``x`` (the backward:
+    of dy): the types, the vector length (rounded up to a power of two), the vector count
+    (likewise) and whether the vectors are rows along a unit-stride last axis."""
     ax = _check_axis(axis, x.ndim)
     shape = x.shape or (1,)
     n = shape[ax]
@@ -264,33 +314,38 @@ def tuning_key(x, axis: int = -1, *, out=None, config=None) -> dict:
             "rows_along_last_axis": last}
 
 
-def _plan(x, out, axis, in_dtype, out_dtype, cfg, device_id):
-    """(choice, (x's layout, y's layout)) of a call, or (choice, None) when x or out is
-    copied first (``_run``). ``out`` None: the new C-contiguous output a call would make
-    (explain, tune)."""
-    xv = x.reshape(1) if x.ndim == 0 else x
-    lx = axis_layout(xv.shape, _element_strides(xv), axis)
+def _as_vectors(a):
+    return a.reshape(1) if a.ndim == 0 else a
+
+
+def _plan(kind, ins, out, axis, in_dtype, out_dtype, cfg, device_id):
+    """(choice, layouts of the inputs and the output) of a call, or (choice, None) when an
+    array is copied first (``_run``). ``out`` None: the new C-contiguous output a call would
+    make (explain, tune)."""
+    vs = [_as_vectors(a) for a in ins]
+    shape = vs[0].shape
+    contiguous = axis_layout(shape, _contiguous_strides(shape), axis)
+    lins = [axis_layout(v.shape, _element_strides(v), axis) for v in vs]
     if out is None:
-        y_ptr, ly = 0, axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
+        y_ptr, ly = 0, contiguous
     else:
-        yv = out.reshape(1) if x.ndim == 0 else out
+        yv = _as_vectors(out)
         y_ptr, ly = yv.data.ptr, axis_layout(yv.shape, _element_strides(yv), axis)
-    copies = lx is None or ly is None
-    if lx is None:
-        lx = axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
-    if ly is None:
-        ly = axis_layout(xv.shape, _contiguous_strides(xv.shape), axis)
-    fast = rows_fast(lx, ly)
-    sms = sm_count(device_id)
-    if fast:
-        vec = 1 if copies else max_vec(xv.data.ptr, lx.outer_stride, y_ptr,
-                                       ly.outer_stride, in_dtype, out_dtype, lx.outer)
+    copies = ly is None or any(lay is None for lay in lins)
+    layouts = (*(lay or contiguous for lay in lins), ly or contiguous)
+    lx, sms = layouts[0], sm_count(device_id)
+    if rows_fast(*layouts):
+        spans = [(v.data.ptr, lay.outer_stride, in_dtype.itemsize)
+                 for v, lay in zip(vs, layouts)]
+        spans.append((y_ptr, layouts[-1].outer_stride, out_dtype.itemsize))
+        vec = 1 if copies else vector_width(access_width(in_dtype, out_dtype), spans,
+                                            lx.outer)
         choice = _choose(lx.outer, lx.n, in_dtype, sms, out_dtype=out_dtype, max_vec=vec,
-                         strided=False, config=cfg)
+                         strided=False, config=cfg, backward=kind.backward)
     else:
         choice = _choose(lx.outer * lx.inner, lx.n, in_dtype, sms, out_dtype=out_dtype,
-                         max_vec=1, strided=True, config=cfg)
-    return choice, None if copies else (lx, ly)
+                         max_vec=1, strided=True, config=cfg, backward=kind.backward)
+    return choice, None if copies else layouts
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
@@ -301,25 +356,30 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _run(x, out, axis, choice, stream_ptr: int) -> None:
-    """A call whose x or out cannot be walked as (outer, n, inner): x copied to a C-contiguous
-    array, or the result written to one and copied into ``out`` (on the launch stream)."""
+def _run(ins, out, axis, choice, stream_ptr: int) -> None:
+    """A call whose inputs or output cannot be walked as (outer, n, inner): such an input
+    copied to a C-contiguous array, or the result written to one and copied into ``out`` (on
+    the launch stream)."""
     cp = _cupy()
-    xv, yv = (x.reshape(1), out.reshape(1)) if x.ndim == 0 else (x, out)
-    lx = axis_layout(xv.shape, _element_strides(xv), axis)
-    if lx is None:
-        xv = cp.ascontiguousarray(xv)
-        lx = axis_layout(xv.shape, _element_strides(xv), axis)
-    target = yv
+    vs, layouts = [], []
+    for a in ins:
+        v = _as_vectors(a)
+        lay = axis_layout(v.shape, _element_strides(v), axis)
+        if lay is None:
+            v = cp.ascontiguousarray(v)
+            lay = axis_layout(v.shape, _element_strides(v), axis)
+        vs.append(v)
+        layouts.append(lay)
+    target = yv = _as_vectors(out)
     ly = axis_layout(yv.shape, _element_strides(yv), axis)
     if ly is None:
         yv = cp.empty(yv.shape, dtype=yv.dtype)
         ly = axis_layout(yv.shape, _element_strides(yv), axis)
+    layouts.append(ly)
     spec, device_id = choice.spec, cp.cuda.runtime.getDevice()
+    pointers = {name: a.data.ptr for name, a in zip((*spec.inputs, spec.output), (*vs, yv))}
     launcher_for(spec, device_id).launch(
-        choice.grid, choice.block, 0, stream_ptr, x=xv.data.ptr, y=yv.data.ptr,
-        rows=choice_rows(lx, ly), n=lx.n, inner=lx.inner, xo=lx.outer_stride,
-        xn=lx.n_stride, xi=lx.inner_stride, yo=ly.outer_stride, yn=ly.n_stride,
-        yi=ly.inner_stride)
+        choice.grid, choice.block, 0, stream_ptr, **pointers, rows=choice_rows(*layouts),
+        n=layouts[0].n, inner=layouts[0].inner, **_strides(spec, layouts))
     if yv is not target:
         target[...] = yv

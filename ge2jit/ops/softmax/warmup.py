@@ -1,8 +1,9 @@
-"""What a warm-up entry for softmax compiles: ``[[softmax]]`` tables (the warm-up module
-interface: ``validate_entry``, ``expand``, ``tuned_entries``, registered with the op)::
+"""What a warm-up entry for softmax or its backward compiles: ``[[softmax]]`` and
+``[[softmax_backward]]`` tables (the warm-up table interface: ``validate_entry``, ``expand``,
+``tuned_entries``, registered with the ops)::
 
     [[softmax]]
-    dtypes = ["bfloat16"]            # the input's types
+    dtypes = ["bfloat16"]            # the input's types (the backward: dy's and y's)
     out_dtypes = ["same"]            # the output's: "same" (the input's) or a type
     lengths = [128, 4096, 50000]     # row lengths: the kernels the heuristic takes for them
     configs = "heuristic"            # or "all" (every config that fits), or a list of names
@@ -23,6 +24,7 @@ from .spec import (
     WARP_ROWS,
     SoftmaxConfig,
     all_configs,
+    check_held,
     heuristic,
     make_spec,
     parse_config,
@@ -36,59 +38,79 @@ KEYS = {
     "out_dtypes": (f"a list of {sorted(OUTS)} (the output's type; 'same': the input's)",
                    ["same"]),
     "lengths": ("a non-empty list of row lengths (integers >= 1)", None),
-    "configs": ("'heuristic', 'all' or a list of config names such as 'block_1024_v32'",
+    "configs": ("'heuristic', 'all' or a list of config names such as 'block_1024_v16'",
                 "heuristic"),
     "strided": ("a list of booleans", [False]),
 }
 
 
-def validate_entry(entry: dict) -> dict:
-    """Check one table; raise ArgumentValueError naming the key."""
-    check_keys(entry, KEYS)
-    lengths = entry.get("lengths")
-    if not isinstance(lengths, list) or not lengths or any(
-            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LENGTH
-            for n in lengths):
-        raise ArgumentValueError(f"lengths: expected {KEYS['lengths'][0]}, got {lengths!r}")
-    configs = entry.get("configs", KEYS["configs"][1])
-    if isinstance(configs, list) and configs:
-        configs = [parse_config(c).name for c in configs]
-    elif configs not in ("heuristic", "all"):
-        raise ArgumentValueError(f"configs: expected {KEYS['configs'][0]}, got {configs!r}")
-    return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
-            "out_dtypes": check_list(entry, "out_dtypes", OUTS, KEYS),
-            "lengths": lengths, "configs": configs,
-            "strided": check_list(entry, "strided", [False, True], KEYS)}
+class Table:
+    """The warm-up table of the forward (``backward`` False) or of the backward."""
+
+    def __init__(self, backward: bool):
+        self.backward = backward
+
+    def validate_entry(self, entry: dict) -> dict:
+        """Check one table; raise ArgumentValueError naming the key."""
+        check_keys(entry, KEYS)
+        lengths = entry.get("lengths")
+        if not isinstance(lengths, list) or not lengths or any(
+                isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LENGTH
+                for n in lengths):
+            raise ArgumentValueError(f"lengths: expected {KEYS['lengths'][0]}, got "
+                                     f"{lengths!r}")
+        configs = entry.get("configs", KEYS["configs"][1])
+        if isinstance(configs, list) and configs:
+            parsed = [parse_config(c) for c in configs]
+            for c in parsed:
+                check_held(c, self.backward)
+            configs = [c.name for c in parsed]
+        elif configs not in ("heuristic", "all"):
+            raise ArgumentValueError(f"configs: expected {KEYS['configs'][0]}, got "
+                                     f"{configs!r}")
+        return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
+                "out_dtypes": check_list(entry, "out_dtypes", OUTS, KEYS),
+                "lengths": lengths, "configs": configs,
+                "strided": check_list(entry, "strided", [False, True], KEYS)}
+
+    def _heuristic_configs(self, n: int, dtype, out_dtype, sms: int) -> list[SoftmaxConfig]:
+        most = heuristic(2**62, n, dtype, out_dtype, sms, backward=self.backward)
+        if most.variant != "warp":
+            return [most]
+        return [SoftmaxConfig("warp", most.threads, vpt=most.vpt, lanes=most.lanes, rows=r)
+                for r in WARP_ROWS if r <= most.rows]
+
+    def expand(self, entry: dict, arch: str, *, sms=None, tuned=()) -> list:
+        """The kernels of the entry (the same for every architecture)."""
+        sms, bw = sms or 132, self.backward
+        specs = []
+        for d, o in itertools.product(entry["dtypes"], entry["out_dtypes"]):
+            in_dt = SUPPORTED_DTYPES[d]
+            out_dt = OUTS[o] or in_dt
+            for n in entry["lengths"]:
+                if entry["configs"] == "heuristic":
+                    configs = self._heuristic_configs(n, in_dt, out_dt, sms)
+                elif entry["configs"] == "all":
+                    configs = [c for c in all_configs(bw) if c.fits(n, False, bw)]
+                else:
+                    configs = [c for c in map(parse_config, entry["configs"])
+                               if c.fits(n, False, bw)]
+                specs += [make_spec(c, in_dt, out_dt, backward=bw) for c in configs]
+                if True in entry["strided"]:
+                    specs.append(make_spec(heuristic(1, n, in_dt, out_dt, sms, strided=True),
+                                           in_dt, out_dt, backward=bw))
+        return list(dict.fromkeys(specs))
+
+    def tuned_entries(self, records, arch: str) -> list:
+        return []
 
 
-def _heuristic_configs(n: int, dtype, out_dtype, sms: int) -> list[SoftmaxConfig]:
-    most = heuristic(2**62, n, dtype, out_dtype, sms)
-    if most.variant != "warp":
-        return [most]
-    return [SoftmaxConfig("warp", most.threads, vpt=most.vpt, lanes=most.lanes, rows=r)
-            for r in WARP_ROWS if r <= most.rows]
+FORWARD = Table(False)
+BACKWARD = Table(True)
+#: the table of each direction (by ``backward``)
+TABLES = {False: FORWARD, True: BACKWARD}
 
-
-def expand(entry: dict, arch: str, *, sms=None, tuned=()) -> list:
-    """The softmax kernels of the entry (the same for every architecture)."""
-    sms = sms or 132
-    specs = []
-    for d, o in itertools.product(entry["dtypes"], entry["out_dtypes"]):
-        in_dt = SUPPORTED_DTYPES[d]
-        out_dt = OUTS[o] or in_dt
-        for n in entry["lengths"]:
-            if entry["configs"] == "heuristic":
-                configs = _heuristic_configs(n, in_dt, out_dt, sms)
-            elif entry["configs"] == "all":
-                configs = [c for c in all_configs() if c.fits(n, False)]
-            else:
-                configs = [c for c in map(parse_config, entry["configs"]) if c.fits(n, False)]
-            specs += [make_spec(c, in_dt, out_dt) for c in configs]
-            if True in entry["strided"]:
-                specs.append(make_spec(heuristic(1, n, in_dt, out_dt, sms, strided=True),
-                                       in_dt, out_dt))
-    return list(dict.fromkeys(specs))
-
-
-def tuned_entries(records, arch: str) -> list:
-    return []
+# the forward's table as this module's functions
+validate_entry = FORWARD.validate_entry
+expand = FORWARD.expand
+tuned_entries = FORWARD.tuned_entries

@@ -36,13 +36,10 @@ from ge2jit.ops.norm.reference import (
 )
 from ge2jit.ops.norm.spec import all_backward_configs, all_configs
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
-cp = pytest.importorskip("cupy")
+from ...gpu_arrays import BF16, DT, DTYPES, cp, host, poisoned, same_bits
+
 pytestmark = pytest.mark.gpu
 
-DTYPES = ["float32", "float16", "bfloat16"]
-DT = {d: np.dtype(ml_dtypes.bfloat16 if d == "bfloat16" else d) for d in DTYPES}
-BF16 = DT["bfloat16"]
 KINDS = ["rms", "layer"]
 #: one rounding of a result to its type, relative (a whole unit: see the module's docstring)
 ROUNDING = {"float32": 1e-6, "float16": 2.0**-10, "bfloat16": 2.0**-7}
@@ -68,27 +65,14 @@ def host_rand(shape, dtype, scale: float = 1.0, shift: float = 0.0) -> np.ndarra
     return v.astype(dtype)
 
 
-def poisoned(shape, dtype):
-    return cp.full(shape, np.nan, dtype=np.float32).astype(dtype)
-
-
 def f64(a) -> np.ndarray:
-    a = cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
-    return a.astype(np.float64)
-
-
-def same_bits(a, b) -> bool:
-    a = cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
-    b = cp.asnumpy(b) if isinstance(b, cp.ndarray) else np.asarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
-        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+    return host(a).astype(np.float64)
 
 
 def same_values(a, b) -> bool:
     """The same type and values (exactly; NaN where NaN, whatever its payload: the GPU's
     arithmetic makes the canonical NaN, NumPy keeps the input's)."""
-    a = cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
-    b = cp.asnumpy(b) if isinstance(b, cp.ndarray) else np.asarray(b)
+    a, b = host(a), host(b)
     return a.dtype == b.dtype and np.array_equal(a.astype(np.float64), b.astype(np.float64),
                                                  equal_nan=True)
 

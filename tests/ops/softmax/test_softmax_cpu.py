@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 import ge2jit
-from ge2jit.jit.cache import KernelCache
-from ge2jit.jit.loader import build
 from ge2jit.jit.render import render
 from ge2jit.ops.softmax import (
     SoftmaxConfig,
@@ -25,13 +23,13 @@ from ge2jit.ops.softmax import (
     parse_config,
     softmax,
 )
-from ge2jit.ops.softmax import op as softmax_op
-from ge2jit.ops.softmax.op import axis_layout, max_vec, rows_fast
+from ge2jit.ops.softmax.op import axis_layout, rows_fast
 from ge2jit.ops.softmax.spec import access_width
-from ge2jit.runtime import arrays, checks
 from ge2jit.runtime.dtypes import DType
+from ge2jit.runtime.rows import vector_width
 
-from ...fake_cupy import FakeArray, make_module
+from ...fake_cupy import FakeArray
+from ...kernel_checks import check_clean_build
 
 ARCHS = ["sm_80", "sm_90"]
 SAME = [(DType.F32, DType.F32), (DType.BF16, DType.BF16), (DType.F16, DType.F16)]
@@ -191,8 +189,9 @@ def test_kernel_names_are_unique_per_specialization():
 def _compile_cases():
     """Every kernel the heuristic chooses (every dtype pair, 16-byte accesses); every config
     with 16-byte accesses of float32 and bfloat16 and with single-element accesses of float16;
-    the 4- and 8-byte accesses of 16-bit types on one config of each variant. (Every config x
-    every dtype pair x every width: ``-m slow``.)"""
+    the 4- and 8-byte accesses of 16-bit types on one config of each variant; the same for the
+    backward (its heuristic's kernels, its configs). (Every config x every dtype pair x every
+    width, both directions: ``-m slow``.)"""
     specs = set()
     for (i, o), n, rows in itertools.product(SAME + MIXED, LENGTHS, [7, 100_000]):
         specs.add(choose(rows, n, i, 132, out_dtype=o).spec)
@@ -205,37 +204,34 @@ def _compile_cases():
             ["warp8_v8_r4", "warp32_v32_r1", "block_1024_v32", "loop_1024"],
             [(DType.BF16, DType.BF16), (DType.F16, DType.BF16)], (2, 4)):
         specs.add(make_spec(parse_config(name), i, o, v))
+    # the backward's: every kernel its heuristic chooses, every config it accepts
+    for (i, o), n, rows in itertools.product(SAME + MIXED, LENGTHS, [7, 100_000]):
+        specs.add(choose(rows, n, i, 132, out_dtype=o, backward=True).spec)
+        specs.add(choose(rows, n, i, 132, out_dtype=o, strided=True, backward=True).spec)
+    for c, (d, v) in itertools.product(all_configs(backward=True),
+                                       [(DType.F32, 8), (DType.BF16, 8), (DType.F16, 1)]):
+        specs.add(make_spec(c, d, d, v, backward=True))
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
 CASES = _compile_cases()
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return KernelCache(tmp_path_factory.mktemp("softmax-compile-cache"))
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", CASES, ids=lambda s: s.kernel_name)
-def test_compiles_without_spills(spec, arch, cache):
-    entry, _ = build(spec, arch, cache=cache)
-    assert entry.kernel_name == spec.kernel_name and entry.arch == arch
-    assert entry.cubin[:4] == b"\x7fELF"
+def test_compiles_without_spills(spec, arch, compile_cache):
     # at least 1024 threads per multiprocessor (the kernels' launch bounds): 64 registers
-    assert 0 < entry.registers <= 64, (spec.kernel_name, entry.registers)
-    assert entry.spill_stores == 0 and entry.spill_loads == 0, (spec.kernel_name, entry.log)
-    assert entry.stack_bytes == 0, (spec.kernel_name, entry.log)
-    assert entry.shared_bytes <= 256, (spec.kernel_name, entry.shared_bytes)
+    check_clean_build(spec, arch, compile_cache)
 
 
 @pytest.mark.slow
 def test_every_spec_compiles_without_spills(tmp_path):
-    """Every config x every dtype pair x every access width, for both architectures."""
+    """Every config x every dtype pair x every access width, both directions, for both
+    architectures."""
     from ge2jit.jit.parallel import compile_many
 
-    specs = {make_spec(c, i, o, v) for c in all_configs() for i, o in SAME + MIXED
-             for v in (1, 2, 4, 8)}
+    specs = {make_spec(c, i, o, v, backward=b) for b in (False, True)
+             for c in all_configs(b) for i, o in SAME + MIXED for v in (1, 2, 4, 8)}
     jobs = [(s, a) for s in sorted(specs, key=lambda s: s.kernel_name) for a in ARCHS]
     outcomes = compile_many(jobs, cache_root=tmp_path)
     bad = [o for o in outcomes if o.status == "failed" or o.spill_bytes or o.stack_bytes]
@@ -281,6 +277,12 @@ def test_axis_layout_of_views():
     assert axis_layout(one.shape, _el(one), 2) == (4, 10, 1, 80, 1, 0)
 
 
+def max_vec(x_ptr, x_row, y_ptr, y_row, in_dtype, out_dtype, rows):
+    return vector_width(access_width(in_dtype, out_dtype),
+                        [(x_ptr, x_row, in_dtype.itemsize), (y_ptr, y_row, out_dtype.itemsize)],
+                        rows)
+
+
 def test_vector_width_follows_pointers_and_row_strides():
     f32, bf16 = DType.F32, DType.BF16
     assert max_vec(4096, 1024, 8192, 1024, f32, f32, 10) == 4
@@ -292,27 +294,12 @@ def test_vector_width_follows_pointers_and_row_strides():
     assert max_vec(4096, 1024, 8192 + 8, 1024, bf16, bf16, 10) == 4
     assert max_vec(4096, 1024, 8192, 1024, bf16, f32, 10) == 4
     assert max_vec(4096, -1024, 8192, 1024, f32, f32, 10) == 4    # negative row stride
+    # three arrays (the backward's dy, y and dx): the narrowest allowance wins
+    assert vector_width(8, [(4096, 1024, 2), (8192 + 4, 1024, 2), (0, 1024, 2)], 3) == 2
+    assert vector_width(8, [(4096, 1024, 2), (8192, 1028, 2), (0, 1024, 2)], 3) == 4
 
 
 # ---- argument checks, on stand-in arrays
-
-@pytest.fixture
-def fake(monkeypatch):
-    module = make_module(0)
-    module.empty = lambda shape, dtype: FakeArray(shape, dtype)
-    monkeypatch.setattr(checks, "_cupy", lambda: module)
-    monkeypatch.setattr(softmax_op, "_cupy", lambda: module)
-    monkeypatch.setattr(arrays, "_cupy_mod", module)     # stand-ins are CuPy arrays
-    monkeypatch.setattr(arrays, "current_device", lambda: 0)
-    runs = []
-
-    def execute(*args):   # (fw, x, out, axis, in dtype, out dtype, config, device, result, ..)
-        runs.append(args)
-        return args[8], None
-
-    monkeypatch.setattr(softmax_op, "_execute", execute)
-    return runs
-
 
 def test_non_cupy_inputs_are_refused(fake):
     with pytest.raises(ge2jit.ArgumentTypeError,
@@ -368,7 +355,7 @@ def test_partial_overlap_is_refused_exact_overlap_runs_in_place(fake):
     shifted = FakeArray((4, 3), base=x.base, offset=4)
     with pytest.raises(ge2jit.ArgumentValueError,
                        match=r"out: overlaps x without being x \(x bytes \[0x[0-9a-f]+, "
-                             r"0x[0-9a-f]+\), out bytes .*; pass out=x for an in-place"):
+                             r"0x[0-9a-f]+\), out bytes .*; pass out=x to write in place"):
         softmax(x, out=shifted)
     transposed = FakeArray((3, 4), base=x.base).T                  # same bytes, other strides
     with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps x without being x"):

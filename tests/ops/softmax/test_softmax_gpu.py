@@ -23,14 +23,12 @@ import pytest
 
 import ge2jit
 from ge2jit.ops.softmax import all_configs, choose, heuristic, parse_config, softmax
+from ge2jit.ops.softmax.reference import softmax_ref as reference
 
-cp = pytest.importorskip("cupy")
-ml_dtypes = pytest.importorskip("ml_dtypes")
-pytestmark = pytest.mark.gpu
+from ...gpu_arrays import BF16, DT, DTYPES, cp, poisoned, same_bits
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DT = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16}
-DTYPES = list(DT)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory")]
+
 TOL = {"float32": (4e-6, 1e-9), "float16": (1e-3, 2.0**-24), "bfloat16": (8e-3, 1e-9)}
 LENGTHS = [1, 2, 31, 32, 33, 1000, 1024, 4097, 32768, 65536,
            7, 129, 777, 2049, 12345, 40000]           # the last six: "random" lengths
@@ -39,26 +37,9 @@ ROW_COUNTS = [1, 3, 130]
 _rng = np.random.default_rng(2024)
 
 
-@pytest.fixture(autouse=True)
-def _free_memory():
-    yield
-    cp.get_default_memory_pool().free_all_blocks()
-
-
 def host_rand(shape, dtype, scale: float = 2.0) -> np.ndarray:
     """Standard normal values times ``scale``, rounded to ``dtype`` (never all zeros)."""
     return (_rng.standard_normal(shape) * scale).astype(np.float32).astype(dtype)
-
-
-def poisoned(shape, dtype):
-    return cp.full(shape, np.nan, dtype=np.float32).astype(dtype)
-
-
-def reference(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    x = np.asarray(x).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-        return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def check(y, x_host: np.ndarray, axis: int = -1, dtype: str | None = None) -> None:
@@ -71,11 +52,6 @@ def check(y, x_host: np.ndarray, axis: int = -1, dtype: str | None = None) -> No
     rtol, atol = TOL[want.name]
     np.testing.assert_allclose(got.astype(np.float64), reference(x_host, axis), rtol=rtol,
                                atol=atol, equal_nan=True)
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(np.ascontiguousarray(a).view(np.uint8),
-                                                 np.ascontiguousarray(b).view(np.uint8))
 
 
 def special_rows(n: int, dtype) -> np.ndarray:
