@@ -115,7 +115,9 @@ __device__ __forceinline__ void group_pair(float& m, float& s) {
 __device__ __forceinline__ void kahan_add(float& s, float& comp, float add) {
     const float a = add - comp;
     const float t = s + a;
-    comp = (t - s) - a;
+    // (once the sum is infinite or NaN, (t - s) - a is NaN: the sum goes on uncompensated,
+    // as a plain one would, and an infinite sum stays infinite)
+    comp = isfinite(t) ? (t - s) - a : 0.0f;
     s = t;
 }
 
