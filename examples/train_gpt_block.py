@@ -45,25 +45,34 @@ each step); ``--json PATH`` writes them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
+import os
 import sys
-import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
-import ge2jit.graph
 import ge2jit.torch as gt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/_common.py
+from _common import (  # noqa: E402
+    TrainResult,
+    add_training_arguments,
+    check_sizes,
+    copy_batch,
+    copy_loss,
+    evaluate,
+    median_of_last_half,
+    no_gpu_message,
+    report,
+    run_steps,
+)
 
 MODES = ("eager", "compile", "graph")
 
-NO_GPU = ("train_gpt_block.py: no CUDA GPU found (torch.cuda.is_available() is False); "
-          "training needs one.")
+NO_GPU = no_gpu_message("train_gpt_block.py")
 
 
 # --- the model -----------------------------------------------------------------------------
@@ -163,67 +172,11 @@ def init_weights(model: GPT, seed: int) -> None:
                     m.bias.zero_()
 
 
-# --- the task ------------------------------------------------------------------------------
-
-def copy_batch(gen: torch.Generator, batch: int, seq: int, vocab: int, device):
-    """``(x, targets)``: x (batch, seq) holds ``seq / 2`` random tokens, the separator
-    (token ``vocab``) and the first ``seq / 2 - 1`` tokens again; targets (batch, seq / 2)
-    are the random tokens, which the logits at positions ``seq / 2 ..`` must predict."""
-    half = seq // 2
-    tokens = torch.randint(0, vocab, (batch, half), generator=gen, device=device)
-    sep = torch.full((batch, 1), vocab, dtype=tokens.dtype, device=device)
-    x = torch.cat([tokens, sep, tokens[:, :-1]], dim=1)
-    return x, tokens
-
-
-def copy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the copied half (the last ``targets.shape[1]`` positions)."""
-    half = targets.shape[1]
-    copied = logits[:, -half:]
-    return F.cross_entropy(copied.reshape(-1, copied.shape[-1]), targets.reshape(-1))
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, amp: bool):
-    """(loss, accuracy of the argmax) on the copied half of a batch, as Python floats."""
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        logits = model(x)
-        loss = copy_loss(logits, targets)
-    predicted = logits[:, -targets.shape[1]:].argmax(dim=-1)
-    return float(loss), float((predicted == targets).float().mean())
-
-
 # --- training ------------------------------------------------------------------------------
 
-@dataclass
-class Result:
-    mode: str
-    dtype: str
+@dataclass(kw_only=True)
+class Result(TrainResult):
     baseline: bool
-    steps: int
-    final_loss: float          # the training loss of the last step
-    accuracy: float            # the copy's accuracy on the held-out batch
-    eval_loss: float           # the loss on the held-out batch
-    step_ms: float             # median time of a step over the last half of the steps
-    losses: list = field(default_factory=list)         # the training loss of every step
-    step_times_ms: list = field(default_factory=list)  # every step's time (CUDA events)
-    config: dict = field(default_factory=dict)
-
-    def summary(self) -> dict:
-        """What ``--json`` writes: everything but the per-step lists."""
-        out = asdict(self)
-        del out["losses"], out["step_times_ms"]
-        return out
-
-
-def check_sizes(*, seq: int, d: int, heads: int, steps: int, log_every: int) -> None:
-    """Raises ValueError, naming the option, for sizes the model or the loop cannot take."""
-    if seq < 2 or seq % 2:
-        raise ValueError(f"seq: expected an even number >= 2, got {seq}")
-    if heads < 1 or d % heads:
-        raise ValueError(f"d: {d} is not divisible by heads ({heads})")
-    if steps < 1 or log_every < 1:
-        raise ValueError(f"steps, log_every: expected at least 1, got {steps}, {log_every}")
 
 
 def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, d: int = 256,
@@ -261,68 +214,23 @@ def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, 
 
     data = torch.Generator(device=device).manual_seed(seed)
     held_out = torch.Generator(device=device).manual_seed(seed + 2**31)
-    log = torch.zeros(steps, device=device)   # the losses, kept on the GPU until the end
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
     what = f"{mode}, {dtype}{', baseline' if baseline else ''}"
-    bar = tqdm(range(steps), desc=f"copy ({what})", unit="step", disable=not progress)
-    step = None
-    for i in bar:
-        x, targets = copy_batch(data, batch, seq, vocab, device)
-        starts[i].record()
-        if mode != "graph":
-            loss = train_step(x, targets)
-        elif step is None:
-            # One warm-up run (a real training step on this batch: the first step) creates
-            # the gradients and AdamW's state and loads every kernel; then the step is
-            # captured (the capture runs nothing). With one warm-up the graph run trains on
-            # the same batches as an eager run. AdamW warns that a capturable instance runs
-            # uncaptured: that is the warm-up, meant.
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="This instance was constructed with "
-                                        "capturable=True")
-                step = ge2jit.graph.capture(train_step, x, targets, warmup=1, backend="torch")
-            loss = step.warmup_outputs
-        else:
-            loss = step(x, targets)   # the batch copied in, one replay
-        ends[i].record()
-        log[i].copy_(loss)
-        if (i + 1) % log_every == 0 or i + 1 == steps:
-            bar.set_postfix(loss=f"{float(loss):.4f}")   # a read-back, outside the step
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    losses = log.tolist()
+    losses, times = run_steps(train_step, lambda: copy_batch(data, batch, seq, vocab, device),
+                              steps=steps, graph=mode == "graph", log_every=log_every,
+                              desc=f"copy ({what})", progress=progress, device=device)
     eval_loss, accuracy = evaluate(model, *copy_batch(held_out, eval_batch, seq, vocab, device),
                                    amp)
     return Result(mode=mode, dtype=dtype, baseline=baseline, steps=steps,
                   final_loss=losses[-1], accuracy=accuracy, eval_loss=eval_loss,
-                  step_ms=statistics.median(times[steps // 2:]), losses=losses,
+                  step_ms=median_of_last_half(times), losses=losses,
                   step_times_ms=times, config=config)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--compile", action="store_true",
-                       help="torch.compile the model (fullgraph=True)")
-    group.add_argument("--graph", action="store_true",
-                       help="capture the whole training step as a CUDA graph and replay it")
+    add_training_arguments(parser)
     parser.add_argument("--baseline", action="store_true",
                         help="PyTorch's nn.Linear and MLP instead of ge2jit's layers")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="bfloat16: float32 parameters, the forward under autocast")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=64, help="tokens the model reads (even)")
-    parser.add_argument("--vocab", type=int, default=64)
-    parser.add_argument("--d", type=int, default=256, help="model width")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-every", type=int, default=10,
-                        help="read the loss back for the progress bar every N steps")
-    parser.add_argument("--json", metavar="PATH", help="write the results there")
     args = parser.parse_args(argv)
     try:
         check_sizes(seq=args.seq, d=args.d, heads=args.heads, steps=args.steps,
@@ -337,12 +245,7 @@ def main(argv=None) -> int:
                    d=args.d, heads=args.heads, layers=args.layers, lr=args.lr,
                    dtype=args.dtype, mode=mode, baseline=args.baseline, seed=args.seed,
                    log_every=args.log_every)
-    print(f"final loss {result.final_loss:.4f}, copy accuracy {100 * result.accuracy:.1f}%")
-    print(f"step time: {result.step_ms:.3f} ms (median of the last half of the steps)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.summary(), f, indent=2)
-            f.write("\n")
+    report(result, args.json)
     return 0
 
 

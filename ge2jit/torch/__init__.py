@@ -5,6 +5,8 @@ in ge2jit does.
     import ge2jit.torch as gt
     layer = gt.Linear(1024, 4096, act="gelu_tanh", device="cuda", dtype=torch.bfloat16)
     block = gt.MLP([1024, 4096, 1024], act="gelu_tanh", device="cuda")
+    swiglu = gt.GatedMLP(4096, 11008, act="silu", device="cuda", dtype=torch.bfloat16)
+    h = gt.gemm_gated(x, w_gate_up.t(), act="silu")     # silu(x @ W_gate.T) * (x @ W_up.T)
     y = gt.gemm_bias_act(a, b, bias, act="relu")        # differentiable
     p = gt.softmax(y, dim=-1)                           # differentiable
     loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
@@ -21,13 +23,15 @@ otherwise.
 from __future__ import annotations
 
 from ..ops.cross_entropy.torch_ops import cross_entropy
-from ..ops.gemm.torch_modules import MLP, Linear
-from ..ops.gemm.torch_ops import gemm_bias_act, mlp
+from ..ops.gemm.gated import interleave_gate_up, split_gate_up
+from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
+from ..ops.gemm.torch_ops import gemm_bias_act, gemm_gated, mlp
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
 from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
 
-__all__ = ["Linear", "MLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "mlp", "softmax",
+__all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
+           "interleave_gate_up", "split_gate_up", "mlp", "softmax",
            "cross_entropy", "rms_norm", "layer_norm", "precision_for", "FLOAT32_PRECISION",
            "NAMESPACE"]

@@ -1,5 +1,7 @@
 """``nn.Module`` layers on ge2jit's GEMM custom ops: ``Linear`` (one fused GEMM, bias and
-activation) and ``MLP`` (a stack whose backward is chained). Imported by ``ge2jit.torch``."""
+activation), ``MLP`` (a stack whose backward is chained) and ``GatedMLP`` (a gated linear
+unit's MLP: gate and up in one gated GEMM, then the down projection). Imported by
+``ge2jit.torch``."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 from torch import nn
 
 from .epilogue import ACT_NAMES
-from .torch_ops import gemm_bias_act, mlp
+from .torch_ops import gemm_bias_act, gemm_gated, mlp
 
 
 def _check_act(act, name: str = "act") -> str:
@@ -106,3 +108,80 @@ class MLP(nn.Module):
                 [m.bias for m in self.layers], self.acts, leaky_slope=self.leaky_slope,
                 precision=self.precision)
         return y.reshape(*x.shape[:-1], last.out_features)
+
+
+class GatedMLP(nn.Module):
+    """The MLP of LLaMA-style blocks: ``down(act(x @ W_gate.T) * (x @ W_up.T))`` (SwiGLU with
+    ``act="silu"``; GeGLU with "gelu" or "gelu_tanh"), the gate and up projections as one
+    ``gemm_gated`` (one GEMM whose epilogue writes the (…, hidden) product once, nothing
+    2 x hidden wide in memory but the pre-activations the backward keeps) and the down
+    projection as a ``gemm_bias_act``; differentiable through ge2jit's backwards, in eager
+    mode, under ``torch.compile`` and in CUDA-graph capture.
+
+    Parameters: ``gate_up`` of (2 * hidden, d_model), its rows alternating the gate's and the
+    up projection's (row 2j: the gate's row j, 2j + 1: up's row j; ``split_gate_up`` of its
+    transpose gives the two (d_model, hidden) halves as views), ``gate_up_bias`` (2 * hidden,)
+    interleaved alike when ``bias``, ``down`` of (d_model, hidden) and ``down_bias``; each
+    initialized as ``nn.Linear``'s. ``from_linears(gate, up, down)`` builds one from three
+    ``nn.Linear`` layers (a Hugging Face LLaMA MLP's ``gate_proj``, ``up_proj``, ``down_proj``).
+    Precision and autocast as in ``Linear``.
+    """
+
+    def __init__(self, d_model: int, hidden: int, act: str = "silu", bias: bool = False, *,
+                 precision: str | None = None, device=None, dtype=None):
+        super().__init__()
+        self.d_model, self.hidden = int(d_model), int(hidden)
+        if self.d_model < 1 or self.hidden < 1:
+            raise ValueError(f"d_model, hidden: expected positive sizes, got {d_model}, "
+                             f"{hidden}")
+        self.act, self.precision = _check_act(act), precision
+        kw = {"device": device, "dtype": dtype}
+        self.gate_up = nn.Parameter(torch.empty((2 * self.hidden, self.d_model), **kw))
+        self.gate_up_bias = (nn.Parameter(torch.empty(2 * self.hidden, **kw)) if bias
+                             else None)
+        self.down = nn.Parameter(torch.empty((self.d_model, self.hidden), **kw))
+        self.down_bias = nn.Parameter(torch.empty(self.d_model, **kw)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialization of each projection (gate and up: fan-in d_model)."""
+        for w, b, fan_in in ((self.gate_up, self.gate_up_bias, self.d_model),
+                             (self.down, self.down_bias, self.hidden)):
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            if b is not None:
+                bound = 1 / math.sqrt(fan_in)
+                nn.init.uniform_(b, -bound, bound)
+
+    @classmethod
+    def from_linears(cls, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
+                     act: str = "silu", **kw) -> GatedMLP:
+        """A GatedMLP computing ``down(act(gate(x)) * up(x))`` with copies of these layers'
+        parameters (the gate's and up's rows interleaved)."""
+        if gate.weight.shape != up.weight.shape or down.weight.shape[::-1] != \
+                gate.weight.shape or (gate.bias is None) != (up.bias is None) or \
+                (gate.bias is None) != (down.bias is None):
+            raise ValueError("gate, up, down: expected Linear(d, h), Linear(d, h) and "
+                             "Linear(h, d), all with biases or all without")
+        hidden, d_model = gate.weight.shape
+        w = gate.weight
+        out = cls(d_model, hidden, act, gate.bias is not None, device=w.device, dtype=w.dtype,
+                  **kw)
+        with torch.no_grad():
+            out.gate_up[0::2].copy_(gate.weight)
+            out.gate_up[1::2].copy_(up.weight)
+            out.down.copy_(down.weight)
+            if gate.bias is not None:
+                out.gate_up_bias[0::2].copy_(gate.bias)
+                out.gate_up_bias[1::2].copy_(up.bias)
+                out.down_bias.copy_(down.bias)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = gemm_gated(_flat(x, self.d_model), self.gate_up.t(), self.gate_up_bias,
+                       act=self.act, precision=self.precision)
+        y = gemm_bias_act(h, self.down.t(), self.down_bias, precision=self.precision)
+        return y.reshape(*x.shape[:-1], self.d_model)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, hidden={self.hidden}, act={self.act!r}, "
+                f"bias={self.down_bias is not None}")

@@ -24,6 +24,8 @@ from ...runtime.torchlib import (
 )
 from .backward import gemm_bias_act_backward as _backward
 from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
+from .gated import gemm_gated as _gated_forward
+from .gated import gemm_gated_backward as _gated_backward
 from .op import gemm_bias_act as _forward
 from .problem import layout_by_strides
 from .spec import Layout
@@ -144,6 +146,91 @@ def _(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs):
             out.append(torch.empty_like(x, memory_format=torch.contiguous_format))
         else:
             out.append(_gradient_like(x, shape) if x is b else x.new_empty(shape))
+    return out
+
+
+# --- the gated GEMM ------------------------------------------------------------------------
+
+def _gated(a: Tensor, b: Tensor, bias: Tensor | None, act: str, alpha: float,
+           leaky_slope: float, precision: str | None, save_preact: bool
+           ) -> tuple[Tensor, Tensor]:
+    """``(Y, Z)`` of ``ge2jit.gemm_gated`` (Z empty without ``save_preact``)."""
+    out = _gated_forward(a, b, bias, act=act, alpha=alpha, leaky_slope=leaky_slope,
+                         save_preact=save_preact, precision=precision)
+    if save_preact:
+        return out
+    return out, absent(out)
+
+
+gemm_gated_op = torch.library.custom_op(op_name("gemm_gated"), mutates_args=(),
+                                        device_types="cuda")(_gated)
+
+
+@gemm_gated_op.register_fake
+def _(a, b, bias, act, alpha, leaky_slope, precision, save_preact):
+    torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
+    torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
+    torch._check(b.shape[1] % 2 == 0, lambda: f"b: expected (K, 2N), got {tuple(b.shape)}")
+    z = a.new_empty((a.shape[0], b.shape[1]))
+    return a.new_empty((a.shape[0], b.shape[1] // 2)), (z if save_preact else absent(z))
+
+
+def _gated_setup(ctx, inputs, output):
+    a, b, bias, act, alpha, leaky_slope, precision, save_preact = inputs
+    y, z = output
+    ctx.mark_non_differentiable(z)
+    ctx.set_materialize_grads(False)
+    ctx.scalars = (act, alpha, leaky_slope, precision)
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(a, b, bias, z if save_preact else None)
+
+
+def _gated_grads(ctx, gy, backward):
+    """The gradients of ``_gated``'s inputs, by ``backward`` (the backward op, or in eager
+    mode its implementation)."""
+    if gy is None:
+        return (None,) * 8
+    a, b, bias, z = ctx.saved_tensors
+    act, alpha, leaky_slope, precision = ctx.scalars
+    needs = [bool(n) for n in ctx.needs_input_grad[:3]]
+    needs[2] = needs[2] and ctx.has_bias
+    grads = backward(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs)
+    return (*(g if n else None for g, n in zip(grads, needs)), None, None, None, None, None)
+
+
+def _gated_autograd(ctx, gy, gz):
+    return _gated_grads(ctx, gy, torch.ops.ge2jit.gemm_gated_backward)
+
+
+gemm_gated_op.register_autograd(_gated_autograd, setup_context=_gated_setup)
+
+
+def _gated_backward_impl(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None,
+                         z: Tensor | None, act: str, alpha: float, leaky_slope: float,
+                         precision: str | None, needs: list[bool]) -> list[Tensor]:
+    """``[dA, dB, dBias]`` of ``ge2jit.gemm_gated_backward`` (empty where ``needs``, over
+    (a, b, bias), is false)."""
+    names = tuple(n for n, want in zip(("a", "b", "bias"), needs) if want)
+    g = _gated_backward(gy, a, b, bias, act=act, z=z, alpha=alpha, leaky_slope=leaky_slope,
+                        needs=names, precision=precision)
+    return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias)]
+
+
+gemm_gated_backward_op = torch.library.custom_op(
+    op_name("gemm_gated_backward"), mutates_args=(), device_types="cuda")(_gated_backward_impl)
+
+
+@gemm_gated_backward_op.register_fake
+def _(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs):
+    out = []
+    for x, want in zip((a, b, bias), needs):
+        if not want or x is None:
+            out.append(absent(gy))
+        elif x is b:
+            out.append(_gradient_like(b, tuple(b.shape)))
+        else:
+            out.append(x.new_empty(x.shape) if x is a
+                       else torch.empty_like(x, memory_format=torch.contiguous_format))
     return out
 
 
@@ -309,6 +396,18 @@ class _GemmFunction(torch.autograd.Function):
         return _gemm_grads(ctx, gy, _gemm_backward)
 
 
+class _GatedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(a, b, bias, act, alpha, leaky_slope, precision, save_preact):
+        return _gated(a, b, bias, act, alpha, leaky_slope, precision, save_preact)
+
+    setup_context = staticmethod(_gated_setup)
+
+    @staticmethod
+    def backward(ctx, gy, gz):
+        return _gated_grads(ctx, gy, _gated_backward_impl)
+
+
 class _MLPFunction(torch.autograd.Function):
     """``_mlp(..., save=True)``; the weights and present biases come as separate arguments
     (an autograd.Function gives no gradient to tensors in a list)."""
@@ -367,6 +466,32 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
         y, z = _GemmFunction.apply(*args)
     else:
         y, z = _gemm(*args)
+    return (y, z) if save_preact else y
+
+
+def gemm_gated(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "silu",
+               alpha: float = 1.0, leaky_slope: float = 0.01, save_preact: bool = False,
+               precision: str | None = None):
+    """``ge2jit.gemm_gated`` (``Y = act(A @ B[:, 0::2] + bias[0::2]) * (A @ B[:, 1::2] +
+    bias[1::2])``, one GEMM) on PyTorch tensors as a differentiable custom op
+    (``torch.ops.ge2jit.gemm_gated``): gradients flow to ``a``, ``b`` and ``bias`` through
+    ``ge2jit.gemm_gated_backward``; eager mode (an autograd.Function over the same
+    implementation), ``torch.compile`` (no graph break) and CUDA-graph capture. When a
+    gradient is needed the forward keeps Z, the (M, 2N) pre-activations. Precision and
+    autocast as in ``gemm_bias_act``. Returns Y, or ``(Y, Z)`` with ``save_preact``."""
+    dtype = autocast_dtype()
+    a, b = cast(a, dtype), cast(b, dtype)
+    if bias is not None and bias.dtype != torch.float32:
+        bias = cast(bias, dtype)
+    precision = precision_for(a.dtype, precision)
+    grad = needs_grad(a, b, bias)
+    args = (a, b, bias, act, float(alpha), float(leaky_slope), precision, save_preact or grad)
+    if traced(a, b, bias):
+        y, z = gemm_gated_op(*args)
+    elif grad:
+        y, z = _GatedFunction.apply(*args)
+    else:
+        y, z = _gated(*args)
     return (y, z) if save_preact else y
 
 
