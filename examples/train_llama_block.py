@@ -272,6 +272,12 @@ def check_llama_sizes(*, d: int, heads: int, hidden: int, layers: int) -> None:
         raise ValueError(f"hidden, layers: expected at least 1, got {hidden}, {layers}")
 
 
+# zero_grad: the gradients are zeroed in place (a captured graph replays their addresses),
+# except under reduce-overhead, where the backward's CUDA graph hands out gradients that live
+# in its memory pool, which the next step's replay overwrites: there they are dropped
+# (set_to_none), each step's becoming the parameters' .grad anew.
+
+
 def compiled(module: nn.Module, mode: str) -> nn.Module:
     """``module`` as the mode runs it: compiled (fullgraph) in "compile" and
     "reduce-overhead", as it is otherwise."""
@@ -315,7 +321,7 @@ def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, 
         back as a tensor."""
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()   # the last step's outputs are done
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=mode == "reduce-overhead")   # see the note above compiled()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             loss = common.copy_loss(forward(x), targets, cross_entropy)
         loss.backward()
@@ -365,7 +371,7 @@ def block_step(impl: str, mode: str, inputs: tuple, *, d: int, heads: int, hidde
     def step(x, residual, dx, dresidual):
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=mode == "reduce-overhead")   # see the note above compiled()
         x, residual = x.detach().requires_grad_(), residual.detach().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             out = forward(x, residual)

@@ -4,15 +4,17 @@ modes follow the eager run's losses over the first steps."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from .training_examples import (
+    check_printed,
+    check_without_gpu,
+    close,
+    exact_float32,  # noqa: F401 - autouse here
+    load_example,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
@@ -20,32 +22,13 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
                                  reason="needs a CUDA GPU (PyTorch sees none)")]
 
-_path = Path(__file__).resolve().parent.parent / "examples" / "train_gpt_block.py"
-_spec = importlib.util.spec_from_file_location("train_gpt_block", _path)
-example = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = example   # its dataclass looks its module up
-_spec.loader.exec_module(example)
+example = load_example("train_gpt_block")
 
 #: A size that learns the copy in a couple of hundred steps: the same model on PyTorch's layers,
 #: run on a CPU, went from a loss of 4.2 to 0.012 and a held-out accuracy of 1.0 in 150 steps
 #: (float32 with seeds 0-5, bfloat16 autocast with seeds 1 and 5).
 SMALL = dict(d=64, layers=1, heads=2, seq=32, batch=32, vocab=64, lr=3e-3, progress=False)
 LEARN_STEPS = 300
-
-
-@pytest.fixture(autouse=True)
-def exact_float32():
-    """float32 matmuls exact (ge2jit's "ieee", cuBLAS without TF32), whatever ran before."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
-def _close(got, want, rtol):
-    """Two lists of losses equal within ``rtol``."""
-    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64),
-                               torch.tensor(want, dtype=torch.float64), rtol=rtol, atol=0.0)
 
 
 def _learned(r):
@@ -84,7 +67,7 @@ def test_graph_follows_the_eager_losses(dtype, rtol):
     eager = example.train(steps=8, dtype=dtype, seed=3, **SMALL)
     graph = example.train(steps=8, dtype=dtype, mode="graph", seed=3, **SMALL)
     assert graph.losses[0] == eager.losses[0]
-    _close(graph.losses, eager.losses, rtol)
+    close(graph.losses, eager.losses, rtol)
 
 
 def test_compile_follows_the_eager_losses():
@@ -93,7 +76,7 @@ def test_compile_follows_the_eager_losses():
     agree within float32 rounding carried through a few AdamW steps."""
     eager = example.train(steps=5, seed=4, **SMALL)
     compiled = example.train(steps=5, mode="compile", seed=4, **SMALL)
-    _close(compiled.losses, eager.losses, 1e-4)
+    close(compiled.losses, eager.losses, 1e-4)
 
 
 def test_baseline_learns_and_starts_where_ge2jit_does():
@@ -102,7 +85,7 @@ def test_baseline_learns_and_starts_where_ge2jit_does():
     base = example.train(steps=LEARN_STEPS, baseline=True, seed=5, **SMALL)
     _learned(base)
     ours = example.train(steps=3, seed=5, **SMALL)
-    _close(ours.losses, base.losses[:3], 1e-4)
+    close(ours.losses, base.losses[:3], 1e-4)
 
 
 @pytest.mark.parametrize("flags", [[], ["--graph"], ["--baseline", "--dtype", "bfloat16"]])
@@ -111,10 +94,7 @@ def test_the_script_prints_the_metric_and_the_step_time(flags, tmp_path, capsys)
     argv = ["--steps", "20", "--d", "64", "--layers", "1", "--heads", "2", "--seq", "32",
             "--json", str(out), *flags]
     assert example.main(argv) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"final loss \d+\.\d{4}, copy accuracy \d+\.\d%", lines[-2]), lines
-    assert re.fullmatch(r"step time: \d+\.\d{3} ms \(median of the last half of the steps\)",
-                        lines[-1]), lines
+    check_printed(capsys.readouterr().out.splitlines())
     result = json.loads(out.read_text())
     assert result["mode"] == ("graph" if "--graph" in flags else "eager")
     assert result["dtype"] == ("bfloat16" if "bfloat16" in flags else "float32")
@@ -124,9 +104,4 @@ def test_the_script_prints_the_metric_and_the_step_time(flags, tmp_path, capsys)
 
 
 def test_without_gpu_says_so_in_one_line():
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",   # PyTorch then sees no GPU
-           "PYTHONPATH": str(_path.parent.parent)}    # this checkout's ge2jit
-    r = subprocess.run([sys.executable, str(_path), "--steps", "1"], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stderr
-    assert r.stdout == "" and r.stderr.splitlines() == [example.NO_GPU], r.stderr
+    check_without_gpu(example)

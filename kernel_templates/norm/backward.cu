@@ -175,51 +175,120 @@ __device__ __forceinline__ void grad_block(const Args& p) {
     write_partials<THREADS>(p, threadIdx.x, aw, ab);
 }
 
-// ---- loop: one block per row of any length, two passes over dy and h: the row's c1 and c2,
-// then dx. A thread's columns are the same in every row: it adds its terms of dweight and dbias
-// to its elements of the block's rows of pw and pb (the first row writes them).
+// ---- loop: one block per pair of rows of any length (two rows in flight: each pass's loads
+// of both go out together, and their four sums meet in one reduction), two passes over dy and
+// h: the rows' c1 and c2, then dx. A thread's columns are the same in every row: it adds its
+// terms of dweight and dbias to its elements of the block's sums: in shared memory (SMEM_COLS,
+// rows of at most that many elements), written to the block's rows of pw and pb at the end,
+// else in those rows (the first pair writes them). A pair's second row past the last is not
+// there: it reads the last row and adds and stores nothing.
+constexpr int SMEM_COLS = {{ spec.smem_cols }};
+constexpr int PAIR = {{ spec.loop_rows }};   // rows a block takes at once
+
+// The sums of v[0..K) over the block's threads (every thread gets them), through one barrier:
+// the warps' sums in `buf` (K x 32 floats), then each thread adds the warps' in order. A second
+// call must wait for every thread to have read `buf` (the caller's barrier).
+template <int K>
+__device__ __forceinline__ void block_sums(float (&v)[K], float* buf) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) v[i] = group_sum<32>(v[i]);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int i = 0; i < K; ++i) buf[i * 32 + (threadIdx.x >> 5)] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < K; ++i) v[i] = group_sum<WARPS>(buf[i * 32 + (threadIdx.x & (WARPS - 1))]);
+}
+
 __device__ __forceinline__ void grad_loop(const Args& p) {
     constexpr long long STEP = static_cast<long long>(THREADS) * VPT;
-    __shared__ float red[2][32];
+    __shared__ float red[2][2 * PAIR * 32];
     int turn = 0;
     const long long base = static_cast<long long>(blockIdx.x) * p.n;
+    // (dweight's sums first, then dbias')
+    extern __shared__ float smem_sums[];
+    float* const sw = smem_sums;
+    float* const sb = smem_sums + (WEIGHT ? SMEM_COLS : 0);
     bool first = true;
-    for (long long row = blockIdx.x; row < p.rows; row += gridDim.x, first = false) {
-        const float rs = p.rstd[row];
-        const float mu = LAYER ? p.mean[row] : 0.0f;
-        float s1 = 0.0f, s2 = 0.0f;
+    for (long long row0 = static_cast<long long>(blockIdx.x) * PAIR; row0 < p.rows;
+         row0 += static_cast<long long>(gridDim.x) * PAIR, first = false) {
+        long long row[PAIR];
+        bool active[PAIR];
+        float rs[PAIR], mu[PAIR], st[2 * PAIR];
+#pragma unroll
+        for (int r = 0; r < PAIR; ++r) {
+            active[r] = row0 + r < p.rows;
+            row[r] = active[r] ? row0 + r : p.rows - 1;
+            rs[r] = p.rstd[row[r]];
+            mu[r] = LAYER ? p.mean[row[r]] : 0.0f;
+            st[2 * r] = st[2 * r + 1] = 0.0f;
+        }
         for (long long c = 0; c < p.n; c += STEP) {
-            float xh[VPT], gv[VPT];
 #pragma unroll
             for (int j = 0; j < SLOTS; ++j)
-                slot_grad<false>(p, row,
-                                 c + static_cast<long long>(j * THREADS + threadIdx.x) * VEC,
-                                 p.n, mu, rs, true, &xh[j * VEC], &gv[j * VEC], nullptr,
-                                 nullptr, s1, s2);
+#pragma unroll
+                for (int r = 0; r < PAIR; ++r) {
+                    float xh[VEC], gv[VEC];
+                    slot_grad<false>(p, row[r],
+                                     c + static_cast<long long>(j * THREADS + threadIdx.x) * VEC,
+                                     p.n, mu[r], rs[r], true, xh, gv, nullptr, nullptr,
+                                     st[2 * r], st[2 * r + 1]);
+                }
         }
-        const float c1 = block_reduce<THREADS, false>(s1, red[turn++ & 1]) / p.n;
-        const float c2 = LAYER ? block_reduce<THREADS, false>(s2, red[turn++ & 1]) / p.n : 0.0f;
+        // (the two buffers take turns: a pair's reduction cannot overtake the last one's reads)
+        block_sums(st, red[turn++ & 1]);
+        float c1[PAIR], c2[PAIR];
+#pragma unroll
+        for (int r = 0; r < PAIR; ++r) {
+            c1[r] = st[2 * r] / p.n;
+            c2[r] = LAYER ? st[2 * r + 1] / p.n : 0.0f;
+        }
         for (long long c = 0; c < p.n; c += STEP) {
 #pragma unroll
             for (int j = 0; j < SLOTS; ++j) {
                 const long long e0 = c + static_cast<long long>(j * THREADS + threadIdx.x) * VEC;
-                float xh[VEC], gv[VEC], aw[VEC], ab[VEC];
-                float t1 = 0.0f, t2 = 0.0f;
+                float aw[VEC], ab[VEC];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) aw[k] = ab[k] = 0.0f;
-                slot_grad<true>(p, row, e0, p.n, mu, rs, true, xh, gv, aw, ab, t1, t2);
-                slot_dx(p, row, e0, p.n, rs, c1, c2, true, xh, gv);
+#pragma unroll
+                for (int r = 0; r < PAIR; ++r) {
+                    float xh[VEC], gv[VEC];
+                    float t1 = 0.0f, t2 = 0.0f;
+                    slot_grad<true>(p, row[r], e0, p.n, mu[r], rs[r], active[r], xh, gv, aw, ab,
+                                    t1, t2);
+                    slot_dx(p, row[r], e0, p.n, rs[r], c1[r], c2[r], active[r], xh, gv);
+                }
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {
                     if (e0 + k < p.n) {
-                        if constexpr (WEIGHT)
-                            p.pw[base + e0 + k] = (first ? 0.0f : p.pw[base + e0 + k]) + aw[k];
-                        if constexpr (BGRAD)
-                            p.pb[base + e0 + k] = (first ? 0.0f : p.pb[base + e0 + k]) + ab[k];
+                        if constexpr (SMEM_COLS > 0) {   // (a thread's own elements)
+                            if constexpr (WEIGHT) sw[e0 + k] = (first ? 0.0f : sw[e0 + k]) + aw[k];
+                            if constexpr (BGRAD) sb[e0 + k] = (first ? 0.0f : sb[e0 + k]) + ab[k];
+                        } else {
+                            if constexpr (WEIGHT)
+                                p.pw[base + e0 + k] = (first ? 0.0f : p.pw[base + e0 + k]) + aw[k];
+                            if constexpr (BGRAD)
+                                p.pb[base + e0 + k] = (first ? 0.0f : p.pb[base + e0 + k]) + ab[k];
+                        }
                     }
                 }
             }
         }
+    }
+    if constexpr (SMEM_COLS > 0) {
+        // the block's sums out, a thread its own elements (a block without rows writes zeros)
+        for (long long c = 0; c < p.n; c += STEP)
+#pragma unroll
+            for (int j = 0; j < SLOTS; ++j)
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    const long long e = c + static_cast<long long>(j * THREADS + threadIdx.x) * VEC + k;
+                    if (e < p.n) {
+                        if constexpr (WEIGHT) p.pw[base + e] = first ? 0.0f : sw[e];
+                        if constexpr (BGRAD) p.pb[base + e] = first ? 0.0f : sb[e];
+                    }
+                }
     }
 }
 

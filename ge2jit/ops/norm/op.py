@@ -443,7 +443,8 @@ def _execute_backward(fw, device_id, call: Call):
     choice, sums, _ = decide_backward(call, device_id, (dyr, hr, wr, bias, meanr, rstdr, dhr))
     parts = choice.grid[0]
     launch = launcher_for(choice.spec, device_id).bind(
-        choice.grid, choice.block, 0, rows=rows, n=n, sdy=_stride(dyr, n), sh=_stride(hr, n),
+        choice.grid, choice.block, choice.spec.smem_bytes, rows=rows, n=n, sdy=_stride(dyr, n),
+        sh=_stride(hr, n),
         sdh=_stride(dhr, n) if dh is not None else 0, sdx=n)
     add_up = None
     if sums is not None:

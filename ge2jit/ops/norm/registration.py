@@ -134,7 +134,7 @@ def _backward_op(kind: str, function) -> Op:
         choice, reason, specs = kernels(call, device_id)
         return Explanation(ConfigChoice(choice.config.name, reason, choice.spec.kernel_name),
                            tuple(get_kernel(s, device_id) for s in specs), choice.grid,
-                           choice.block, 0)
+                           choice.block, choice.spec.smem_bytes)
 
     def candidate_names(*args, **kwargs) -> list[str]:
         return [c.name for c in backward_candidates(checked(args, kwargs, None)[0].n)]

@@ -23,8 +23,9 @@ Forward variants, by row length ``n`` (the names of ``runtime.rows``):
 
 Backward variants (``dx``, and each block's partial sums of ``dweight`` and ``dbias``, which a
 second kernel adds up in a fixed order): ``warp{G}_v{V}_r1`` (rows up to ``G * V``; blocks of
-128 threads), ``block_{T}_v{V}`` and ``loop_{T}`` (two passes over dy and h; each block adds
-its partial sums in a row of the workspace it owns). The backward's blocks stay resident and
+128 threads), ``block_{T}_v{V}`` and ``loop_{T}`` (two passes over dy and h, two rows at a
+time, their four sums in one reduction; each block adds its partial sums in shared memory
+where they fit, else in a row of the workspace it owns). The backward's blocks stay resident and
 walk the rows (a grid of what the GPU holds at once), so that the partial sums are few.
 
 The vector width of the accesses (up to 16 bytes of the widest row type) is not part of the
@@ -76,6 +77,11 @@ WARP_MAX_N = max(WARP_LANES) * max(WARP_VPT)                       # 512
 BLOCK_MAX_N = max(BLOCK_THREADS) * max(BLOCK_VPT)                  # 16384
 BACKWARD_WARP_MAX_N = max(WARP_LANES) * max(BACKWARD_WARP_VPT)     # 256
 BACKWARD_BLOCK_MAX_N = max(BLOCK_THREADS) * max(BACKWARD_BLOCK_VPT)  # 8192
+#: Rows a block of the loop backward takes at once (their loads go out together)
+LOOP_BACKWARD_ROWS = 4
+#: The most shared memory the loop backward's sums take (a block a multiprocessor: 128 KiB,
+#: LayerNorm's two arrays of 16384 columns)
+SMEM_SUMS_BYTES = 128 * 1024
 
 SHAPES = RowShapes(WARP_VPT, WARP_ROWS, WARP_MAX_VALUES, BLOCK_THREADS, BLOCK_VPT,
                    LOOP_THREADS, WARP_THREADS, WARP_LANES)
@@ -332,15 +338,17 @@ class NormSpec(_RowSpec, KernelSpec):
 @dataclass(frozen=True)
 class NormBackwardSpec(_RowSpec, KernelSpec):
     """One backward kernel (``norm/backward.cu``): dx, and the block's partial sums of
-    dweight and dbias."""
+    dweight and dbias. ``smem_cols`` (loop variant, rows of at most that many elements): the
+    block adds its sums up in shared memory (``smem_cols`` floats an array) rather than in its
+    rows of the partial sums in global memory, which it then writes once."""
 
     kind: str
     types: BackwardTypes
     config: NormBackwardConfig
     vec: int = 1
+    smem_cols: int = 0
 
     template = "norm/backward.cu"
-    smem_bytes = 0
 
     def __post_init__(self):
         _check_kind(self.kind)
@@ -351,6 +359,26 @@ class NormBackwardSpec(_RowSpec, KernelSpec):
         if self.kind == "rms" and self.types.bias is not None:
             raise ArgumentValueError("NormBackwardSpec: RMSNorm takes no bias")
         check_accesses("NormBackwardSpec", self.vec, self.types.width, self.vpt)
+        if self.smem_cols and (self.config.variant != "loop" or self.smem_cols % 1024
+                               or self.smem_bytes > SMEM_SUMS_BYTES):
+            raise ArgumentValueError(
+                f"NormBackwardSpec.smem_cols: the loop variant's sums in shared memory, a "
+                f"multiple of 1024 columns and at most {SMEM_SUMS_BYTES} bytes; got "
+                f"{self.smem_cols} for {self.config.name}")
+
+    @property
+    def loop_rows(self) -> int:
+        """Rows the loop variant's blocks take at once."""
+        return LOOP_BACKWARD_ROWS
+
+    @property
+    def sums_arrays(self) -> int:
+        """The partial sums the kernel makes: dweight's, dbias' (0, 1 or 2)."""
+        return (self.types.weight is not None) + (self.types.bias is not None)
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.smem_cols * self.sums_arrays
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -367,7 +395,7 @@ class NormBackwardSpec(_RowSpec, KernelSpec):
     @property
     def kernel_name(self) -> str:
         return (f"{OP_NAMES[self.kind]}_backward_{self.shape_name}_x{self.vec}_"
-                f"{self.types.name}")
+                f"{self.types.name}" + (f"_s{self.smem_cols}" if self.smem_cols else ""))
 
 
 @dataclass(frozen=True)
@@ -495,9 +523,16 @@ def make_spec(kind: str, config: NormConfig, types: ForwardTypes, max_vec: int =
 
 
 def make_backward_spec(kind: str, config: NormBackwardConfig, types: BackwardTypes,
-                       max_vec: int = 8) -> NormBackwardSpec:
-    """The backward kernel of ``config``, with accesses of at most ``max_vec`` elements."""
-    return NormBackwardSpec(kind, types, config, _vec(config, types.width, max_vec))
+                       max_vec: int = 8, n: int | None = None) -> NormBackwardSpec:
+    """The backward kernel of ``config``, with accesses of at most ``max_vec`` elements; for
+    the loop variant and rows of ``n`` elements whose sums fit, with the sums in shared memory
+    (``smem_cols``: n rounded up to a power of two, at least 1024)."""
+    vec = _vec(config, types.width, max_vec)
+    cols = max(1024, pow2_at_least(n or 0))
+    arrays = (types.weight is not None) + (types.bias is not None)
+    if config.variant == "loop" and n and arrays and 4 * cols * arrays <= SMEM_SUMS_BYTES:
+        return NormBackwardSpec(kind, types, config, vec, cols)
+    return NormBackwardSpec(kind, types, config, vec)
 
 
 def _config(config, n: int, parse, default):
@@ -530,8 +565,9 @@ def choose_backward(kind: str, rows: int, n: int, types: BackwardTypes, sm_count
     of partial sums."""
     cfg = _config(config, n, parse_backward_config, lambda: backward_heuristic(n, types))
     resident = resident or max(1, 2048 // cfg.threads)
-    blocks = min(-(-rows // cfg.rows_per_block), sm_count * resident)
-    return Choice(make_backward_spec(kind, cfg, types, max_vec), (max(1, blocks), 1, 1),
+    per_block = LOOP_BACKWARD_ROWS if cfg.variant == "loop" else cfg.rows_per_block
+    blocks = min(-(-rows // per_block), sm_count * resident)
+    return Choice(make_backward_spec(kind, cfg, types, max_vec, n), (max(1, blocks), 1, 1),
                   (cfg.threads, 1, 1))
 
 

@@ -204,7 +204,7 @@ class BackwardTable(_Table):
                     configs = [backward_heuristic(n, types)]
                 else:
                     configs = _fits(map(parse_backward_config, entry["configs"]), n)
-                specs += [make_backward_spec(self.kind, c, types) for c in configs]
+                specs += [make_backward_spec(self.kind, c, types, n=n) for c in configs]
             if types.partials:
                 specs.append(NormSumsSpec(self.kind, types.weight, types.bias))
         return list(dict.fromkeys(specs))

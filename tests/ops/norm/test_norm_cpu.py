@@ -22,6 +22,7 @@ from ge2jit.jit.render import render
 from ge2jit.ops.norm import op as norm_op
 from ge2jit.ops.norm.op import row_layout
 from ge2jit.ops.norm.spec import (
+    LOOP_BACKWARD_ROWS,
     BackwardTypes,
     ForwardTypes,
     NormBackwardConfig,
@@ -169,8 +170,10 @@ def test_heuristic_choices_fit_and_are_candidates(ts):
             b = choose_backward(kind, rows, n, bt, 132, 2)
             assert b.config in backward_candidates(n), (n, b.config)
             assert b.config.capacity is None or n <= b.config.capacity
-            # resident blocks, and never more blocks than rows to walk
-            assert b.grid[0] == min(-(-rows // b.config.rows_per_block), 132 * 2)
+            # resident blocks, and never more blocks than rows to walk (the loop variant's
+            # blocks take LOOP_BACKWARD_ROWS at a time)
+            per = LOOP_BACKWARD_ROWS if b.config.variant == "loop" else b.config.rows_per_block
+            assert b.grid[0] == min(-(-rows // per), 132 * 2)
             for v in (1, 2, 4):
                 assert choose(kind, rows, n, t, 132, max_vec=v).spec.vec <= v
                 assert choose_backward(kind, rows, n, bt, 132, 2, max_vec=v).spec.vec <= v
@@ -261,6 +264,24 @@ def test_kernel_names_are_unique_per_specialization():
     assert NormSumsSpec("layer", BF16, F32).kernel_name == "layer_norm_backward_sums_wbf16_bf32"
 
 
+def test_loop_backward_sums_in_shared_memory_where_they_fit():
+    loop = parse_backward_config("loop_1024")
+    lt, rt = backward_types("layer", TYPE_SETS[1]), backward_types("rms", TYPE_SETS[1])
+    s = make_backward_spec("layer", loop, lt, 8, 9000)
+    assert (s.smem_cols, s.smem_bytes) == (16384, 2 * 4 * 16384)
+    assert s.kernel_name.endswith("_s16384")
+    assert make_backward_spec("rms", loop, rt, 8, 20000).smem_cols == 32768   # one array
+    assert make_backward_spec("layer", loop, lt, 8, 20000).smem_cols == 0      # two: too big
+    assert make_backward_spec("layer", loop, lt, 8).smem_cols == 0             # n unknown
+    block = parse_backward_config("block_1024_v8")
+    assert make_backward_spec("layer", block, lt, 8, 8192).smem_cols == 0
+    assert choose_backward("layer", 4096, 16384, lt).spec.smem_cols == 16384
+    with pytest.raises(ge2jit.ArgumentValueError, match="smem_cols"):
+        NormBackwardSpec("layer", lt, block, 8, 16384)
+    with pytest.raises(ge2jit.ArgumentValueError, match="smem_cols"):
+        NormBackwardSpec("layer", lt, loop, 8, 32768)
+
+
 # ---- compiles (no GPU): zero spills, zero stack
 
 FORWARD_PARAMS = {
@@ -285,6 +306,7 @@ BACKWARD_PARAMS = {
     "bias": [None, *DType],
     "dh": [None, *DType],
     "vec": [1, 2, 4, 8],
+    "n": [None, 16384, 32768],   # the loop variant's sums in shared memory where they fit
     "arch": ARCHS,
 }
 
@@ -300,7 +322,7 @@ def _forward_spec(p: dict) -> NormSpec:
 def _backward_spec(p: dict) -> NormBackwardSpec:
     types = BackwardTypes(p["dy"], p["h"], p["h"], p["weight"],
                           p["bias"] if p["kind"] == "layer" else None, p["dh"])
-    return make_backward_spec(p["kind"], p["config"], types, p["vec"])
+    return make_backward_spec(p["kind"], p["config"], types, p["vec"], p["n"])
 
 
 def covering_set(params: dict) -> list[dict]:
