@@ -77,8 +77,9 @@ WARP_MAX_N = max(WARP_LANES) * max(WARP_VPT)                       # 512
 BLOCK_MAX_N = max(BLOCK_THREADS) * max(BLOCK_VPT)                  # 16384
 BACKWARD_WARP_MAX_N = max(WARP_LANES) * max(BACKWARD_WARP_VPT)     # 256
 BACKWARD_BLOCK_MAX_N = max(BLOCK_THREADS) * max(BACKWARD_BLOCK_VPT)  # 8192
-#: Rows a block of the loop backward takes at once (their loads go out together)
-LOOP_BACKWARD_ROWS = 4
+#: Rows a block of the loop backward takes at once (their loads go out together): four where
+#: the registers allow (no dh, dy and h of one type, whole 16-byte accesses), else two
+LOOP_BACKWARD_ROWS = (4, 2)
 #: The most shared memory the loop backward's sums take (a block a multiprocessor: 128 KiB,
 #: LayerNorm's two arrays of 16384 columns)
 SMEM_SUMS_BYTES = 128 * 1024
@@ -368,8 +369,11 @@ class NormBackwardSpec(_RowSpec, KernelSpec):
 
     @property
     def loop_rows(self) -> int:
-        """Rows the loop variant's blocks take at once."""
-        return LOOP_BACKWARD_ROWS
+        """Rows the loop variant's blocks take at once (``LOOP_BACKWARD_ROWS``; more of them
+        spill registers with dh, or with narrower accesses or types)."""
+        t = self.types
+        roomy = t.dh is None and t.dy is t.h and self.vec == t.width
+        return LOOP_BACKWARD_ROWS[0] if roomy else LOOP_BACKWARD_ROWS[1]
 
     @property
     def sums_arrays(self) -> int:
@@ -565,9 +569,10 @@ def choose_backward(kind: str, rows: int, n: int, types: BackwardTypes, sm_count
     of partial sums."""
     cfg = _config(config, n, parse_backward_config, lambda: backward_heuristic(n, types))
     resident = resident or max(1, 2048 // cfg.threads)
-    per_block = LOOP_BACKWARD_ROWS if cfg.variant == "loop" else cfg.rows_per_block
+    spec = make_backward_spec(kind, cfg, types, max_vec, n)
+    per_block = spec.loop_rows if cfg.variant == "loop" else cfg.rows_per_block
     blocks = min(-(-rows // per_block), sm_count * resident)
-    return Choice(make_backward_spec(kind, cfg, types, max_vec, n), (max(1, blocks), 1, 1),
+    return Choice(spec, (max(1, blocks), 1, 1),
                   (cfg.threads, 1, 1))
 
 

@@ -22,7 +22,6 @@ from ge2jit.jit.render import render
 from ge2jit.ops.norm import op as norm_op
 from ge2jit.ops.norm.op import row_layout
 from ge2jit.ops.norm.spec import (
-    LOOP_BACKWARD_ROWS,
     BackwardTypes,
     ForwardTypes,
     NormBackwardConfig,
@@ -172,7 +171,7 @@ def test_heuristic_choices_fit_and_are_candidates(ts):
             assert b.config.capacity is None or n <= b.config.capacity
             # resident blocks, and never more blocks than rows to walk (the loop variant's
             # blocks take LOOP_BACKWARD_ROWS at a time)
-            per = LOOP_BACKWARD_ROWS if b.config.variant == "loop" else b.config.rows_per_block
+            per = b.spec.loop_rows if b.config.variant == "loop" else b.config.rows_per_block
             assert b.grid[0] == min(-(-rows // per), 132 * 2)
             for v in (1, 2, 4):
                 assert choose(kind, rows, n, t, 132, max_vec=v).spec.vec <= v
