@@ -25,13 +25,13 @@ from __future__ import annotations
 from ..ops.cross_entropy.torch_ops import cross_entropy
 from ..ops.gemm.gated import interleave_gate_up, split_gate_up
 from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
-from ..ops.gemm.torch_ops import gemm_bias_act, gemm_gated, mlp
+from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
 from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
-           "interleave_gate_up", "split_gate_up", "mlp", "softmax",
+           "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
            "cross_entropy", "rms_norm", "layer_norm", "precision_for", "FLOAT32_PRECISION",
            "NAMESPACE"]

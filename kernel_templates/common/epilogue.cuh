@@ -10,7 +10,7 @@ float {{ out }} = alpha * ({{ acc }});
 {% if gate %}
 {{ out }} *= {{ gate_factor(spec, "to_f32(C_AT(" ~ m ~ ", " ~ n ~ "))") }};
 {% endif %}
-{% elif spec.epilogue.layout_c %}
+{% elif spec.epilogue.layout_c and not spec.epilogue.glu_grad %}
 {{ out }} = fmaf(beta, to_f32({{ c_value or "C_AT(" ~ m ~ ", " ~ n ~ ")" }}), {{ out }});
 {% endif %}
 {% if spec.epilogue.bias.value == "scalarbias" %}
@@ -115,6 +115,9 @@ act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}({{ gate 
    (an expression of c), then stored with store_yz. A gated linear unit's yv holds width / 2
    values: act(Z) of each even column times Z of the odd one after it (nb is even). #}
 {% macro finish(spec, width, acc, col_bias, vector_ok, m="m", nb="nb") %}
+{% if spec.epilogue.glu_grad %}
+{{ finish_glu_grad(spec, width, acc, m, nb) }}
+{% else %}
 float zv[{{ width }}], yv[{{ width // 2 if spec.epilogue.glu else width }}];
 #pragma unroll
 for (int c = 0; c < {{ width }}; ++c) {
@@ -130,4 +133,31 @@ for (int c = 0; c < {{ width }}; ++c) {
 for (int c = 0; c < {{ width // 2 }}; ++c) yv[c] = {{ glu_value(spec, "zv[2 * c]", "zv[2 * c + 1]") }};
 {% endif %}
 {{ store_yz(spec, width, vector_ok, m, nb) }}
+{% endif %}
+{%- endmacro %}
+
+{# A gated linear unit's backward (spec.epilogue.glu_grad): for columns nb + c, c < width, of
+   row m, dH = alpha * acc and the unit's pre-activations (gate, linear) = C at columns
+   2 (nb + c) and the one after make Y's (dZ's) columns 2 (nb + c) and the one after:
+   dH * linear * act'(gate) and dH * act(gate), stored as pairs (Y's rows are twice as wide). #}
+{% macro finish_glu_grad(spec, width, acc, m, nb) %}
+{% set act = spec.epilogue.glu_grad %}
+#pragma unroll
+for (int c = 0; c < {{ width }}; ++c) {
+    const auto n = {{ nb }} + c;
+    if (n < N) {
+        {{ compute_z(spec, "d", acc, m, "n") | indent(8) }}
+        const float gate = to_f32(C_AT({{ m }}, 2 * n)), lin = to_f32(C_AT({{ m }}, 2 * n + 1));
+        float v[2];
+        v[0] = d * lin * {{ dact(act, "gate", "leaky_slope", False, spec.fast_act) }};
+        v[1] = d * act_{{ act.value }}{{ "_fast" if spec.fast_act else "" }}(gate, leaky_slope);
+        auto* const y = &Y[static_cast<long long>({{ m }}) * ldy + 2 * n];
+{% if spec.vec_y %}
+        store_vec(y, v);
+{% else %}
+        store(y, v[0]);
+        store(y + 1, v[1]);
+{% endif %}
+    }
+}
 {%- endmacro %}

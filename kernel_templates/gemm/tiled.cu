@@ -113,6 +113,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (nb >= N) continue;
             {{ ep.finish(spec, 2, "acc[i][j + c]", "to_f32(bias[(long long)n * bias_stride])", "false") | indent(12) }}
         }
+{% elif spec.epilogue.glu_grad %}
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int nb = n0 + COL(j);
+            if (nb >= N) continue;
+            {{ ep.finish(spec, 1, "acc[i][j]", "0.0f", "false") | indent(12) }}
+        }
 {% else %}
 #pragma unroll
         for (int j = 0; j < TN; ++j) {

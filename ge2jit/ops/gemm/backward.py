@@ -56,7 +56,7 @@ def _check_mn(x, name: str, m: int, n: int, allowed: tuple[DType, ...]) -> DType
 
 
 def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision, a_act,
-               a_z, a_slope, a_bias):
+               a_z, a_slope, a_bias, a_glu=None):
     """Everything validation depends on, except pointers. Raises AttributeError or TypeError
     for arguments that are not ``fw``'s arrays (or unhashable ones)."""
     key = fw.key
@@ -66,14 +66,15 @@ def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, prec
 
     return (fw, arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
-            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), arrays.current_device())
+            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), a_glu, arrays.current_device())
 
 
 
 def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=None, c=None,
                            alpha: float = 1.0, beta: float = 0.0, leaky_slope: float = 0.01,
                            needs=NEEDS, precision=None, a_act: str | None = None, a_z=None,
-                           a_leaky_slope: float = 0.01, a_bias=None) -> Gradients:
+                           a_leaky_slope: float = 0.01, a_bias=None,
+                           a_glu: str | None = None) -> Gradients:
     """Gradients of ``Y = act(alpha * (A @ B) + beta * C + bias)`` (``gemm_bias_act``) given
     ``gy`` = dL/dY.
 
@@ -122,7 +123,12 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
         a_leaky_slope: the slope of ``a_act`` = "leaky_relu".
         a_bias: None, or the per-column bias of the layer that produced A ((K,) or (1, K),
             the inputs' dtype or float32; its values are not read): with ``a_act``, and "a"
-            in ``needs``.
+            in ``needs``. With ``a_glu``: that unit's (2K,) bias.
+        a_glu: None, or the gate's activation of the gated linear unit that produced A
+            (``gemm_gated``, A = act(Z[:, 0::2]) * Z[:, 1::2] with ``a_z`` its (M, 2K)
+            pre-activations): dA's GEMM then writes the gradient of those pre-activations,
+            (M, 2K) interleaved as Z (``Gradients.a``), in its epilogue; instead of
+            ``a_act``.
 
     Returns:
         ``Gradients(a, b, bias, c, a_bias)``: dA (M, K) (with ``a_act``: the gradient of A's
@@ -134,11 +140,11 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
         for an input that was None.
     """
     return backward(False, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
-                    precision, a_act, a_z, a_leaky_slope, a_bias)
+                    precision, a_act, a_z, a_leaky_slope, a_bias, a_glu)
 
 
 def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs, precision,
-             a_act, a_z, a_leaky_slope, a_bias) -> Gradients:
+             a_act, a_z, a_leaky_slope, a_bias, a_glu=None) -> Gradients:
     """``gemm_bias_act_backward`` (``glu`` False) or ``gemm_gated_backward`` (True)."""
     table = _prepared_glu if glu else _prepared
     fw = framework_of_type(type(gy))
@@ -146,7 +152,7 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
     if fw is not None:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                             precision, a_act, a_z, a_leaky_slope, a_bias)
+                             precision, a_act, a_z, a_leaky_slope, a_bias, a_glu)
             run = table.get(sig)
         except (AttributeError, TypeError):   # other arrays, or unhashable: validation says why
             sig = run = None
@@ -159,12 +165,12 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
     if sig is None and framework_of_type(type(gy)) is fw:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                             precision, a_act, a_z, a_leaky_slope, a_bias)
+                             precision, a_act, a_z, a_leaky_slope, a_bias, a_glu)
         except (AttributeError, TypeError):
             sig = None
     with fw.context(device_id):
         run = _first_call(fw, views(fw, native), act, alpha, beta, leaky_slope, needs,
-                          precision, a_act, a_leaky_slope, glu)
+                          precision, a_act, a_leaky_slope, glu, a_glu)
         if sig is not None and device_id == arrays.current_device():
             table.put(sig, run)
         n = native
@@ -174,7 +180,7 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
 
 
 def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a_slope,
-                glu=False):
+                glu=False, a_glu=None):
     """Validate a backward call's arguments (``v``: CuPy views) and prepare its pattern."""
     gy, a, b, bias, c, z, y, a_z, a_bias = (v[k] for k in ("gy", "a", "b", "bias", "c", "z",
                                                            "y", "a_z", "a_bias"))
@@ -224,7 +230,7 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
         src, src_dtype, from_y = None, grad_dtype, False
     else:   # recomputed from A and B, in float32
         src, src_dtype, from_y = None, DType.F32, False
-    gate = _check_gate(a_act, a_z, a_slope, p)
+    gate = _check_gate(a_act, a_z, a_slope, p, a_glu)
     if a_bias is not None:
         if gate is None:
             raise ArgumentValueError("a_bias: given without a_act; it asks for the bias "
@@ -233,9 +239,10 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
             raise ArgumentValueError("a_bias: its gradient is the column sums of dA (that "
                                      "layer's dZ): put 'a' in needs")
         problem.check_array(a_bias, "a_bias")
-        if a_bias.shape not in ((p.k,), (1, p.k)):
+        k_z = 2 * p.k if a_glu is not None else p.k   # a gated unit's bias: (2K,)
+        if a_bias.shape not in ((k_z,), (1, k_z)):
             raise ArgumentValueError(f"a_bias: expected the per-column bias of the layer that "
-                                     f"produced a, shape ({p.k},) or (1, {p.k}), got "
+                                     f"produced a, shape ({k_z},) or (1, {k_z}), got "
                                      f"{a_bias.shape}")
         check_shaped(a_bias, "a_bias", a_bias.shape, "", (p.dtype, DType.F32))
         problem.check_same_device({"a_bias": a_bias}, p.device_id)
@@ -243,8 +250,25 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
                     gate, a_bias, fw)
 
 
-def _check_gate(a_act, a_z, a_slope, p):
-    """(activation, from A itself) for dA's gating epilogue, or None without ``a_act``."""
+def _check_gate(a_act, a_z, a_slope, p, a_glu=None):
+    """(activation, from A itself, a gated linear unit's) for dA's gating epilogue, or None
+    without ``a_act`` or ``a_glu``."""
+    if a_glu is not None:
+        if a_act is not None:
+            raise ArgumentValueError("a_glu, a_act: pass one of them (a_glu: a gated linear "
+                                     "unit produced a)")
+        unit = ACT_NAMES.get(a_glu) if isinstance(a_glu, str) else None
+        if unit is None:
+            raise ArgumentValueError(f"a_glu: expected None or one of {', '.join(ACT_NAMES)}, "
+                                     f"got {a_glu!r}")
+        problem.check_scalar(a_slope, "a_leaky_slope")
+        if a_z is None:
+            raise ArgumentValueError("a_z: a_glu needs the unit's (M, 2K) pre-activations "
+                                     "(gemm_gated's save_preact)")
+        check_shaped(a_z, "a_z", (p.m, 2 * p.k), "(M, 2K): the unit's pre-activations",
+                     (p.dtype, DType.F32))
+        problem.check_same_device({"a_z": a_z}, p.device_id)
+        return unit, False, True
     if a_act is None:
         if a_z is not None:
             raise ArgumentValueError("a_z: given without a_act; pass a_act= (the activation "
@@ -258,7 +282,7 @@ def _check_gate(a_act, a_z, a_slope, p):
     if a_z is not None:
         check_shaped(a_z, "a_z", (p.m, p.k), "(M, K), like a", (p.dtype, DType.F32))
         problem.check_same_device({"a_z": a_z}, p.device_id)
-        return gate, False
+        return gate, False, False
     if gate not in ACTS_FROM_Y:
         raise ArgumentValueError(
             f"a_z: a_act {gate.value!r} needs the pre-activation that produced a (the "
@@ -267,7 +291,7 @@ def _check_gate(a_act, a_z, a_slope, p):
     if gate is Act.LEAKY_RELU and slope < 0:
         raise ArgumentValueError(f"a_z: with a_leaky_slope {slope} < 0 the sign of a does not "
                                  "give the sign of its pre-activation; pass a_z")
-    return gate, True
+    return gate, True, False
 
 
 def _column_summer(out_dtype: DType, device_id: int, fw):
@@ -376,6 +400,8 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     # the previous layer's bias gradient: column sums of dA, from its GEMM's epilogue where
     # the kernel makes them (the shape of its partial sums, once known), else by a pass
     want_a_bias = a_bias is not None and want_a
+    # dA's columns: A's, or (a gated linear unit produced A) its pre-activations' 2K
+    ka = 2 * k if gate is not None and gate[2] else k
     a_bias_shape, a_bias_np = (a_bias.shape, a_bias.dtype) if a_bias is not None else (None, None)
     sums_shape = [None]
     a_bias_sum = a_pass_spec = None
@@ -385,7 +411,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         # dA's column sums by a pass (compiled when first needed)
         a_pass_spec = DzSpec(Act.NONE, False, BiasKind.COL, p.dtype, p.dtype, p.dtype,
                              write_dz=False, vec=False)
-        a_pass_tm, a_pass_grid = _pass_shape(m, k, a_pass_spec.cols)
+        a_pass_tm, a_pass_grid = _pass_shape(m, ka, a_pass_spec.cols)
 
     def gated(x, w, alpha, aux, slope):
         """dA gated by the previous layer's act', and the column sums of each 16 rows of it
@@ -394,6 +420,9 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         if call is not None:
             sums = new_f32(sums_shape[0]) if sums_shape[0] else None
             return call(x, w, sums, aux, alpha, 1.0, slope, None, None), sums
+        if gate[2]:   # a gated linear unit's pre-activations' gradient (sums by a pass)
+            out, gemms[0] = op.glu_grad_gemm(x, w.T, aux, gate[0], alpha, slope, precision)
+            return out, None
         out, gemms[0], sums = op.gated_gemm(x, w.T, aux, gate[0], gate[1], alpha, slope,
                                             precision, bgrad=want_a_bias)
         sums_shape[0] = None if sums is None else tuple(sums.shape)
@@ -437,16 +466,16 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
                 grad_a, sums = gated(dz, b, alpha, a if gate[1] else a_z, a_slope)
                 if want_a_bias:
                     if sums is None:   # one pass over dA for its column sums
-                        sums = new_f32((a_pass_grid[1], k))
+                        sums = new_f32((a_pass_grid[1], ka))
                         a_pass = launcher_for(a_pass_spec, dev)
                         a_pass.launch(a_pass_grid, (32, 8, 1), 0, stream, gy=ptr(grad_a),
-                                      gy_r=k, gy_c=1, src=0, src_r=0, src_c=0, dz=0, dz_r=0,
+                                      gy_r=ka, gy_c=1, src=0, src_r=0, src_c=0, dz=0, dz_r=0,
                                       dz_c=0, dc=0, dc_r=0, dc_c=0, partial=ptr(sums), M_=m,
-                                      N_=k, rows_=a_pass_tm, beta_=0.0, slope_=0.0)
+                                      N_=ka, rows_=a_pass_tm, beta_=0.0, slope_=0.0)
                     grad_a_bias = new_a_bias(a_bias_shape)
                     a_bias_sum(stream, sums, ptr(grad_a_bias))
         elif zeros_a:
-            grad_a = zeros((m, k), a.dtype)
+            grad_a = zeros((m, ka), a.dtype)
             if a_bias_shape is not None:
                 grad_a_bias = zeros(a_bias_shape, a_bias_np)
         if want_b:

@@ -73,8 +73,12 @@ class Epilogue:
     per column) makes it a gated linear unit: the accumulator columns come in pairs, an even
     column ``2j`` (the gate) and the odd one after it (``2j + 1``, the linear half), and
     ``Y[:, j] = act(Z[:, 2j]) * Z[:, 2j + 1]``: Y has half the GEMM's columns, Z (with
-    ``save_z``) all of them. The leaky ReLU's slope is no part of it: the kernels take it as a
-    parameter at launch.
+    ``save_z``) all of them. ``glu_grad`` (an activation; with C, nothing else) is that
+    unit's backward through the GEMM that makes the gradient of its output, dH = alpha * acc:
+    C holds the unit's pre-activations Z, (gate, linear) column pairs, and Y = dZ, twice the
+    GEMM's columns, ``Y[:, 2j] = dH[:, j] * Z[:, 2j + 1] * act'(Z[:, 2j])`` and ``Y[:, 2j + 1] =
+    dH[:, j] * act(Z[:, 2j])``. The leaky ReLU's slope is no part of it: the kernels take it as
+    a parameter at launch.
     """
 
     out_dtype: DType
@@ -88,6 +92,7 @@ class Epilogue:
     gate_from_y: bool = False
     bgrad: bool = False
     glu: bool = False
+    glu_grad: Act | None = None
 
     def __post_init__(self):
         for name, typ, optional in (("out_dtype", DType, False), ("act", Act, False),
@@ -95,7 +100,7 @@ class Epilogue:
                                     ("layout_c", Layout, True), ("c_dtype", DType, True),
                                     ("save_z", bool, False), ("gate", Act, True),
                                     ("gate_from_y", bool, False), ("bgrad", bool, False),
-                                    ("glu", bool, False)):
+                                    ("glu", bool, False), ("glu_grad", Act, True)):
             check_field(self, name, typ, optional)
         if (self.bias_dtype is None) != (self.bias is BiasKind.NONE):
             raise ArgumentValueError(
@@ -111,6 +116,13 @@ class Epilogue:
                 "Epilogue.glu: a gated linear unit (Y = act(Z[:, 0::2]) * Z[:, 1::2]) takes no "
                 "gate and no C, and no bias or one per column; expected glu False, got True "
                 f"with gate {self.gate!r}, layout_c {self.layout_c!r}, bias {self.bias.value!r}")
+        if self.glu_grad is not None and (
+                self.glu or self.gate is not None or self.layout_c is None or self.save_z
+                or self.act is not Act.NONE or self.bias is not BiasKind.NONE):
+            raise ArgumentValueError(
+                "Epilogue.glu_grad: a gated linear unit's backward (Y = dZ from dH = alpha * "
+                "acc and C = Z) reads C and takes no activation, bias, gate or saved Z; "
+                f"expected glu_grad None, got {self.glu_grad.value!r}")
         if self.gate is None:
             if self.gate_from_y:
                 raise ArgumentValueError("Epilogue.gate_from_y: expected False without a gate, "
@@ -132,8 +144,9 @@ class Epilogue:
         return self.layout_c is not None
 
     def y_cols(self, n: int) -> int:
-        """Y's columns for a GEMM of ``n`` columns (half of them for a gated linear unit)."""
-        return n // 2 if self.glu else n
+        """Y's columns for a GEMM of ``n`` columns (half of them for a gated linear unit,
+        twice as many for its backward, ``glu_grad``)."""
+        return n // 2 if self.glu else 2 * n if self.glu_grad is not None else n
 
     @property
     def y_ctype(self) -> str:
@@ -145,6 +158,8 @@ class Epilogue:
         ``[_glu]_<act>_<bias>[_g<z|y><gate>][<bias dtype>][_c<layout>[<dtype>]][_o<dtype>][_z]
         [_bg]`` (dtypes only where they differ from the inputs')."""
         name = f"{'_glu' if self.glu else ''}_{self.act.value}_{self.bias.value}"
+        if self.glu_grad is not None:
+            name += f"_dglu{self.glu_grad.value}"
         if self.gate is not None:
             name += f"_g{'y' if self.gate_from_y else 'z'}{self.gate.value}"
         if self.bias_dtype not in (None, dtype):

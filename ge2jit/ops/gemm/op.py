@@ -19,13 +19,15 @@ from ...runtime.arrays import (
 )
 from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.registry import Explanation
+from . import problem
 from .plans import Plan, clear_plans, ld_of, plan_for
 from .problem import Problem, check_scalar, validate
 from .select import parse_config
-from .spec import Act
+from .spec import Act, DType, Layout
 from .tuning import TuneResult, tune, tune_problem
 
-__all__ = ["gemm_bias_act", "gemm_glu", "gemm_and_prepared", "gated_gemm", "explain",
+__all__ = ["gemm_bias_act", "gemm_glu", "gemm_and_prepared", "gated_gemm", "glu_grad_gemm",
+           "explain",
            "explain_call", "tune", "TuneResult", "clear_plans"]
 
 
@@ -295,6 +297,38 @@ def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope:
         call = None if p.copied else _prepare(plan, p, False, y, None,
                                               (v["a"], v["b"], v["c"], None, None, None), fw)
     return y_native, call, partial
+
+
+def glu_grad_gemm(a, b, z, act: Act, alpha: float, leaky_slope: float, precision,
+                  config=None):
+    """The gradient of a gated linear unit's pre-activations from the GEMM that makes the
+    gradient of its output: ``dH = alpha * (A @ B)`` (M x N) and, with ``z`` the unit's (M, 2N)
+    pre-activations ((gate, linear) column pairs; any layout ``gemm_bias_act`` reads), ``dZ``
+    (M, 2N, the inputs' dtype) written by the epilogue (``Epilogue.glu_grad``): ``dZ[:, 2j] =
+    dH[:, j] * Z[:, 2j + 1] * act'(Z[:, 2j])``, ``dZ[:, 2j + 1] = dH[:, j] * act(Z[:, 2j])``.
+    A and B are checked as ``gemm_bias_act``'s. Returns ``(dZ, call)``: ``call(a, b, None, z,
+    alpha, 1.0, leaky_slope, None, None)`` repeats it for arrays of the same pattern, or None
+    for an empty result or copied operands."""
+    fw, device_id, native = call_arguments({"a": a, "b": b, "z": z})
+    with fw.context(device_id):
+        v = views(fw, native)
+        p = validate(v["a"], v["b"], None, "none", None, alpha, 0.0, leaky_slope, None,
+                     precision=precision)
+        problem.check_shaped(v["z"], "z", (p.m, 2 * p.n), "(M, 2N): the unit's pre-activations",
+                             (p.dtype, DType.F32))
+        layout_c, ldc, c = (problem.layout_of(v["z"], "z") if p.m and p.n
+                            else (Layout.ROW, max(2 * p.n, 1), v["z"]))
+        p = p.replace(epilogue=replace(p.epilogue, layout_c=layout_c,
+                                       c_dtype=problem.check_dtype(c, "z"), glu_grad=act),
+                      c=c, ldc=ldc, copied=p.copied or c is not v["z"])
+        y, _, y_native, _ = _outputs(p, False, fw)
+        if p.empty:
+            return y_native, None
+        plan = plan_for(p, y, None, config)
+        plan.launch(p, y, None, fw.stream_getter(device_id)(), fw.scratch(device_id))
+        call = None if p.copied else _prepare(plan, p, False, y, None,
+                                              (v["a"], v["b"], c, None, None, None), fw)
+    return y_native, call
 
 
 def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,

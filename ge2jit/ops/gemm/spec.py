@@ -714,6 +714,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
         accumulators (64 pairs) a block: a config narrower than that stores unstaged, and the
         256-wide ones spill staging its Y and Z (the ping-pong 128x128 one too, for float32
         outputs with a bias)."""
+        if epilogue.glu_grad is not None:
+            return ("a gated linear unit's backward stores its pairs of dZ from the registers "
+                    "(not staged)")
         if epilogue.glu and config.bn < 128:
             return (f"a gated linear unit stages blocks of 128 accumulator columns; "
                     f"{config.name} has {config.bn}")
@@ -739,6 +742,8 @@ class WgmmaGemmSpec(GemmKernelSpec):
         where it can: its tile must take at most two ring positions, and a C term (not a
         gate's) with Z saved spills registers (found by compiling every combination for
         sm_90a: both passes, Z's and Y's, read C)."""
+        if epilogue.glu_grad is not None:
+            return "a gated linear unit's backward reads C (its Z) twice as wide as the tile"
         positions = -(-(config.bm // 64) * (config.bn * epilogue.c_dtype.itemsize // 128)
                       // ((config.bm + config.bn) // 64))
         if positions > 2:

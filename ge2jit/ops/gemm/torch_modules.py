@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .epilogue import ACT_NAMES
-from .torch_ops import gemm_bias_act, gemm_gated, mlp
+from .torch_ops import gated_mlp, gemm_bias_act, mlp
 
 
 def _check_act(act, name: str = "act") -> str:
@@ -115,8 +115,9 @@ class GatedMLP(nn.Module):
     ``act="silu"``; GeGLU with "gelu" or "gelu_tanh"), the gate and up projections as one
     ``gemm_gated`` (one GEMM whose epilogue writes the (…, hidden) product once, nothing
     2 x hidden wide in memory but the pre-activations the backward keeps) and the down
-    projection as a ``gemm_bias_act``; differentiable through ge2jit's backwards, in eager
-    mode, under ``torch.compile`` and in CUDA-graph capture.
+    projection as a ``gemm_bias_act``, as one op (``ge2jit.torch.gated_mlp``) whose backward
+    is chained: the down projection's dX GEMM writes the gated unit's dZ in its epilogue (no
+    pass forms it); in eager mode, under ``torch.compile`` and in CUDA-graph capture.
 
     Parameters: ``gate_up`` of (2 * hidden, d_model), its rows alternating the gate's and the
     up projection's (row 2j: the gate's row j, 2j + 1: up's row j; ``split_gate_up`` of its
@@ -177,9 +178,8 @@ class GatedMLP(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = gemm_gated(_flat(x, self.d_model), self.gate_up.t(), self.gate_up_bias,
-                       act=self.act, precision=self.precision)
-        y = gemm_bias_act(h, self.down.t(), self.down_bias, precision=self.precision)
+        y = gated_mlp(_flat(x, self.d_model), self.gate_up, self.gate_up_bias, self.down,
+                      self.down_bias, self.act, precision=self.precision)
         return y.reshape(*x.shape[:-1], self.d_model)
 
     def extra_repr(self) -> str:

@@ -234,6 +234,95 @@ def _(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs):
     return out
 
 
+# --- a gated MLP with a chained backward ---------------------------------------------------
+
+def _gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Tensor,
+               down_bias: Tensor | None, act: str, precision: str | None, save: bool
+               ) -> list[Tensor]:
+    """``[Y, H, Z]`` of ``Y = H @ down.T + down_bias`` with ``H = gemm_gated(x, gate_up.T,
+    gate_up_bias)`` (``gate_up`` of (2 * hidden, d), rows alternating gate and up; ``Z`` its
+    (M, 2 * hidden) pre-activations); without ``save`` only ``[Y]``."""
+    out = _gated_forward(x, gate_up.t(), gate_up_bias, act=act, save_preact=save,
+                         precision=precision)
+    h, z = out if save else (out, None)
+    y = _forward(h, down.t(), down_bias, precision=precision)
+    return [y, h, z] if save else [y]
+
+
+gated_mlp_op = torch.library.custom_op(op_name("gated_mlp"), mutates_args=(),
+                                       device_types="cuda")(_gated_mlp)
+
+
+@gated_mlp_op.register_fake
+def _(x, gate_up, gate_up_bias, down, down_bias, act, precision, save):
+    m = x.shape[0]
+    y = x.new_empty((m, down.shape[0]))
+    if not save:
+        return [y]
+    return [y, x.new_empty((m, down.shape[1])), x.new_empty((m, gate_up.shape[0]))]
+
+
+def _gated_mlp_setup(ctx, inputs, output):
+    x, gate_up, gate_up_bias, down, down_bias, act, precision, save = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
+    ctx.scalars = (act, precision)
+    ctx.save_for_backward(x, gate_up, gate_up_bias, down, down_bias, output[1], output[2])
+
+
+def _gated_mlp_grads(ctx, gy, backward):
+    """The gradients of ``_gated_mlp``'s inputs by ``backward`` (the backward op, or in eager
+    mode its implementation)."""
+    if gy is None:
+        return (None,) * 8
+    x, gate_up, gate_up_bias, down, down_bias, h, z = ctx.saved_tensors
+    act, precision = ctx.scalars
+    gx, g_gate_up, g_gate_up_bias, g_down, g_down_bias = backward(
+        gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision,
+        bool(ctx.needs_input_grad[0]))
+    return (gx if ctx.needs_input_grad[0] else None, g_gate_up,
+            g_gate_up_bias if gate_up_bias is not None else None, g_down,
+            g_down_bias if down_bias is not None else None, None, None, None)
+
+
+def _gated_mlp_autograd(ctx, grads):
+    return _gated_mlp_grads(ctx, grads[0], torch.ops.ge2jit.gated_mlp_backward)
+
+
+gated_mlp_op.register_autograd(_gated_mlp_autograd, setup_context=_gated_mlp_setup)
+
+
+def _gated_mlp_backward(gy: Tensor, x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None,
+                        down: Tensor, down_bias: Tensor | None, h: Tensor, z: Tensor, act: str,
+                        precision: str | None, needs_x: bool) -> list[Tensor]:
+    """``[dX, d gate_up, d gate_up_bias, d down, d down_bias]`` of ``gated_mlp`` (empty where
+    there is no such input or dX is not wanted). Chained: the down projection's dA GEMM
+    writes the gated unit's dZ (``a_glu``) in its epilogue, so no pass forms it; the unit's
+    bias gradient is the column sums of dZ; then dX and d gate_up are the two GEMMs of dZ."""
+    needs = ("a", "b") + (("bias",) if down_bias is not None else ())
+    g = _backward(gy, h, down.t(), down_bias, needs=needs, precision=precision, a_glu=act,
+                  a_z=z, a_bias=gate_up_bias)
+    g2 = _backward(g.a, x, gate_up.t(), None, needs=("a", "b") if needs_x else ("b",),
+                   precision=precision)
+    return [g2.a if needs_x else absent(gy), g2.b.t(),
+            g.a_bias if g.a_bias is not None else absent(gy), g.b.t(),
+            g.bias if g.bias is not None else absent(gy)]
+
+
+gated_mlp_backward_op = torch.library.custom_op(
+    op_name("gated_mlp_backward"), mutates_args=(), device_types="cuda")(_gated_mlp_backward)
+
+
+@gated_mlp_backward_op.register_fake
+def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs_x):
+    def like(t):
+        return absent(gy) if t is None else torch.empty_like(
+            t, memory_format=torch.contiguous_format)
+
+    return [x.new_empty(x.shape) if needs_x else absent(gy), like(gate_up), like(gate_up_bias),
+            like(down), like(down_bias)]
+
+
 # --- a chained stack of layers -------------------------------------------------------------
 
 def _spread(biases, has_bias) -> list:
@@ -408,6 +497,21 @@ class _GatedFunction(torch.autograd.Function):
         return _gated_grads(ctx, gy, _gated_backward_impl)
 
 
+class _GatedMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(x, gate_up, gate_up_bias, down, down_bias, act, precision):
+        return tuple(_gated_mlp(x, gate_up, gate_up_bias, down, down_bias, act, precision,
+                                True))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _gated_mlp_setup(ctx, (*inputs, True), output)
+
+    @staticmethod
+    def backward(ctx, gy, *_):
+        return _gated_mlp_grads(ctx, gy, _gated_mlp_backward)[:7]
+
+
 class _MLPFunction(torch.autograd.Function):
     """``_mlp(..., save=True)``; the weights and present biases come as separate arguments
     (an autograd.Function gives no gradient to tensors in a list)."""
@@ -493,6 +597,29 @@ def gemm_gated(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "
     else:
         y, z = _gated(*args)
     return (y, z) if save_preact else y
+
+
+def gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Tensor,
+              down_bias: Tensor | None, act: str = "silu", *,
+              precision: str | None = None) -> Tensor:
+    """``down(act(x @ W_gate.T + b_gate) * (x @ W_up.T + b_up))`` as one differentiable op
+    (``torch.ops.ge2jit.gated_mlp``; in eager mode an autograd.Function over the same
+    implementation): ``gate_up`` of (2 * hidden, d) with rows alternating gate and up (and
+    its bias alike), ``down`` of (d, hidden). Its backward is chained: the down projection's
+    dX GEMM writes the gated unit's dZ in its epilogue (no pass of its own), then two GEMMs.
+    Precision and autocast as in ``gemm_bias_act``."""
+    dtype = autocast_dtype()
+    x, gate_up, down = cast(x, dtype), cast(gate_up, dtype), cast(down, dtype)
+    gate_up_bias, down_bias = (b if b is None or b.dtype == torch.float32 else cast(b, dtype)
+                               for b in (gate_up_bias, down_bias))
+    precision = precision_for(x.dtype, precision)
+    tensors = (x, gate_up, gate_up_bias, down, down_bias)
+    save = needs_grad(*tensors)
+    if traced(*tensors):
+        return gated_mlp_op(*tensors, act, precision, save)[0]
+    if save:
+        return _GatedMLPFunction.apply(*tensors, act, precision)[0]
+    return _gated_mlp(*tensors, act, precision, False)[0]
 
 
 def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,

@@ -69,6 +69,10 @@ GLU = {"layout_c": [None], "act": [Act.SILU, Act.GELU, Act.GELU_TANH, Act.RELU, 
                                    Act.NONE],
        "bias": [BiasKind.NONE, BiasKind.COL], "save_z": [False, True], "glu": [True]}
 GLU_FEW = {**GLU, "act": [Act.SILU, Act.GELU, Act.SIGMOID]}
+# That unit's backward in the next layer's dA GEMM: C its Z, Y its dZ (twice as wide)
+GLU_GRAD = {"layout_c": list(Layout), "act": [Act.NONE], "bias": [BiasKind.NONE],
+            "save_z": [False], "c_type": ["input", "f32"],
+            "glu_grad": [Act.SILU, Act.GELU, Act.GELU_TANH, Act.RELU]}
 
 
 def _epilogue(p: dict, dtype: DType) -> Epilogue:
@@ -81,7 +85,8 @@ def _epilogue(p: dict, dtype: DType) -> Epilogue:
         out_dtype=pick[p.get("out", "input")], act=p["act"], bias=bias,
         bias_dtype=None if bias is BiasKind.NONE else pick[p.get("bias_type", "input")],
         layout_c=layout_c, c_dtype=None if layout_c is None else pick[p.get("c_type", "input")],
-        save_z=p["save_z"], gate=gate, gate_from_y=from_y, glu=p.get("glu", False))
+        save_z=p["save_z"], gate=gate, gate_from_y=from_y, glu=p.get("glu", False),
+        glu_grad=p.get("glu_grad"))
 
 
 def _tiled(p: dict) -> TiledGemmSpec:
@@ -317,6 +322,28 @@ FAMILIES = {
         {"dtype": list(DType), **GLU, "out": ["input", "f32"], "bias_type": ["input", "f32"],
          "vec_y": [False, True], "arch": ARCHS},
         _splitk_reduce,
+    ),
+    "glu_grad_mma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "config": list(MMA_16BIT_CONFIGS),
+         **{**MMA_COMMON, **GLU_GRAD}},
+        _mma,
+    ),
+    "glu_grad_wgmma_16bit": (
+        {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
+         **GLU_GRAD, "out": ["input"], "bias_type": ["input"], "config": list(WGMMA_CONFIGS),
+         "vec_y": [False, True], "store16": [False], "split_k": [False, True],
+         "arch": ["sm_90a"]},
+        _wgmma,
+    ),
+    "glu_grad_splitk_reduce": (
+        {"dtype": list(DType), **GLU_GRAD, "out": ["input"], "bias_type": ["input"],
+         "vec_y": [False, True], "arch": ARCHS},
+        _splitk_reduce,
+    ),
+    "glu_grad_tiled": (
+        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GLU_GRAD,
+         "out": ["input"], "bias_type": ["input"], "tile": list(TILED_CONFIGS), "arch": ARCHS},
+        _tiled,
     ),
     "glu_dz": (
         {"act": list(Act), "from_y": [False], "bias": [BiasKind.NONE, BiasKind.COL],

@@ -147,3 +147,18 @@ def test_interleave_and_split_numpy():
         ge2jit.interleave_gate_up(gate, up[:, :3])
     with pytest.raises(ge2jit.ArgumentValueError, match="b: expected a"):
         ge2jit.split_gate_up(np.zeros((3, 5)))
+
+
+def test_glu_grad_epilogue():
+    ep = Epilogue(out_dtype=DType.BF16, layout_c=Layout.ROW, c_dtype=DType.BF16,
+                  glu_grad=Act.SILU)
+    assert ep.y_cols(8) == 16 and ep.name(DType.BF16) == "_none_nobias_dglusilu_cr"
+    with pytest.raises(ge2jit.ArgumentValueError, match="Epilogue.glu_grad"):
+        Epilogue(out_dtype=DType.BF16, glu_grad=Act.SILU)   # no C
+    with pytest.raises(ge2jit.ArgumentValueError, match="Epilogue.glu_grad"):
+        Epilogue(out_dtype=DType.BF16, layout_c=Layout.ROW, c_dtype=DType.BF16,
+                 glu_grad=Act.SILU, save_z=True)
+    for cfg in WGMMA_CONFIGS:   # stored from the registers, C read from memory
+        main = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, ep, cfg, 1, 4096,
+                          (16, 16, 16, 16)).main
+        assert not main.store16 and not main.c_tma and main.vec_y

@@ -272,3 +272,30 @@ def test_large_bf16_against_plain_gemm(m, n, k):
     zz = host64(z)
     y_from_z = zz[:, 0::2] / (1 + np.exp(-zz[:, 0::2])) * zz[:, 1::2]
     assert rel_error(host64(y), y_from_z) < 1e-2
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f32", "tf32"])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "relu"])
+def test_a_glu_makes_the_units_dz_in_the_next_layers_da(kind, act):
+    """The layer after a gated unit: its dA GEMM writes the unit's dZ (a_glu) and the unit's
+    bias gradient comes as its column sums."""
+    dtype, precision, tol = KINDS[kind]
+    m, n, k, d = 130, 72, 64, 48
+    x, w = rand(dtype, m, k), rand(dtype, k, 2 * n, scale=0.3)
+    b, wd = rand(dtype, 2 * n), rand(dtype, n, d, layout="c", scale=0.3)
+    h, z = ge2jit.gemm_gated(x, w, b, act=act, save_preact=True, precision=precision)
+    gy = rand(dtype, m, d)
+    g = ge2jit.gemm_bias_act_backward(gy, h, wd, needs=("a", "b"), precision=precision,
+                                      a_glu=act, a_z=z, a_bias=b)
+    dh = host64(gy) @ host64(wd).T
+    zz = host64(z)
+    from ge2jit.ops.gemm.reference import activation, activation_grad
+
+    dz = np.empty_like(zz)
+    dz[:, 0::2] = dh * zz[:, 1::2] * activation_grad(act, zz[:, 0::2])
+    dz[:, 1::2] = dh * activation(act, zz[:, 0::2])
+    tol = 5e-2 if act == "relu" and kind != "f32" else max(tol, 2e-2 if kind == "bf16" else 3e-3)
+    assert g.a.shape == (m, 2 * n)
+    assert rel_error(host64(g.a), dz) < tol
+    assert rel_error(host64(g.a_bias), dz.sum(axis=0)) < tol
+    assert rel_error(host64(g.b), host64(h).T @ host64(gy)) < max(tol, 1e-4)
