@@ -108,6 +108,30 @@ def test_opcheck(gt):
                            "ieee", [True, True, True]))
 
 
+def test_gated_mlp_eager_and_custom_op_give_the_same_bits(gt):
+    torch.manual_seed(9)
+    block = gt.GatedMLP(64, 96, bias=True, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(50, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gy = torch.randn(50, 64, device="cuda", dtype=torch.bfloat16)
+    leaves = [x, *block.parameters()]
+
+    def grads_of(y):
+        for t in leaves:
+            t.grad = None
+        y.backward(gy)
+        return [t.grad.clone() for t in leaves]
+
+    y = gt.gated_mlp(x, block.gate_up, block.gate_up_bias, block.down, block.down_bias)
+    assert type(y.grad_fn).__name__ == "_GatedMLPFunctionBackward"
+    eager = grads_of(y)
+    y_op = torch.ops.ge2jit.gated_mlp(x, block.gate_up, block.gate_up_bias, block.down,
+                                      block.down_bias, "silu",
+                                      gt.precision_for(torch.bfloat16, None), True)[0]
+    assert torch.equal(y, y_op)
+    for g, g_op in zip(eager, grads_of(y_op)):
+        assert torch.equal(g, g_op)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_eager_function_and_the_custom_op_give_the_same_bits(gt, dtype):
     torch.manual_seed(6)
