@@ -151,12 +151,13 @@ def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layo
 
 def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
            gate=None, gate_from_y: bool = False, bgrad: bool = False,
-           glu: bool = False) -> list:
+           glu: bool = False, glu_grad=None) -> list:
     """The specs to compile for one validated entry on one architecture.
 
     ``tuned`` holds (layouts, (M, N, K), config name) from the tuning database to add.
     ``gate``, ``gate_from_y``, ``bgrad``: the backward's gated GEMMs (their ``Epilogue``
     fields). ``glu``: ``gemm_gated``'s GEMMs, whose shapes' N is Y's (the GEMM's is 2N).
+    ``glu_grad``: the next layer's dA GEMMs that write a gated unit's dZ (2N wide).
     """
     number = arch_number(arch)
     specs = []
@@ -173,7 +174,7 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                             bias_dtype=None if BIAS[bias] is BiasKind.NONE else bias_dtype,
                             layout_c=layout_c, c_dtype=None if layout_c is None else c_dtype,
                             save_z=save_z, gate=gate, gate_from_y=gate_from_y, bgrad=bgrad,
-                            glu=glu)
+                            glu=glu, glu_grad=glu_grad)
         operands = (dtype, Layout(layouts[0]), Layout(layouts[1]))
         tc = uses_tensor_cores(dtype, precision)
 
@@ -183,7 +184,8 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
         def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype, c_item=c_item,
                      c_layout=c_layout):
             return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize,
-                                 c_item, c_layout, n // 2 if glu and n else None)
+                                 c_item, c_layout,
+                                 (n // 2 if glu else 2 * n if glu_grad else None) if n else None)
 
         shapes = [(m, 2 * n, k) for m, n, k in entry["shapes"]] if glu else entry["shapes"]
 

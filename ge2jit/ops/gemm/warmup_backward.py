@@ -28,6 +28,9 @@ KEYS = {
                "activation, a_act)", ["none"]),
     "a_sources": ("a list of 'z' (a_z given) and 'y' (a_act' from A itself)", ["z"]),
     "a_z_dtypes": ("a list of 'input' (the inputs' type) and 'float32'", ["input"]),
+    "a_glus": (f"a list of 'none' (no a_glu) and {sorted(ACT_NAMES)}: A made by a gated "
+               "linear unit with this gate (a_glu; its Z from a_z_dtypes, its (2K,) bias "
+               "gradient with a_bias)", ["none"]),
     "a_bias": ("a list of booleans: the previous layer's bias gradient asked for (a_bias)",
                [False]),
     "a_bias_dtypes": ("a list of 'input' (the inputs' type) and 'float32'", ["input"]),
@@ -56,6 +59,7 @@ def validate_entry(entry: dict) -> dict:
         "a_acts": _check_list(entry, "a_acts", ["none", *ACT_NAMES]),
         "a_sources": _check_list(entry, "a_sources", ["z", "y"]),
         "a_z_dtypes": _check_list(entry, "a_z_dtypes", TYPES),
+        "a_glus": _check_list(entry, "a_glus", ["none", *ACT_NAMES]),
         "a_bias": _check_list(entry, "a_bias", [False, True]),
         "a_bias_dtypes": _check_list(entry, "a_bias_dtypes", TYPES),
     }
@@ -69,7 +73,7 @@ def _gemms(entry, arch, sms, dname, layouts, shape, **kw) -> list:
                                  "layouts": [layouts], "configs": "heuristic",
                                  "shapes": [list(shape)], "aligned": entry["aligned"],
                                  **{k: v for k, v in kw.items() if k in warmup.KEYS}})
-    gate = {k: v for k, v in kw.items() if k in ("gate", "gate_from_y", "bgrad")}
+    gate = {k: v for k, v in kw.items() if k in ("gate", "gate_from_y", "bgrad", "glu_grad")}
     return warmup.expand(fwd, arch, sms=sms, **gate)
 
 
@@ -125,6 +129,20 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
                     specs += _sums(bias_dtype, rows)
         # dB = A.T @ dZ (column-major A.T, row-major dZ), and dA = dZ @ B.T, gated or not
         specs += _gemms(entry, arch, sms, dname, "cr", (k, n, m))
+        for unit, zname, a_bias, abname in itertools.product(
+                entry["a_glus"], entry["a_z_dtypes"], entry["a_bias"], entry["a_bias_dtypes"]):
+            if unit == "none":
+                continue
+            # A made by a gated linear unit: dA's GEMM writes its dZ (2K wide), the unit's bias
+            # gradient by a pass over it
+            specs += _gemms(entry, arch, sms, dname, "rc", (m, k, n), c=["r"], c_dtypes=[zname],
+                            glu_grad=ACT_NAMES[unit])
+            if a_bias:
+                spec = DzSpec(Act.NONE, False, BiasKind.COL, dtype, dtype, dtype,
+                              write_dz=False, vec=False)
+                specs.append(spec)
+                specs += _sums(dtype if abname == "input" else DType.F32,
+                               _pass_shape(m, 2 * k, spec.cols)[1][1])
         for a_name, a_source, zname, a_bias, abname in itertools.product(
                 entry["a_acts"], entry["a_sources"], entry["a_z_dtypes"], entry["a_bias"],
                 entry["a_bias_dtypes"]):

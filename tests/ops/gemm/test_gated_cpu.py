@@ -162,3 +162,18 @@ def test_glu_grad_epilogue():
         main = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, ep, cfg, 1, 4096,
                           (16, 16, 16, 16)).main
         assert not main.store16 and not main.c_tma and main.vec_y
+
+
+def test_backward_warmup_a_glu():
+    """[[gemm_bias_act_backward]] with a_glus: the layer after a gated unit, whose dA GEMM
+    writes the unit's dZ, and the pass that sums it for the unit's bias."""
+    table = registry.warmup_tables()["gemm_bias_act_backward"]
+    entry = table.validate_entry({"dtypes": ["bfloat16"], "acts": ["none"], "bias": ["none"],
+                                  "a_glus": ["silu"], "a_bias": [True],
+                                  "shapes": [[4096, 4096, 11008]], "sms": 132})
+    names = [s.kernel_name for s in table.expand(entry, "sm_90", sms=132)]
+    assert any(n.startswith("gemm_bf16_rc_wgmma_") and n.endswith("_dglusilu_cr")
+               for n in names), names
+    assert "gemm_dz_none_zbf16_gbf16_colbias" in names, names
+    with pytest.raises(ge2jit.ArgumentValueError, match="a_glus"):
+        table.validate_entry({"a_glus": ["swish"], "shapes": [[8, 8, 8]]})
