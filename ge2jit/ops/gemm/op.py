@@ -27,8 +27,7 @@ from .spec import Act, DType, Layout
 from .tuning import TuneResult, tune, tune_problem
 
 __all__ = ["gemm_bias_act", "gemm_glu", "gemm_and_prepared", "gated_gemm", "glu_grad_gemm",
-           "explain",
-           "explain_call", "tune", "TuneResult", "clear_plans"]
+           "explain", "explain_call", "tune", "TuneResult", "clear_plans"]
 
 
 def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, None)):
