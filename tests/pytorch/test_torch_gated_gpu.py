@@ -108,6 +108,42 @@ def test_opcheck(gt):
                            "ieee", [True, True, True]))
 
 
+@pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
+def test_gated_mlp_opcheck(gt, save):
+    """Without ``save`` the op keeps only Y and its backward recomputes H and Z."""
+    torch.manual_seed(4)
+    x = torch.randn(40, 32, device="cuda", requires_grad=True)
+    gate_up = torch.randn(96, 32, device="cuda", requires_grad=True)
+    gate_up_bias = torch.randn(96, device="cuda", requires_grad=True)
+    down = torch.randn(32, 48, device="cuda", requires_grad=True)
+    down_bias = torch.randn(32, device="cuda", requires_grad=True)
+    ops = torch.ops.ge2jit
+    torch.library.opcheck(ops.gated_mlp.default,
+                          (x, gate_up, gate_up_bias, down, down_bias, "silu", "ieee", save))
+    torch.library.opcheck(ops.gated_mlp.default,
+                          (x, gate_up, None, down, None, "gelu", "ieee", save))
+    gy = torch.randn(40, 32, device="cuda")
+    h, z = ops.gemm_gated(x.detach(), gate_up.detach().t(), gate_up_bias.detach(), "silu",
+                          1.0, 0.01, "ieee", True)
+    torch.library.opcheck(ops.gated_mlp_backward.default,
+                          (gy, x.detach(), gate_up.detach(), gate_up_bias.detach(),
+                           down.detach(), down_bias.detach(), h, z, "silu", "ieee", True))
+
+
+def test_gated_mlp_recomputes_what_it_did_not_save(gt):
+    """The op called without ``save`` gives the gradients of the op called with it."""
+    torch.manual_seed(5)
+    args = [torch.randn(s, device="cuda", requires_grad=True)
+            for s in ((40, 32), (96, 32), (96,), (32, 48), (32,))]
+    gy = torch.randn(40, 32, device="cuda")
+    grads = []
+    for save in (True, False):
+        y = torch.ops.ge2jit.gated_mlp(*args, "silu", "ieee", save)[0]
+        grads.append(torch.autograd.grad(y, args, gy))
+    for g0, g1 in zip(*grads):
+        assert torch.equal(g0, g1)
+
+
 def test_gated_mlp_eager_and_custom_op_give_the_same_bits(gt):
     torch.manual_seed(9)
     block = gt.GatedMLP(64, 96, bias=True, device="cuda", dtype=torch.bfloat16)

@@ -267,16 +267,19 @@ def _gated_mlp_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)
     ctx.scalars = (act, precision)
-    ctx.save_for_backward(x, gate_up, gate_up_bias, down, down_bias, output[1], output[2])
+    ctx.save_for_backward(x, gate_up, gate_up_bias, down, down_bias, *output[1:])
 
 
-def _gated_mlp_grads(ctx, gy, backward):
+def _gated_mlp_grads(ctx, gy, backward, gated):
     """The gradients of ``_gated_mlp``'s inputs by ``backward`` (the backward op, or in eager
-    mode its implementation)."""
+    mode its implementation). Called without ``save``, the forward kept no H and Z: ``gated``
+    (the gated GEMM's op or implementation) recomputes them."""
     if gy is None:
         return (None,) * 8
-    x, gate_up, gate_up_bias, down, down_bias, h, z = ctx.saved_tensors
+    x, gate_up, gate_up_bias, down, down_bias, *saved = ctx.saved_tensors
     act, precision = ctx.scalars
+    h, z = saved if saved else gated(x, gate_up.t(), gate_up_bias, act, 1.0, 0.01, precision,
+                                     True)
     gx, g_gate_up, g_gate_up_bias, g_down, g_down_bias = backward(
         gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision,
         bool(ctx.needs_input_grad[0]))
@@ -286,7 +289,8 @@ def _gated_mlp_grads(ctx, gy, backward):
 
 
 def _gated_mlp_autograd(ctx, grads):
-    return _gated_mlp_grads(ctx, grads[0], torch.ops.ge2jit.gated_mlp_backward)
+    return _gated_mlp_grads(ctx, grads[0], torch.ops.ge2jit.gated_mlp_backward,
+                            torch.ops.ge2jit.gemm_gated)
 
 
 gated_mlp_op.register_autograd(_gated_mlp_autograd, setup_context=_gated_mlp_setup)
@@ -387,13 +391,16 @@ def _mlp_setup(ctx, inputs, output):
     ctx.save_for_backward(x, *weights, *biases, *output)
 
 
-def _mlp_grads(ctx, gy, backward):
+def _mlp_grads(ctx, gy, backward, forward):
     """``(dX, [dW_l], [the biases' gradients])`` of ``_mlp``, by ``backward`` (the backward
-    op, or in eager mode its implementation)."""
+    op, or in eager mode its implementation). Called without ``save``, the forward kept only
+    Y: ``forward`` (the op or its implementation) recomputes the layers' outputs and Z."""
     acts, leaky_slope, precision, layers, nb = ctx.scalars
     saved = list(ctx.saved_tensors)
     x, weights, biases = saved[0], saved[1:1 + layers], saved[1 + layers:1 + layers + nb]
     rest = saved[1 + layers + nb:]
+    if len(rest) == 1:   # only Y (saved, 2 * layers tensors): recompute the rest
+        rest = forward(x, weights, biases, ctx.has_bias, acts, leaky_slope, precision, True)
     y, hs, zs = rest[0], rest[1:layers], rest[layers:]
     if gy is None:   # Y's gradient: none reached it
         return None, [None] * layers, [None] * nb
@@ -404,8 +411,8 @@ def _mlp_grads(ctx, gy, backward):
 
 
 def _mlp_autograd(ctx, grads):   # grads: one per output of the list mlp returns
-    return (*_mlp_grads(ctx, grads[0], torch.ops.ge2jit.mlp_backward), None, None, None, None,
-            None)
+    return (*_mlp_grads(ctx, grads[0], torch.ops.ge2jit.mlp_backward, torch.ops.ge2jit.mlp),
+            None, None, None, None, None)
 
 
 mlp_op.register_autograd(_mlp_autograd, setup_context=_mlp_setup)
@@ -509,7 +516,7 @@ class _GatedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, *_):
-        return _gated_mlp_grads(ctx, gy, _gated_mlp_backward)[:7]
+        return _gated_mlp_grads(ctx, gy, _gated_mlp_backward, _gated)[:7]
 
 
 class _MLPFunction(torch.autograd.Function):
@@ -529,7 +536,7 @@ class _MLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, *_):
-        gx, gws, gbs = _mlp_grads(ctx, gy, _mlp_backward)
+        gx, gws, gbs = _mlp_grads(ctx, gy, _mlp_backward, _mlp)
         return (gx, None, None, None, None, None, *gws, *gbs)
 
 
