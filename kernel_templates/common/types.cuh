@@ -83,11 +83,18 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 // load_vec(p, v): p[0..N) as float32, in 16-byte accesses (p 16-byte aligned, N elements a
-// whole number of 16-byte segments).
+// whole number of 16-byte segments), or one 8-byte access for 8 bytes (p 8-byte aligned).
 template <typename T, int N>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[N]) {
     constexpr int PER = 16 / sizeof(T);
-    static_assert(N % PER == 0, "whole 16-byte segments");
+    if constexpr (N * sizeof(T) == 8) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(p);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = to_f32(e[i]);
+        return;
+    }
+    static_assert(N % PER == 0 || N * sizeof(T) == 8, "whole 16-byte segments");
 #pragma unroll
     for (int q = 0; q < N / PER; ++q) {
         const uint4 raw = *reinterpret_cast<const uint4*>(p + q * PER);

@@ -4,6 +4,7 @@
 {% set b_kcont = spec.layout_b.value == "c" %}
 {% set n_acc = cfg.bn // 2 %}
 {% set glu = spec.epilogue.glu %}
+{% set glu_grad = spec.epilogue.glu_grad %}
 // {{ spec.kernel_name }}
 // Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
 // Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
@@ -28,6 +29,9 @@ if (Q * 16 == EPC * sizeof(*C) && c_vec && n + EPC <= N) {
 {%- endmacro %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
+{% if glu_grad and spec.store16 %}
+{% include "common/cp_async.cuh" %}
+{% endif %}
 
 constexpr int BM = {{ cfg.bm }};
 constexpr int BN = {{ cfg.bn }};
@@ -412,27 +416,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.split_k %}
         {{ spec.epilogue.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
 {% endif %}
-{% if spec.epilogue.gate and not spec.c_tma %}
-        {   // This consumer's part of C (the gate's input) into L2 while the main loop runs,
-            // so that the epilogue's reads of it wait on L2, not on memory (the plain C
-            // epilogue measured slower with it). Each contiguous run of it (a row's BN
-            // columns, or a column's WG_M rows) by 128-byte lines, plus its last element (a
-            // run need not start on a line).
+{% if (spec.epilogue.gate or glu_grad) and not spec.c_tma %}
+{% set cw = "2 * " if glu_grad else "" %}
+        {   // This consumer's part of C (the gate's input, or the gated linear unit's Z: twice
+            // the tile's columns) into L2 while the main loop runs, so that the epilogue's
+            // reads of it wait on L2, not on memory (the plain C epilogue measured slower with
+            // it). Each contiguous run of it (a row's columns, or a column's WG_M rows) by
+            // 128-byte lines, plus its last element (a run need not start on a line).
 {% if spec.epilogue.layout_c.value == "r" %}
-            constexpr int RUNS = WG_M, RUN = BN;
+            constexpr int RUNS = WG_M, RUN = {{ cw }}BN;
 {% else %}
-            constexpr int RUNS = BN, RUN = WG_M;
+            constexpr int RUNS = {{ cw }}BN, RUN = WG_M;
 {% endif %}
             constexpr int PER_LINE = 128 / sizeof(*C), LINES = (RUN + PER_LINE - 1) / PER_LINE;
             for (int q = threadIdx.x % 128; q < RUNS * (LINES + 1); q += 128) {
                 const int run = q / (LINES + 1), l = q % (LINES + 1);
                 const int at = l == LINES ? RUN - 1 : l * PER_LINE;
 {% if spec.epilogue.layout_c.value == "r" %}
-                const int m = m0 + row0 + run, n = min(n0 + at, N - 1);
+                const int m = m0 + row0 + run, n = min({{ cw }}n0 + at, {{ cw }}N - 1);
 {% else %}
-                const int m = min(m0 + row0 + at, M - 1), n = n0 + run;
+                const int m = min(m0 + row0 + at, M - 1), n = {{ cw }}n0 + run;
 {% endif %}
-                if (m < M && n < N) prefetch_l2(&C_AT(m, n));
+                if (m < M && n < {{ cw }}N) prefetch_l2(&C_AT(m, n));
             }
         }
 {% endif %}
@@ -541,6 +546,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // 64 columns of a staged block of Y (NY columns in all); Z takes two blocks.
         constexpr int CHUNK = 128;
         const int NY = N / 2;
+{% elif glu_grad %}
+        // A gated linear unit's backward: 32 columns of the accumulators (dH) and the 64 of
+        // the unit's Z (C) with the same rows make a block of 64 columns of dZ (Y, NZ columns
+        // in all). The warp copies the block of Z into its staging block (cp.async, whole
+        // 16-byte segments, from L2 where the prefetch above put them), forms dZ there in
+        // place, and stores it by TMA.
+        constexpr int CHUNK = 32;
+        const int NZ = 2 * N;
 {% else %}
         constexpr int CHUNK = 64;   // columns of the accumulators a staged block holds
 {% endif %}
@@ -611,6 +624,54 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
                 }
 {% endif %}
+{% if glu_grad %}
+                {   // dZ, columns 2 nc..
+                const int yc = 2 * nc;
+                {{ spec.epilogue.y_ctype }}* const st = st2 + sbuf * (16 * 64);
+                if (lane == 0) bulk_wait_read<1>();   // this block's store of two rounds ago
+                __syncwarp();
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {   // 16 rows of 8 segments: 4 a lane
+                    const int r = p * 4 + lane / 8, seg = lane % 8;
+                    const int m = mw + r, n = yc + seg * 8;
+                    const int bytes = m < M && n < NZ ? 2 * min(8, NZ - n) : 0;
+                    cp_async_16(&st[r * 64 + (seg ^ (r & 7)) * 8],
+                                bytes ? &C[static_cast<long long>(m) * ldc + n] : C, bytes);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();
+                __syncwarp();
+                // groups of 8 columns of the accumulators: a thread's pair makes 4 columns of
+                // dZ (16 j8 + 4 t of the block) from the 4 of Z there
+#pragma unroll
+                for (int j8 = 0; j8 < 4; ++j8) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = g + 8 * h, col = j8 * 16 + 4 * t;
+                        {{ spec.epilogue.y_ctype }}* const s = &st[r * 64 + ((col / 8) ^ (r & 7)) * 8 + col % 8];
+                        float v[4];
+                        load_vec(s, v);
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            {{ ep.compute_z(spec, "d", "acc[mi][4 * (jc * CHUNK / 8 + j8) + 2 * h + c]", "m", "n") | indent(28) }}
+                            const float gate = v[2 * c], lin = v[2 * c + 1];
+                            v[2 * c] = d * lin * {{ ep.dact(glu_grad, "gate", "leaky_slope", False, spec.fast_act) }};
+                            v[2 * c + 1] = d * act_{{ glu_grad.value }}{{ "_fast" if spec.fast_act else "" }}(gate, leaky_slope);
+                        }
+                        store_vec(s, v);
+                    }
+                }
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) {
+                    // a group for every block, empty where its rows are all past M: the wait
+                    // above counts groups as blocks, two buffers apart
+                    if (mw < M) tma_store(&tma_y, smem_u32(st), yc, mw);
+                    bulk_commit();
+                }
+                sbuf ^= 1;
+                }
+{% else %}
 {# (what, which 64 of the chunk's columns): a gated linear unit's Y from the whole chunk #}
 {% if glu %}
 {% set pieces = [("Y", 0)] + ([("Z", 0), ("Z", 1)] if spec.epilogue.save_z else []) %}
@@ -756,6 +817,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
                 }
 {% endfor %}
+{% endif %}
             }
         }
 {% else %}

@@ -30,7 +30,7 @@ from .select import (
     parse_config,
     resolve,
 )
-from .spec import Layout, WgmmaConfig, WgmmaGemmSpec
+from .spec import WGMMA_CONFIGS, Layout, WgmmaConfig, WgmmaGemmSpec
 
 _GRID_Y_MAX = 65535
 _INT32_MAX = 2**31 - 1
@@ -219,7 +219,7 @@ class TmaPlan(Plan):
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
         self._y_type = spec.epilogue.out_dtype.value if spec.tma_store else None
         ep = spec.epilogue
-        self._glu = ep.glu   # Y has half the columns
+        self._y_cols = ep.y_cols   # a gated linear unit's Y: half the columns, its dZ twice
         # 64 x 128-byte boxes of C, which arrives through the ring
         self._c_map = ((ep.c_dtype.value, 128 // ep.c_dtype.itemsize, ep.c_dtype.itemsize)
                        if spec.c_tma else None)
@@ -250,7 +250,7 @@ class TmaPlan(Plan):
                          leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
             return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
-        map_y = tensor_map_2d(y_type, Y, N_ // 2 if self._glu else N_, M_, ldy * 2, 64, 16)
+        map_y = tensor_map_2d(y_type, Y, self._y_cols(N_), M_, ldy * 2, 64, 16)
         map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * 2, 64, 16) if Z else map_y
         self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, **maps,
                      A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride,
@@ -365,8 +365,14 @@ def _choose(p: Problem, config, autotune, vecs) -> Choice:
 
 
 def glu_kind(epilogue) -> str | None:
-    """The heuristic's ``glu``: a gated linear unit storing Y ("y") or Y and Z ("yz")."""
-    return ("yz" if epilogue.save_z else "y") if epilogue.glu else None
+    """The heuristic's ``glu``: a gated linear unit storing Y ("y") or Y and Z ("yz", or
+    "yz_wide" where the cooperative 128x256 tile stages them without spilling)."""
+    if not epilogue.glu:
+        return None
+    if not epilogue.save_z:
+        return "y"
+    wide = next(c for c in WGMMA_CONFIGS if c.name == "wgmma_128x256_s4")
+    return "yz" if WgmmaGemmSpec.staging_spills(wide, epilogue) else "yz_wide"
 
 
 def _make_plan(p: Problem, config, autotune, vecs) -> Plan:

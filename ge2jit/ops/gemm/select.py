@@ -176,7 +176,8 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     """A good config from the shape, operand layouts ("rc": row-major A, column-major B) and
     types alone, with no tuning run. ``gated``: the backward's gating epilogue (it reads C),
     whose cost a ping-pong schedule hides where the output is wide for its K. ``glu``: a
-    gated linear unit's epilogue storing Y ("y") or Y and Z ("yz").
+    gated linear unit's epilogue storing Y ("y"), or Y and Z ("yz"; "yz_wide" where the
+    128x256 tile can stage them, see ``glu_kind``).
 
     Bigger tiles move fewer bytes per flop, so take the biggest tile that still fills the GPU
     (about one block per multiprocessor); when even the smallest tile leaves most of the
@@ -258,11 +259,15 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
     x 1024 0.072 against 0.091), except the 64x256 ping-pong tile for long K (its staged gate
     spills registers where C cannot come through the ring).
 
-    A gated linear unit (``glu``) that stores Z as well takes the ping-pong 128x128 tile where
-    it fills the GPU (the 256-wide tiles store Y and Z unstaged: on an H100, 16384 x 8192 x
-    1024 takes 0.444 ms on it against 0.990 on 128x256 tiles, 4096 x 22016 x 4096 1.294
-    against 1.406); one that stores Y alone the 64x256 ping-pong tile for K up to 2048 with
-    two waves or more (0.421 against 0.445 on 128x256 tiles at 16384 x 8192 x 1024)."""
+    A gated linear unit (``glu``) that stores Z as well takes the cooperative 128x256 tile for
+    K >= 2048 and about a wave or more where that tile stages Y and Z (``"yz_wide"``: 16-bit
+    outputs without a bias, not the erf GELU; on an H100, bf16, silu, 4096 x 22016 x 4096
+    takes 1.060 ms on it against 1.208 on ping-pong 128x128 tiles and 1.085 for a plain GEMM
+    of that shape, 8192 x 28672 x 4096 2.943 against 3.593 and 2.748), else the ping-pong
+    128x128 tile where it fills the GPU (16384 x 8192 x 1024: 0.465 ms against 0.513 on
+    128x256 tiles; the 64x256 ping-pong tile stores unstaged, 1.2-1.8x slower); one that
+    stores Y alone takes the 64x256 ping-pong tile for K up to 2048 with two waves or more
+    (0.421 against 0.445 on 128x256 tiles at 16384 x 8192 x 1024)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str, split: int = 1) -> Choice:
@@ -272,7 +277,9 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
 
     tiles_128 = _tiles(m, n, by_name["wgmma_128x128_s6"])
     big = _tiles(m, n, by_name["wgmma_128x256_s4"])
-    if glu == "yz" and _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
+    if glu == "yz_wide" and k >= 2048 and 10 * big >= 9 * sms:
+        return pick("wgmma_128x256_s4", "a gated linear unit's Y and Z, staged, K >= 2048")
+    if glu in ("yz", "yz_wide") and _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
         return pick("wgmma_128x128_s6_pp", "a gated linear unit's Y and Z, staged")
     if glu == "y" and k <= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
         return pick("wgmma_64x256_s4_pp", "a gated linear unit, ping-pong")
@@ -456,8 +463,11 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
         staging = (align_y >= 16
                    and WgmmaGemmSpec.staging_spills(config, main_epilogue, c_tma) is None)
         c_tma = c_tma and staging
+        # (a gated linear unit's backward copies its Z into the staging blocks in 16-byte
+        # segments, and forms dZ there)
         store16 = staging and (main_epilogue.layout_c is None or main_epilogue.gate is not None
-                               or c_tma)
+                               or c_tma or (main_epilogue.glu_grad is not None
+                                            and align_c >= 16))
         main = WgmmaGemmSpec(dtype, la, lb, main_epilogue, config,
                              store16 or align_y >= 2 * y_item, store16, promote=x3,
                              split_k=splits > 1, c_tma=c_tma)

@@ -677,7 +677,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
         if self.c_tma and (why := self.c_tma_unfit(self.config, ep)):
             raise ArgumentValueError(f"WgmmaGemmSpec.c_tma: {why}; expected False, got True")
         if (self.store16 and ep.layout_c is not None and ep.gate is None
-                and not self.c_tma):
+                and ep.glu_grad is None and not self.c_tma):
             raise ArgumentValueError(
                 "WgmmaGemmSpec.store16: reading C with the accumulators leaves too few "
                 "registers for the staging (unless C arrives by TMA, c_tma; a gate reads C "
@@ -711,20 +711,36 @@ class WgmmaGemmSpec(GemmKernelSpec):
         by compiling every combination for sm_90a: the 64x256 ping-pong tile keeps 128
         accumulators a thread, and a gate's C values read from memory, or these stores'
         addresses, on top of them do not fit). A gated linear unit stages 128 columns of
-        accumulators (64 pairs) a block: a config narrower than that stores unstaged, and the
-        256-wide ones spill staging its Y and Z (the ping-pong 128x128 one too, for float32
-        outputs with a bias)."""
+        accumulators (64 pairs) a block: a config narrower than that stores unstaged; staging
+        its Y and Z, the 256-wide ping-pong tile spills, the 128x256 one does for float32
+        outputs, a bias or the erf GELU, and the ping-pong 128x128 one for float32 outputs
+        with a bias. Its backward (``glu_grad``) copies its Z into the staging blocks and
+        forms dZ there: that needs a row-major Z of the 16-bit output type (and spills on the
+        ping-pong 128x128 tile with the erf GELU)."""
         if epilogue.glu_grad is not None:
-            return ("a gated linear unit's backward stores its pairs of dZ from the registers "
-                    "(not staged)")
+            if not (epilogue.layout_c is Layout.ROW and epilogue.out_dtype.itemsize == 2
+                    and epilogue.c_dtype is epilogue.out_dtype):
+                return ("a gated linear unit's backward stages its dZ in place of its Z: that "
+                        "takes a row-major Z of the 16-bit output type")
+            if config.pingpong and config.bn == 128 and epilogue.glu_grad is Act.GELU:
+                return (f"{config.name} spills registers when it stages a gated linear unit's "
+                        "dZ with the erf GELU")
+            return None
         if epilogue.glu and config.bn < 128:
             return (f"a gated linear unit stages blocks of 128 accumulator columns; "
                     f"{config.name} has {config.bn}")
-        if epilogue.glu and epilogue.save_z and (
-                config.bn == 256 or (config.pingpong and epilogue.out_dtype.itemsize == 4
-                                     and epilogue.bias is BiasKind.COL)):
-            return (f"{config.name} spills registers when it stages a gated linear unit's Y "
-                    "and Z" + ("" if config.bn == 256 else " in float32 with a bias"))
+        if epilogue.glu and epilogue.save_z:
+            if config.bn == 256 and (config.pingpong or epilogue.out_dtype.itemsize == 4):
+                return (f"{config.name} spills registers when it stages a gated linear "
+                        f"unit's Y and Z" + ("" if config.pingpong else " in float32"))
+            if config.bn == 256 and (epilogue.bias is not BiasKind.NONE
+                                     or epilogue.act is Act.GELU):
+                return (f"{config.name} spills registers when it stages a gated linear "
+                        "unit's Y and Z with a bias or the erf GELU")
+            if (config.pingpong and epilogue.out_dtype.itemsize == 4
+                    and epilogue.bias is BiasKind.COL):
+                return (f"{config.name} spills registers when it stages a gated linear "
+                        "unit's Y and Z in float32 with a bias")
         if not (config.pingpong and config.bn == 256):
             return None
         if epilogue.gate is not None and not c_tma:

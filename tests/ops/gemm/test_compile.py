@@ -103,7 +103,7 @@ def _mma(p: dict) -> MmaGemmSpec:
 def _wgmma(p: dict) -> WgmmaGemmSpec:
     """The fields as kernel_set chooses them: split-K slices store ``PARTIAL_SUMS``; a
     row-major C through the ring where it fits, else no staging with a C term (a gate's
-    excepted); staged results leave as vectors; the column
+    and a gated unit's Z excepted); staged results leave as vectors; the column
     sums of a gated output where the kernel can make them."""
     epilogue = PARTIAL_SUMS if p["split_k"] else _epilogue(p, p["dtype"])
     c_tma = (p["store16"] and epilogue.layout_c is Layout.ROW
@@ -111,7 +111,8 @@ def _wgmma(p: dict) -> WgmmaGemmSpec:
     staging = WgmmaGemmSpec.staging_spills(p["config"], epilogue, c_tma) is None
     c_tma = c_tma and staging
     store16 = (p["store16"] and staging
-               and (epilogue.layout_c is None or epilogue.gate is not None or c_tma))
+               and (epilogue.layout_c is None or epilogue.gate is not None or c_tma
+                    or epilogue.glu_grad is not None))
     spec = WgmmaGemmSpec(p["dtype"], p["layout_a"], p["layout_b"], epilogue, p["config"],
                          p["vec_y"] or store16, store16, promote=p.get("promote", False),
                          split_k=p["split_k"], c_tma=c_tma)
@@ -331,7 +332,7 @@ FAMILIES = {
     "glu_grad_wgmma_16bit": (
         {"dtype": [DType.F16, DType.BF16], "layout_a": list(Layout), "layout_b": list(Layout),
          **GLU_GRAD, "out": ["input"], "bias_type": ["input"], "config": list(WGMMA_CONFIGS),
-         "vec_y": [False, True], "store16": [False], "split_k": [False, True],
+         "vec_y": [False, True], "store16": [False, True], "split_k": [False, True],
          "arch": ["sm_90a"]},
         _wgmma,
     ),
@@ -460,3 +461,36 @@ def test_the_wide_tiles_epilogues_that_spilled_staged_compile_without_spills(spe
     assert not spec.epilogue.bgrad or spec.c_tma
     entry, _ = build(spec, "sm_90a", cache=cache)
     assert entry.spill_stores == 0 and entry.spill_loads == 0, (spec.kernel_name, entry.log)
+
+
+def _gated_unit_staging_cases() -> list:
+    """The staged epilogues of gated linear units at the edge of what fits (found by compiling
+    every combination for sm_90a), as kernel_set makes them: the cooperative 128x256 tile
+    staging 16-bit Y and Z without a bias, and every tile forming the unit's dZ (its
+    backward) in the staging blocks, with the erf GELU (which spills on the ping-pong 128x128
+    tile, left unstaged there) and SiLU."""
+    from ge2jit.ops.gemm.select import kernel_set
+
+    co256 = next(c for c in WGMMA_CONFIGS if not c.pingpong and c.bn == 256)
+    row, col = Layout.ROW, Layout.COL
+    specs = {}
+    for dtype in (DType.BF16, DType.F16):
+        for act in (Act.SILU, Act.GELU_TANH, Act.SIGMOID, Act.RELU, Act.NONE):
+            ep = Epilogue(out_dtype=dtype, act=act, save_z=True, glu=True)
+            main = kernel_set(dtype, row, col, ep, co256, 1, 4096, (16, 16, 16, 16)).main
+            specs[main.kernel_name] = main
+    for cfg in WGMMA_CONFIGS:
+        for act in (Act.GELU, Act.SILU):
+            ep = Epilogue(out_dtype=DType.BF16, layout_c=row, c_dtype=DType.BF16, glu_grad=act)
+            main = kernel_set(DType.BF16, row, row, ep, cfg, 1, 4096, (16, 16, 16, 16)).main
+            specs[main.kernel_name] = main
+    return [pytest.param(s, id=name) for name, s in sorted(specs.items())]
+
+
+@pytest.mark.parametrize("spec", _gated_unit_staging_cases())
+def test_gated_units_staged_epilogues_compile_without_spills(spec, cache):
+    assert spec.store16 == (spec.epilogue.glu_grad is not Act.GELU
+                            or spec.config.name != "wgmma_128x128_s6_pp")
+    entry, _ = build(spec, "sm_90a", cache=cache)
+    assert entry.spill_stores == 0 and entry.spill_loads == 0, (spec.kernel_name, entry.log)
+    assert entry.stack_bytes == 0, (spec.kernel_name, entry.log)

@@ -10,6 +10,7 @@ import pytest
 import ge2jit
 from ge2jit.ops.gemm import problem
 from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
+from ge2jit.ops.gemm.plans import glu_kind
 from ge2jit.ops.gemm.problem import validate
 from ge2jit.ops.gemm.select import heuristic, kernel_set
 from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType, DzSpec, WgmmaGemmSpec
@@ -75,17 +76,27 @@ def test_epilogue_rules_and_names():
 @pytest.mark.parametrize("cfg", WGMMA_CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("save_z", [False, True])
 @pytest.mark.parametrize("out", [DType.BF16, DType.F32])
-def test_hopper_staging(cfg, save_z, out):
+@pytest.mark.parametrize("act,bias", [(Act.SILU, BiasKind.COL), (Act.SILU, BiasKind.NONE),
+                                      (Act.GELU, BiasKind.NONE)])
+def test_hopper_staging(cfg, save_z, out, act, bias):
     """Staged through shared memory where the tile has 128 columns of pairs and fits the
-    registers; the others store from the registers."""
-    ep = Epilogue(out_dtype=out, act=Act.SILU, bias=BiasKind.COL, bias_dtype=DType.BF16,
-                  save_z=save_z, glu=True)
+    registers (found by compiling: the compile tests check that those spill nothing); the
+    others store from the registers."""
+    ep = Epilogue(out_dtype=out, act=act, bias=bias,
+                  bias_dtype=None if bias is BiasKind.NONE else DType.BF16, save_z=save_z,
+                  glu=True)
     main = kernel_set(DType.BF16, Layout.ROW, Layout.COL, ep, cfg, 1, 4096,
                       (16, 16, 16, 16)).main
     assert isinstance(main, WgmmaGemmSpec) and main.epilogue.glu
     wide = cfg.bn >= 128
-    spills = save_z and (cfg.bn == 256 or (cfg.pingpong and out is DType.F32))
+    if cfg.bn == 256:   # the cooperative tile: 16-bit Y and Z, no bias, not the erf GELU
+        spills = save_z and (cfg.pingpong or out is DType.F32 or bias is BiasKind.COL
+                             or act is Act.GELU)
+    else:
+        spills = save_z and cfg.pingpong and out is DType.F32 and bias is BiasKind.COL
     assert main.store16 == (wide and not spills), main.kernel_name
+    if cfg.name == "wgmma_128x256_s4":   # what the heuristic is told
+        assert glu_kind(ep) == ("y" if not save_z else "yz" if spills else "yz_wide")
     if cfg.bn < 128:
         with pytest.raises(ge2jit.ArgumentValueError, match="128 accumulator columns"):
             WgmmaGemmSpec(DType.BF16, Layout.ROW, Layout.COL, ep, cfg, True, True)
@@ -98,6 +109,11 @@ def test_heuristic_for_gated_linear_units():
     assert heuristic(4096, 22016, 4096, 132, 90, "rc", DType.BF16, glu="y").config is plain.config
     z = heuristic(4096, 22016, 4096, 132, 90, "rc", DType.BF16, glu="yz")
     assert z.config is by["wgmma_128x128_s6_pp"]
+    wide = heuristic(4096, 22016, 4096, 132, 90, "rc", DType.BF16, glu="yz_wide")
+    assert wide.config is by["wgmma_128x256_s4"]
+    for glu in ("yz", "yz_wide"):   # short K: ping-pong, whose epilogue hides
+        assert heuristic(16384, 8192, 1024, 132, 90, "rc", DType.BF16,
+                         glu=glu).config is by["wgmma_128x128_s6_pp"]
     short = heuristic(16384, 8192, 1024, 132, 90, "rc", DType.BF16, glu="y")
     assert short.config is by["wgmma_64x256_s4_pp"]
 
@@ -158,10 +174,10 @@ def test_glu_grad_epilogue():
     with pytest.raises(ge2jit.ArgumentValueError, match="Epilogue.glu_grad"):
         Epilogue(out_dtype=DType.BF16, layout_c=Layout.ROW, c_dtype=DType.BF16,
                  glu_grad=Act.SILU, save_z=True)
-    for cfg in WGMMA_CONFIGS:   # stored from the registers, C read from memory
+    for cfg in WGMMA_CONFIGS:   # staged (see below), C read from memory, not the ring
         main = kernel_set(DType.BF16, Layout.ROW, Layout.ROW, ep, cfg, 1, 4096,
                           (16, 16, 16, 16)).main
-        assert not main.store16 and not main.c_tma and main.vec_y
+        assert main.store16 and not main.c_tma and main.vec_y
 
 
 def test_backward_warmup_a_glu():
@@ -177,3 +193,21 @@ def test_backward_warmup_a_glu():
     assert "gemm_dz_none_zbf16_gbf16_colbias" in names, names
     with pytest.raises(ge2jit.ArgumentValueError, match="a_glus"):
         table.validate_entry({"a_glus": ["swish"], "shapes": [[8, 8, 8]]})
+
+
+@pytest.mark.parametrize("cfg", WGMMA_CONFIGS, ids=lambda c: c.name)
+def test_hopper_staging_of_the_backward(cfg):
+    """A gated unit's dZ (``glu_grad``) is formed in the staging blocks from Z copied there
+    where Z is row-major, of the 16-bit output type, with 16-byte aligned rows; else it goes
+    from the registers."""
+    def main(c_dtype=DType.BF16, layout_c=Layout.ROW, align_c=16, act=Act.SILU):
+        ep = Epilogue(out_dtype=DType.BF16, layout_c=layout_c, c_dtype=c_dtype, glu_grad=act)
+        return kernel_set(DType.BF16, Layout.ROW, Layout.ROW, ep, cfg, 1, 4096,
+                          (16, 16, 16, align_c)).main
+
+    assert main().store16 and main().tma_store
+    assert not main(align_c=4).store16
+    assert not main(layout_c=Layout.COL).store16
+    assert not main(c_dtype=DType.F32).store16
+    assert main(act=Act.GELU).store16 == (cfg.name != "wgmma_128x128_s6_pp")
+

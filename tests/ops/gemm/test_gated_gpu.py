@@ -299,3 +299,34 @@ def test_a_glu_makes_the_units_dz_in_the_next_layers_da(kind, act):
     assert rel_error(host64(g.a), dz) < tol
     assert rel_error(host64(g.a_bias), dz.sum(axis=0)) < tol
     assert rel_error(host64(g.b), host64(h).T @ host64(gy)) < max(tol, 1e-4)
+
+
+@pytest.mark.parametrize("cfg", WGMMA_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+@pytest.mark.parametrize("act, n", [("silu", 200), ("gelu", 200), ("gelu_tanh", 74),
+                                    ("sigmoid", 36)])
+def test_a_glu_on_every_hopper_tile(cfg, kind, act, n):
+    """The next layer's dA GEMM writing a gated unit's dZ, pinned to each Hopper tile: dZ
+    formed in the staging blocks from Z copied there (Z and dZ rows 16-byte aligned: N a
+    multiple of 4) or from the registers (N = 74); rows and columns past the tiles' edges,
+    dZ's memory poisoned first."""
+    from ge2jit.ops.gemm import op
+    from ge2jit.ops.gemm.epilogue import Act
+    from ge2jit.ops.gemm.reference import activation, activation_grad
+
+    if not hopper():
+        pytest.skip("the Hopper tiles")
+    dtype, _, _ = KINDS[kind]
+    m, k = 300, 96
+    gy, wd, z = rand(dtype, m, k), rand(dtype, k, n, scale=0.3), rand(dtype, m, 2 * n)
+    poison = poisoned((m, 2 * n), dtype)   # the pool gives its memory to dZ
+    del poison
+    dz, _ = op.glu_grad_gemm(gy, wd, z, Act(act), 1.0, 0.01, None, config=cfg.name)
+    dh, zz = host64(gy) @ host64(wd), host64(z)
+    ref = np.empty_like(zz)
+    ref[:, 0::2] = dh * zz[:, 1::2] * activation_grad(act, zz[:, 0::2])
+    ref[:, 1::2] = dh * activation(act, zz[:, 0::2])
+    assert dz.shape == (m, 2 * n)
+    assert rel_error(host64(dz), ref) < 1e-2
+    assert np.abs(host64(dz) - ref).max() < 3e-2 * np.abs(ref).max()   # every element
+
