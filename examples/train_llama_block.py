@@ -57,9 +57,11 @@ the last half of the steps (CUDA events around each step); ``--json PATH`` write
 d = 4096, 32 heads, hidden 11008, bfloat16 autocast over float32 parameters): the block's
 forward from the previous block's MLP output and the residual stream (its first norm fusing
 that add) to its own MLP output and stream, the backward from fixed upstream gradients of
-both (dX of the inputs included), and AdamW's step (``fused=True``) on its parameters. Five
+both (dX of the inputs included), and AdamW's step (``fused=True``) on its parameters. Seven
 variants, each with its own block and optimizer: ge2jit eager, ge2jit with the step captured
-as a CUDA graph (replayed), PyTorch eager, ``torch.compile`` (default mode) and
+as a CUDA graph (replayed), the ge2jit block under ``torch.compile`` (default mode and
+"reduce-overhead"; its ops trace as custom ops, and Inductor fuses the PyTorch code around
+them: the rotary embedding, the casts), PyTorch eager, ``torch.compile`` (default mode) and
 ``torch.compile(mode="reduce-overhead")`` of the PyTorch block. After ``--warmup`` steps of
 each (compilation, capture), they are timed in turns: ``--rounds`` rounds, in each of which
 every variant (in an order rotated from round to round) runs ``--round-steps`` steps between
@@ -272,10 +274,12 @@ def check_llama_sizes(*, d: int, heads: int, hidden: int, layers: int) -> None:
         raise ValueError(f"hidden, layers: expected at least 1, got {hidden}, {layers}")
 
 
-# zero_grad: the gradients are zeroed in place (a captured graph replays their addresses),
-# except under reduce-overhead, where the backward's CUDA graph hands out gradients that live
-# in its memory pool, which the next step's replay overwrites: there they are dropped
-# (set_to_none), each step's becoming the parameters' .grad anew.
+# zero_grad(set_to_none=True), PyTorch's default, in every mode: each step's backward makes
+# the gradients anew and they become the parameters' .grad, with no accumulation pass (and
+# ge2jit's float32 weight gradients, written by the GEMMs, with no cast either). In a captured
+# step they are made in the graph's memory pool, at the same addresses in every replay, as in
+# PyTorch's whole-network capture; under reduce-overhead they live in the backward's graph
+# pool, which the next step's replay overwrites.
 
 
 def compiled(module: nn.Module, mode: str) -> nn.Module:
@@ -317,11 +321,11 @@ def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, 
 
     def train_step(x, targets):
         """One step, all of it queued on the GPU (nothing here reads a value back): the
-        gradients are zeroed in place (a graph replays their addresses), and the loss comes
-        back as a tensor."""
+        gradients are made anew (see the note above ``compiled``), and the loss comes back as
+        a tensor."""
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()   # the last step's outputs are done
-        opt.zero_grad(set_to_none=mode == "reduce-overhead")   # see the note above compiled()
+        opt.zero_grad(set_to_none=True)   # see the note above compiled()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             loss = common.copy_loss(forward(x), targets, cross_entropy)
         loss.backward()
@@ -348,6 +352,8 @@ def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, 
 VARIANTS = {
     "ge2jit eager": ("ge2jit", "eager"),
     "ge2jit graph": ("ge2jit", "graph"),
+    "ge2jit compile": ("ge2jit", "compile"),
+    "ge2jit compile reduce-overhead": ("ge2jit", "reduce-overhead"),
     "torch eager": ("torch", "eager"),
     "torch.compile": ("torch", "compile"),
     "torch.compile reduce-overhead": ("torch", "reduce-overhead"),
@@ -355,7 +361,9 @@ VARIANTS = {
 #: (numerator, denominator) of the ratios ``--bench`` prints
 RATIOS = [("ge2jit graph", "torch eager"), ("ge2jit graph", "torch.compile"),
           ("ge2jit graph", "torch.compile reduce-overhead"), ("ge2jit eager", "torch eager"),
-          ("ge2jit eager", "torch.compile")]
+          ("ge2jit eager", "torch.compile"), ("ge2jit compile", "torch.compile"),
+          ("ge2jit compile reduce-overhead", "torch.compile reduce-overhead"),
+          ("ge2jit compile reduce-overhead", "torch.compile")]
 
 
 def block_step(impl: str, mode: str, inputs: tuple, *, d: int, heads: int, hidden: int,
@@ -371,7 +379,7 @@ def block_step(impl: str, mode: str, inputs: tuple, *, d: int, heads: int, hidde
     def step(x, residual, dx, dresidual):
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=mode == "reduce-overhead")   # see the note above compiled()
+        opt.zero_grad(set_to_none=True)   # see the note above compiled()
         x, residual = x.detach().requires_grad_(), residual.detach().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             out = forward(x, residual)

@@ -22,3 +22,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- fixtures of the PyTorch tests (torch imported when one is used) ----------------------
+
+@pytest.fixture(scope="module")
+def gt():
+    """``ge2jit.torch``."""
+    import ge2jit.torch as gt
+
+    return gt
+
+
+@pytest.fixture
+def matmul_precision():
+    """``torch.set_float32_matmul_precision``, the setting restored after the test."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)

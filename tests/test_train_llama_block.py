@@ -90,6 +90,18 @@ def test_torch_compile_follows_the_eager_losses(mode):
     close(compiled.losses, eager.losses, 1e-4)
 
 
+@pytest.mark.parametrize("mode", ["compile", "reduce-overhead"])
+def test_compiled_ge2jit_model_follows_the_eager_losses(mode):
+    """torch.compile(fullgraph=True) of the ge2jit model under bfloat16 autocast: the ge2jit
+    ops trace as custom ops (float32 master weights included), Inductor compiles the PyTorch
+    code around them (the rotary embedding, the casts); the losses follow the eager run's."""
+    eager = example.train(steps=6, impl="ge2jit", dtype="bfloat16", seed=6, **SMALL)
+    compiled = example.train(steps=6, impl="ge2jit", dtype="bfloat16", mode=mode, seed=6,
+                             **SMALL)
+    assert compiled.losses[0] == pytest.approx(eager.losses[0], rel=1e-3)
+    close(compiled.losses, eager.losses, 1e-3)
+
+
 @pytest.mark.parametrize("flags", [[], ["--graph"], ["--impl", "torch", "--dtype", "bfloat16"]])
 def test_the_script_prints_the_metric_and_the_step_time(flags, tmp_path, capsys):
     out = tmp_path / "result.json"

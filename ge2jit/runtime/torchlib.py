@@ -53,6 +53,49 @@ def cast(x: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | No
     return x.to(dtype)
 
 
+#: the 16-bit types whose GEMMs take float32 master weights (cast in the op, float32 grads)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def is_master(w: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``w`` holds float32 master weights of a 16-bit computation on ``x``: the op
+    multiplies by ``w`` cast to ``x``'s type and writes ``w``'s gradient in float32 from its
+    GEMM's accumulators (no cast of the gradient after, as autocast's would be)."""
+    return w.dtype == torch.float32 and x.dtype in _HALF
+
+
+def lowered(w: torch.Tensor, x: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """``w`` as the op multiplies by it: master weights (``is_master``) cast to ``x``'s type
+    (``kept``, the forward's cast, where it is one), else ``w``."""
+    if not is_master(w, x):
+        return w
+    if kept is not None and kept.shape == w.shape:
+        return kept
+    return w.to(x.dtype)
+
+
+def lowered_like(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The fake of the cast an op keeps of master weights ``w`` (``w``'s layout, ``x``'s type;
+    an absent tensor where ``w`` is not master weights)."""
+    return torch.empty_like(w, dtype=x.dtype) if is_master(w, x) else absent(x)
+
+
+def kept_cast(w: torch.Tensor, low: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What a forward returns as its cast of ``w``: ``low`` where ``w`` is master weights,
+    else an absent tensor."""
+    return low if is_master(w, x) else absent(x)
+
+
+def weight_cast(w: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """A weight operand as a call inside ``torch.autocast`` (``dtype``: its type) passes it:
+    float32 weights that need a gradient go to the op as they are (master weights, cast in
+    the op, their gradient written in float32), others as ``cast`` makes them."""
+    if (w is not None and dtype in _HALF and w.dtype == torch.float32
+            and torch.is_grad_enabled() and w.requires_grad):
+        return w
+    return cast(w, dtype)
+
+
 def absent(like: torch.Tensor) -> torch.Tensor:
     """The stand-in of an output that is not there: an empty tensor on ``like``'s device."""
     return like.new_empty(0)

@@ -11,26 +11,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
-from .capture import warm_up_on_a_side_stream  # noqa: E402 - after the skips above
-from .test_torch_gpu import KINDS, _close, _reference_grads  # noqa: E402
+from ..torch_helpers import check_replay, warm_up_on_a_side_stream  # noqa: E402, I001
+from ..torch_helpers import close as _close  # noqa: E402 - after the skips above
+from .test_torch_gpu import KINDS, _reference_grads  # noqa: E402
 
 F = torch.nn.functional
 _GATES = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
           "relu": F.relu, "sigmoid": torch.sigmoid}
-
-
-@pytest.fixture(scope="module")
-def gt():
-    import ge2jit.torch as gt
-
-    return gt
-
-
-@pytest.fixture
-def matmul_precision():
-    before = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(before)
 
 
 def _swiglu(x, w, b, act):
@@ -123,8 +110,8 @@ def test_gated_mlp_opcheck(gt, save):
     torch.library.opcheck(ops.gated_mlp.default,
                           (x, gate_up, None, down, None, "gelu", "ieee", save))
     gy = torch.randn(40, 32, device="cuda")
-    h, z = ops.gemm_gated(x.detach(), gate_up.detach().t(), gate_up_bias.detach(), "silu",
-                          1.0, 0.01, "ieee", True)
+    h, z, _ = ops.gemm_gated(x.detach(), gate_up.detach().t(), gate_up_bias.detach(), "silu",
+                             1.0, 0.01, "ieee", True)
     torch.library.opcheck(ops.gated_mlp_backward.default,
                           (gy, x.detach(), gate_up.detach(), gate_up_bias.detach(),
                            down.detach(), down_bias.detach(), h, z, "silu", "ieee", True))
@@ -223,16 +210,7 @@ def test_cuda_graph_capture_of_a_training_step(gt):
     warm_up_on_a_side_stream(step)
     eager_y = step().detach().clone()
     eager_g = [p.grad.clone() for p in block.parameters()]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = step()
-    for p in block.parameters():
-        p.grad.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(static_y, eager_y)
-    for p, g in zip(block.parameters(), eager_g):
-        assert torch.equal(p.grad, g)
+    check_replay(step, list(block.parameters()), eager_y, eager_g)
 
 
 def test_autocast(gt):

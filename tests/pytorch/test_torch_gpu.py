@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
-from .capture import warm_up_on_a_side_stream  # noqa: E402 - after the skips above
+from ..torch_helpers import close as _close  # noqa: E402 - after the skips above
+from ..torch_helpers import warm_up_on_a_side_stream  # noqa: E402, I001
 
 ACTS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu")
 F = torch.nn.functional
@@ -21,27 +22,6 @@ _REF = {"none": lambda z: z, "relu": F.relu, "leaky_relu": lambda z: F.leaky_rel
 KINDS = {"f32": (torch.float32, "highest", 2e-5), "f32-high": (torch.float32, "high", 2e-5),
          "f32-medium": (torch.float32, "medium", 5e-3), "bf16": (torch.bfloat16, None, 3e-2),
          "f16": (torch.float16, None, 5e-3)}
-
-
-@pytest.fixture(scope="module")
-def gt():
-    import ge2jit.torch as gt
-
-    return gt
-
-
-@pytest.fixture
-def matmul_precision():
-    before = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(before)
-
-
-def _close(got, ref, rtol, what):
-    got, ref = got.double(), ref.double()
-    scale = ref.abs().max().item() + 1e-30
-    err = (got - ref).abs().max().item() / scale
-    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol}"
 
 
 def _reference_grads(x, params, fn, gy):

@@ -11,26 +11,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
-from .capture import warm_up_on_a_side_stream  # noqa: E402 - after the skips above
+from ..torch_helpers import close as _close  # noqa: E402 - after the skips above
+from ..torch_helpers import warm_up_on_a_side_stream  # noqa: E402, I001
 
 F = torch.nn.functional
 DTYPES = {"f32": (torch.float32, 1e-5), "bf16": (torch.bfloat16, 1e-2),
           "f16": (torch.float16, 2e-3)}
 CLASSES = [1, 33, 4097, 32000, 128256]
-
-
-@pytest.fixture(scope="module")
-def gt():
-    import ge2jit.torch as gt
-
-    return gt
-
-
-def _close(got, ref, rtol, what):
-    got, ref = got.double(), ref.double()
-    scale = ref.abs().max().item() + 1e-30
-    err = (got - ref).abs().max().item() / scale
-    assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol}"
 
 
 def _inputs(rows, n, dtype, ignored=True, seed=0):

@@ -56,7 +56,7 @@ def _check_mn(x, name: str, m: int, n: int, allowed: tuple[DType, ...]) -> DType
 
 
 def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, precision, a_act,
-               a_z, a_slope, a_bias, a_glu=None):
+               a_z, a_slope, a_bias, a_glu=None, db_dtype=None):
     """Everything validation depends on, except pointers. Raises AttributeError or TypeError
     for arguments that are not ``fw``'s arrays (or unhashable ones)."""
     key = fw.key
@@ -66,7 +66,8 @@ def _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, slope, needs, prec
 
     return (fw, arr(gy), arr(a), arr(b), arr(bias), arr(c), arr(z), arr(y), act, type(alpha),
             type(beta), beta == 0.0, type(slope), slope < 0, tuple(needs), precision, a_act,
-            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), a_glu, arrays.current_device())
+            arr(a_z), type(a_slope), a_slope < 0, arr(a_bias), a_glu, db_dtype,
+            arrays.current_device())
 
 
 
@@ -74,7 +75,7 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
                            alpha: float = 1.0, beta: float = 0.0, leaky_slope: float = 0.01,
                            needs=NEEDS, precision=None, a_act: str | None = None, a_z=None,
                            a_leaky_slope: float = 0.01, a_bias=None,
-                           a_glu: str | None = None) -> Gradients:
+                           a_glu: str | None = None, db_dtype=None) -> Gradients:
     """Gradients of ``Y = act(alpha * (A @ B) + beta * C + bias)`` (``gemm_bias_act``) given
     ``gy`` = dL/dY.
 
@@ -129,22 +130,26 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
             pre-activations): dA's GEMM then writes the gradient of those pre-activations,
             (M, 2K) interleaved as Z (``Gradients.a``), in its epilogue; instead of
             ``a_act``.
+        db_dtype: dB's dtype: None (the inputs') or float32, which dB's GEMM writes from its
+            float32 accumulators (the gradient of float32 master weights that were cast to
+            16 bits for the forward: no cast of dB after).
 
     Returns:
         ``Gradients(a, b, bias, c, a_bias)``: dA (M, K) (with ``a_act``: the gradient of A's
-        pre-activation) and dB (K, N) in the inputs' dtype, row-major, or column-major (a
-        transposed view) when B is (the gradient in its parameter's layout: a Linear layer's
-        (out, in) weight read as ``w.T`` gets ``dB.T`` contiguous, as PyTorch lays it out);
+        pre-activation) in the inputs' dtype and dB (K, N) in ``db_dtype``, row-major, or
+        column-major (a transposed view) when B is (the gradient in its parameter's layout: a
+        Linear layer's (out, in) weight read as ``w.T`` gets ``dB.T`` contiguous, as PyTorch
+        lays it out);
         dBias in the bias' shape and dtype; dC in C's shape and dtype; with ``a_bias``,
         ``Gradients.a_bias`` in its shape and dtype. None for a gradient not in ``needs`` or
         for an input that was None.
     """
     return backward(False, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
-                    precision, a_act, a_z, a_leaky_slope, a_bias, a_glu)
+                    precision, a_act, a_z, a_leaky_slope, a_bias, a_glu, db_dtype)
 
 
 def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs, precision,
-             a_act, a_z, a_leaky_slope, a_bias, a_glu=None) -> Gradients:
+             a_act, a_z, a_leaky_slope, a_bias, a_glu=None, db_dtype=None) -> Gradients:
     """``gemm_bias_act_backward`` (``glu`` False) or ``gemm_gated_backward`` (True)."""
     table = _prepared_glu if glu else _prepared
     fw = framework_of_type(type(gy))
@@ -152,7 +157,7 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
     if fw is not None:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                             precision, a_act, a_z, a_leaky_slope, a_bias, a_glu)
+                             precision, a_act, a_z, a_leaky_slope, a_bias, a_glu, db_dtype)
             run = table.get(sig)
         except (AttributeError, TypeError):   # other arrays, or unhashable: validation says why
             sig = run = None
@@ -165,12 +170,12 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
     if sig is None and framework_of_type(type(gy)) is fw:
         try:
             sig = _signature(fw, gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
-                             precision, a_act, a_z, a_leaky_slope, a_bias, a_glu)
+                             precision, a_act, a_z, a_leaky_slope, a_bias, a_glu, db_dtype)
         except (AttributeError, TypeError):
             sig = None
     with fw.context(device_id):
         run = _first_call(fw, views(fw, native), act, alpha, beta, leaky_slope, needs,
-                          precision, a_act, a_leaky_slope, glu, a_glu)
+                          precision, a_act, a_leaky_slope, glu, a_glu, db_dtype)
         if sig is not None and device_id == arrays.current_device():
             table.put(sig, run)
         n = native
@@ -180,7 +185,7 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
 
 
 def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a_slope,
-                glu=False, a_glu=None):
+                glu=False, a_glu=None, db_dtype=None):
     """Validate a backward call's arguments (``v``: CuPy views) and prepare its pattern."""
     gy, a, b, bias, c, z, y, a_z, a_bias = (v[k] for k in ("gy", "a", "b", "bias", "c", "z",
                                                            "y", "a_z", "a_bias"))
@@ -198,6 +203,7 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
                                  f"{sorted(map(str, wanted - set(NEEDS)))}")
     m, n, act = p.m, p.n, p.epilogue.act
     floats = (p.dtype, DType.F32)
+    db_dtype = problem.check_out_dtype(db_dtype, p.dtype, None, "db_dtype")
     if glu:
         grad_dtype = check_shaped(gy, "gy", (m, n // 2), "(M, N): Y's shape", floats)
         if any(s % gy.itemsize for s in gy.strides):
@@ -247,7 +253,7 @@ def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a
         check_shaped(a_bias, "a_bias", a_bias.shape, "", (p.dtype, DType.F32))
         problem.check_same_device({"a_bias": a_bias}, p.device_id)
     return _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision,
-                    gate, a_bias, fw)
+                    gate, a_bias, fw, db_dtype)
 
 
 def _check_gate(a_act, a_z, a_slope, p, a_glu=None):
@@ -332,7 +338,7 @@ def _pass_shape(m: int, n: int, cols: int) -> tuple[int, tuple[int, int, int]]:
 
 
 def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, precision, gate,
-             a_bias, fw):
+             a_bias, fw, db_dtype):
     """The backward of one validated argument pattern (the arrays: the first call's CuPy
     views), as a function of the call's arrays (``fw``'s) and scalars: repeated calls with the
     same signature skip validation (as the forward does)."""
@@ -431,19 +437,22 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     # dB in B's layout: a column-major B (a transposed view, such as a Linear's (out, in)
     # weight read as W.T) gets a column-major dB, as (A.T @ dZ) = (dZ.T @ A).T
     b_transposed = p.layout_b is Layout.COL
+    db_name = db_dtype.numpy_name
 
     def product(i, x, w, alpha):
         if i == 1 and b_transposed:   # dB.T = dZ.T @ A
             call = gemms[1]
             if call is not None:
                 return call(w, x, None, None, alpha, 0.0, 0.01, None, None).T
-            out, gemms[1] = op.gemm_and_prepared(w.T, x, alpha=alpha, precision=precision)
+            out, gemms[1] = op.gemm_and_prepared(w.T, x, alpha=alpha, precision=precision,
+                                                 out_dtype=db_name)
             return out.T
         call = gemms[i]
         if call is not None:
             return call(x, w, None, None, alpha, 0.0, 0.01, None, None)
         x_t, w_t = (x, w.T) if i == 0 else (x.T, w)
-        out, gemms[i] = op.gemm_and_prepared(x_t, w_t, alpha=alpha, precision=precision)
+        out, gemms[i] = op.gemm_and_prepared(x_t, w_t, alpha=alpha, precision=precision,
+                                             out_dtype=db_name if i == 1 else None)
         return out
 
     def run(gy, a, b, bias, c, src, alpha, beta, slope, a_z, a_slope):
@@ -481,7 +490,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         if want_b:
             grad_b = product(1, a, dz, alpha)
         elif zeros_b:
-            grad_b = zeros((k, n), a.dtype)
+            grad_b = zeros((k, n), a.dtype if db_dtype is p.dtype else np.float32)
         if want_bias:
             if reduce is None:
                 grad_bias = zeros(bias_shape, bias_np)

@@ -134,7 +134,7 @@ def explain_gated(a, b, bias=None, *, act: str = "silu", alpha: float = 1.0,
 def gemm_gated_backward(gy, a, b, bias=None, *, act: str = "silu", z=None, alpha: float = 1.0,
                         leaky_slope: float = 0.01, needs=GATED_NEEDS, precision=None,
                         a_act: str | None = None, a_z=None, a_leaky_slope: float = 0.01,
-                        a_bias=None) -> Gradients:
+                        a_bias=None, db_dtype=None) -> Gradients:
     """Gradients of ``gemm_gated`` given ``gy`` = dL/dY.
 
     One elementwise pass over gY (M, N) and Z (M, 2N) forms dZ in float32, for each pair:
@@ -151,6 +151,7 @@ def gemm_gated_backward(gy, a, b, bias=None, *, act: str = "silu", z=None, alpha
         needs: the gradients to compute, of "a", "b", "bias".
         a_act, a_z, a_leaky_slope, a_bias: as ``gemm_bias_act_backward``'s: dA formed as the
             gradient of the pre-activation of the layer that produced A.
+        db_dtype: dB's dtype, None (the inputs') or float32, as ``gemm_bias_act_backward``'s.
 
     Returns:
         ``Gradients(a, b, bias, c=None, a_bias)``.
@@ -159,4 +160,4 @@ def gemm_gated_backward(gy, a, b, bias=None, *, act: str = "silu", z=None, alpha
         raise ArgumentValueError(f"needs: expected names of {', '.join(GATED_NEEDS)} (a gated "
                                  f"GEMM has no C), got {needs!r}")
     return backward(True, gy, a, b, bias, act, z, None, None, alpha, 0.0, leaky_slope, needs,
-                    precision, a_act, a_z, a_leaky_slope, a_bias)
+                    precision, a_act, a_z, a_leaky_slope, a_bias, None, db_dtype)

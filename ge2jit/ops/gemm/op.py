@@ -255,12 +255,12 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
     return ((y_native, z_native) if save_preact else y_native), prepared
 
 
-def gemm_and_prepared(a, b, *, alpha: float = 1.0, precision=None):
-    """``(gemm_bias_act(a, b, alpha=alpha, precision=precision), call)``: ``call(a, b, None,
-    None, alpha, 0.0, 0.01, None, None)`` repeats it for arrays of the same pattern without
-    validation (None where it cannot: copied operands, an empty result)."""
-    return _first_call(None, a, b, None, "none", None, alpha, 0.0, 0.01, False, None, None, None,
-                       precision, None, False)
+def gemm_and_prepared(a, b, *, alpha: float = 1.0, precision=None, out_dtype=None):
+    """``(gemm_bias_act(a, b, alpha=alpha, precision=precision, out_dtype=out_dtype), call)``:
+    ``call(a, b, None, None, alpha, 0.0, 0.01, None, None)`` repeats it for arrays of the same
+    pattern without validation (None where it cannot: copied operands, an empty result)."""
+    return _first_call(None, a, b, None, "none", None, alpha, 0.0, 0.01, False, None, None,
+                       out_dtype, precision, None, False)
 
 
 def gated_gemm(a, b, c, gate: Act, gate_from_y: bool, alpha: float, leaky_slope: float,

@@ -29,9 +29,9 @@ MAX_K = 2**31 - 1
 MAX_MN = 2**31 - 2**16
 
 
-def check_out_dtype(out_dtype, dtype: DType, out) -> DType:
+def check_out_dtype(out_dtype, dtype: DType, out, arg: str = "out_dtype") -> DType:
     """Y's type: ``out_dtype``, else ``out``'s dtype, else the inputs'. Allowed: the inputs'
-    dtype or float32."""
+    dtype or float32. ``arg``: the argument's name, for the error."""
     allowed = {dtype.numpy_name, "float32"}
     text = " or ".join(sorted(allowed))
     if out_dtype is None:
@@ -44,7 +44,7 @@ def check_out_dtype(out_dtype, dtype: DType, out) -> DType:
         return SUPPORTED_DTYPES[name]
     name = dtype_name(out_dtype)
     if name not in allowed:
-        raise ArgumentValueError(f"out_dtype: expected {text} (a and b are {dtype.numpy_name}),"
+        raise ArgumentValueError(f"{arg}: expected {text} (a and b are {dtype.numpy_name}),"
                                  f" got {out_dtype!r}")
     return SUPPORTED_DTYPES[name]
 

@@ -17,10 +17,15 @@ from ...runtime.torchlib import (
     absent,
     autocast_dtype,
     cast,
+    is_master,
+    kept_cast,
+    lowered,
+    lowered_like,
     needs_grad,
     op_name,
     precision_for,
     traced,
+    weight_cast,
 )
 from .backward import gemm_bias_act_backward as _backward
 from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
@@ -45,8 +50,8 @@ def _source_kind(act: str, leaky_slope: float) -> str:
 
 
 def _gradient_like(x: Tensor, shape) -> Tensor:
-    """A new tensor of ``shape`` laid out as the backward lays out the gradient of ``x``: a
-    column-major 2-D operand gets a column-major gradient."""
+    """A new tensor of ``shape`` (and ``x``'s type) laid out as the backward lays out the
+    gradient of ``x``: a column-major 2-D operand gets a column-major gradient."""
     if x.dim() == 2 and x.numel():
         found = layout_by_strides(x.shape[0], x.shape[1], x.stride(0), x.stride(1))
         if found is not None and found[0] is Layout.COL:
@@ -54,17 +59,24 @@ def _gradient_like(x: Tensor, shape) -> Tensor:
     return x.new_empty(shape)
 
 
+def _db_dtype(b: Tensor, a: Tensor) -> str | None:
+    """dB's type for the core backward: float32 for master weights, else the inputs'."""
+    return "float32" if is_master(b, a) else None
+
+
 # --- the forward ---------------------------------------------------------------------------
 
 def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None, act: str,
           alpha: float, beta: float, leaky_slope: float, precision: str | None,
-          save_preact: bool) -> tuple[Tensor, Tensor]:
-    """``(Y, Z)`` of ``ge2jit.gemm_bias_act`` (Z empty without ``save_preact``)."""
-    out = _forward(a, b, bias, act=act, c=c, alpha=alpha, beta=beta, leaky_slope=leaky_slope,
+          save_preact: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(Y, Z, B16)`` of ``ge2jit.gemm_bias_act`` (Z empty without ``save_preact``). ``b``
+    may be float32 master weights of 16-bit ``a``: the GEMM reads them cast to ``a``'s type,
+    B16, which the backward reads (empty otherwise)."""
+    low = lowered(b, a)
+    out = _forward(a, low, bias, act=act, c=c, alpha=alpha, beta=beta, leaky_slope=leaky_slope,
                    save_preact=save_preact, precision=precision)
-    if save_preact:
-        return out
-    return out, absent(out)
+    y, z = out if save_preact else (out, absent(out))
+    return y, z, kept_cast(b, low, a)
 
 
 gemm_bias_act_op = torch.library.custom_op(op_name("gemm_bias_act"), mutates_args=(),
@@ -76,20 +88,20 @@ def _(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
     torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
     y = a.new_empty((a.shape[0], b.shape[1]))
-    return y, (torch.empty_like(y) if save_preact else absent(y))
+    return y, (torch.empty_like(y) if save_preact else absent(y)), lowered_like(b, a)
 
 
 def _forward_setup(ctx, inputs, output):
     a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact = inputs
-    y, z = output
-    ctx.mark_non_differentiable(z)
+    y, z, low = output
+    ctx.mark_non_differentiable(z, low)
     ctx.set_materialize_grads(False)   # Z has no gradient: no zeros made for it
     kind = _source_kind(act, leaky_slope)
     src = z if save_preact and kind == "z" else y if kind == "y" else None
     ctx.kind = kind if src is not None or kind == "none" else "recompute"
     ctx.scalars = (act, alpha, beta, leaky_slope, precision)
     ctx.has = (bias is not None, c is not None)
-    ctx.save_for_backward(a, b, bias, c, src)
+    ctx.save_for_backward(a, b, bias, c, src, low)
 
 
 def _gemm_grads(ctx, gy, backward):
@@ -97,19 +109,20 @@ def _gemm_grads(ctx, gy, backward):
     its implementation)."""
     if gy is None:
         return (None,) * 10
-    a, b, bias, c, src = ctx.saved_tensors
+    a, b, bias, c, src, low = ctx.saved_tensors
     act, alpha, beta, leaky_slope, precision = ctx.scalars
     needs = [bool(n) for n in ctx.needs_input_grad[:4]]
     needs[2] = needs[2] and ctx.has[0]
     needs[3] = needs[3] and ctx.has[1]
     z = src if ctx.kind == "z" else None
     y = src if ctx.kind == "y" else None
-    grads = backward(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs)
+    grads = backward(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs,
+                     low)
     return (*(g if n else None for g, n in zip(grads, needs)), None, None, None, None, None,
             None)
 
 
-def _gemm_autograd(ctx, gy, gz):
+def _gemm_autograd(ctx, gy, gz, glow):
     return _gemm_grads(ctx, gy, torch.ops.ge2jit.gemm_bias_act_backward)
 
 
@@ -120,13 +133,16 @@ gemm_bias_act_op.register_autograd(_gemm_autograd, setup_context=_forward_setup)
 
 def _gemm_backward(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None,
                    z: Tensor | None, y: Tensor | None, act: str, alpha: float, beta: float,
-                   leaky_slope: float, precision: str | None, needs: list[bool]
-                   ) -> list[Tensor]:
+                   leaky_slope: float, precision: str | None, needs: list[bool],
+                   b16: Tensor | None = None) -> list[Tensor]:
     """``[dA, dB, dBias, dC]`` of ``ge2jit.gemm_bias_act_backward`` (empty where ``needs``,
-    over (a, b, bias, c), is false)."""
+    over (a, b, bias, c), is false). ``b`` float32 master weights of 16-bit ``a``: the GEMMs
+    read ``b16``, the forward's cast of them (cast again when it is absent), and dB is
+    float32."""
     names = tuple(n for n, want in zip(NEEDS, needs) if want)
-    g = _backward(gy, a, b, bias, act=act, z=z, y=y, c=c, alpha=alpha, beta=beta,
-                  leaky_slope=leaky_slope, needs=names, precision=precision)
+    g = _backward(gy, a, lowered(b, a, b16), bias, act=act, z=z, y=y, c=c, alpha=alpha,
+                  beta=beta, leaky_slope=leaky_slope, needs=names, precision=precision,
+                  db_dtype=_db_dtype(b, a))
     return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias, g.c)]
 
 
@@ -135,7 +151,7 @@ gemm_bias_act_backward_op = torch.library.custom_op(
 
 
 @gemm_bias_act_backward_op.register_fake
-def _(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs):
+def _(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs, b16=None):
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     shapes = ((a, (m, k)), (b, (k, n)), (bias, None), (c, None))
     out = []
@@ -153,13 +169,14 @@ def _(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs):
 
 def _gated(a: Tensor, b: Tensor, bias: Tensor | None, act: str, alpha: float,
            leaky_slope: float, precision: str | None, save_preact: bool
-           ) -> tuple[Tensor, Tensor]:
-    """``(Y, Z)`` of ``ge2jit.gemm_gated`` (Z empty without ``save_preact``)."""
-    out = _gated_forward(a, b, bias, act=act, alpha=alpha, leaky_slope=leaky_slope,
+           ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(Y, Z, B16)`` of ``ge2jit.gemm_gated`` (Z empty without ``save_preact``; master
+    weights ``b`` and their cast B16 as ``_gemm``'s)."""
+    low = lowered(b, a)
+    out = _gated_forward(a, low, bias, act=act, alpha=alpha, leaky_slope=leaky_slope,
                          save_preact=save_preact, precision=precision)
-    if save_preact:
-        return out
-    return out, absent(out)
+    y, z = out if save_preact else (out, absent(out))
+    return y, z, kept_cast(b, low, a)
 
 
 gemm_gated_op = torch.library.custom_op(op_name("gemm_gated"), mutates_args=(),
@@ -172,17 +189,18 @@ def _(a, b, bias, act, alpha, leaky_slope, precision, save_preact):
     torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
     torch._check(b.shape[1] % 2 == 0, lambda: f"b: expected (K, 2N), got {tuple(b.shape)}")
     z = a.new_empty((a.shape[0], b.shape[1]))
-    return a.new_empty((a.shape[0], b.shape[1] // 2)), (z if save_preact else absent(z))
+    return (a.new_empty((a.shape[0], b.shape[1] // 2)), (z if save_preact else absent(z)),
+            lowered_like(b, a))
 
 
 def _gated_setup(ctx, inputs, output):
     a, b, bias, act, alpha, leaky_slope, precision, save_preact = inputs
-    y, z = output
-    ctx.mark_non_differentiable(z)
+    y, z, low = output
+    ctx.mark_non_differentiable(z, low)
     ctx.set_materialize_grads(False)
     ctx.scalars = (act, alpha, leaky_slope, precision)
     ctx.has_bias = bias is not None
-    ctx.save_for_backward(a, b, bias, z if save_preact else None)
+    ctx.save_for_backward(a, b, bias, z if save_preact else None, low)
 
 
 def _gated_grads(ctx, gy, backward):
@@ -190,15 +208,15 @@ def _gated_grads(ctx, gy, backward):
     mode its implementation)."""
     if gy is None:
         return (None,) * 8
-    a, b, bias, z = ctx.saved_tensors
+    a, b, bias, z, low = ctx.saved_tensors
     act, alpha, leaky_slope, precision = ctx.scalars
     needs = [bool(n) for n in ctx.needs_input_grad[:3]]
     needs[2] = needs[2] and ctx.has_bias
-    grads = backward(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs)
+    grads = backward(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs, low)
     return (*(g if n else None for g, n in zip(grads, needs)), None, None, None, None, None)
 
 
-def _gated_autograd(ctx, gy, gz):
+def _gated_autograd(ctx, gy, gz, glow):
     return _gated_grads(ctx, gy, torch.ops.ge2jit.gemm_gated_backward)
 
 
@@ -207,12 +225,15 @@ gemm_gated_op.register_autograd(_gated_autograd, setup_context=_gated_setup)
 
 def _gated_backward_impl(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None,
                          z: Tensor | None, act: str, alpha: float, leaky_slope: float,
-                         precision: str | None, needs: list[bool]) -> list[Tensor]:
+                         precision: str | None, needs: list[bool], b16: Tensor | None = None
+                         ) -> list[Tensor]:
     """``[dA, dB, dBias]`` of ``ge2jit.gemm_gated_backward`` (empty where ``needs``, over
-    (a, b, bias), is false)."""
+    (a, b, bias), is false; master weights ``b`` and their cast ``b16`` as in
+    ``gemm_bias_act_backward``)."""
     names = tuple(n for n, want in zip(("a", "b", "bias"), needs) if want)
-    g = _gated_backward(gy, a, b, bias, act=act, z=z, alpha=alpha, leaky_slope=leaky_slope,
-                        needs=names, precision=precision)
+    g = _gated_backward(gy, a, lowered(b, a, b16), bias, act=act, z=z, alpha=alpha,
+                        leaky_slope=leaky_slope, needs=names, precision=precision,
+                        db_dtype=_db_dtype(b, a))
     return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias)]
 
 
@@ -221,7 +242,7 @@ gemm_gated_backward_op = torch.library.custom_op(
 
 
 @gemm_gated_backward_op.register_fake
-def _(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs):
+def _(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs, b16=None):
     out = []
     for x, want in zip((a, b, bias), needs):
         if not want or x is None:
@@ -239,14 +260,19 @@ def _(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs):
 def _gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Tensor,
                down_bias: Tensor | None, act: str, precision: str | None, save: bool
                ) -> list[Tensor]:
-    """``[Y, H, Z]`` of ``Y = H @ down.T + down_bias`` with ``H = gemm_gated(x, gate_up.T,
-    gate_up_bias)`` (``gate_up`` of (2 * hidden, d), rows alternating gate and up; ``Z`` its
-    (M, 2 * hidden) pre-activations); without ``save`` only ``[Y]``."""
-    out = _gated_forward(x, gate_up.t(), gate_up_bias, act=act, save_preact=save,
+    """``[Y, H, Z, gate_up16, down16]`` of ``Y = H @ down.T + down_bias`` with ``H =
+    gemm_gated(x, gate_up.T, gate_up_bias)`` (``gate_up`` of (2 * hidden, d), rows
+    alternating gate and up; ``Z`` its (M, 2 * hidden) pre-activations; the weights' casts
+    where they are float32 master weights of a 16-bit ``x``, as ``_gemm``'s, else empty);
+    without ``save`` only ``[Y]``."""
+    gate_up16, down16 = lowered(gate_up, x), lowered(down, x)
+    out = _gated_forward(x, gate_up16.t(), gate_up_bias, act=act, save_preact=save,
                          precision=precision)
     h, z = out if save else (out, None)
-    y = _forward(h, down.t(), down_bias, precision=precision)
-    return [y, h, z] if save else [y]
+    y = _forward(h, down16.t(), down_bias, precision=precision)
+    if not save:
+        return [y]
+    return [y, h, z, kept_cast(gate_up, gate_up16, x), kept_cast(down, down16, x)]
 
 
 gated_mlp_op = torch.library.custom_op(op_name("gated_mlp"), mutates_args=(),
@@ -259,7 +285,8 @@ def _(x, gate_up, gate_up_bias, down, down_bias, act, precision, save):
     y = x.new_empty((m, down.shape[0]))
     if not save:
         return [y]
-    return [y, x.new_empty((m, down.shape[1])), x.new_empty((m, gate_up.shape[0]))]
+    return [y, x.new_empty((m, down.shape[1])), x.new_empty((m, gate_up.shape[0])),
+            lowered_like(gate_up, x), lowered_like(down, x)]
 
 
 def _gated_mlp_setup(ctx, inputs, output):
@@ -278,11 +305,14 @@ def _gated_mlp_grads(ctx, gy, backward, gated):
         return (None,) * 8
     x, gate_up, gate_up_bias, down, down_bias, *saved = ctx.saved_tensors
     act, precision = ctx.scalars
-    h, z = saved if saved else gated(x, gate_up.t(), gate_up_bias, act, 1.0, 0.01, precision,
-                                     True)
+    if saved:
+        h, z, gate_up16, down16 = saved
+    else:   # (master weights cast again)
+        h, z, _ = gated(x, gate_up.t(), gate_up_bias, act, 1.0, 0.01, precision, True)
+        gate_up16 = down16 = None
     gx, g_gate_up, g_gate_up_bias, g_down, g_down_bias = backward(
         gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision,
-        bool(ctx.needs_input_grad[0]))
+        bool(ctx.needs_input_grad[0]), gate_up16, down16)
     return (gx if ctx.needs_input_grad[0] else None, g_gate_up,
             g_gate_up_bias if gate_up_bias is not None else None, g_down,
             g_down_bias if down_bias is not None else None, None, None, None)
@@ -298,16 +328,21 @@ gated_mlp_op.register_autograd(_gated_mlp_autograd, setup_context=_gated_mlp_set
 
 def _gated_mlp_backward(gy: Tensor, x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None,
                         down: Tensor, down_bias: Tensor | None, h: Tensor, z: Tensor, act: str,
-                        precision: str | None, needs_x: bool) -> list[Tensor]:
+                        precision: str | None, needs_x: bool, gate_up16: Tensor | None = None,
+                        down16: Tensor | None = None) -> list[Tensor]:
     """``[dX, d gate_up, d gate_up_bias, d down, d down_bias]`` of ``gated_mlp`` (empty where
     there is no such input or dX is not wanted). Chained: the down projection's dA GEMM
     writes the gated unit's dZ (``a_glu``) in its epilogue, so no pass forms it; the unit's
-    bias gradient is the column sums of dZ; then dX and d gate_up are the two GEMMs of dZ."""
+    bias gradient is the column sums of dZ; then dX and d gate_up are the two GEMMs of dZ.
+    Master weights (float32 of a 16-bit ``x``) are read as their casts ``gate_up16`` and
+    ``down16`` (cast again where absent) and get float32 gradients."""
     needs = ("a", "b") + (("bias",) if down_bias is not None else ())
-    g = _backward(gy, h, down.t(), down_bias, needs=needs, precision=precision, a_glu=act,
-                  a_z=z, a_bias=gate_up_bias)
-    g2 = _backward(g.a, x, gate_up.t(), None, needs=("a", "b") if needs_x else ("b",),
-                   precision=precision)
+    g = _backward(gy, h, lowered(down, x, down16).t(), down_bias, needs=needs,
+                  precision=precision, a_glu=act, a_z=z, a_bias=gate_up_bias,
+                  db_dtype=_db_dtype(down, x))
+    g2 = _backward(g.a, x, lowered(gate_up, x, gate_up16).t(), None,
+                   needs=("a", "b") if needs_x else ("b",), precision=precision,
+                   db_dtype=_db_dtype(gate_up, x))
     return [g2.a if needs_x else absent(gy), g2.b.t(),
             g.a_bias if g.a_bias is not None else absent(gy), g.b.t(),
             g.bias if g.bias is not None else absent(gy)]
@@ -318,7 +353,8 @@ gated_mlp_backward_op = torch.library.custom_op(
 
 
 @gated_mlp_backward_op.register_fake
-def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs_x):
+def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs_x,
+      gate_up16=None, down16=None):
     def like(t):
         return absent(gy) if t is None else torch.empty_like(
             t, memory_format=torch.contiguous_format)
@@ -347,23 +383,26 @@ def _acts(acts: str, layers: int) -> list[str]:
 
 def _mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[bool],
          acts: str, leaky_slope: float, precision: str | None, save: bool) -> list[Tensor]:
-    """``[Y, H_1 .. H_{L-1}, Z_1 .. Z_L]`` of layers ``H_l = act_l(H_{l-1} @ W_l.T + b_l)``
-    (``W_l``: (out, in), as ``nn.Linear`` stores it; ``biases``: those of the layers whose
-    ``has_bias`` is true, in order); without ``save`` only ``[Y]``. ``Z_l`` is empty where
-    the backward takes act' from the layer's output or needs none."""
+    """``[Y, H_1 .. H_{L-1}, Z_1 .. Z_L, W16_1 .. W16_L]`` of layers ``H_l = act_l(H_{l-1} @
+    W_l.T + b_l)`` (``W_l``: (out, in), as ``nn.Linear`` stores it; ``biases``: those of the
+    layers whose ``has_bias`` is true, in order); without ``save`` only ``[Y]``. ``Z_l`` is
+    empty where the backward takes act' from the layer's output or needs none; ``W16_l`` is
+    the cast of float32 master weights of a 16-bit ``x``, as ``_gemm``'s (else empty)."""
     names = _acts(acts, len(weights))
     biases = _spread(biases, has_bias)
-    h, hs, zs = x, [], []
+    h, hs, zs, lows = x, [], [], []
     for w, bias, act in zip(weights, biases, names):
         keep_z = save and _source_kind(act, leaky_slope) == "z"
-        out = _forward(h, w.t(), bias, act=act, leaky_slope=leaky_slope, save_preact=keep_z,
+        low = lowered(w, x)
+        out = _forward(h, low.t(), bias, act=act, leaky_slope=leaky_slope, save_preact=keep_z,
                        precision=precision)
         h, z = out if keep_z else (out, absent(out))
         hs.append(h)
         zs.append(z)
+        lows.append(kept_cast(w, low, x))
     if not save:
         return [h]
-    return [h, *hs[:-1], *zs]
+    return [h, *hs[:-1], *zs, *lows]
 
 
 mlp_op = torch.library.custom_op(op_name("mlp"), mutates_args=(), device_types="cuda")(_mlp)
@@ -378,7 +417,9 @@ def _(x, weights, biases, has_bias, acts, leaky_slope, precision, save):
         hs.append(h)
         zs.append(torch.empty_like(h) if save and _source_kind(act, leaky_slope) == "z"
                   else absent(h))
-    return [hs[-1], *hs[:-1], *zs] if save else [hs[-1]]
+    if not save:
+        return [hs[-1]]
+    return [hs[-1], *hs[:-1], *zs, *(lowered_like(w, x) for w in weights)]
 
 
 def _mlp_setup(ctx, inputs, output):
@@ -399,13 +440,14 @@ def _mlp_grads(ctx, gy, backward, forward):
     saved = list(ctx.saved_tensors)
     x, weights, biases = saved[0], saved[1:1 + layers], saved[1 + layers:1 + layers + nb]
     rest = saved[1 + layers + nb:]
-    if len(rest) == 1:   # only Y (saved, 2 * layers tensors): recompute the rest
+    if len(rest) == 1:   # only Y (saved, 3 * layers tensors): recompute the rest
         rest = forward(x, weights, biases, ctx.has_bias, acts, leaky_slope, precision, True)
-    y, hs, zs = rest[0], rest[1:layers], rest[layers:]
+    y, hs, zs, lows = (rest[0], rest[1:layers], rest[layers:2 * layers],
+                       rest[2 * layers:3 * layers])
     if gy is None:   # Y's gradient: none reached it
         return None, [None] * layers, [None] * nb
     grads = backward(gy, x, weights, biases, ctx.has_bias, [*hs, y], zs, acts, leaky_slope,
-                     precision, bool(ctx.needs_input_grad[0]))
+                     precision, bool(ctx.needs_input_grad[0]), lows)
     gx, gws, gbs = grads[0], grads[1:1 + layers], grads[1 + layers:]
     return gx if ctx.needs_input_grad[0] else None, list(gws), list(gbs)
 
@@ -420,12 +462,14 @@ mlp_op.register_autograd(_mlp_autograd, setup_context=_mlp_setup)
 
 def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor],
                   has_bias: list[bool], outputs: list[Tensor], zs: list[Tensor], acts: str,
-                  leaky_slope: float, precision: str | None, needs_x: bool) -> list[Tensor]:
+                  leaky_slope: float, precision: str | None, needs_x: bool,
+                  lows: list[Tensor]) -> list[Tensor]:
     """``[dX, dW_1 .. dW_L, the biases' gradients]`` of ``mlp`` (dX empty when not
     wanted): ``outputs`` are the layers' outputs ``H_1 .. H_L``, ``zs`` the saved
-    pre-activations (``mlp``'s). Each layer's dA is formed by its GEMM's epilogue as the
-    gradient of the previous layer's pre-activation, with that layer's bias gradient
-    (``a_act``, ``a_z``, ``a_bias``): the backward is the GEMMs and nearly nothing else."""
+    pre-activations, ``lows`` the casts of master weights (``mlp``'s; float32 master weights
+    get float32 gradients). Each layer's dA is formed by its GEMM's epilogue as the gradient
+    of the previous layer's pre-activation, with that layer's bias gradient (``a_act``,
+    ``a_z``, ``a_bias``): the backward is the GEMMs and nearly nothing else."""
     layers = len(weights)
     names = _acts(acts, layers)
     biases = _spread(biases, has_bias)
@@ -449,8 +493,9 @@ def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Ten
                         a_bias=biases[i - 1])
         elif needs_x:
             needs.append("a")
-        grads = _backward(g, inputs[i], weights[i].t(), bias, act=act, leaky_slope=leaky_slope,
-                          needs=tuple(needs), precision=precision, **src, **gate)
+        grads = _backward(g, inputs[i], lowered(weights[i], x, lows[i]).t(), bias, act=act,
+                          leaky_slope=leaky_slope, needs=tuple(needs), precision=precision,
+                          db_dtype=_db_dtype(weights[i], x), **src, **gate)
         gws[i] = grads.b.t()
         if "bias" in needs:
             gbs[i] = grads.bias
@@ -468,7 +513,8 @@ mlp_backward_op = torch.library.custom_op(op_name("mlp_backward"), mutates_args=
 
 
 @mlp_backward_op.register_fake
-def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precision, needs_x):
+def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precision, needs_x,
+      lows):
     gws = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights]
     gbs = [torch.empty_like(b, memory_format=torch.contiguous_format) for b in biases]
     return [x.new_empty(x.shape) if needs_x else absent(gy), *gws, *gbs]
@@ -488,7 +534,7 @@ class _GemmFunction(torch.autograd.Function):
     setup_context = staticmethod(_forward_setup)
 
     @staticmethod
-    def backward(ctx, gy, gz):
+    def backward(ctx, gy, gz, glow):
         return _gemm_grads(ctx, gy, _gemm_backward)
 
 
@@ -500,7 +546,7 @@ class _GatedFunction(torch.autograd.Function):
     setup_context = staticmethod(_gated_setup)
 
     @staticmethod
-    def backward(ctx, gy, gz):
+    def backward(ctx, gy, gz, glow):
         return _gated_grads(ctx, gy, _gated_backward_impl)
 
 
@@ -556,13 +602,16 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     ``torch.get_float32_matmul_precision()``: "highest" is exact float32, "high" is 3xTF32
     (float32 accuracy on the tensor cores), "medium" is TF32. Inside ``torch.autocast`` the
     inputs (not a float32 bias or C, which the epilogue reads as they are) are cast to the
-    region's type first. When a gradient is needed the forward keeps what the backward reads:
+    region's type first. A float32 ``b`` that needs a gradient with a 16-bit ``a`` (master
+    weights: autocast's, or given so) is cast inside the op, and its gradient comes out of
+    dB's GEMM in float32, with no cast of it after (autocast would round dB to 16 bits and
+    cast it back). When a gradient is needed the forward keeps what the backward reads:
     nothing more for none, relu, leaky_relu, sigmoid and tanh (their derivative comes from Y),
     Z for gelu, gelu_tanh and silu. Returns Y, or ``(Y, Z)`` with ``save_preact`` (Z carries no
     gradient).
     """
     dtype = autocast_dtype()
-    a, b = cast(a, dtype), cast(b, dtype)
+    a, b = cast(a, dtype), weight_cast(b, dtype)
     if bias is not None and bias.dtype != torch.float32:
         bias = cast(bias, dtype)
     if c is not None and c.dtype != torch.float32:
@@ -572,11 +621,11 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     keep_z = save_preact or (grad and _source_kind(act, leaky_slope) == "z")
     args = (a, b, bias, c, act, float(alpha), float(beta), float(leaky_slope), precision, keep_z)
     if traced(a, b, bias, c):
-        y, z = gemm_bias_act_op(*args)
+        y, z, _ = gemm_bias_act_op(*args)
     elif grad:
-        y, z = _GemmFunction.apply(*args)
+        y, z, _ = _GemmFunction.apply(*args)
     else:
-        y, z = _gemm(*args)
+        y, z, _ = _gemm(*args)
     return (y, z) if save_preact else y
 
 
@@ -591,18 +640,18 @@ def gemm_gated(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "
     gradient is needed the forward keeps Z, the (M, 2N) pre-activations. Precision and
     autocast as in ``gemm_bias_act``. Returns Y, or ``(Y, Z)`` with ``save_preact``."""
     dtype = autocast_dtype()
-    a, b = cast(a, dtype), cast(b, dtype)
+    a, b = cast(a, dtype), weight_cast(b, dtype)
     if bias is not None and bias.dtype != torch.float32:
         bias = cast(bias, dtype)
     precision = precision_for(a.dtype, precision)
     grad = needs_grad(a, b, bias)
     args = (a, b, bias, act, float(alpha), float(leaky_slope), precision, save_preact or grad)
     if traced(a, b, bias):
-        y, z = gemm_gated_op(*args)
+        y, z, _ = gemm_gated_op(*args)
     elif grad:
-        y, z = _GatedFunction.apply(*args)
+        y, z, _ = _GatedFunction.apply(*args)
     else:
-        y, z = _gated(*args)
+        y, z, _ = _gated(*args)
     return (y, z) if save_preact else y
 
 
@@ -616,7 +665,7 @@ def gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Ten
     dX GEMM writes the gated unit's dZ in its epilogue (no pass of its own), then two GEMMs.
     Precision and autocast as in ``gemm_bias_act``."""
     dtype = autocast_dtype()
-    x, gate_up, down = cast(x, dtype), cast(gate_up, dtype), cast(down, dtype)
+    x, gate_up, down = cast(x, dtype), weight_cast(gate_up, dtype), weight_cast(down, dtype)
     gate_up_bias, down_bias = (b if b is None or b.dtype == torch.float32 else cast(b, dtype)
                                for b in (gate_up_bias, down_bias))
     precision = precision_for(x.dtype, precision)
@@ -640,7 +689,7 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
     Precision and autocast as in ``gemm_bias_act``."""
     dtype = autocast_dtype()
     x = cast(x, dtype)
-    weights = [cast(w, dtype) for w in weights]
+    weights = [weight_cast(w, dtype) for w in weights]
     biases = [b if b is None or b.dtype == torch.float32 else cast(b, dtype) for b in biases]
     precision = precision_for(x.dtype, precision)
     save = needs_grad(x, *weights, *biases)

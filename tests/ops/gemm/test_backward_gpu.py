@@ -114,6 +114,46 @@ def test_every_layout_and_sizes_not_multiples_of_tiles(kind, la, lb):
     assert grads.b.flags.c_contiguous == (lb == "r") and grads.b.flags.f_contiguous == (lb == "c")
 
 
+@pytest.mark.parametrize("lb", ["r", "c"])
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_float32_db_comes_from_the_gemm(kind, lb):
+    """``db_dtype="float32"`` (master weights' gradients): dB written by its GEMM in float32,
+    in B's layout, not rounded to 16 bits; dA, dBias as without it. The gated GEMM's too."""
+    dtype, tol = KINDS[kind]
+    m, n, k = 203, 136, 72
+    a, b, bias = rand(dtype, m, k), rand(dtype, k, n, layout=lb), rand(dtype, n)
+    y, z = forward(a, b, bias, "silu")
+    gy = rand(dtype, m, n)
+    for needs in (("a", "b", "bias"), ("b",)):
+        got = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="silu", z=z, needs=needs,
+                                            db_dtype="float32")
+        same = ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="silu", z=z, needs=needs)
+        assert got.b.dtype == np.float32 and got.b.shape == (k, n)
+        assert got.b.flags.f_contiguous == (lb == "c")
+        want = gemm_bias_act_backward_ref(host64(gy), host64(a), host64(b), host64(bias),
+                                          act="silu")[1]
+        assert rel_error(host64(got.b), want) < tol
+        # float32, as accumulated: most values are not 16-bit numbers; rounded, they are
+        # the default call's dB (to within its rounding)
+        db = cp.asnumpy(got.b)
+        assert (db.astype(dtype).astype(np.float32) != db).mean() > 0.5
+        assert rel_error(db.astype(dtype).astype(np.float64), host64(same.b)) < tol / 4
+        if "a" in needs:
+            assert cp.array_equal(got.a, same.a) and cp.array_equal(got.bias, same.bias)
+    # a gated GEMM's dB (interleaved pairs) alike
+    bg = rand(dtype, k, 2 * n, layout=lb)
+    zg = cp.full((m, 2 * n), np.nan, dtype=np.float32).astype(dtype)
+    ge2jit.gemm_gated(a, bg, act="silu", save_preact=True, preact_out=zg)
+    got = ge2jit.gemm_gated_backward(gy, a, bg, act="silu", z=zg, db_dtype="float32")
+    same = ge2jit.gemm_gated_backward(gy, a, bg, act="silu", z=zg)
+    assert got.b.dtype == np.float32 and got.b.flags.f_contiguous == (lb == "c")
+    assert rel_error(cp.asnumpy(got.b).astype(np.float64), host64(same.b)) < tol / 4
+    assert cp.array_equal(got.a, same.a)
+    # an empty K: zeros, float32
+    e = ge2jit.gemm_bias_act_backward(gy, a[:, :0], b[:0], needs=("b",), db_dtype="float32")
+    assert e.b.shape == (0, n) and e.b.dtype == np.float32
+
+
 @pytest.mark.parametrize("act, source", [(a, s) for a in ACTS for s in ("z", "y", "recompute")
                                           if s != "y" or Act(a) in ACTS_FROM_Y])
 @pytest.mark.parametrize("kind", ["f32", "bf16"])
@@ -363,6 +403,8 @@ def test_bad_input_is_refused():
         ge2jit.gemm_bias_act_backward(cp.asnumpy(gy), a, b)
     with pytest.raises(ge2jit.ArgumentValueError, match="b: expected shape"):
         ge2jit.gemm_bias_act_backward(gy, a, rand(np.float32, 5, 6))
+    with pytest.raises(ge2jit.ArgumentValueError, match="db_dtype: expected float32 "):
+        ge2jit.gemm_bias_act_backward(gy, a, b, db_dtype="float16")
     with pytest.raises(ge2jit.ArgumentValueError, match="a_z: a_act 'gelu' needs"):
         ge2jit.gemm_bias_act_backward(gy, a, b, a_act="gelu")
     with pytest.raises(ge2jit.ArgumentValueError, match=r"a_z: expected shape \(8, 4\)"):

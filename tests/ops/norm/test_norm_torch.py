@@ -13,25 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
+
+from ...torch_helpers import close as _close  # noqa: E402 - after the skips above
+
 F = torch.nn.functional
 
 #: relative tolerance (of the largest reference value) of outputs and gradients
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 EPS = {"rms": 1e-6, "layer": 1e-5}
-
-
-@pytest.fixture(scope="module")
-def gt():
-    import ge2jit.torch as gt
-
-    return gt
-
-
-def _close(got, ref, rtol, what):
-    got, ref = got.double(), ref.double()
-    scale = ref.abs().max().item() + 1e-30
-    err = (got - ref).abs().max().item()
-    assert err <= rtol * scale, f"{what}: max error {err:.3g} of scale {scale:.3g}"
 
 
 def _reference(kind, x, weight, bias, residual, eps):
