@@ -53,14 +53,14 @@ def cast(x: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | No
     return x.to(dtype)
 
 
-#: the 16-bit types whose GEMMs take float32 master weights (cast in the op, float32 grads)
+#: the 16-bit types whose matrix products take float32 master weights (cast in the op)
 _HALF = (torch.float16, torch.bfloat16)
 
 
 def is_master(w: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether ``w`` holds float32 master weights of a 16-bit computation on ``x``: the op
     multiplies by ``w`` cast to ``x``'s type and writes ``w``'s gradient in float32 from its
-    GEMM's accumulators (no cast of the gradient after, as autocast's would be)."""
+    matrix product's accumulators (no cast of the gradient after, as autocast's would be)."""
     return w.dtype == torch.float32 and x.dtype in _HALF
 
 
