@@ -34,7 +34,8 @@ def _sources(folder: Path) -> list[Path]:
 
 
 #: what may know no op: the shared layers and the tools, which use the registry
-OP_FREE = ["jit", "runtime", "tune", "precompile.py", "notebook.py", "cli.py", "bundle.py"]
+OP_FREE = ["jit", "runtime", "tune", "distributed", "precompile.py", "notebook.py", "cli.py",
+           "bundle.py"]
 
 
 def _op_free(layer: str) -> list[Path]:
