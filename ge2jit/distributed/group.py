@@ -125,7 +125,6 @@ class GradientAllReduce:
         self.buckets = plan_buckets(self.nbytes, bucket_bytes, kinds)
         self._bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
         self._given: list[dict] = [{} for _ in self.buckets]
-        self._issued: list[int] = []
         with cp.cuda.Device(group.device_id):
             self.stream = cp.cuda.Stream(non_blocking=True)
             self._ready = [cp.cuda.Event(disable_timing=True) for _ in self.buckets]
@@ -161,7 +160,6 @@ class GradientAllReduce:
             with self.stream:
                 for a in arrays:
                     cp.multiply(a, a.dtype.type(scale), out=a)
-        self._issued.append(bucket)
 
     def wait(self) -> None:
         """Ends the step: the current stream waits for every bucket's all-reduce. Every
@@ -175,4 +173,3 @@ class GradientAllReduce:
         self._done.record(self.stream)
         cp.cuda.get_current_stream().wait_event(self._done)
         self._given = [{} for _ in self.buckets]
-        self._issued = []

@@ -307,9 +307,9 @@ def _gated_mlp_grads(ctx, gy, backward, gated):
     act, precision = ctx.scalars
     if saved:
         h, z, gate_up16, down16 = saved
-    else:   # (master weights cast again)
-        h, z, _ = gated(x, gate_up.t(), gate_up_bias, act, 1.0, 0.01, precision, True)
-        gate_up16 = down16 = None
+    else:   # (the gated GEMM's cast of master weights kept; down's cast again)
+        h, z, low = gated(x, gate_up.t(), gate_up_bias, act, 1.0, 0.01, precision, True)
+        gate_up16, down16 = low.t(), None
     gx, g_gate_up, g_gate_up_bias, g_down, g_down_bias = backward(
         gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision,
         bool(ctx.needs_input_grad[0]), gate_up16, down16)
