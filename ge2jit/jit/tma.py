@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import KernelLaunchError
 
 #: CUtensorMapDataType of the element types
-DATA_TYPES = {"f16": 6, "f32": 7, "bf16": 9}
+DATA_TYPES = {"f16": 6, "f32": 7, "bf16": 9, "e4m3": 0, "e5m2": 0}   # 8-bit floats as bytes (UINT8)
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
 _TABLE_SIZE = 1024

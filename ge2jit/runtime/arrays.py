@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from .checks import not_an_array
+from .dtypes import FP8_DTYPES
 
 _cupy_mod = None
 
@@ -118,6 +119,11 @@ class CupyFramework(Framework):
 
     def allocator(self, dtype, device_id: int):
         ndarray, dt = _cp().ndarray, np.dtype(dtype)
+        if dt.name in FP8_DTYPES:   # (CuPy makes 8-bit float arrays only as views)
+            def empty_fp8(shape):
+                return ndarray(shape, np.uint8).view(dt)
+
+            return empty_fp8
 
         def empty(shape):
             return ndarray(shape, dt)
@@ -159,6 +165,8 @@ def _torch_dtypes():
         import ml_dtypes
 
         table[torch.bfloat16] = np.dtype(ml_dtypes.bfloat16)
+        table[torch.float8_e4m3fn] = np.dtype(ml_dtypes.float8_e4m3fn)
+        table[torch.float8_e5m2] = np.dtype(ml_dtypes.float8_e5m2)
     except ImportError:  # pragma: no cover - ml_dtypes comes with the cuda extra
         pass
     return table
@@ -218,11 +226,15 @@ class TorchFramework(Framework):
         shape = tuple(x.shape)
         item = dtype.itemsize
         strides = tuple(s * item for s in x.stride())
+        # (CuPy makes 8-bit float arrays only as views of bytes)
+        raw = np.dtype(np.uint8) if dtype.name in FP8_DTYPES else dtype
         if x.numel() == 0:
-            return cp.ndarray(shape, dtype, strides=strides)
-        span = item + sum((n - 1) * s for n, s in zip(shape, strides))
-        mem = cp.cuda.UnownedMemory(x.data_ptr(), span, x, x.get_device())
-        return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0), strides=strides)
+            out = cp.ndarray(shape, raw, strides=strides)
+        else:
+            span = item + sum((n - 1) * s for n, s in zip(shape, strides))
+            mem = cp.cuda.UnownedMemory(x.data_ptr(), span, x, x.get_device())
+            out = cp.ndarray(shape, raw, cp.cuda.MemoryPointer(mem, 0), strides=strides)
+        return out if raw is dtype else out.view(dtype)
 
     def allocator(self, dtype, device_id: int):
         # empty_strided with the strides given parses its arguments in about half the host

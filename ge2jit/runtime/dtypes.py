@@ -15,24 +15,53 @@ class DType(Enum):
     F32 = "f32"
     F16 = "f16"
     BF16 = "bf16"
+    #: 8-bit floats (``FP8_DTYPES``: the ops that read them say so)
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
 
     @property
     def itemsize(self) -> int:
-        return 4 if self is DType.F32 else 2
+        return {"f32": 4, "f16": 2, "bf16": 2}.get(self.value, 1)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.itemsize == 1
 
     @property
     def ctype(self) -> str:
         """The type the kernel templates use for it (``common/types.cuh``)."""
-        return {"f32": "float", "f16": "f16_t", "bf16": "bf16_t"}[self.value]
+        return {"f32": "float", "f16": "f16_t", "bf16": "bf16_t", "e4m3": "e4m3_t",
+                "e5m2": "e5m2_t"}[self.value]
 
     @property
     def numpy_name(self) -> str:
-        return {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[self.value]
+        """Its NumPy name (``ml_dtypes`` registers bfloat16 and the 8-bit formats)."""
+        return {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[self.value]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        if self.value in ("f32", "f16"):
+            return np.dtype(self.numpy_name)
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, self.numpy_name))
+
+    @property
+    def largest(self) -> float:
+        """The largest finite value."""
+        return {"f32": 3.4028234663852886e38, "f16": 65504.0, "bf16": 3.3895313892515355e38,
+                "e4m3": 448.0, "e5m2": 57344.0}[self.value]
 
 
 #: numpy dtype name -> DType (bfloat16 is ml_dtypes.bfloat16, which CuPy 14 uses)
 SUPPORTED_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}
 SUPPORTED_TEXT = ", ".join(SUPPORTED_DTYPES)
+#: the 32- and 16-bit types, which every op reads
+FLOAT_DTYPES = tuple(SUPPORTED_DTYPES.values())
+#: numpy dtype name -> the 8-bit float formats (ml_dtypes' names, PyTorch's without "torch.")
+FP8_DTYPES = {"float8_e4m3fn": DType.E4M3, "float8_e5m2": DType.E5M2}
+FP8_TEXT = " or ".join(FP8_DTYPES)
 
 
 def dtype_name(x) -> str | None:

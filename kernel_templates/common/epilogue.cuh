@@ -5,7 +5,7 @@
    In scope it needs: alpha, beta, C_AT (when the spec has C; `c_value`, an expression, gives
    the C element instead), and the bias value named by `col_bias` / `row_bias` / `bias_value`. #}
 {% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True, c_value=None) %}
-float {{ out }} = alpha * ({{ acc }});
+float {{ out }} = alpha * ({{ acc }}){{ scale_factors(spec, m, n) }};
 {% if spec.epilogue.gate %}
 {% if gate %}
 {{ out }} *= {{ gate_factor(spec, "to_f32(C_AT(" ~ m ~ ", " ~ n ~ "))") }};
@@ -48,7 +48,42 @@ dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope 
 {{ c_accessor(spec) }}
 {% endmacro %}
 
+{# The factors of the 8-bit inputs' per-row and per-column scales of element (m, n), to
+   multiply a product by (per-tensor scales are in alpha). #}
+{% macro scale_factors(spec, m, n) -%}
+{% if spec.epilogue.scale_a.value == "r" %} * SCALE_A_AT({{ m }}){% endif %}
+{%- if spec.epilogue.scale_b.value == "c" %} * SCALE_B_AT({{ n }}){% endif %}
+{%- endmacro %}
+
+{# The largest |Y| (its bits: as unsigned integers the magnitudes of floats order as the
+   floats, NaN above infinity, so that a NaN wins) in `amax_bits`, counting `y` where `valid`
+   (an expression: inside the output, not a clamped copy of an edge element), and Y scaled for
+   its 8-bit type, of the expression `y` (an lvalue) where the spec asks. #}
+{% macro y_finish(spec, y, valid) %}
+{% if spec.epilogue.amax %}
+amax_bits = max(amax_bits, ({{ valid }}) ? __float_as_uint(fabsf({{ y }})) : 0u);
+{% endif %}
+{% if spec.epilogue.out_dtype.is_fp8 %}
+{{ y }} *= y_scale;
+{% endif %}
+{% endmacro %}
+
+{# At the end of a kernel with an amax: the warp's largest |Y| to the amax (every lane of the
+   warp must get here). #}
+{% macro amax_store(spec) %}
+{% if spec.epilogue.amax %}
+amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
+if (threadIdx.x % 32 == 0 && amax_bits != 0u) atomicMax(amax, amax_bits);
+{% endif %}
+{% endmacro %}
+
 {% macro c_accessor(spec) %}
+{% if spec.epilogue.scale_a.value == "r" %}
+#define SCALE_A_AT(m) __ldg(&scale_a[(long long)(m) * scale_a_stride])
+{% endif %}
+{% if spec.epilogue.scale_b.value == "c" %}
+#define SCALE_B_AT(n) __ldg(&scale_b[(long long)(n) * scale_b_stride])
+{% endif %}
 {% if spec.epilogue.layout_c and spec.epilogue.layout_c.value == "r" %}
 #define C_AT(m, n) C[(long long)(m) * ldc + (n)]
 {% elif spec.epilogue.layout_c %}
@@ -57,13 +92,22 @@ dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope 
 {% endmacro %}
 
 {# The int and float32 locals of the kernel parameters M_, N_, K_, alpha_, beta_ and
-   leaky_slope_ (the spec's `params`). #}
-{% macro scalars(sizes=True) %}
+   leaky_slope_ (the spec's `params`); with 8-bit inputs (`spec` given), alpha holds the
+   per-tensor scales of A and B, `y_scale` the inverse of Y's scale, `amax_bits` the largest
+   |Y| so far. #}
+{% macro scalars(sizes=True, spec=None) %}
 {% if sizes %}
 const int M = static_cast<int>(M_), N = static_cast<int>(N_), K = static_cast<int>(K_);
 {% endif %}
-const float alpha = static_cast<float>(alpha_), beta = static_cast<float>(beta_);
+{% set ep = spec.epilogue if spec is not none and spec.dtype.is_fp8 else none %}
+const float alpha = static_cast<float>(alpha_){% if ep and ep.scale_a.value == "t" %} * scale_a[0]{% endif %}{% if ep and ep.scale_b.value == "t" %} * scale_b[0]{% endif %}, beta = static_cast<float>(beta_);
 const float leaky_slope = static_cast<float>(leaky_slope_);
+{% if ep and ep.out_dtype.is_fp8 %}
+const float y_scale = static_cast<float>(y_scale_){% if ep.scale_y %} / scale_y[0]{% endif %};
+{% endif %}
+{% if ep and ep.amax %}
+unsigned amax_bits = 0u;
+{% endif %}
 {% endmacro %}
 
 {# Stores yv[0..width) (and zv) at row m, columns nb.., of Y (and Z): in one vector access
@@ -126,6 +170,7 @@ for (int c = 0; c < {{ width }}; ++c) {
     zv[c] = z;
 {% if not spec.epilogue.glu %}
     yv[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
+    {{ y_finish(spec, "yv[c]", nb ~ " + c < N") | indent(4) }}
 {% endif %}
 }
 {% if spec.epilogue.glu %}

@@ -1,12 +1,13 @@
 {% set cfg = spec.config %}
 {% set tf32 = spec.dtype.value == "f32" %}
+{% set fp8 = spec.dtype.is_fp8 %}
 {% set a_kcont = spec.layout_a.value == "r" %}
 {% set b_kcont = spec.layout_b.value == "c" %}
 {% set n_acc = cfg.bn // 2 %}
 {% set glu = spec.epilogue.glu %}
 {% set glu_grad = spec.epilogue.glu_grad %}
 // {{ spec.kernel_name }}
-// Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 16 }} from shared memory, float32 accumulators, fused epilogue.
+// Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on Hopper's warpgroup tensor cores (sm_90a): {{ "tf32" if tf32 else spec.dtype.numpy_name }} wgmma.m64n{{ cfg.bn }}k{{ 8 if tf32 else 32 if fp8 else 16 }} from shared memory, float32 accumulators, fused epilogue.
 // Tiles of A ({{ "K" if a_kcont else "M" }}-major) and B ({{ "K" if b_kcont else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ cfg.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ cfg.consumers }} consumer warpgroups run wgmma and the epilogue{% if cfg.pingpong %} on alternate tiles (one's epilogue overlaps the other's main loop){% else %} on {{ cfg.wg_m }}-row slices of each tile{% endif %}; the grid is persistent over the output tiles.
 {% import "common/epilogue.cuh" as ep %}
 {# Loads the gate's C values of pass `p` (an expression) of the staged block at rows `mw`..,
@@ -37,7 +38,7 @@ constexpr int BM = {{ cfg.bm }};
 constexpr int BN = {{ cfg.bn }};
 constexpr int ES = {{ spec.dtype.itemsize }};
 constexpr int BK = 128 / ES;                  // one 128-byte swizzle row of K per tile row
-constexpr int KSTEP = 32 / ES;                // k of one wgmma: 16 (16-bit) or 8 (tf32)
+constexpr int KSTEP = 32 / ES;                // k of one wgmma: 16 (16-bit), 8 (tf32), 32 (8-bit)
 constexpr int STAGES = {{ cfg.stages }};
 constexpr int CONSUMERS = {{ cfg.consumers }};  // consumer warpgroups
 constexpr bool PINGPONG = {{ "true" if cfg.pingpong else "false" }};   // alternate whole tiles
@@ -221,11 +222,13 @@ __device__ __forceinline__ void wgmma(float (&d)[{{ n_acc }}], unsigned long lon
         "setp.ne.b32 p, %{{ n_acc + 2 }}, 0;\n"
 {% if tf32 %}
         "wgmma.mma_async.sync.aligned.m64n{{ cfg.bn }}k8.f32.tf32.tf32 "
+{% elif fp8 %}
+        "wgmma.mma_async.sync.aligned.m64n{{ cfg.bn }}k32.f32.{{ spec.dtype.value }}.{{ spec.dtype.value }} "
 {% else %}
         "wgmma.mma_async.sync.aligned.m64n{{ cfg.bn }}k16.f32.{{ spec.dtype.value }}.{{ spec.dtype.value }} "
 {% endif %}
         "{ {% for i in range(n_acc) %}%{{ i }}{{ ", " if not loop.last }}{% endfor %} }, "
-{% if tf32 %}
+{% if tf32 or fp8 %}
         "%{{ n_acc }}, %{{ n_acc + 1 }}, p, 1, 1;\n"
 {% else %}
         "%{{ n_acc }}, %{{ n_acc + 1 }}, p, 1, 1, {{ 0 if a_kcont else 1 }}, {{ 0 if b_kcont else 1 }};\n"
@@ -240,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ char smem_raw[];
-    {{ ep.scalars() | indent(4) }}
+    {{ ep.scalars(spec=spec) | indent(4) }}
     // 1024-byte aligned tiles (the 128-byte swizzle repeats every 8 rows of 128 bytes).
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned sA = base, sB = base + STAGES * A_STAGE;
@@ -363,11 +366,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int i = 0; i < {{ n_acc }}; ++i) acc[mi][i] = 0.0f;
 {% if spec.promote %}
-    // The tensor cores add into their accumulators with truncation, which over a long K
-    // drifts well past float32's rounding (for 3xTF32, whose point is float32 accuracy). So
-    // each chunk of CHUNK k-tiles starts from fresh accumulators, and its sum is added to
-    // `total` by ordinary, rounded float32 additions.
-    constexpr int CHUNK = 4;
+    // The tensor cores add into their accumulators with truncation (for 8-bit inputs with
+    // fewer bits than float32's), which over a long K drifts well past float32's rounding. So
+    // each chunk of CHUNK k-tiles (128 values of K) starts from fresh accumulators, and its
+    // sum is added to `total` by ordinary, rounded float32 additions.
+    constexpr int CHUNK = 128 / BK;
     float total[MI][{{ n_acc }}];
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -715,6 +718,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                             v[c] = z;
 {% else %}
                             v[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);
+                            {{ ep.y_finish(spec, "v[c]", "mw + r < M && nb + c < N") | indent(28) }}
 {% endif %}
                         }
 {% if glu_y %}
@@ -851,6 +855,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
 {% endif %}
     }
+    {{ ep.amax_store(spec) | indent(4) }}
     if constexpr (TMA_STORE) {
         if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
     }

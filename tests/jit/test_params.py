@@ -18,6 +18,7 @@ from ge2jit.jit.spec import KernelSpec
 from ge2jit.ops.gemm import spec as g
 from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Epilogue
 from ge2jit.ops.optim import UpdateSpec
+from ge2jit.runtime.dtypes import FLOAT_DTYPES
 
 R, C = g.Layout.ROW, g.Layout.COL
 F32, F16, BF16 = g.DType.F32, g.DType.F16, g.DType.BF16
@@ -33,7 +34,7 @@ def _wgmma(dtype, la=R, lb=C, out=None, **kw):
 
 SPECS = [
     *(g.TiledGemmSpec(d, R, C, e, g.TILED_CONFIGS[0])
-      for d in g.DType for e in (
+      for d in FLOAT_DTYPES for e in (
           Epilogue(out_dtype=d, act=Act.RELU),
           Epilogue(out_dtype=F32, act=Act.RELU, bias=ROW, bias_dtype=d, layout_c=C, c_dtype=d,
                    save_z=True))),
@@ -56,17 +57,17 @@ SPECS = [
     g.WgmmaGemmSpec(BF16, R, C, Epilogue(out_dtype=BF16, layout_c=R, c_dtype=BF16,
                                          gate=Act.GELU, bgrad=True),
                     g.WGMMA_CONFIGS[1]),                # the bias pointer is bgrad's output
-    *(g.SplitKReduceSpec(d, e, v) for d in g.DType for e, v in (
+    *(g.SplitKReduceSpec(d, e, v) for d in FLOAT_DTYPES for e, v in (
         (Epilogue(out_dtype=d, act=Act.TANH), True),
         (Epilogue(out_dtype=d, act=Act.TANH, bias=ROW, bias_dtype=F32, layout_c=C, c_dtype=d,
                   save_z=True), False))),
-    *(g.TransposeSpec(d) for d in g.DType),
+    *(g.TransposeSpec(d) for d in FLOAT_DTYPES),
     *(g.Tf32SplitSpec(t, o) for t in (False, True) for o in ("hhl", "hlh")),
     g.DzSpec(Act.GELU, False, COL, BF16, F32, BF16),
     g.DzSpec(Act.RELU, True, SCALAR, F16, F16, F16, write_dc=True, dc_dtype=F32, vec=True),
     g.DzSpec(Act.NONE, False, ROW, F32, F32, F32, write_dz=False, write_dc=True,
              dc_dtype=BF16),
-    *(g.DbiasSpec(d, total) for d in g.DType for total in (False, True)),
+    *(g.DbiasSpec(d, total) for d in FLOAT_DTYPES for total in (False, True)),
     *(UpdateSpec(rule, grad, copy, nesterov) for rule, grad, copy, nesterov in (
         ("adam", F32, None, False), ("adam", BF16, BF16, False), ("sgd", F16, None, False),
         ("sgd", F32, F16, True))),

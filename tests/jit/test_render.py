@@ -19,6 +19,7 @@ from ge2jit.ops.gemm.spec import (
     TileConfig,
     TiledGemmSpec,
 )
+from ge2jit.runtime.dtypes import FLOAT_DTYPES
 
 F32 = DType.F32
 ALL_SPECS = [
@@ -89,7 +90,7 @@ def test_element_types_reach_the_kernel_signature():
     assert "const f16_t* __restrict__ C" in plain and "const f16_t* __restrict__ bias" in plain
 
 
-@pytest.mark.parametrize("dtype", list(DType))
+@pytest.mark.parametrize("dtype", list(FLOAT_DTYPES))
 def test_mma_specs_render(dtype):
     configs = MMA_TF32_CONFIGS if dtype is DType.F32 else MMA_16BIT_CONFIGS
     instr = {"f32": "m16n8k8.row.col.f32.tf32.tf32.f32", "f16": "m16n8k16.row.col.f32.f16.f16",

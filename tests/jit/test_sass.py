@@ -10,7 +10,7 @@ import pytest
 from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
 from ge2jit.jit.sass import dump_sass, find_cuobjdump, instruction_mix
-from ge2jit.ops.gemm.epilogue import Epilogue
+from ge2jit.ops.gemm.epilogue import Epilogue, Scale
 from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_X3_CONFIGS,
@@ -42,6 +42,19 @@ CASES = {
                                    _epilogue(DType.F32, Act.GELU, BiasKind.ROW),
                                    WGMMA_X3_CONFIGS[0], promote=True),
                      "sm_90a", "HGMMA.64x128x8.F32.TF32"),
+    # 8-bit inputs: the FP8 form (QGMMA), with float32 sums, scales, an amax and 8-bit Y
+    "wgmma_e4m3": (WgmmaGemmSpec(DType.E4M3, Layout.ROW, Layout.COL,
+                                 Epilogue(out_dtype=DType.BF16, act=Act.GELU,
+                                          bias=BiasKind.COL, bias_dtype=DType.BF16,
+                                          scale_a=Scale.ROW, scale_b=Scale.COL, amax=True),
+                                 WGMMA_X3_CONFIGS[0], promote=True),
+                   "sm_90a", "QGMMA.64x128x32.F32.E4M3.E4M3"),
+    "wgmma_e5m2_fp8_out": (WgmmaGemmSpec(DType.E5M2, Layout.ROW, Layout.COL,
+                                         Epilogue(out_dtype=DType.E4M3, act=Act.SILU,
+                                                  scale_a=Scale.TENSOR, scale_b=Scale.TENSOR,
+                                                  scale_y=True, amax=True),
+                                         WGMMA_CONFIGS[0], store16=False),
+                           "sm_90a", "QGMMA.64x256x32.F32.E5M2.E5M2"),
     "mma_bf16": (MmaGemmSpec(DType.BF16, Layout.ROW, Layout.ROW,
                              _epilogue(DType.BF16, Act.RELU, BiasKind.COL), MMA_16BIT_CONFIGS[0]),
                  "sm_80", "HMMA.16816.F32.BF16"),
@@ -81,7 +94,8 @@ def test_kernels_run_on_the_matrix_units(case, tool, cache):
     assert mma_op in sass, (mma_op, ops.most_common(12))
     assert ops["LDL"] == 0 and ops["STL"] == 0, "no local-memory traffic"
     if isinstance(spec, WgmmaGemmSpec):
-        assert ops["HGMMA"] > 0 and ops["UTMALDG"] > 0 and ops["HMMA"] == 0
+        gmma = "QGMMA" if spec.dtype.is_fp8 else "HGMMA"   # (8-bit inputs: QGMMA)
+        assert ops[gmma] > 0 and ops["UTMALDG"] > 0 and ops["HMMA"] == 0
         # 16-bit outputs leave shared memory by TMA stores
         assert (ops["UTMASTG"] > 0) == spec.tma_store, ops["UTMASTG"]
     else:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ...errors import ArgumentValueError
-from ...jit.params import Param, array
+from ...jit.params import Param, array, double, pointer
 from ...runtime.dtypes import DType
 
 
@@ -37,6 +37,16 @@ class BiasKind(Enum):
     SCALAR = "scalarbias"
     COL = "colbias"
     ROW = "rowbias"
+
+
+class Scale(Enum):
+    """How the 8-bit inputs' products are scaled: not at all, by one value from a device
+    scalar, or by a value per row of A (``ROW``) or per column of B (``COL``)."""
+
+    NONE = "none"
+    TENSOR = "t"
+    ROW = "r"
+    COL = "c"
 
 
 ACT_NAMES: dict[str, Act] = {a.value: a for a in Act}
@@ -79,6 +89,14 @@ class Epilogue:
     GEMM's columns, ``Y[:, 2j] = dH[:, j] * Z[:, 2j + 1] * act'(Z[:, 2j])`` and ``Y[:, 2j + 1] =
     dH[:, j] * act(Z[:, 2j])``. The leaky ReLU's slope is no part of it: the kernels take it as
     a parameter at launch.
+
+    Inputs of an 8-bit format give the kernel the parameters of their scales (``fp8_params``):
+    ``scale_a`` (a device scalar, or one value per row of A) and ``scale_b`` (a scalar, or one
+    per column of B) multiply the products, ``Z = alpha * scale_a[m] * scale_b[n] * acc + ...``
+    (host scalars are folded into alpha); ``scale_y`` (an 8-bit ``out_dtype`` only) divides Y
+    by a device scalar before it is rounded and saturated (a host scale, the kernel's
+    ``y_scale_``, multiplies it by its inverse); ``amax`` writes the largest ``|Y|`` (before
+    that scaling; NaN where Y has one) to a float32 scalar, which must hold 0 at launch.
     """
 
     out_dtype: DType
@@ -93,6 +111,10 @@ class Epilogue:
     bgrad: bool = False
     glu: bool = False
     glu_grad: Act | None = None
+    scale_a: Scale = Scale.NONE
+    scale_b: Scale = Scale.NONE
+    scale_y: bool = False
+    amax: bool = False
 
     def __post_init__(self):
         for name, typ, optional in (("out_dtype", DType, False), ("act", Act, False),
@@ -100,8 +122,25 @@ class Epilogue:
                                     ("layout_c", Layout, True), ("c_dtype", DType, True),
                                     ("save_z", bool, False), ("gate", Act, True),
                                     ("gate_from_y", bool, False), ("bgrad", bool, False),
-                                    ("glu", bool, False), ("glu_grad", Act, True)):
+                                    ("glu", bool, False), ("glu_grad", Act, True),
+                                    ("scale_a", Scale, False), ("scale_b", Scale, False),
+                                    ("scale_y", bool, False), ("amax", bool, False)):
             check_field(self, name, typ, optional)
+        if self.scale_a is Scale.COL or self.scale_b is Scale.ROW:
+            raise ArgumentValueError(
+                f"Epilogue: scale_a is per tensor or per row of A, scale_b per tensor or per "
+                f"column of B; got scale_a {self.scale_a.value!r}, scale_b "
+                f"{self.scale_b.value!r}")
+        if self.scale_y and not self.out_dtype.is_fp8:
+            raise ArgumentValueError(f"Epilogue.scale_y: Y's scale applies to an 8-bit output; "
+                                     f"expected False with {self.out_dtype.numpy_name}, got True")
+        if self.out_dtype.is_fp8 and self.save_z:
+            raise ArgumentValueError("Epilogue.save_z: Z of an 8-bit output is not stored; "
+                                     "expected False, got True")
+        if (self.scaled or self.out_dtype.is_fp8) and (
+                self.glu or self.gate is not None or self.glu_grad is not None or self.bgrad):
+            raise ArgumentValueError("Epilogue: scales, amax and 8-bit outputs are plain "
+                                     "epilogues', without glu, gate, glu_grad or bgrad")
         if (self.bias_dtype is None) != (self.bias is BiasKind.NONE):
             raise ArgumentValueError(
                 f"Epilogue.bias_dtype: expected a DType with bias {self.bias.value!r} and None "
@@ -140,6 +179,12 @@ class Epilogue:
                                      "terms of its output")
 
     @property
+    def scaled(self) -> bool:
+        """Whether it reads a scale or writes an amax."""
+        return (self.scale_a is not Scale.NONE or self.scale_b is not Scale.NONE
+                or self.scale_y or self.amax)
+
+    @property
     def has_c(self) -> bool:
         return self.layout_c is not None
 
@@ -173,16 +218,35 @@ class Epilogue:
             name += "_z"
         if self.bgrad:
             name += "_bg"
+        for field, tag in ((self.scale_a, "_sa"), (self.scale_b, "_sb")):
+            if field is not Scale.NONE:
+                name += tag + field.value
+        if self.scale_y:
+            name += "_sy"
+        if self.amax:
+            name += "_amax"
         return name
 
     def params(self, dtype: DType) -> tuple[Param, ...]:
         """The kernel parameters of C, the bias (``bgrad``: the float32 column sums written in
         its place), Y and Z, each with its leading dimension (the bias: its stride). A C or
-        bias that is not read is typed as the inputs (``dtype``)."""
+        bias that is not read is typed as the inputs (``dtype``); 8-bit inputs add
+        ``fp8_params``."""
         bias = (array("bias", "float", "bias_stride") if self.bgrad else
                 array("bias", (self.bias_dtype or dtype).ctype, "bias_stride", const=True))
+        fp8 = fp8_params() if dtype.is_fp8 else ()
         return (*array("C", (self.c_dtype or dtype).ctype, "ldc", const=True), *bias,
-                *array("Y", self.y_ctype, "ldy"), *array("Z", self.y_ctype, "ldz"))
+                *array("Y", self.y_ctype, "ldy"), *array("Z", self.y_ctype, "ldz"), *fp8)
+
+
+def fp8_params() -> tuple[Param, ...]:
+    """The parameters of a kernel of 8-bit inputs after Z: the scales of A and B (device
+    pointers with their element strides, read by the kinds that need them), Y's device scale,
+    the amax and Y's host scale (the inverse of a host ``scale_y``, else 1)."""
+    return (*array("scale_a", "float", "scale_a_stride", const=True),
+            *array("scale_b", "float", "scale_b_stride", const=True),
+            pointer("scale_y", "float", const=True), pointer("amax", "unsigned"),
+            *double("y_scale_"))
 
 
 #: The epilogue of a split-K slice: its raw float32 partial products, which

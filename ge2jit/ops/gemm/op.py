@@ -21,7 +21,7 @@ from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.registry import Explanation
 from . import problem
 from .plans import Plan, clear_plans, ld_of, plan_for
-from .problem import Problem, check_scalar, validate
+from .problem import Problem, check_scalar, fp8_launch_args, host_scale, validate
 from .select import parse_config
 from .spec import Act, DType, Layout
 from .tuning import TuneResult, tune, tune_problem
@@ -54,23 +54,37 @@ _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
 def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
-               config, autotune, device_id, out_dtype, precision):
+               config, autotune, device_id, out_dtype, precision, fp8=()):
     """Everything validation and the kernel choice depend on, except pointers (only their
     16-byte alignment). Raises AttributeError or TypeError for arguments that are not ``fw``'s
-    arrays."""
+    arrays. ``fp8``: (dtype, scale_a, scale_b, scale_y, amax_out) where any is given (a host
+    scale counts by its type)."""
     key = fw.key
-    return (fw, key(a), key(b), None if bias is None else key(bias),
-            None if c is None else key(c), None if out is None else key(out),
-            None if preact_out is None else key(preact_out),
-            act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
-            config, autotune, device_id, out_dtype, precision)
+    sig = (fw, key(a), key(b), None if bias is None else key(bias),
+           None if c is None else key(c), None if out is None else key(out),
+           None if preact_out is None else key(preact_out),
+           act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
+           config, autotune, device_id, out_dtype, precision)
+    if not fp8:
+        return sig
+    dtype, *rest = fp8
+    return (*sig, dtype, *(x if x is None else type(x) if host_scale(x) else key(x) for x in rest))
+
+
+def _fp8_given(dtype, scale_a, scale_b, scale_y, amax_out) -> tuple:
+    """``_signature``'s ``fp8``: () where none of them is given."""
+    if dtype is None and scale_a is None and scale_b is None and scale_y is None and (
+            amax_out is None):
+        return ()
+    return (dtype, scale_a, scale_b, scale_y, amax_out)
 
 
 def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     """A validated argument pattern and its plan, as one function of the call's arrays and
     scalars (``fw``'s arrays): repeated calls with the same signature skip validation and
     choice. Everything the signature fixes is bound here, once. ``views``: the first call's
-    (a, b, c, bias, out, preact_out) as CuPy arrays."""
+    (a, b, c, bias, out, preact_out) as CuPy arrays. 8-bit inputs' calls take their scales
+    and amax after those (``call(..., preact_out, scale_a, scale_b, scale_y, amax_out)``)."""
     m, n, k = p.m, p.n, p.k
     shape, y_shape = (m, n), (m, p.epilogue.y_cols(n))
     use_c = p.c is not None
@@ -81,7 +95,7 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     ptr, new = fw.ptr, fw.allocator(p.y_numpy_dtype, p.device_id)
     stream = fw.stream_getter(p.device_id)
 
-    def call(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out):
+    def call(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out, fp8=()):
         a_ptr, b_ptr = ptr(a), ptr(b)
         c_ptr = 0 if c is None else ptr(c)       # read only when use_c (beta != 0)
         bias_ptr = 0 if bias is None else ptr(bias)
@@ -97,7 +111,7 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
             guard((a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr))
         try:
             launch(a_ptr, b_ptr, c_ptr if use_c else 0, bias_ptr, y_ptr, z_ptr, alpha, beta,
-                   leaky_slope, stream())
+                   leaky_slope, stream(), *fp8)
         except (OverflowError, struct.error):   # a scalar of the signature's type that no
             # double holds (struct says "required argument is not a float" for a huge int)
             for value, name in ((alpha, "alpha"), (beta, "beta"), (leaky_slope, "leaky_slope")):
@@ -105,14 +119,34 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
             raise
         return (y, z) if save_z else y
 
+    if p.fp8 is not None:
+        call = _with_scales(call, p, ptr)
     call.plan = plan
     return call
+
+
+def _with_scales(call, p: Problem, ptr):
+    """``_prepare``'s call of 8-bit inputs: it takes their scales and amax after the other
+    arguments (host scales checked again) and gives the kernel its ``fp8_params``."""
+    strides = (p.fp8.stride_a, p.fp8.stride_b)
+
+    def call_fp8(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out, scale_a=None,
+                 scale_b=None, scale_y=None, amax_out=None):
+        for x, name in ((scale_a, "scale_a"), (scale_b, "scale_b"), (scale_y, "scale_y")):
+            if host_scale(x) and x is not None and not 0 < x < float("inf"):
+                raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
+        alpha_ab, fp8 = fp8_launch_args(check_scalar(alpha, "alpha"), scale_a, scale_b,
+                                        scale_y, amax_out, *strides, ptr)
+        return call(a, b, bias, c, alpha_ab, beta, leaky_slope, out, preact_out, (fp8,))
+
+    return call_fp8
 
 
 def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
                   beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False,
                   out=None, preact_out=None, out_dtype=None, precision=None, config=None,
-                  autotune: bool = False):
+                  autotune: bool = False, dtype=None, scale_a=None, scale_b=None,
+                  scale_y=None, amax_out=None):
     """Fused ``Y = act(alpha * (A @ B) + beta * C + bias)``, written once to memory.
 
     Products are accumulated in float32 and the epilogue (scaling, C, bias, activation) runs in
@@ -140,6 +174,17 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
           problems. Infinities and NaN in the inputs propagate as in float32.
         - float16 / bfloat16 inputs: tensor cores, float32 accumulation; the inputs are what
           they are (10 or 7 mantissa bits), Y is rounded once to its type at the end.
+        - 8-bit float inputs (``float8_e4m3fn``: 3 mantissa bits, largest 448;
+          ``float8_e5m2``: 2 bits, largest 57344), Hopper (sm_90) only, both of one format:
+          the FP8 tensor cores (twice the 16-bit rate), with the scales of the inputs applied
+          in the epilogue, ``Z = alpha * scale_a[m] * scale_b[n] * (A @ B) + beta * C + bias``.
+          The kernel reads K-major operands (row-major A, column-major B, as ``w.T`` of a
+          row-major (N, K) weight); any other layout, or rows that are not 16-byte aligned
+          (K not a multiple of 16), go through a copy into that layout first (``explain``
+          lists it). ``precision="ieee"`` (the default) adds the tensor cores' sums into
+          float32 every 128 of K, as cuBLASLt does without ``fast_accum``; ``"fast_accum"``
+          leaves the whole sum to the tensor cores, whose accumulators keep fewer bits (errors
+          around 1e-3 relative for K = 8192), on larger tiles.
 
     Args:
         a: (M, K) array of float32, float16 or bfloat16: a ``cupy.ndarray`` (bfloat16 is
@@ -179,10 +224,23 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
             there is one, else a heuristic on the shape.
         autotune: when the tuning database has no entry for this problem, time every candidate
             on these arrays first and store the winner (see ``ge2jit.tune``).
+        dtype: None, or ``"float8_e4m3fn"`` / ``"float8_e5m2"``: read uint8 ``a`` and ``b`` as
+            that 8-bit format (CuPy has no arithmetic on 8-bit floats; ``ml_dtypes``' types,
+            as views, and PyTorch's float8 tensors need no ``dtype``).
+        scale_a: 8-bit inputs only: None (1), a positive host number, or a float32 array of one
+            element (per tensor) or one value per row of A (shape ``(M,)`` or ``(M, 1)``).
+        scale_b: likewise for B: one element, or one value per column (``(N,)`` or ``(1, N)``).
+        scale_y: an 8-bit ``out_dtype`` only: Y is stored as ``Y / scale_y`` rounded to nearest
+            and saturated at the format's largest value (NaN stays NaN): None (1), a host
+            number or a float32 array of one element.
+        amax_out: 8-bit inputs only: a float32 array of one element that receives the largest
+            ``|Y|`` (before ``scale_y``; NaN if Y has a NaN), written in the same pass (for
+            delayed scaling).
 
     Returns:
-        ``Y``, or ``(Y, Z)`` when ``save_preact`` is true. M = 0 or N = 0 give empty results;
-        K = 0 gives ``act(beta * C + bias)``.
+        ``Y``, or ``(Y, Z)`` when ``save_preact`` is true (8-bit inputs: Z needs a 16- or
+        32-bit ``out_dtype``, which defaults to bfloat16). M = 0 or N = 0 give empty results;
+        K = 0 gives ``act(beta * C + bias)`` (8-bit inputs need K >= 1).
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (a NumPy array, say).
@@ -191,7 +249,8 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
         KernelCompileError: NVRTC rejected the kernel (the message holds its log).
     """
     return _call(False, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                 preact_out, out_dtype, precision, config, autotune)
+                 preact_out, out_dtype, precision, config, autotune,
+                 _fp8_given(dtype, scale_a, scale_b, scale_y, amax_out))
 
 
 def gemm_glu(a, b, bias, act, alpha, leaky_slope, save_preact, out, preact_out, out_dtype,
@@ -203,7 +262,7 @@ def gemm_glu(a, b, bias, act, alpha, leaky_slope, save_preact, out, preact_out, 
 
 
 def _call(glu, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
-          out_dtype, precision, config, autotune):
+          out_dtype, precision, config, autotune, fp8=()):
     table = _fast_glu if glu else _fast
     fw = framework_of_type(type(a))
     sig = None
@@ -211,35 +270,57 @@ def _call(glu, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, p
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
                              preact_out, config, autotune, arrays.current_device(), out_dtype,
-                             precision)
+                             precision, fp8)
             prepared = table.get(sig)
         except (AttributeError, TypeError):  # other arrays, or unhashable: validation says why
             sig = prepared = None
         if prepared is not None:
-            return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out)
+            return prepared(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out, *fp8[1:])
 
     return _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                       preact_out, out_dtype, precision, config, autotune, glu)[0]
+                       preact_out, out_dtype, precision, config, autotune, glu, fp8)[0]
+
+
+def _arguments(a, b, bias, c, out, preact_out, fp8) -> dict:
+    """The arrays of a call, by name (host scales left out)."""
+    named = {"a": a, "b": b, "bias": bias, "c": c, "out": out, "preact_out": preact_out}
+    if fp8:
+        named.update((name, None if host_scale(x) else x) for name, x in
+                     zip(("scale_a", "scale_b", "scale_y", "amax_out"), fp8[1:]))
+    return named
+
+
+def _validate(v: dict, act, alpha, beta, leaky_slope, save_preact, out_dtype, precision, glu,
+              fp8) -> Problem:
+    """``validate`` of a call's CuPy views ``v`` (``_arguments``' names) and the host
+    scales in ``fp8``."""
+    extra = {}
+    if fp8:
+        dtype, *scales = fp8
+        extra = {name: (x if host_scale(x) else v[name]) for name, x in
+                 zip(("scale_a", "scale_b", "scale_y", "amax_out"), scales)}
+        extra["dtype"] = dtype
+    return validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope, v["out"],
+                    v["preact_out"], save_preact, out_dtype, precision, glu=glu, **extra)
 
 
 def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                preact_out, out_dtype, precision, config, autotune, glu=False):
+                preact_out, out_dtype, precision, config, autotune, glu=False, fp8=()):
     """(the result, the prepared call or None) of a call that missed the prepared calls:
     validate, choose, launch, and prepare the pattern for the next call."""
-    fw, device_id, native = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
-                                            "preact_out": preact_out})
+    fw, device_id, native = call_arguments(_arguments(a, b, bias, c, out, preact_out, fp8))
     if sig is None and framework_of_type(type(a)) is fw:
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
                              preact_out, config, autotune, arrays.current_device(),
-                             out_dtype, precision)
+                             out_dtype, precision, fp8)
         except (AttributeError, TypeError):
             sig = None
     prepared = None
     with fw.context(device_id):
         v = views(fw, native)
-        p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
-                     v["out"], v["preact_out"], save_preact, out_dtype, precision, glu=glu)
+        p = _validate(v, act, alpha, beta, leaky_slope, save_preact, out_dtype, precision, glu,
+                      fp8)
         if config is not None:
             parse_config(config)  # a bad name is an error before anything is allocated
         y, z, y_native, z_native = _outputs(p, save_preact, fw, (out, preact_out))
@@ -333,22 +414,23 @@ def glu_grad_gemm(a, b, z, act: Act, alpha: float, leaky_slope: float, precision
 def explain(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 1.0,
             beta: float = 0.0, leaky_slope: float = 0.01, save_preact: bool = False, out=None,
             preact_out=None, out_dtype=None, precision=None, config=None,
-            autotune: bool = False) -> Explanation:
+            autotune: bool = False, dtype=None, scale_a=None, scale_b=None, scale_y=None,
+            amax_out=None) -> Explanation:
     """Which configuration and kernels ``gemm_bias_act`` would use for these arguments, and why
     ("heuristic", "tuned", "pinned" or "fallback"). Compiles the kernels; launches nothing."""
     return explain_call(False, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                        preact_out, out_dtype, precision, config, autotune)
+                        preact_out, out_dtype, precision, config, autotune,
+                        _fp8_given(dtype, scale_a, scale_b, scale_y, amax_out))
 
 
 def explain_call(glu, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                 preact_out, out_dtype, precision, config, autotune) -> Explanation:
+                 preact_out, out_dtype, precision, config, autotune, fp8=()) -> Explanation:
     """``explain`` of ``gemm_bias_act`` (``glu`` False) or of ``gemm_gated`` (True)."""
-    fw, device_id, native = call_arguments({"a": a, "b": b, "bias": bias, "c": c, "out": out,
-                                            "preact_out": preact_out})
+    fw, device_id, native = call_arguments(_arguments(a, b, bias, c, out, preact_out, fp8))
     with fw.context(device_id):
         v = views(fw, native)
-        p = validate(v["a"], v["b"], v["bias"], act, v["c"], alpha, beta, leaky_slope,
-                     v["out"], v["preact_out"], save_preact, out_dtype, precision, glu=glu)
+        p = _validate(v, act, alpha, beta, leaky_slope, save_preact, out_dtype, precision, glu,
+                      fp8)
         if p.empty:
             raise ArgumentValueError(f"a, b: M = {p.m}, N = {p.n}: an empty problem launches "
                                      "nothing")

@@ -114,6 +114,7 @@ class Plan:
         self._staging = None
         if any(k is not None for k in self.prep):
             self._staging = _Staging(*self.prep, self.main.spec.dtype.itemsize)
+        self._amax = self.main.spec.epilogue.amax
 
     @property
     def kernels(self) -> tuple[LoadedKernel, ...]:
@@ -125,12 +126,21 @@ class Plan:
         return tuple(out)
 
     def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc) -> None:
+            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc, fp8=None) -> None:
         """Launch on raw device pointers (0 for an absent C, bias or Z); ``alloc``: the
-        scratch allocator (``Framework.scratch``) of the workspaces."""
+        scratch allocator (``Framework.scratch``) of the workspaces; ``fp8``: the kernel's
+        ``fp8_params`` (8-bit inputs), whose amax is zeroed first where the kernel keeps one."""
         if self._staging is not None:
             _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
                                                            stream_ptr, alloc)
+        if fp8 is not None:
+            if self._amax:
+                _memset_async(fp8["amax"], 0, 4, stream_ptr)
+            self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
+                       bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
+                       ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
+                       k_tiles_per_split=self.k_tiles_per_split, **fp8)
+            return
         if self._reduce is None:
             self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
                        bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
@@ -158,9 +168,9 @@ class Plan:
             run = self.run
 
             def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
-                       stream_ptr):
+                       stream_ptr, fp8=None):
                 run(a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-                    z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc)
+                    z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc, fp8)
 
             return launch
         kernel = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, ldc=ldc,
@@ -199,9 +209,12 @@ class Plan:
         m, n = p.m, p.n
         ldy = ld_of(y, m, p.epilogue.y_cols(n))
         ldz = ld_of(z, m, n) if z is not None else 0
+        alpha, fp8 = p.alpha, None
+        if p.fp8 is not None:
+            alpha, fp8 = p.fp8.launch_args(alpha)
         self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
-                 p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, p.alpha, p.beta,
-                 p.leaky_slope, stream_ptr, alloc)
+                 p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, alpha, p.beta,
+                 p.leaky_slope, stream_ptr, alloc, fp8)
 
 
 @dataclass
@@ -225,9 +238,10 @@ class TmaPlan(Plan):
                        if spec.c_tma else None)
 
     def _with_maps(self, stream_ptr, *, A, lda, B, ldb, C, ldc, bias, bias_stride, Y, ldy, Z,
-                   ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split) -> None:
+                   ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split,
+                   **fp8) -> None:
         """The GEMM launch (``_gemm``): the tensor maps of this call's operands, then the
-        kernel."""
+        kernel (``fp8``: the ``fp8_params`` of 8-bit inputs)."""
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
         if a_kmajor:
             map_a = tensor_map_2d(dt, A, K_, M_, lda * es, bk, bm)
@@ -247,7 +261,7 @@ class TmaPlan(Plan):
             self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, **maps, A=A, lda=lda, B=B,
                          ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y,
                          ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
-                         leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
+                         leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split, **fp8)
             return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
         map_y = tensor_map_2d(y_type, Y, self._y_cols(N_), M_, ldy * 2, 64, 16)
@@ -255,11 +269,17 @@ class TmaPlan(Plan):
         self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, **maps,
                      A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride,
                      Y=Y, ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
-                     leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split)
+                     leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split, **fp8)
 
 
 def _ptr(x) -> int:
     return 0 if x is None else x.data.ptr
+
+
+def _memset_async(ptr: int, value: int, nbytes: int, stream_ptr: int) -> None:
+    import cupy
+
+    cupy.cuda.runtime.memsetAsync(ptr, value, nbytes, stream_ptr)
 
 
 def ld_of(y, m: int, n: int) -> int:

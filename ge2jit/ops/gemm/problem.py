@@ -15,9 +15,9 @@ from ...runtime.checks import (  # noqa: F401 - the op's modules take the shared
     check_scalar,
     check_shaped,
 )
-from ...runtime.dtypes import SUPPORTED_DTYPES, DType, dtype_name
+from ...runtime.dtypes import FP8_DTYPES, FP8_TEXT, SUPPORTED_DTYPES, DType, dtype_name
 from ...runtime.prepared import check_spans
-from .epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout
+from .epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout, Scale
 from .spec import Precision
 
 PRECISIONS = {p.value: p for p in Precision}
@@ -29,24 +29,29 @@ MAX_K = 2**31 - 1
 MAX_MN = 2**31 - 2**16
 
 
+#: Y's types for 8-bit inputs
+FP8_OUT = {"bfloat16": DType.BF16, "float16": DType.F16, "float32": DType.F32, **FP8_DTYPES}
+
+
 def check_out_dtype(out_dtype, dtype: DType, out, arg: str = "out_dtype") -> DType:
-    """Y's type: ``out_dtype``, else ``out``'s dtype, else the inputs'. Allowed: the inputs'
-    dtype or float32. ``arg``: the argument's name, for the error."""
-    allowed = {dtype.numpy_name, "float32"}
-    text = " or ".join(sorted(allowed))
+    """Y's type: ``out_dtype``, else ``out``'s dtype, else the inputs' (bfloat16 for 8-bit
+    inputs). Allowed: the inputs' dtype or float32; for 8-bit inputs bfloat16, float16,
+    float32 or an 8-bit format. ``arg``: the argument's name, for the error."""
+    table = FP8_OUT if dtype.is_fp8 else {dtype.numpy_name: dtype, "float32": DType.F32}
+    text = " or ".join(sorted(table))
     if out_dtype is None:
         if out is None:
-            return dtype
+            return DType.BF16 if dtype.is_fp8 else dtype
         name = out.dtype.name
-        if name not in allowed:
+        if name not in table:
             raise ArgumentValueError(f"out: expected dtype {text} (a and b are "
                                      f"{dtype.numpy_name}), got {out.dtype}")
-        return SUPPORTED_DTYPES[name]
+        return table[name]
     name = dtype_name(out_dtype)
-    if name not in allowed:
+    if name not in table:
         raise ArgumentValueError(f"{arg}: expected {text} (a and b are {dtype.numpy_name}),"
                                  f" got {out_dtype!r}")
-    return SUPPORTED_DTYPES[name]
+    return table[name]
 
 
 def check_precision(precision, dtype: DType) -> Precision:
@@ -61,6 +66,15 @@ def check_precision(precision, dtype: DType) -> Precision:
     if p is None:
         raise ArgumentValueError(f"precision: expected one of {', '.join(PRECISIONS)} or None, "
                                  f"got {precision!r}")
+    if dtype.is_fp8:
+        if p not in (Precision.IEEE, Precision.FAST_ACCUM):
+            raise ArgumentValueError(f"precision: expected 'ieee' (float32 sums, the default) "
+                                     f"or 'fast_accum' for {dtype.numpy_name} inputs, got "
+                                     f"{p.value!r}")
+        return p
+    if p is Precision.FAST_ACCUM:
+        raise ArgumentValueError(f"precision: 'fast_accum' applies to 8-bit inputs; a and b "
+                                 f"are {dtype.numpy_name}")
     if p is not Precision.IEEE and dtype is not DType.F32:
         raise ArgumentValueError(f"precision: {p.value!r} applies to float32 inputs; a and b "
                                  f"are {dtype.numpy_name}, which run on the tensor cores "
@@ -69,13 +83,139 @@ def check_precision(precision, dtype: DType) -> Precision:
 
 
 def _input_or_f32(x, name: str, dtype: DType) -> DType:
-    """C's and the bias' type: the inputs' dtype or float32."""
+    """C's and the bias' type: the inputs' dtype or float32 (for 8-bit inputs: float32 or
+    either 16-bit type)."""
     dt = SUPPORTED_DTYPES.get(x.dtype.name)
+    if dtype.is_fp8 and dt is not None:
+        return dt
     if dt is not dtype and dt is not DType.F32:
-        allowed = " or ".join(sorted({dtype.numpy_name, "float32"}))
+        allowed = " or ".join(sorted(SUPPORTED_DTYPES if dtype.is_fp8
+                                     else {dtype.numpy_name, "float32"}))
         raise ArgumentValueError(f"{name}: expected dtype {allowed} (a and b are "
                                  f"{dtype.numpy_name}), got {x.dtype}")
     return dt
+
+
+def input_dtype(a, b, dtype) -> tuple[DType, object, object]:
+    """(the inputs' DType, a, b): float32, float16, bfloat16 or an 8-bit format; ``dtype``
+    (None, or an 8-bit format's name) reads uint8 arrays as that format (a and b returned as
+    views of it)."""
+    if dtype is not None:
+        fmt = FP8_DTYPES.get(dtype_name(dtype) or "")
+        if fmt is None:
+            raise ArgumentValueError(f"dtype: expected {FP8_TEXT} (the format of uint8 a and "
+                                     f"b) or None, got {dtype!r}")
+        for x, arg in ((a, "a"), (b, "b")):
+            if x.dtype.name not in ("uint8", fmt.numpy_name):
+                raise ArgumentValueError(f"{arg}: expected uint8 or {fmt.numpy_name} data with "
+                                         f"dtype={fmt.numpy_name!r}, got {x.dtype}")
+        np_dt = fmt.numpy_dtype
+        return fmt, a.view(np_dt), b.view(np_dt)
+    fmt = FP8_DTYPES.get(a.dtype.name)
+    if fmt is None:
+        if a.dtype.name == "uint8":
+            raise ArgumentValueError(f"a: uint8 data is read as 8-bit floats with dtype= "
+                                     f"{FP8_TEXT}; got dtype None")
+        fmt = check_dtype(a, "a")
+    if b.dtype != a.dtype:
+        raise ArgumentValueError(f"b: expected dtype {a.dtype} (the dtype of a), got {b.dtype}")
+    return fmt, a, b
+
+
+class Fp8Args:
+    """The scales and the amax of a GEMM of 8-bit inputs (``check_fp8_args``): device arrays,
+    or host numbers (those of A and B folded into alpha, Y's inverted into the kernel's
+    ``y_scale_``); ``fields``: the ``Epilogue`` fields they make."""
+
+    __slots__ = ("scale_a", "scale_b", "scale_y", "amax", "stride_a", "stride_b", "fields")
+
+    def __init__(self, scale_a, scale_b, scale_y, amax, stride_a, stride_b, fields):
+        self.scale_a, self.scale_b, self.scale_y, self.amax = scale_a, scale_b, scale_y, amax
+        self.stride_a, self.stride_b, self.fields = stride_a, stride_b, fields
+
+    def launch_args(self, alpha: float, ptr=lambda x: x.data.ptr) -> tuple[float, dict]:
+        """(alpha with the host scales of A and B, the kernel's ``fp8_params``) of these
+        arguments (``ptr``: the device pointer of an array)."""
+        return fp8_launch_args(alpha, self.scale_a, self.scale_b, self.scale_y, self.amax,
+                               self.stride_a, self.stride_b, ptr)
+
+
+def host_scale(x) -> bool:
+    """Whether a scale argument is None or a host number (not a device array)."""
+    return x is None or isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def fp8_launch_args(alpha, scale_a, scale_b, scale_y, amax, stride_a, stride_b, ptr
+                    ) -> tuple[float, dict]:
+    """``Fp8Args.launch_args`` of the arguments of one validated pattern."""
+    if host_scale(scale_a):
+        alpha, pa = alpha * (1.0 if scale_a is None else scale_a), 0
+    else:
+        pa = ptr(scale_a)
+    if host_scale(scale_b):
+        alpha, pb = alpha * (1.0 if scale_b is None else scale_b), 0
+    else:
+        pb = ptr(scale_b)
+    if host_scale(scale_y):
+        y_scale, py = (1.0 if scale_y is None else 1.0 / scale_y), 0
+    else:
+        y_scale, py = 1.0, ptr(scale_y)
+    return alpha, {"scale_a": pa, "scale_a_stride": stride_a, "scale_b": pb,
+                   "scale_b_stride": stride_b, "scale_y": py,
+                   "amax": 0 if amax is None else ptr(amax), "y_scale_": y_scale}
+
+
+def _check_scale(x, name: str, vector: tuple[tuple[int, ...], ...] = (), what: str = ""
+                 ) -> tuple[Scale, int]:
+    """(Scale kind, element stride) of a scale: None, a positive finite host number (kind
+    NONE: the host applies it), or a float32 device array of one element or of one of the
+    ``vector`` shapes (one value per ``what``: a row of A, a column of B)."""
+    if host_scale(x):
+        if x is not None:
+            value = check_scalar(x, name)
+            if not 0 < value < float("inf"):
+                raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
+        return Scale.NONE, 0
+    check_array(x, name)
+    if x.dtype != np.float32:
+        raise ArgumentValueError(f"{name}: expected a float32 array, got dtype {x.dtype}")
+    check_aligned(x, name)
+    if x.size == 1 and x.ndim <= 2:
+        return Scale.TENSOR, 0
+    if x.shape in vector:
+        axis = 0 if len(x.shape) == 1 or x.shape[0] > 1 else 1
+        return Scale.ROW if what == "row" else Scale.COL, x.strides[axis] // x.itemsize
+    per = (f" or one value per {what} (shape " + " or ".join(str(v) for v in vector) + ")"
+           if vector else "")
+    raise ArgumentValueError(f"{name}: expected a number, a float32 array of one element"
+                             f"{per}, got shape {x.shape}")
+
+
+def check_fp8_args(dtype: DType, y_dtype: DType, m: int, n: int, scale_a, scale_b, scale_y,
+                   amax_out) -> Fp8Args | None:
+    """The 8-bit inputs' scales and amax, checked (None for other inputs, which take none)."""
+    if not dtype.is_fp8:
+        for x, name in ((scale_a, "scale_a"), (scale_b, "scale_b"), (scale_y, "scale_y"),
+                        (amax_out, "amax_out")):
+            if x is not None:
+                raise ArgumentValueError(f"{name}: applies to 8-bit inputs ({FP8_TEXT}); a and "
+                                         f"b are {dtype.numpy_name}")
+        return None
+    kind_a, stride_a = _check_scale(scale_a, "scale_a", ((m,), (m, 1)), "row")
+    kind_b, stride_b = _check_scale(scale_b, "scale_b", ((n,), (1, n)), "column")
+    if scale_y is not None and not y_dtype.is_fp8:
+        raise ArgumentValueError(f"scale_y: divides an 8-bit output; Y is "
+                                 f"{y_dtype.numpy_name} (out_dtype={FP8_TEXT} for one)")
+    kind_y, _ = _check_scale(scale_y, "scale_y")
+    if amax_out is not None:
+        check_array(amax_out, "amax_out")
+        if amax_out.dtype != np.float32 or amax_out.size != 1:
+            raise ArgumentValueError(f"amax_out: expected a float32 array of one element, got "
+                                     f"dtype {amax_out.dtype} and shape {amax_out.shape}")
+        check_aligned(amax_out, "amax_out")
+    fields = {"scale_a": kind_a, "scale_b": kind_b, "scale_y": kind_y is Scale.TENSOR,
+              "amax": amax_out is not None}
+    return Fp8Args(scale_a, scale_b, scale_y, amax_out, stride_a, stride_b, fields)
 
 
 def layout_by_strides(rows: int, cols: int, e0: int, e1: int):
@@ -107,6 +247,8 @@ def layout_of(x, name: str):
         if found is not None:
             return (*found, x)
     cp = _cupy()
+    if x.dtype.name in FP8_DTYPES:   # (CuPy copies 8-bit floats as bytes)
+        return Layout.ROW, max(cols, 1), cp.ascontiguousarray(x.view(np.uint8)).view(x.dtype)
     y = cp.ascontiguousarray(x)
     return Layout.ROW, max(cols, 1), y
 
@@ -159,7 +301,7 @@ class Problem:
     __slots__ = ("m", "n", "k", "dtype", "y_numpy_dtype", "precision", "epilogue",
                  "bias_stride", "alpha", "beta", "leaky_slope", "device_id", "a", "b", "c",
                  "bias", "out", "preact_out", "layout_a", "lda", "layout_b", "ldb", "ldc",
-                 "copied")
+                 "copied", "fp8")
 
     def __init__(self, **kw):
         unknown = set(kw) - set(self.__slots__)
@@ -198,10 +340,12 @@ def check_output(x, name: str, m: int, n: int, dtype) -> None:
 
 
 def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
-             save_preact=False, out_dtype=None, precision=None, glu=False) -> Problem:
+             save_preact=False, out_dtype=None, precision=None, glu=False, dtype=None,
+             scale_a=None, scale_b=None, scale_y=None, amax_out=None) -> Problem:
     """Check every argument of gemm_bias_act (``glu``: of gemm_gated, whose B holds (gate,
     linear) column pairs and whose Y has half of B's columns); raise before anything is
-    launched."""
+    launched. ``dtype`` reads uint8 inputs as an 8-bit format; the scales and ``amax_out``
+    are 8-bit inputs' (``check_fp8_args``)."""
     cp = _cupy()
     a = check_array(a, "a")
     b = check_array(b, "b")
@@ -209,9 +353,7 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
         raise ArgumentValueError(f"a: expected a 2-D (M, K) array, got shape {a.shape}")
     if b.ndim != 2:
         raise ArgumentValueError(f"b: expected a 2-D (K, N) array, got shape {b.shape}")
-    dtype = check_dtype(a, "a")
-    if b.dtype != a.dtype:
-        raise ArgumentValueError(f"b: expected dtype {a.dtype} (the dtype of a), got {b.dtype}")
+    dtype, a, b = input_dtype(a, b, dtype)
     m, k = a.shape
     k2, n = b.shape
     if k2 != k:
@@ -252,8 +394,22 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
                                  "beta=0")
     if out is not None:
         check_array(out, "out")
+        if out.dtype.name == "uint8" and dtype_name(out_dtype) in FP8_DTYPES:
+            out = out.view(FP8_DTYPES[dtype_name(out_dtype)].numpy_dtype)
     y_dtype = check_out_dtype(out_dtype, dtype, out)
-    np_y = a.dtype if y_dtype is dtype else np.dtype(np.float32)
+    np_y = y_dtype.numpy_dtype
+    if dtype.is_fp8:
+        if glu:
+            raise ArgumentValueError(f"a: gemm_gated takes float32, float16 or bfloat16 "
+                                     f"inputs, got {dtype.numpy_name}")
+        if k == 0:
+            raise ArgumentValueError(f"a: K = 0: a GEMM of {dtype.numpy_name} inputs needs K "
+                                     f">= 1")
+        if save_preact and y_dtype.is_fp8:
+            raise ArgumentValueError(f"save_preact: Z is not stored for an 8-bit output "
+                                     f"({y_dtype.numpy_name}); use a 16-bit out_dtype to keep "
+                                     f"it")
+    fp8 = check_fp8_args(dtype, y_dtype, m, n, scale_a, scale_b, scale_y, amax_out)
     if out is not None:
         check_output(out, "out", m, n // 2 if glu else n, np_y)
     if preact_out is not None:
@@ -262,8 +418,11 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
         check_output(preact_out, "preact_out", m, n, np_y)
     prec = check_precision(precision, dtype)
     device_id = cp.cuda.runtime.getDevice()
+    scales = {} if fp8 is None else {name: getattr(fp8, name) for name in
+                                     ("scale_a", "scale_b", "scale_y")}
     check_same_device({"a": a, "b": b, "bias": bias, "c": c, "out": out,
-                       "preact_out": preact_out}, device_id)
+                       "preact_out": preact_out, "amax_out": amax_out,
+                       **{k: v for k, v in scales.items() if not host_scale(v)}}, device_id)
     check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
     use_c = c is not None and beta != 0.0
     layouts = dict(layout_a=None, lda=0, layout_b=None, ldb=0, ldc=0)
@@ -279,8 +438,9 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
         a, b, c = a_read, b_read, c_read
     epilogue = Epilogue(out_dtype=y_dtype, act=act_e, bias=kind, bias_dtype=bias_dtype,
                         layout_c=layout_c, c_dtype=c_dtype if layout_c is not None else None,
-                        save_z=bool(save_preact), glu=glu)
-    return Problem(m=m, n=n, k=k, dtype=dtype, y_numpy_dtype=np_y, precision=prec,
+                        save_z=bool(save_preact), glu=glu,
+                        **({} if fp8 is None else fp8.fields))
+    return Problem(m=m, n=n, k=k, dtype=dtype, y_numpy_dtype=np_y, precision=prec, fp8=fp8,
                    epilogue=epilogue, bias_stride=bias_stride, alpha=alpha, beta=beta,
                    leaky_slope=slope, device_id=device_id, a=a, b=b, bias=bias, out=out,
                    preact_out=preact_out, c=c if use_c else None, copied=copied, **layouts)

@@ -11,6 +11,8 @@ from .spec import (
     PIPELINED_F32_CONFIGS,
     TILED_CONFIGS,
     WGMMA_CONFIGS,
+    WGMMA_FP8_CONFIGS,
+    WGMMA_FP8_FAST_CONFIGS,
     WGMMA_X3_CONFIGS,
     DType,
     Layout,
@@ -110,6 +112,13 @@ def check_config(config, arch: str, dtype: DType, precision: Precision, *,
     ``inspect``) and ``target`` what ``arch`` is ("this GPU")."""
     number = number_of_arch(arch)
     family = Choice(config, 1, "").family
+    if dtype.is_fp8 and number != 90:
+        raise ArgumentValueError(f"a: {dtype.numpy_name} inputs run on Hopper's tensor cores "
+                                 f"(sm_90); {target} is {arch}")
+    if dtype.is_fp8 and not isinstance(config, WgmmaConfig):
+        raise ArgumentValueError(f"{who}: {config.name} is a {family} config; "
+                                 f"{dtype.numpy_name} inputs run on the Hopper kernel's "
+                                 f"('wgmma_' configs)")
     need = ("sm_90 (Hopper)" if isinstance(config, WgmmaConfig) and number != 90 else
             "sm_80 or newer" if isinstance(config, (PipelineConfig, MmaConfig)) and number < 80
             else None)
@@ -122,10 +131,19 @@ def check_config(config, arch: str, dtype: DType, precision: Precision, *,
             f"precision='tf32' or 'tf32x3' (or bfloat16 or float16 inputs)")
 
 
-def wgmma_configs(precision: Precision) -> tuple[WgmmaConfig, ...]:
-    """The Hopper kernel's candidates: those with room for a second set of accumulators for
-    3xTF32, all of them otherwise."""
-    return WGMMA_X3_CONFIGS if precision is Precision.TF32X3 else WGMMA_CONFIGS
+def promotes(dtype: DType, precision: Precision) -> bool:
+    """Whether the Hopper kernel adds its accumulators into a float32 second set every 128
+    of K (``WgmmaGemmSpec.promote``): for 3xTF32, and for 8-bit inputs unless
+    ``fast_accum``."""
+    return precision is Precision.TF32X3 or (dtype.is_fp8 and precision is Precision.IEEE)
+
+
+def wgmma_configs(precision: Precision, dtype: DType = DType.F32) -> tuple[WgmmaConfig, ...]:
+    """The Hopper kernel's candidates: those with room for a second set of accumulators where
+    it promotes them (``promotes``), all of them otherwise; 8-bit inputs' own lists."""
+    if dtype.is_fp8:
+        return WGMMA_FP8_CONFIGS if promotes(dtype, precision) else WGMMA_FP8_FAST_CONFIGS
+    return WGMMA_X3_CONFIGS if promotes(dtype, precision) else WGMMA_CONFIGS
 
 
 def k_parts(precision: Precision) -> int:
@@ -137,6 +155,8 @@ def k_parts(precision: Precision) -> int:
 def candidates(m: int, n: int, k: int, arch_number: int, dtype: DType = DType.F32,
                precision: Precision = Precision.IEEE) -> list[tuple[object, int]]:
     """Every (config, split_k) the autotuner tries for this problem on this architecture."""
+    if dtype.is_fp8:   # the Hopper kernel alone, whole K (no split)
+        return [(cfg, 1) for cfg in wgmma_configs(precision, dtype)] if arch_number == 90 else []
     if arch_number < 80:
         return [(t, 1) for t in TILED_CONFIGS]
     if uses_tensor_cores(dtype, precision):
@@ -183,6 +203,8 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     (about one block per multiprocessor); when even the smallest tile leaves most of the
     multiprocessors idle and K is long, split K so that the slices fill them.
     """
+    if dtype.is_fp8:
+        return _wgmma_fp8_heuristic(m, n, k, sms, precision)
     if arch_number < 80:
         why = f"sm_{arch_number} has no cp.async"
         for t in TILED_CONFIGS:
@@ -317,22 +339,55 @@ def _wgmma_x3_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
                   f"{split} ways (3xTF32)")
 
 
-def staged(dtype: DType, layouts: str, precision: Precision = Precision.IEEE
-           ) -> tuple[bool, bool]:
+def _wgmma_fp8_heuristic(m: int, n: int, k: int, sms: int, precision: Precision) -> Choice:
+    """8-bit inputs on Hopper (measured on an H200 with bias + GELU, bench/NOTES.md): with
+    float32 sums (``promotes``) the cooperative 128x192 tile from about a wave of tiles up
+    (8192^3: 0.94 ms against 1.04 on 128x128 tiles, 1.27 on ping-pong 64x192), 128x128 from
+    half a wave, else 128x64 or 64x128 tiles; with ``fast_accum`` the ping-pong 64x256 tile
+    from a wave up (4096^3: 0.123 ms against 0.128 on 128x256 tiles; 8192 x 16384 x 4096:
+    0.892 against 1.004), else the 16-bit inputs' choice."""
+    if precision is Precision.FAST_ACCUM:
+        pp = WGMMA_FP8_FAST_CONFIGS[2]   # wgmma_64x256_s4_pp
+        if _tiles(m, n, pp) >= sms:
+            return Choice(pp, 1, "heuristic", f"{_tiles(m, n, pp)} tiles of 64x256 for {sms} "
+                          "SMs (8-bit, fast_accum): ping-pong")
+        ch = _wgmma_heuristic(m, n, k, sms)
+        if ch.split_k > 1:   # (8-bit inputs take no split of K)
+            cfg = WGMMA_FP8_CONFIGS[3 if n >= m else 2]
+            return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x"
+                          f"{cfg.bn} for {sms} SMs: few tiles (8-bit, fast_accum)")
+        return Choice(ch.config, 1, ch.reason, ch.detail + " (8-bit, fast_accum)")
+    wide, square, tall, low = WGMMA_FP8_CONFIGS
+    if 10 * _tiles(m, n, wide) >= 9 * sms:
+        cfg = wide
+    elif 2 * _tiles(m, n, square) >= sms:
+        cfg = square
+    else:
+        cfg = low if n >= m else tall
+    return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x{cfg.bn} for "
+                  f"{sms} SMs (8-bit, float32 sums)")
+
+
+def staged(dtype: DType, layouts: str, precision: Precision = Precision.IEEE,
+           aligns: Aligns | None = None) -> tuple[bool, bool]:
     """Which operands the tensor-core kernels read through a K-major copy: for 3xTF32 both
-    (split into hi and lo parts); on Hopper, tf32 wgmma reads K-major operands only (row-major
-    A, column-major B; 16-bit ones it transposes itself)."""
+    (split into hi and lo parts); on Hopper, tf32 and 8-bit wgmma read K-major operands only
+    (row-major A, column-major B; 16-bit ones it transposes itself), and 8-bit operands whose
+    rows TMA cannot read (``aligns`` below 16 bytes) are copied into aligned ones."""
     if precision is Precision.TF32X3:
         return True, True
-    tf32 = dtype is DType.F32
-    return tf32 and layouts[0] == "c", tf32 and layouts[1] == "r"
+    kmajor = dtype is DType.F32 or dtype.is_fp8
+    stage_a, stage_b = kmajor and layouts[0] == "c", kmajor and layouts[1] == "r"
+    if dtype.is_fp8 and aligns is not None:
+        stage_a, stage_b = stage_a or aligns[0] < 16, stage_b or aligns[1] < 16
+    return stage_a, stage_b
 
 
 def tma_fits(aligns: Aligns, dtype: DType, layouts: str, k: int,
              precision: Precision = Precision.IEEE) -> str | None:
     """Why the Hopper kernel cannot take this problem, or None when it can: TMA needs 16-byte
     aligned pointers and rows (a staged copy is aligned by construction)."""
-    stage_a, stage_b = staged(dtype, layouts, precision)
+    stage_a, stage_b = staged(dtype, layouts, precision, aligns)
     if (aligns[0] < 16 and not stage_a) or (aligns[1] < 16 and not stage_b):
         return "TMA needs 16-byte aligned operand pointers and leading dimensions"
     if k == 0:
@@ -399,12 +454,14 @@ class KernelSet:
 def _preps(dtype: DType, layout_a: Layout, layout_b: Layout, stage: tuple[bool, bool],
            precision: Precision):
     """The copy kernels of the staged operands: the 3xTF32 split (A's rows hi, hi, lo; B's
-    columns hi, lo, hi), or a plain transposition into K-major layout."""
+    columns hi, lo, hi), or a copy into K-major layout (a transposition, or for a K-major
+    8-bit operand at an unaligned address or leading dimension, a plain copy)."""
     if precision is Precision.TF32X3:
         preps = (Tf32SplitSpec(layout_a is Layout.COL, "hhl"),
                  Tf32SplitSpec(layout_b is Layout.ROW, "hlh"))
     else:
-        preps = (TransposeSpec(dtype), TransposeSpec(dtype))
+        preps = (TransposeSpec(dtype, layout_a is Layout.COL),
+                 TransposeSpec(dtype, layout_b is Layout.ROW))
     return tuple(spec if s else None for spec, s in zip(preps, stage))
 
 
@@ -441,7 +498,7 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
                 f"{X3_MAX_3K // 3} (or an exact float32 config, or no config)")
         stage = staged(dtype, layouts, precision)
     elif isinstance(config, WgmmaConfig):
-        stage = staged(dtype, layouts)
+        stage = staged(dtype, layouts, aligns=aligns)
     else:
         stage = (False, False)
     la = Layout.ROW if stage[0] else layout_a
@@ -454,13 +511,16 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
         k_tiles = -(-k * k_parts(precision) // (128 // dtype.itemsize))
         per_split = max(-(-k_tiles // split_k), 1)
         splits = -(-k_tiles // per_split) if split_k > 1 else 1
+        if splits > 1 and dtype.is_fp8:
+            raise ArgumentValueError(f"config: {config.name}_k{split_k}: {dtype.numpy_name} "
+                                     f"inputs take no split of K; pin {config.name}")
         main_epilogue = PARTIAL_SUMS if splits > 1 else epilogue
         # a row-major C whose rows TMA can copy arrives through the ring; else reading C with
         # the accumulators leaves too few registers for the staging (a gate reads it after
         # staging, from whole rows)
         c_tma = (align_y >= 16 and main_epilogue.layout_c is Layout.ROW and align_c >= 16
                  and WgmmaGemmSpec.c_tma_unfit(config, main_epilogue) is None)
-        staging = (align_y >= 16
+        staging = (align_y >= 16 and not epilogue.out_dtype.is_fp8
                    and WgmmaGemmSpec.staging_spills(config, main_epilogue, c_tma) is None)
         c_tma = c_tma and staging
         # (a gated linear unit's backward copies its Z into the staging blocks in 16-byte
@@ -469,7 +529,8 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
                                or c_tma or (main_epilogue.glu_grad is not None
                                             and align_c >= 16))
         main = WgmmaGemmSpec(dtype, la, lb, main_epilogue, config,
-                             store16 or align_y >= 2 * y_item, store16, promote=x3,
+                             store16 or align_y >= 2 * y_item, store16,
+                             promote=promotes(dtype, precision),
                              split_k=splits > 1, c_tma=c_tma)
         if sums and main.can_bgrad:
             main = replace(main, epilogue=replace(main_epilogue, bgrad=True))

@@ -16,11 +16,14 @@ from .epilogue import ACTS_FROM_Y, PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout
 class Precision(Enum):
     """How float32 products are computed: exactly on the CUDA cores (IEEE), on the tf32
     tensor-core path (TF32), or on it three times over split operands (TF32X3: float32
-    accuracy at tensor-core speed)."""
+    accuracy at tensor-core speed); how 8-bit products are summed (IEEE or FAST_ACCUM)."""
 
     IEEE = "ieee"
     TF32 = "tf32"
     TF32X3 = "tf32x3"
+    #: 8-bit inputs: the products summed in the tensor cores' own accumulators alone, which
+    #: keep fewer bits than float32 (IEEE, their default, adds every 128 of K into float32)
+    FAST_ACCUM = "fast_accum"
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,19 @@ class GemmKernelSpec(KernelSpec):
         if self.epilogue.bgrad and not self.can_bgrad:
             raise ArgumentValueError(f"{type(self).__name__}: bgrad sums a gated epilogue's "
                                      f"staged blocks: {self._bgrad_needs}")
+        if self.dtype.is_fp8 and not self.reads_fp8:
+            raise ArgumentValueError(f"{type(self).__name__}.dtype: 8-bit inputs run on the "
+                                     f"Hopper kernel (WgmmaGemmSpec); got {self.dtype!r}")
+        ep = self.epilogue
+        if (ep.scaled or ep.out_dtype.is_fp8) and not self.dtype.is_fp8:
+            raise ArgumentValueError(
+                f"{type(self).__name__}.epilogue: scales, amax and 8-bit outputs belong to "
+                f"8-bit inputs; the inputs are {self.dtype.numpy_name}")
 
     #: Whether the kernel can sum its gated output's columns (``Epilogue.bgrad``).
     can_bgrad = False
+    #: Whether the kernel reads 8-bit inputs.
+    reads_fp8 = False
     #: What those sums need, for the error of a spec that asks for them where they cannot be.
     _bgrad_needs = ("only the Hopper kernel (WgmmaGemmSpec) stages them; expected an "
                     "epilogue without bgrad")
@@ -561,8 +574,9 @@ class WgmmaConfig:
 
     @property
     def can_promote(self) -> bool:
-        """Whether a second set of accumulators fits (``WgmmaGemmSpec.promote``)."""
-        return self.accumulators <= 64
+        """Whether a second set of accumulators fits (``WgmmaGemmSpec.promote``): at most 96
+        a thread (the 128x192 tile: 192 registers of the 232 a consumer has)."""
+        return self.accumulators <= 96
 
     @property
     def wg_m(self) -> int:
@@ -603,6 +617,20 @@ WGMMA_CONFIGS: tuple[WgmmaConfig, ...] = (
     WgmmaConfig(128, 64, 8),
     WgmmaConfig(64, 128, 8),
 )
+
+#: Candidates of the Hopper kernel for 8-bit inputs with float32 sums (``promote``): the
+#: 128x192 tile keeps the most accumulators that leave room for the second set (on an H200,
+#: 8192^3 with bias + GELU: 0.94 ms against 1.04 on 128x128 tiles).
+WGMMA_FP8_CONFIGS: tuple[WgmmaConfig, ...] = (
+    WgmmaConfig(128, 192, 4),
+    WgmmaConfig(128, 128, 6),
+    WgmmaConfig(128, 64, 8),
+    WgmmaConfig(64, 128, 8),
+)
+
+#: Candidates of the Hopper kernel for 8-bit inputs summed by the tensor cores alone
+#: (``fast_accum``): the 16-bit inputs' and the 128x192 tile.
+WGMMA_FP8_FAST_CONFIGS: tuple[WgmmaConfig, ...] = WGMMA_CONFIGS + (WgmmaConfig(128, 192, 4),)
 
 #: Candidates of the Hopper kernel for 3xTF32: at most 64 accumulators a thread, so that the
 #: second, rounded set fits.
@@ -649,6 +677,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
 
     template = "gemm/wgmma.cu"
     fast_activations = True
+    reads_fp8 = True
     _bgrad_needs = ("it needs a gate and store16, not split-K, and C through the ring or a "
                     "config narrower than 256 columns (the 256-wide ones reading C from memory "
                     "spill registers)")
@@ -663,8 +692,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
         if self.promote and not self.config.can_promote:
             raise ArgumentValueError(
                 f"config: {self.config.name} keeps {self.config.accumulators} accumulators a "
-                f"thread, too many for the second set that precision='tf32x3' needs (at most "
-                f"64: {', '.join(c.name for c in WGMMA_X3_CONFIGS)})")
+                f"thread, too many for the second set that float32 sums need (precision="
+                f"'tf32x3', or 8-bit inputs without precision='fast_accum'; at most 96: "
+                f"{', '.join(c.name for c in WGMMA_FP8_CONFIGS)})")
         self._check_fields()
         _check_slices(self)
         ep = self.epilogue
@@ -688,10 +718,18 @@ class WgmmaGemmSpec(GemmKernelSpec):
         if self.store16 and not self.vec_y:
             raise ArgumentValueError("WgmmaGemmSpec.vec_y: store16 stores whole 16-byte "
                                      "segments; expected True with store16, got False")
-        if self.dtype is DType.F32 and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL):
+        if ((self.dtype is DType.F32 or self.dtype.is_fp8)
+                and (self.layout_a, self.layout_b) != (Layout.ROW, Layout.COL)):
             raise ArgumentValueError(
-                "config: the tf32 wgmma kernel needs row-major A and column-major B (K-major "
-                f"operands); got layouts {self.layout_a.value}{self.layout_b.value}")
+                f"config: the {'tf32' if self.dtype is DType.F32 else '8-bit'} wgmma kernel "
+                "needs row-major A and column-major B (K-major operands); got layouts "
+                f"{self.layout_a.value}{self.layout_b.value}")
+        if self.store16 and ep.out_dtype.is_fp8:
+            raise ArgumentValueError("WgmmaGemmSpec.store16: 8-bit outputs are stored from the "
+                                     "registers; expected False, got True")
+        if self.split_k and self.dtype.is_fp8:
+            raise ArgumentValueError("WgmmaGemmSpec.split_k: 8-bit inputs take no split of K; "
+                                     "expected False, got True")
 
     @property
     def kernel_name(self) -> str:
@@ -814,16 +852,22 @@ class StagingCopy:
 @dataclass(frozen=True)
 class TransposeSpec(StagingCopy, KernelSpec):
     """Copies an R x C row-major matrix into its C x R transpose (row-major): stages an operand
-    into the K-major layout the tf32 wgmma kernel reads."""
+    into the K-major layout the tf32 and 8-bit wgmma kernels read. ``transpose`` False: a
+    plain copy (an 8-bit operand K-major already, into rows TMA can read: 16-byte aligned)."""
 
     dtype: DType
+    #: what the copy does to an operand: transposes it (or copies it as it is); 1 segment of K
+    #: per row
+    transpose: bool = True
 
     template = "gemm/stage.cu"
     threads = 256
     smem_bytes = 0
-    #: what the copy does to an operand: transposes it; 1 segment of K per row
-    transpose = True
     parts = 1
+
+    def __post_init__(self):
+        check_field(self, "dtype", DType)
+        check_field(self, "transpose", bool)
 
     @property
     def ctype(self) -> str:
@@ -831,7 +875,7 @@ class TransposeSpec(StagingCopy, KernelSpec):
 
     @property
     def kernel_name(self) -> str:
-        return f"transpose_{self.dtype.value}"
+        return f"{'transpose' if self.transpose else 'copy'}_{self.dtype.value}"
 
 
 @dataclass(frozen=True)

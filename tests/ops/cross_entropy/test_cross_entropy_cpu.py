@@ -33,7 +33,7 @@ from ge2jit.ops.cross_entropy.reference import (
     row_losses,
 )
 from ge2jit.runtime import arrays, checks
-from ge2jit.runtime.dtypes import DType
+from ge2jit.runtime.dtypes import FLOAT_DTYPES, DType
 
 from ...fake_cupy import FakeArray, make_module
 from ...kernel_checks import check_clean_build
@@ -77,7 +77,7 @@ def test_bad_config_names_are_refused_in_one_line(name, match):
                                      (32768, "block_512"), (32769, "block_1024"),
                                      (262144, "block_1024"), (2**40, "block_1024")])
 def test_heuristic_by_class_count(n, name):
-    for dt in DType:
+    for dt in FLOAT_DTYPES:
         assert heuristic(n, dt).name == name
         assert heuristic(n, dt) in candidates(n)
 
@@ -130,7 +130,7 @@ def test_kernel_names_and_parameters():
                                           "grad_scale"]
     assert "__restrict__" not in s.params[0].ctype and "__restrict__" not in s.params[2].ctype
     specs = {spec for c, d, t, g, r, sm, ck, v in itertools.product(
-        all_configs(), DType, ("int32", "int64"), (None, DType.F32, DType.BF16),
+        all_configs(), FLOAT_DTYPES, ("int32", "int64"), (None, DType.F32, DType.BF16),
         ("none", "sum", "mean"), (False, True), (False, True), (1, 8))
         for spec in kernels(c, 3, d, t, g, reduction=r, smoothing=sm, check=ck,
                             max_vec=v).specs}
@@ -154,7 +154,7 @@ def _compile_cases():
     single-element accesses (unaligned rows) of every 16-bit case; the targets, reduce and
     scale kernels."""
     specs = set()
-    for c, d, g, sm in itertools.product(all_configs(), DType, ("none", "same", "f32"),
+    for c, d, g, sm in itertools.product(all_configs(), FLOAT_DTYPES, ("none", "same", "f32"),
                                          (False, True)):
         grad = {"none": None, "same": d, "f32": DType.F32}[g]
         specs.update(kernels(c, 3, d, "int64", grad, reduction="mean", smoothing=sm).specs)
@@ -164,7 +164,7 @@ def _compile_cases():
     for c, sm in itertools.product(all_configs(), (False, True)):
         specs.update(kernels(c, 3, DType.F32, "int64", DType.F32, reduction="sum",
                              smoothing=sm).specs)
-    for d, v in itertools.product(DType, (1, 2, 8)):
+    for d, v in itertools.product(FLOAT_DTYPES, (1, 2, 8)):
         specs.add(scale_spec(d, v))
     for c in all_configs():
         specs.update(kernels(c, 3, DType.F16, "int32", None, reduction="sum").specs)

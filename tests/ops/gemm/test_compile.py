@@ -15,7 +15,8 @@ from allpairspy import AllPairs
 from ge2jit.jit.cache import KernelCache
 from ge2jit.jit.loader import build
 from ge2jit.jit.parallel import compile_many
-from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Epilogue
+from ge2jit.ops.gemm.epilogue import PARTIAL_SUMS, Epilogue, Scale
+from ge2jit.ops.gemm.select import kernel_set
 from ge2jit.ops.gemm.spec import (
     ACTS_FROM_Y,
     MMA_16BIT_CONFIGS,
@@ -24,6 +25,7 @@ from ge2jit.ops.gemm.spec import (
     PIPELINED_F32_CONFIGS,
     TILED_CONFIGS,
     WGMMA_CONFIGS,
+    WGMMA_FP8_FAST_CONFIGS,
     WGMMA_X3_CONFIGS,
     Act,
     BiasKind,
@@ -33,6 +35,7 @@ from ge2jit.ops.gemm.spec import (
     Layout,
     MmaGemmSpec,
     PipelinedGemmSpec,
+    Precision,
     SplitKReduceSpec,
     Tf32SplitSpec,
     TiledGemmSpec,
@@ -42,6 +45,9 @@ from ge2jit.ops.gemm.spec import (
 from ge2jit.ops.optim import UpdateSpec
 
 ARCHS = ["sm_80", "sm_90"]
+#: the 16- and 32-bit types (8-bit inputs have a family of their own)
+FLOATS = [DType.F32, DType.F16, DType.BF16]
+FP8 = [DType.E4M3, DType.E5M2]
 EPILOGUE = {
     "layout_c": [None, *Layout],
     "act": list(Act),
@@ -121,6 +127,23 @@ def _wgmma(p: dict) -> WgmmaGemmSpec:
     return spec
 
 
+def _wgmma_fp8(p: dict) -> WgmmaGemmSpec:
+    """The kernel ``kernel_set`` makes for 8-bit inputs with these scales, outputs and
+    alignment of Y (16 bytes: staged 16- and 32-bit outputs); Z only for outputs that are
+    not 8-bit, float32 sums only on the configs that keep a second set."""
+    out, bias, layout_c = p["out"], p["bias"], p["layout_c"]
+    precision = p["precision"]
+    if not p["config"].can_promote:
+        precision = Precision.FAST_ACCUM
+    epilogue = Epilogue(
+        out_dtype=out, act=p["act"], bias=bias,
+        bias_dtype=None if bias is BiasKind.NONE else p["bias_type"], layout_c=layout_c,
+        c_dtype=None if layout_c is None else p["c_type"], save_z=p["save_z"] and not out.is_fp8,
+        scale_a=p["scale_a"], scale_b=p["scale_b"], scale_y=out.is_fp8, amax=p["amax"])
+    return kernel_set(p["dtype"], Layout.ROW, Layout.COL, epilogue, p["config"], 1, 4096,
+                      (16, 16, p["align_y"], 16), precision).main
+
+
 def _pipelined(p: dict) -> PipelinedGemmSpec:
     """The fields as kernel_set chooses them: 16-byte copies of an operand whose contiguous
     dimension is the shared tile's; split-K slices store ``PARTIAL_SUMS`` as vectors."""
@@ -151,7 +174,7 @@ MMA_COMMON = {"layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE, **
               "arch": ARCHS}
 FAMILIES = {
     "tiled": (
-        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
+        {"dtype": FLOATS, "layout_a": list(Layout), "layout_b": list(Layout), **EPILOGUE,
          **TYPES, "tile": list(TILED_CONFIGS), "arch": ARCHS},
         _tiled,
     ),
@@ -199,42 +222,58 @@ FAMILIES = {
         _pipelined,
     ),
     "transpose": (
-        {"dtype": list(DType), "arch": ARCHS},
+        {"dtype": FLOATS, "arch": ARCHS},
         lambda p: TransposeSpec(p["dtype"]),
+    ),
+    # 8-bit inputs: every epilogue with the scales, the amax and every output type, as
+    # kernel_set makes their kernels (float32 sums on the tiles that can keep them, the
+    # tensor cores' own on any), and their operands' copies into K-major rows
+    "wgmma_fp8": (
+        {"dtype": FP8, **EPILOGUE, "out": [DType.BF16, DType.F16, DType.F32, *FP8],
+         "c_type": FLOATS, "bias_type": FLOATS, "scale_a": [Scale.NONE, Scale.TENSOR, Scale.ROW],
+         "scale_b": [Scale.NONE, Scale.TENSOR, Scale.COL], "amax": [False, True],
+         "config": list(WGMMA_FP8_FAST_CONFIGS),
+         "precision": [Precision.IEEE, Precision.FAST_ACCUM], "align_y": [2, 16],
+         "arch": ["sm_90a"]},
+        _wgmma_fp8,
+    ),
+    "copy_fp8": (
+        {"dtype": FP8, "transpose": [False, True], "arch": ["sm_90"]},
+        lambda p: TransposeSpec(p["dtype"], p["transpose"]),
     ),
     "tf32x3_split": (
         {"transpose": [False, True], "order": ["hhl", "hlh"], "arch": ARCHS},
         lambda p: Tf32SplitSpec(p["transpose"], p["order"]),
     ),
     "splitk_reduce": (
-        {"dtype": list(DType), **EPILOGUE, **TYPES, "vec_y": [False, True], "arch": ARCHS},
+        {"dtype": FLOATS, **EPILOGUE, **TYPES, "vec_y": [False, True], "arch": ARCHS},
         _splitk_reduce,
     ),
     # the backward's dZ pass: act' from Z (any activation) or from Y (those it allows)
     "dz": (
-        {"act": list(Act), "from_y": [False], "bias": list(BiasKind), "grad": list(DType),
-         "src": list(DType), "dz": list(DType), "write_dz": [False, True],
-         "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
+        {"act": list(Act), "from_y": [False], "bias": list(BiasKind), "grad": FLOATS,
+         "src": FLOATS, "dz": FLOATS, "write_dz": [False, True],
+         "write_dc": [False, True], "dc": FLOATS, "vec": [False, True], "arch": ARCHS},
         _dz,
     ),
     "dbias": (
-        {"out": list(DType), "total": [False, True], "arch": ARCHS},
+        {"out": FLOATS, "total": [False, True], "arch": ARCHS},
         lambda p: DbiasSpec(p["out"], p["total"]),
     ),
     # the optimizers' fused steps
     "update": (
-        {"rule": ["adam", "sgd"], "grad": list(DType), "copy": [None, *DType],
+        {"rule": ["adam", "sgd"], "grad": FLOATS, "copy": [None, *FLOATS],
          "nesterov": [False], "arch": ARCHS},
         lambda p: UpdateSpec(p["rule"], p["grad"], p["copy"], p["nesterov"]),
     ),
     "update_nesterov": (
-        {"rule": ["sgd"], "grad": list(DType), "copy": [None, DType.BF16], "nesterov": [True],
+        {"rule": ["sgd"], "grad": FLOATS, "copy": [None, DType.BF16], "nesterov": [True],
          "arch": ARCHS},
         lambda p: UpdateSpec(p["rule"], p["grad"], p["copy"], p["nesterov"]),
     ),
     # the gating epilogue in every GEMM family (Y's type is the inputs': dA)
     "gated_tiled": (
-        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GATED,
+        {"dtype": FLOATS, "layout_a": list(Layout), "layout_b": list(Layout), **GATED,
          "out": ["input"], "c_type": ["input", "f32"], "bias_type": ["input"],
          "tile": list(TILED_CONFIGS), "arch": ARCHS},
         _tiled,
@@ -272,13 +311,13 @@ FAMILIES = {
         _pipelined,
     ),
     "gated_splitk_reduce": (
-        {"dtype": list(DType), **GATED, "out": ["input"], "c_type": ["input", "f32"],
+        {"dtype": FLOATS, **GATED, "out": ["input"], "c_type": ["input", "f32"],
          "bias_type": ["input"], "vec_y": [False, True], "arch": ARCHS},
         _splitk_reduce,
     ),
     # the gated linear unit's epilogue in every GEMM family, and its backward's dZ pass
     "glu_tiled": (
-        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GLU_FEW,
+        {"dtype": FLOATS, "layout_a": list(Layout), "layout_b": list(Layout), **GLU_FEW,
          "out": ["input", "f32"], "bias_type": ["input", "f32"], "tile": list(TILED_CONFIGS),
          "arch": ARCHS},
         _tiled,
@@ -320,7 +359,7 @@ FAMILIES = {
         _pipelined,
     ),
     "glu_splitk_reduce": (
-        {"dtype": list(DType), **GLU, "out": ["input", "f32"], "bias_type": ["input", "f32"],
+        {"dtype": FLOATS, **GLU, "out": ["input", "f32"], "bias_type": ["input", "f32"],
          "vec_y": [False, True], "arch": ARCHS},
         _splitk_reduce,
     ),
@@ -337,26 +376,26 @@ FAMILIES = {
         _wgmma,
     ),
     "glu_grad_splitk_reduce": (
-        {"dtype": list(DType), **GLU_GRAD, "out": ["input"], "bias_type": ["input"],
+        {"dtype": FLOATS, **GLU_GRAD, "out": ["input"], "bias_type": ["input"],
          "vec_y": [False, True], "arch": ARCHS},
         _splitk_reduce,
     ),
     "glu_grad_tiled": (
-        {"dtype": list(DType), "layout_a": list(Layout), "layout_b": list(Layout), **GLU_GRAD,
+        {"dtype": FLOATS, "layout_a": list(Layout), "layout_b": list(Layout), **GLU_GRAD,
          "out": ["input"], "bias_type": ["input"], "tile": list(TILED_CONFIGS), "arch": ARCHS},
         _tiled,
     ),
     "glu_dz": (
         {"act": list(Act), "from_y": [False], "bias": [BiasKind.NONE, BiasKind.COL],
-         "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
+         "grad": FLOATS, "src": FLOATS, "dz": FLOATS, "write_dz": [True],
          "write_dc": [False], "dc": [DType.F32], "vec": [False, True], "glu": [True],
          "arch": ARCHS},
         _dz,
     ),
     "dz_from_y": (
         {"act": list(ACTS_FROM_Y), "from_y": [True], "bias": list(BiasKind),
-         "grad": list(DType), "src": list(DType), "dz": list(DType), "write_dz": [True],
-         "write_dc": [False, True], "dc": list(DType), "vec": [False, True], "arch": ARCHS},
+         "grad": FLOATS, "src": FLOATS, "dz": FLOATS, "write_dz": [True],
+         "write_dc": [False, True], "dc": FLOATS, "vec": [False, True], "arch": ARCHS},
         _dz,
     ),
 }

@@ -127,8 +127,8 @@ def test_precision():
     assert ok(precision="tf32x3").precision is Precision.TF32X3
     assert ok(precision=Precision.TF32X3).precision is Precision.TF32X3
     assert ok(precision=None).precision is Precision.IEEE
-    refused(ValueError, r"precision: expected one of ieee, tf32, tf32x3 or None, got 'fp8'",
-            precision="fp8")
+    refused(ValueError, r"precision: expected one of ieee, tf32, tf32x3, fast_accum or None, "
+            r"got 'fp8'", precision="fp8")
     refused(ValueError, r"precision: 'tf32' applies to float32 inputs; a and b are float16",
             a=half(M, K), b=half(K, N), precision="tf32")
     refused(ValueError, r"precision: 'tf32x3' applies to float32 inputs; a and b are float16",

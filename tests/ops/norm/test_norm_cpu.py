@@ -44,7 +44,7 @@ from ge2jit.ops.norm.spec import (
     sums_shape,
 )
 from ge2jit.runtime import arrays, checks
-from ge2jit.runtime.dtypes import DType
+from ge2jit.runtime.dtypes import FLOAT_DTYPES, DType
 from ge2jit.runtime.rows import vector_width
 
 from ...compiled import check_compiled
@@ -286,12 +286,12 @@ def test_loop_backward_sums_in_shared_memory_where_they_fit():
 FORWARD_PARAMS = {
     "config": all_configs(),
     "kind": ["rms", "layer"],
-    "x": list(DType),
-    "y": ["x", *DType],
-    "residual": [None, *DType],
-    "h": ["residual", *DType],
-    "weight": [None, *DType],
-    "bias": [None, *DType],
+    "x": list(FLOAT_DTYPES),
+    "y": ["x", *FLOAT_DTYPES],
+    "residual": [None, *FLOAT_DTYPES],
+    "h": ["residual", *FLOAT_DTYPES],
+    "weight": [None, *FLOAT_DTYPES],
+    "bias": [None, *FLOAT_DTYPES],
     "stats": [False, True],
     "vec": [1, 2, 4, 8],
     "arch": ARCHS,
@@ -299,11 +299,11 @@ FORWARD_PARAMS = {
 BACKWARD_PARAMS = {
     "config": all_backward_configs(),
     "kind": ["rms", "layer"],
-    "dy": list(DType),
-    "h": list(DType),
-    "weight": [None, *DType],
-    "bias": [None, *DType],
-    "dh": [None, *DType],
+    "dy": list(FLOAT_DTYPES),
+    "h": list(FLOAT_DTYPES),
+    "weight": [None, *FLOAT_DTYPES],
+    "bias": [None, *FLOAT_DTYPES],
+    "dh": [None, *FLOAT_DTYPES],
     "vec": [1, 2, 4, 8],
     "n": [None, 16384, 32768],   # the loop variant's sums in shared memory where they fit
     "arch": ARCHS,
@@ -337,7 +337,8 @@ def _compile_cases():
     jobs = {(_forward_spec(p), p["arch"]) for p in covering_set(FORWARD_PARAMS)}
     jobs |= {(_backward_spec(p), p["arch"]) for p in covering_set(BACKWARD_PARAMS)}
     jobs |= {(NormSumsSpec(k, w, b if k == "layer" else None), a) for k in ("rms", "layer")
-             for w in (None, *DType) for b in (None, *DType) if w or (b and k == "layer")
+             for w in (None, *FLOAT_DTYPES) for b in (None, *FLOAT_DTYPES)
+             if w or (b and k == "layer")
              for a in ARCHS}
     for kind, ts, n in itertools.product(("rms", "layer"), TYPE_SETS, EDGES):
         for rows in (7, 100_000):

@@ -25,7 +25,7 @@ from ge2jit.ops.softmax import (
 )
 from ge2jit.ops.softmax.op import axis_layout, rows_fast
 from ge2jit.ops.softmax.spec import access_width
-from ge2jit.runtime.dtypes import DType
+from ge2jit.runtime.dtypes import FLOAT_DTYPES, DType
 from ge2jit.runtime.rows import vector_width
 
 from ...fake_cupy import FakeArray
@@ -99,7 +99,7 @@ def test_pinned_config_must_fit():
                                         (1025, "block"), (32768, "block"), (32769, "loop"),
                                         (10**7, "loop")])
 def test_heuristic_variant_by_length(n, variant):
-    for dt in DType:
+    for dt in FLOAT_DTYPES:
         assert heuristic(1000, n, dt).variant == variant
     assert heuristic(1000, n, DType.F32, strided=True).name == "strided_256"
 
@@ -151,7 +151,7 @@ def test_block_and_loop_shapes():
 
 def test_candidates_fit_and_include_every_loop():
     for n in LENGTHS:
-        for dt in DType:
+        for dt in FLOAT_DTYPES:
             cands = candidates(n, dt)
             assert all(c.fits(n, False) for c in cands)
             assert {c.name for c in cands if c.variant == "loop"} == {
