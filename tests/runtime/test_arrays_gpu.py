@@ -110,8 +110,8 @@ def test_cpu_tensors_and_unsupported_dtypes_are_one_line_errors():
         ge2jit.gemm_bias_act(randn(4, 4), torch.ones(4, 4))
     with pytest.raises(ge2jit.ArgumentValueError, match=r"a: dtype float64 is not supported"):
         ge2jit.gemm_bias_act(randn(4, 4, dtype=torch.float64), randn(4, 4, dtype=torch.float64))
-    with pytest.raises(ge2jit.ArgumentValueError, match=r"a: dtype torch.float8_e4m3fn is not"):
-        x = randn(4, 4).to(torch.float8_e4m3fn)
+    with pytest.raises(ge2jit.ArgumentValueError, match=r"a: dtype torch.float8_e4m3fnuz is not"):
+        x = randn(4, 4).to(torch.float8_e4m3fnuz)   # (float8_e4m3fn and float8_e5m2 are read)
         ge2jit.gemm_bias_act(x, x)
 
 
