@@ -1,4 +1,4 @@
-"""The 8-bit GEMM benchmark's plot: ``python bench/plot_fp8.py results_fp8.json results_fp8.png``."""
+"""The 8-bit GEMM benchmark's plot: ``python bench/plot_fp8.py results_fp8.json out.png``."""
 
 from __future__ import annotations
 
