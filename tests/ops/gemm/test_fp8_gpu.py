@@ -135,8 +135,12 @@ def check(a, a64, b, b64, *, act="none", bias="none", sa="none", sb="none", out=
     if amax:
         top = float(np.abs(y64).max())
         # (16-bit and 8-bit Y use the fast activations: errors of 2^-11 at most)
+        # (relative to the largest |Y|, and to the size of a typical element's terms where
+        # Y is tiny: the fast activations' tails, GELU's near -4 say, are accurate to 2^-11
+        # of the input's scale, not of their own)
         amax_tol = tol if precision == "fast_accum" else 2e-3
-        assert abs(float(amax_out.get()[0]) - top) <= amax_tol * top, (amax_out.get(), top)
+        bound = amax_tol * (top + floor / np.sqrt(m * n))
+        assert abs(float(amax_out.get()[0]) - top) <= bound, (amax_out.get(), top)
     return yg
 
 
