@@ -80,23 +80,12 @@ __device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[2]) {
 
 #if __CUDA_ARCH__ >= 890
 // 8-bit floats (sm_89+): e4m3 (no infinities, largest 448) and e5m2 (largest 57344), read by
-// the matrix units' conversions and stored rounded to nearest-even with saturation: a value
-// past the largest finite one (an infinity too) is stored as that one, NaN stays NaN.
+// the matrix units themselves, and stored (one, or a pair) rounded to nearest-even with
+// saturation: a value past the largest finite one (an infinity too) is stored as that one, NaN
+// stays NaN.
 struct __align__(1) e4m3_t { unsigned char x; };
 struct __align__(1) e5m2_t { unsigned char x; };
 
-__device__ __forceinline__ float to_f32(e4m3_t v) {
-    unsigned h;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(v.x)));
-    float f;
-    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.f32.f16 %0, lo;\n}" : "=f"(f) : "r"(h));
-    return f;
-}
-__device__ __forceinline__ float to_f32(e5m2_t v) {   // e5m2 is the top byte of a binary16
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(v.x << 8)));
-    return f;
-}
 // Two values as the low (a) and high (b) bytes of 16 bits.
 __device__ __forceinline__ unsigned short pack_fp8x2(const e4m3_t*, float a, float b) {
     unsigned short h;
@@ -107,14 +96,6 @@ __device__ __forceinline__ unsigned short pack_fp8x2(const e5m2_t*, float a, flo
     unsigned short h;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(b), "f"(a));
     return h;
-}
-__device__ __forceinline__ float rounded(const e4m3_t*, float v) {
-    const e4m3_t t{static_cast<unsigned char>(pack_fp8x2(&t, v, 0.0f))};
-    return to_f32(t);
-}
-__device__ __forceinline__ float rounded(const e5m2_t*, float v) {
-    const e5m2_t t{static_cast<unsigned char>(pack_fp8x2(&t, v, 0.0f))};
-    return to_f32(t);
 }
 __device__ __forceinline__ void store(e4m3_t* p, float v) {
     p->x = static_cast<unsigned char>(pack_fp8x2(p, v, 0.0f));
@@ -128,24 +109,6 @@ __device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[2]) {
 __device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[2]) {
     *reinterpret_cast<unsigned short*>(p) = pack_fp8x2(p, v[0], v[1]);
 }
-// 4 * Q values of an 8-bit format, in one access of 4 Q bytes.
-template <typename T, int Q>
-__device__ __forceinline__ void store_fp8_words(T* p, const float* v) {
-    unsigned w[Q];
-#pragma unroll
-    for (int q = 0; q < Q; ++q)
-        w[q] = pack_fp8x2(p, v[4 * q], v[4 * q + 1])
-             | (static_cast<unsigned>(pack_fp8x2(p, v[4 * q + 2], v[4 * q + 3])) << 16);
-    if constexpr (Q == 1) *reinterpret_cast<unsigned*>(p) = w[0];
-    else if constexpr (Q == 2) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-    else *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-__device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[4]) { store_fp8_words<e4m3_t, 1>(p, v); }
-__device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[4]) { store_fp8_words<e5m2_t, 1>(p, v); }
-__device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[8]) { store_fp8_words<e4m3_t, 2>(p, v); }
-__device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[8]) { store_fp8_words<e5m2_t, 2>(p, v); }
-__device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[16]) { store_fp8_words<e4m3_t, 4>(p, v); }
-__device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[16]) { store_fp8_words<e5m2_t, 4>(p, v); }
 #endif
 
 // A hint: the 128-byte line holding *p into L2 (no register waits on it).

@@ -21,7 +21,14 @@ from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.registry import Explanation
 from . import problem
 from .plans import Plan, clear_plans, ld_of, plan_for
-from .problem import Problem, check_scalar, fp8_launch_args, host_scale, validate
+from .problem import (
+    Problem,
+    check_host_scale,
+    check_scalar,
+    fp8_launch_args,
+    host_scale,
+    validate,
+)
 from .select import parse_config
 from .spec import Act, DType, Layout
 from .tuning import TuneResult, tune, tune_problem
@@ -133,8 +140,8 @@ def _with_scales(call, p: Problem, ptr):
     def call_fp8(a, b, bias, c, alpha, beta, leaky_slope, out, preact_out, scale_a=None,
                  scale_b=None, scale_y=None, amax_out=None):
         for x, name in ((scale_a, "scale_a"), (scale_b, "scale_b"), (scale_y, "scale_y")):
-            if host_scale(x) and x is not None and not 0 < x < float("inf"):
-                raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
+            if host_scale(x):
+                check_host_scale(x, name)
         alpha_ab, fp8 = fp8_launch_args(check_scalar(alpha, "alpha"), scale_a, scale_b,
                                         scale_y, amax_out, *strides, ptr)
         return call(a, b, bias, c, alpha_ab, beta, leaky_slope, out, preact_out, (fp8,))

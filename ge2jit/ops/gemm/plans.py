@@ -114,7 +114,12 @@ class Plan:
         self._staging = None
         if any(k is not None for k in self.prep):
             self._staging = _Staging(*self.prep, self.main.spec.dtype.itemsize)
-        self._amax = self.main.spec.epilogue.amax
+        #: memsetAsync, where the kernel keeps an amax (it must find 0 there)
+        self._amax = None
+        if self.main.spec.epilogue.amax:
+            import cupy
+
+            self._amax = cupy.cuda.runtime.memsetAsync
 
     @property
     def kernels(self) -> tuple[LoadedKernel, ...]:
@@ -133,19 +138,15 @@ class Plan:
         if self._staging is not None:
             _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
                                                            stream_ptr, alloc)
-        if fp8 is not None:
-            if self._amax:
-                _memset_async(fp8["amax"], 0, 4, stream_ptr)
-            self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
-                       bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
-                       ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
-                       k_tiles_per_split=self.k_tiles_per_split, **fp8)
-            return
+        if fp8 is None:
+            fp8 = {}
+        elif self._amax is not None:
+            self._amax(fp8["amax"], 0, 4, stream_ptr)   # (8-bit inputs take no split of K)
         if self._reduce is None:
             self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
                        bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
                        ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
-                       k_tiles_per_split=self.k_tiles_per_split)
+                       k_tiles_per_split=self.k_tiles_per_split, **fp8)
             return
         ldw = (n + 3) // 4 * 4
         w = alloc(self.splits * m * ldw * 4)   # float32 partial sums
@@ -274,12 +275,6 @@ class TmaPlan(Plan):
 
 def _ptr(x) -> int:
     return 0 if x is None else x.data.ptr
-
-
-def _memset_async(ptr: int, value: int, nbytes: int, stream_ptr: int) -> None:
-    import cupy
-
-    cupy.cuda.runtime.memsetAsync(ptr, value, nbytes, stream_ptr)
 
 
 def ld_of(y, m: int, n: int) -> int:

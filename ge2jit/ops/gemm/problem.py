@@ -85,13 +85,11 @@ def check_precision(precision, dtype: DType) -> Precision:
 def _input_or_f32(x, name: str, dtype: DType) -> DType:
     """C's and the bias' type: the inputs' dtype or float32 (for 8-bit inputs: float32 or
     either 16-bit type)."""
+    allowed = set(SUPPORTED_DTYPES.values()) if dtype.is_fp8 else {dtype, DType.F32}
     dt = SUPPORTED_DTYPES.get(x.dtype.name)
-    if dtype.is_fp8 and dt is not None:
-        return dt
-    if dt is not dtype and dt is not DType.F32:
-        allowed = " or ".join(sorted(SUPPORTED_DTYPES if dtype.is_fp8
-                                     else {dtype.numpy_name, "float32"}))
-        raise ArgumentValueError(f"{name}: expected dtype {allowed} (a and b are "
+    if dt not in allowed:
+        text = " or ".join(sorted(d.numpy_name for d in allowed))
+        raise ArgumentValueError(f"{name}: expected dtype {text} (a and b are "
                                  f"{dtype.numpy_name}), got {x.dtype}")
     return dt
 
@@ -145,6 +143,12 @@ def host_scale(x) -> bool:
     return x is None or isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def check_host_scale(x, name: str) -> None:
+    """A host scale must be None or a positive finite number."""
+    if x is not None and not 0 < check_scalar(x, name) < float("inf"):
+        raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
+
+
 def fp8_launch_args(alpha, scale_a, scale_b, scale_y, amax, stride_a, stride_b, ptr
                     ) -> tuple[float, dict]:
     """``Fp8Args.launch_args`` of the arguments of one validated pattern."""
@@ -171,10 +175,7 @@ def _check_scale(x, name: str, vector: tuple[tuple[int, ...], ...] = (), what: s
     NONE: the host applies it), or a float32 device array of one element or of one of the
     ``vector`` shapes (one value per ``what``: a row of A, a column of B)."""
     if host_scale(x):
-        if x is not None:
-            value = check_scalar(x, name)
-            if not 0 < value < float("inf"):
-                raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
+        check_host_scale(x, name)
         return Scale.NONE, 0
     check_array(x, name)
     if x.dtype != np.float32:

@@ -340,12 +340,12 @@ def _wgmma_x3_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
 
 
 def _wgmma_fp8_heuristic(m: int, n: int, k: int, sms: int, precision: Precision) -> Choice:
-    """8-bit inputs on Hopper (measured on an H200 with bias + GELU, bench/NOTES.md): with
-    float32 sums (``promotes``) the cooperative 128x192 tile from about a wave of tiles up
-    (8192^3: 0.94 ms against 1.04 on 128x128 tiles, 1.27 on ping-pong 64x192), 128x128 from
-    half a wave, else 128x64 or 64x128 tiles; with ``fast_accum`` the ping-pong 64x256 tile
-    from a wave up (4096^3: 0.123 ms against 0.128 on 128x256 tiles; 8192 x 16384 x 4096:
-    0.892 against 1.004), else the 16-bit inputs' choice."""
+    """8-bit inputs on Hopper (measured on an H200 with bias + GELU; bench/NOTES.md, "8-bit
+    inputs"): with float32 sums (``promotes``) the cooperative 128x192 tile from about a wave
+    of tiles up (8192^3: 0.94 ms against 1.04 on 128x128 tiles, 1.27 on ping-pong 64x192),
+    128x128 from half a wave, else 128x64 or 64x128 tiles; with ``fast_accum`` the ping-pong
+    64x256 tile from a wave up (4096^3: 0.123 ms against 0.128 on 128x256 tiles; 8192 x 16384
+    x 4096: 0.892 against 1.004), else the 16-bit inputs' choice."""
     if precision is Precision.FAST_ACCUM:
         pp = WGMMA_FP8_FAST_CONFIGS[2]   # wgmma_64x256_s4_pp
         if _tiles(m, n, pp) >= sms:
