@@ -48,6 +48,7 @@ from .ops.norm import (
     rms_norm_backward,
 )
 from .ops.optim import adam_update, sgd_update
+from .ops.quantize import quantize_fp8
 from .ops.softmax import softmax, softmax_backward
 from .precompile import warmup
 from .runtime.tools import explain, tune
@@ -80,6 +81,7 @@ __all__ = [
     "layer_norm",
     "rms_norm_backward",
     "layer_norm_backward",
+    "quantize_fp8",
     "NormOutput",
     "NormGradients",
     "graph",

@@ -7,3 +7,4 @@ from . import optim  # noqa: F401
 from . import softmax  # noqa: F401
 from . import cross_entropy  # noqa: F401
 from . import norm  # noqa: F401
+from . import quantize  # noqa: F401

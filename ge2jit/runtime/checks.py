@@ -91,6 +91,17 @@ def check_scalar(x, name: str) -> float:
                                  "beyond it") from None
 
 
+def host_scale(x) -> bool:
+    """Whether a scale argument is None or a host number (not a device array)."""
+    return x is None or isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_host_scale(x, name: str) -> None:
+    """A host scale must be None or a positive finite number."""
+    if x is not None and not 0 < check_scalar(x, name) < float("inf"):
+        raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
+
+
 def check_bool(x, name: str) -> bool:
     """A flag: True or False (Python's or NumPy's bool; not 0, 1 or other truthy values)."""
     if not isinstance(x, (bool, np.bool_)):

@@ -86,3 +86,22 @@ def as_dtype(dtype, name: str = "dtype") -> DType:
     if dt is None:
         raise ArgumentValueError(f"{name}: expected one of {SUPPORTED_TEXT}, got {dtype!r}")
     return dt
+
+
+#: the short names of the 8-bit formats
+FP8_SHORT = {"e4m3": DType.E4M3, "e5m2": DType.E5M2}
+
+
+def as_fp8(fmt, name: str = "fmt") -> DType:
+    """An 8-bit format from 'e4m3' or 'e5m2', its NumPy or PyTorch name or dtype
+    ('float8_e4m3fn', ml_dtypes.float8_e5m2, torch.float8_e4m3fn, ...) or a DType; one line
+    naming ``name`` for anything else."""
+    if isinstance(fmt, DType) and fmt.is_fp8:
+        return fmt
+    text = fmt if isinstance(fmt, str) else dtype_name(fmt) or str(fmt)
+    text = text.removeprefix("torch.")
+    dt = FP8_SHORT.get(text) or FP8_DTYPES.get(text)
+    if dt is None:
+        raise ArgumentValueError(f"{name}: expected 'e4m3' or 'e5m2' (or {FP8_TEXT}), got "
+                                 f"{fmt!r}")
+    return dt

@@ -78,6 +78,21 @@ def check_accesses(owner: str, vec: int, width: int, vpt: int | None = None) -> 
         raise ArgumentValueError(f"{owner}.vpt: expected a multiple of vec ({vec}), got {vpt}")
 
 
+def check_block(owner: str, threads: int, lanes: int, lane_counts, reduces: bool) -> None:
+    """A kernel spec's block: whole warps up to 1024 threads (a power of two where the whole
+    block ``reduces`` through shared memory), ``lanes`` per row one of ``lane_counts`` and a
+    divisor of the block. ``owner`` names the spec in the error."""
+    if threads % 32 or not 32 <= threads <= 1024:
+        raise ArgumentValueError(f"{owner}.threads: expected whole warps up to 1024, got "
+                                 f"{threads}")
+    if reduces and threads & (threads - 1):
+        raise ArgumentValueError(f"{owner}.threads: block reductions need a power of two, got "
+                                 f"{threads}")
+    if lanes not in lane_counts or threads % lanes:
+        raise ArgumentValueError(f"{owner}.lanes: expected one of {tuple(lane_counts)}, got "
+                                 f"{lanes}")
+
+
 @dataclass(frozen=True)
 class RowConfig:
     """One variant with its shape (see the module's docstring): ``threads`` per block, ``vpt``

@@ -27,3 +27,25 @@ def check_keys(entry: dict, keys: dict) -> None:
     for key in entry:
         if key not in keys:
             raise ArgumentValueError(f"{key}: unknown key; accepted keys: {', '.join(keys)}")
+
+
+def check_sizes(entry: dict, key: str, keys: dict, largest: int = 2**62) -> list:
+    """``entry[key]``: a non-empty list of integers in [1, ``largest``] (row lengths, class
+    counts)."""
+    sizes = entry.get(key)
+    if not isinstance(sizes, list) or not sizes or any(
+            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= largest
+            for n in sizes):
+        raise ArgumentValueError(f"{key}: expected {keys[key][0]}, got {sizes!r}")
+    return sizes
+
+
+def check_configs(entry: dict, keys: dict, parse) -> str | list[str]:
+    """``entry["configs"]`` (default ``keys``'): "heuristic", "all", or a non-empty list of
+    config names, each checked by ``parse`` (an op's ``parse_config``) and returned by name."""
+    configs = entry.get("configs", keys["configs"][1])
+    if isinstance(configs, list) and configs:
+        return [parse(c).name for c in configs]
+    if configs not in ("heuristic", "all"):
+        raise ArgumentValueError(f"configs: expected {keys['configs'][0]}, got {configs!r}")
+    return configs

@@ -4,6 +4,8 @@ in ge2jit does.
 
     import ge2jit.torch as gt
     layer = gt.Linear(1024, 4096, act="gelu_tanh", device="cuda", dtype=torch.bfloat16)
+    fast = gt.Linear(4096, 4096, act="gelu", fp8="e4m3", device="cuda", dtype=torch.bfloat16)
+    q, scale = gt.quantize_fp8(x, "e4m3", per_row=True)  # scale * q ~ x, one scale per row
     block = gt.MLP([1024, 4096, 1024], act="gelu_tanh", device="cuda")
     swiglu = gt.GatedMLP(4096, 11008, act="silu", device="cuda", dtype=torch.bfloat16)
     h = gt.gemm_gated(x, w_gate_up.t(), act="silu")     # silu(x @ W_gate.T) * (x @ W_up.T)
@@ -28,10 +30,12 @@ from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
 from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
+from ..ops.quantize.torch_ops import quantize_fp8
 from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
+from .fp8 import linear_fp8
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
            "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
-           "cross_entropy", "rms_norm", "layer_norm", "precision_for", "FLOAT32_PRECISION",
-           "NAMESPACE"]
+           "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8",
+           "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]

@@ -88,6 +88,18 @@ __device__ __forceinline__ float group_sum(float v) {
     return v;
 }
 
+// The largest of unsigned values over groups of W lanes (W a power of two <= 32); for the bits of
+// |v| (absolute_bits) the largest magnitude with NaN above infinity, which fmaxf would drop.
+template <int W>
+__device__ __forceinline__ unsigned group_umax(unsigned v) {
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+__device__ __forceinline__ unsigned absolute_bits(float v) {
+    return __float_as_uint(v) & 0x7fffffffu;
+}
+
 // Online (max, sum) pairs: (m, s) stands for s * e^m. m = -inf with s = 0 is the empty pair.
 // scale(m, mm) = e^(m - mm) for m <= mm, exactly 1 when they are equal (also both -inf or both
 // +inf, where the difference would be NaN).
@@ -151,6 +163,16 @@ __device__ __forceinline__ float block_reduce(float v, float* buf) {
     __syncthreads();
     const float w = buf[threadIdx.x & (T / 32 - 1)];
     return MAX ? group_max<T / 32>(w) : group_sum<T / 32>(w);
+}
+
+// Block-wide group_umax over T threads (a power of two): every thread gets the result. `buf`
+// holds 32 values; two calls in a row must use different buffers.
+template <int T>
+__device__ __forceinline__ unsigned block_umax(unsigned v, unsigned* buf) {
+    v = group_umax<32>(v);
+    if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return group_umax<T / 32>(buf[threadIdx.x & (T / 32 - 1)]);
 }
 
 // Block-wide combination of the threads' (max, sum) pairs: every thread gets the block's pair.

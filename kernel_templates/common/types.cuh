@@ -109,6 +109,23 @@ __device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[2]) {
 __device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[2]) {
     *reinterpret_cast<unsigned short*>(p) = pack_fp8x2(p, v[0], v[1]);
 }
+// 4 or 8 values in one access of 4 or 8 bytes.
+template <typename T>
+__device__ __forceinline__ unsigned pack_fp8x4(T* p, const float* v) {
+    return pack_fp8x2(p, v[0], v[1]) | (static_cast<unsigned>(pack_fp8x2(p, v[2], v[3])) << 16);
+}
+__device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[4]) {
+    *reinterpret_cast<unsigned*>(p) = pack_fp8x4(p, v);
+}
+__device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[4]) {
+    *reinterpret_cast<unsigned*>(p) = pack_fp8x4(p, v);
+}
+__device__ __forceinline__ void store_vec(e4m3_t* p, const float (&v)[8]) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_fp8x4(p, v), pack_fp8x4(p, v + 4));
+}
+__device__ __forceinline__ void store_vec(e5m2_t* p, const float (&v)[8]) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_fp8x4(p, v), pack_fp8x4(p, v + 4));
+}
 #endif
 
 // A hint: the 128-byte line holding *p into L2 (no register waits on it).

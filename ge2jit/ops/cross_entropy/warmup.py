@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import itertools
 
-from ...errors import ArgumentValueError
 from ...runtime.dtypes import SUPPORTED_DTYPES
-from ...runtime.tables import check_keys, check_list
+from ...runtime.tables import check_configs, check_keys, check_list, check_sizes
 from .spec import (
     REDUCTIONS,
     TARGET_TYPES,
@@ -52,16 +51,8 @@ KEYS = {
 def validate_entry(entry: dict) -> dict:
     """Check one table; raise ArgumentValueError naming the key."""
     check_keys(entry, KEYS)
-    classes = entry.get("classes")
-    if not isinstance(classes, list) or not classes or any(
-            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLASSES
-            for n in classes):
-        raise ArgumentValueError(f"classes: expected {KEYS['classes'][0]}, got {classes!r}")
-    configs = entry.get("configs", KEYS["configs"][1])
-    if isinstance(configs, list) and configs:
-        configs = [parse_config(c).name for c in configs]
-    elif configs not in ("heuristic", "all"):
-        raise ArgumentValueError(f"configs: expected {KEYS['configs'][0]}, got {configs!r}")
+    classes = check_sizes(entry, "classes", KEYS, MAX_CLASSES)
+    configs = check_configs(entry, KEYS, parse_config)
     return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
             "target_dtypes": check_list(entry, "target_dtypes", TARGET_TYPES, KEYS),
             "grad": check_list(entry, "grad", GRADS, KEYS),

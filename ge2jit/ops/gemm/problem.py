@@ -11,9 +11,11 @@ from ...runtime.checks import (  # noqa: F401 - the op's modules take the shared
     check_aligned,
     check_array,
     check_dtype,
+    check_host_scale,
     check_same_device,
     check_scalar,
     check_shaped,
+    host_scale,
 )
 from ...runtime.dtypes import FP8_DTYPES, FP8_TEXT, SUPPORTED_DTYPES, DType, dtype_name
 from ...runtime.prepared import check_spans
@@ -136,17 +138,6 @@ class Fp8Args:
         arguments (``ptr``: the device pointer of an array)."""
         return fp8_launch_args(alpha, self.scale_a, self.scale_b, self.scale_y, self.amax,
                                self.stride_a, self.stride_b, ptr)
-
-
-def host_scale(x) -> bool:
-    """Whether a scale argument is None or a host number (not a device array)."""
-    return x is None or isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def check_host_scale(x, name: str) -> None:
-    """A host scale must be None or a positive finite number."""
-    if x is not None and not 0 < check_scalar(x, name) < float("inf"):
-        raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
 
 
 def fp8_launch_args(alpha, scale_a, scale_b, scale_y, amax, stride_a, stride_b, ptr

@@ -13,6 +13,9 @@ from torch import nn
 from .epilogue import ACT_NAMES
 from .torch_ops import gated_mlp, gemm_bias_act, mlp
 
+#: the 8-bit formats of Linear's FP8 mode
+FP8_FORMATS = ("e4m3", "e5m2")
+
 
 def _check_act(act, name: str = "act") -> str:
     if not isinstance(act, str) or act not in ACT_NAMES:
@@ -44,15 +47,32 @@ class Linear(nn.Module):
     "highest" exact float32, "high" 3xTF32 (float32 accuracy on the tensor cores), "medium"
     TF32. bfloat16 and float16 run on the tensor cores; inside ``torch.autocast`` the input
     and weight are cast to the region's type (a float32 bias is read as it is).
+
+    FP8 mode (Hopper): ``fp8="e4m3"`` (or "e5m2") quantizes the weight per output channel
+    and the input per token (``fp8_activations="token"``: a scale per row of the flattened
+    input) or per tensor (``"tensor"``), with dynamic scales (amax / largest), and runs the
+    FP8 GEMM with both scales, the bias and the activation in its epilogue
+    (``ge2jit.torch.linear_fp8``); Y keeps the input's type. The backward stays in the
+    layer's own precision (FP8 in the forward only). Where no gradient is recorded
+    (inference) the quantized weight is kept and made again only when the weight changes.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  act: str = "none", *, leaky_slope: float = 0.01, precision: str | None = None,
-                 device=None, dtype=None):
+                 fp8: str | None = None, fp8_activations: str = "token", device=None,
+                 dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.act = _check_act(act)
         self.leaky_slope, self.precision = float(leaky_slope), precision
+        if fp8 is not None and fp8 not in FP8_FORMATS:
+            raise ValueError(f"fp8: expected None or one of {', '.join(FP8_FORMATS)}, got "
+                             f"{fp8!r}")
+        if fp8_activations not in ("token", "tensor"):
+            raise ValueError(f"fp8_activations: expected 'token' or 'tensor', got "
+                             f"{fp8_activations!r}")
+        self.fp8, self.fp8_activations = fp8, fp8_activations
+        self._weight_fp8 = None     # (key, (q, scale)): the weight quantized, for inference
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty((out_features, in_features), **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
@@ -66,13 +86,31 @@ class Linear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8 is not None:
+            return self._forward_fp8(x)
         y = gemm_bias_act(_flat(x, self.in_features), self.weight.t(), self.bias, act=self.act,
                           leaky_slope=self.leaky_slope, precision=self.precision)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def _forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        from ...torch.fp8 import linear_fp8, quantized_weight
+
+        w, cached = self.weight, None
+        if not (torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad)):
+            key = (w.data_ptr(), w._version, w.dtype, w.device, self.fp8)
+            if self._weight_fp8 is None or self._weight_fp8[0] != key:
+                self._weight_fp8 = (key, quantized_weight(w, self.fp8))
+            cached = self._weight_fp8[1]
+        y = linear_fp8(_flat(x, self.in_features), w.t(), self.bias, act=self.act, fmt=self.fp8,
+                       per_token=self.fp8_activations == "token",
+                       leaky_slope=self.leaky_slope, weight_fp8=cached)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
+        fp8 = (f", fp8={self.fp8!r}, fp8_activations={self.fp8_activations!r}"
+               if self.fp8 else "")
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, act={self.act!r}")
+                f"bias={self.bias is not None}, act={self.act!r}{fp8}")
 
 
 class MLP(nn.Module):

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import itertools
 
-from ...errors import ArgumentValueError
 from ...runtime.dtypes import SUPPORTED_DTYPES
-from ...runtime.tables import check_keys, check_list
+from ...runtime.tables import check_configs, check_keys, check_list, check_sizes
 from .spec import (
     WARP_ROWS,
     BackwardTypes,
@@ -97,17 +96,8 @@ class _Table:
 
     def _common(self, entry: dict) -> dict:
         check_keys(entry, self.keys)
-        lengths = entry.get("lengths")
-        if not isinstance(lengths, list) or not lengths or any(
-                isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LENGTH
-                for n in lengths):
-            raise ArgumentValueError(f"lengths: expected {_LENGTHS[0]}, got {lengths!r}")
-        configs = entry.get("configs", "heuristic")
-        if isinstance(configs, list) and configs:
-            configs = [self.parse(c).name for c in configs]
-        elif configs not in ("heuristic", "all"):
-            raise ArgumentValueError(f"configs: expected {self.keys['configs'][0]}, got "
-                                     f"{configs!r}")
+        lengths = check_sizes(entry, "lengths", self.keys, MAX_LENGTH)
+        configs = check_configs(entry, self.keys, self.parse)
         out = {"lengths": lengths, "configs": configs, "bias_dtypes": ["none"]}
         for key in self.keys:
             if key.endswith("dtypes"):

@@ -48,6 +48,7 @@ from ...runtime.rows import (
     RowShapes,
     access_width,
     check_accesses,
+    check_block,
     check_capacity,
     one_of,
     pow2_at_least,
@@ -192,18 +193,8 @@ class SoftmaxSpec(KernelSpec):
                                      f"{self.variant!r}")
         check_accesses("SoftmaxSpec", self.vec, access_width(self.in_dtype, self.out_dtype),
                        self.vpt)
-        if self.threads % 32 or not 32 <= self.threads <= 1024:
-            raise ArgumentValueError(f"SoftmaxSpec.threads: expected whole warps up to 1024, "
-                                     f"got {self.threads}")
-        if self.variant == "block" and self.threads & (self.threads - 1):
-            raise ArgumentValueError("SoftmaxSpec.threads: block reductions need a power of "
-                                     f"two, got {self.threads}")
-        if self.variant == "loop" and self.threads & (self.threads - 1):
-            raise ArgumentValueError("SoftmaxSpec.threads: block reductions need a power of "
-                                     f"two, got {self.threads}")
-        if self.lanes not in WARP_LANES or self.threads % self.lanes:
-            raise ArgumentValueError(f"SoftmaxSpec.lanes: expected one of {WARP_LANES}, got "
-                                     f"{self.lanes}")
+        check_block("SoftmaxSpec", self.threads, self.lanes, WARP_LANES,
+                    self.variant in ("block", "loop"))
         if self.variant == "strided" and self.vec != 1:
             raise ArgumentValueError("SoftmaxSpec.vec: the strided variant reads single "
                                      "elements (vec=1)")

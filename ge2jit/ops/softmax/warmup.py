@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import itertools
 
-from ...errors import ArgumentValueError
 from ...runtime.dtypes import SUPPORTED_DTYPES
-from ...runtime.tables import check_keys, check_list
+from ...runtime.tables import check_configs, check_keys, check_list, check_sizes
 from .spec import (
     WARP_ROWS,
     SoftmaxConfig,
@@ -53,21 +52,14 @@ class Table:
     def validate_entry(self, entry: dict) -> dict:
         """Check one table; raise ArgumentValueError naming the key."""
         check_keys(entry, KEYS)
-        lengths = entry.get("lengths")
-        if not isinstance(lengths, list) or not lengths or any(
-                isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LENGTH
-                for n in lengths):
-            raise ArgumentValueError(f"lengths: expected {KEYS['lengths'][0]}, got "
-                                     f"{lengths!r}")
-        configs = entry.get("configs", KEYS["configs"][1])
-        if isinstance(configs, list) and configs:
-            parsed = [parse_config(c) for c in configs]
-            for c in parsed:
-                check_held(c, self.backward)
-            configs = [c.name for c in parsed]
-        elif configs not in ("heuristic", "all"):
-            raise ArgumentValueError(f"configs: expected {KEYS['configs'][0]}, got "
-                                     f"{configs!r}")
+        lengths = check_sizes(entry, "lengths", KEYS, MAX_LENGTH)
+
+        def parse(name):
+            c = parse_config(name)
+            check_held(c, self.backward)
+            return c
+
+        configs = check_configs(entry, KEYS, parse)
         return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
                 "out_dtypes": check_list(entry, "out_dtypes", OUTS, KEYS),
                 "lengths": lengths, "configs": configs,

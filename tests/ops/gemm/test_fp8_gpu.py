@@ -259,6 +259,30 @@ def test_pinned_configs(config):
           precision=precision, config=config)
 
 
+@pytest.mark.parametrize("precision", [None, "fast_accum"])
+def test_the_tuner_times_the_8_bit_configs_and_its_choice_is_used(tmp_path, monkeypatch,
+                                                                 precision):
+    from ge2jit.ops.gemm.spec import WGMMA_FP8_CONFIGS, WGMMA_FP8_FAST_CONFIGS
+    from ge2jit.tune import db
+
+    monkeypatch.setattr(db, "_default", db.TuningDB(tmp_path / "tuning"))
+    ge2jit.ops.gemm.clear_plans()
+    m, n, k = 1024, 768, 2048
+    a, a64 = fp8(E4M3, m, k)
+    b, b64 = fp8(E4M3, k, n, layout="c")
+    kw = {} if precision is None else {"precision": precision}
+    result = ge2jit.tune(a, b, act="gelu", reps=3, processes=2, **kw)
+    allowed = {c.name for c in (WGMMA_FP8_FAST_CONFIGS if precision else WGMMA_FP8_CONFIGS)}
+    timed = [r for r in result.records if r["ms"] is not None]
+    assert {r["config"] for r in result.records} <= allowed and len(timed) >= 2
+    assert result.best.name in allowed
+    info = ge2jit.explain(a, b, act="gelu", **kw)
+    assert info.reason == "tuned" and info.config == result.best.name
+    check(a, a64, b, b64, act="gelu", bias="col", sa="tensor", sb="vector", out=BF16,
+          precision=precision)
+    ge2jit.ops.gemm.clear_plans()
+
+
 def test_explain_names_the_copies():
     a, _ = fp8(E4M3, 256, 256, layout="c")
     b, _ = fp8(E4M3, 256, 256)
