@@ -6,8 +6,11 @@ bfloat16 activations (tokens x features) to float8_e4m3fn with a dynamic scale, 
 (amax of the whole tensor, then the cast: x is read twice) and per row (one read where a
 warp or block holds a row), and with a given scale (one read). PyTorch's recipe is
 ``s = x.abs().amax(...) / 448; (x * (1 / s)).clamp(-448, 448).to(float8_e4m3fn)``, eager and
-under ``torch.compile`` (default mode). Every implementation of a row timed in turns in one
-process (medians of batches); GB/s counts x read once and q written once.
+under ``torch.compile`` (default mode). GB/s counts x read once and q written once.
+
+Then an inference Linear's forward with bias + GELU (``linear_row``): ge2jit's ``Linear`` in
+bfloat16 and in FP8 (``fp8="e4m3"``), PyTorch's, and the FP8 recipe on cuBLASLt. Every
+implementation of a row timed in turns in one process (medians of batches).
 """
 
 from __future__ import annotations
@@ -55,9 +58,55 @@ def row(m, n, torch) -> dict:
             "gbs": {name: moved / t / 1e6 for name, t in zip(names, ms)}}
 
 
+LINEARS = "8192x4096x4096,16384x8192x8192,8192x14336x4096"
+
+
+def linear_row(m, n, k, torch) -> dict:
+    """An inference Linear's forward (tokens m, in k, out n, bias + GELU, bfloat16 in and
+    out): ge2jit's in bfloat16 and FP8 (per-token activations, the weight quantized once and
+    kept), PyTorch's (nn.Linear + GELU) and the FP8 recipe on cuBLASLt (the activations
+    quantized by torch.compile, ``torch._scaled_mm`` with row-wise scales, then GELU)."""
+    import ge2jit.torch as gt
+
+    F = torch.nn.functional
+    with torch.no_grad():
+        ours = gt.Linear(k, n, act="gelu", device="cuda", dtype=torch.bfloat16)
+        ours8 = gt.Linear(k, n, act="gelu", fp8="e4m3", device="cuda", dtype=torch.bfloat16)
+        ours8.load_state_dict(ours.state_dict())
+        ref = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
+        ref.load_state_dict(ours.state_dict())
+        qw, sw = gt.quantize_fp8(ours.weight, "e4m3", per_row=True)
+        quant = torch.compile(torch_recipe(torch, True))
+
+        def scaled(x):
+            qx, sx = quant(x)
+            return F.gelu(torch._scaled_mm(qx, qw.t(), sx, sw[None, :], bias=ours.bias,
+                                           out_dtype=torch.bfloat16))
+
+        sets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+        try:
+            scaled(sets[0][0])
+        except RuntimeError:      # no bias with row-wise scales in this PyTorch: added after
+
+            def scaled(x):
+                qx, sx = quant(x)
+                return F.gelu(torch._scaled_mm(qx, qw.t(), sx, sw[None, :],
+                                               out_dtype=torch.bfloat16) + ours.bias)
+        cases = {"ge2jit Linear bf16": ours, "ge2jit Linear fp8": ours8,
+                 "torch nn.Linear + gelu": lambda x: F.gelu(ref(x)),
+                 "torch.compile quantize + _scaled_mm + gelu": scaled}
+        names = list(cases)
+        ms = interleaved_ms([(cases[name], sets) for name in names])
+    flops = 2.0 * m * n * k
+    return {"shape": [m, n, k], "ms": dict(zip(names, ms)),
+            "tflops": {name: flops / t / 1e9 for name, t in zip(names, ms)}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--linears", default=LINEARS,
+                        help="tokens x out x in of the Linear rows ('' for none)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch = import_torch()
@@ -72,7 +121,15 @@ def main(argv=None) -> int:
         print(f"\n{m} x {n}")
         for name, t in r["ms"].items():
             print(f"  {name:28s} {t * 1e3:9.1f} us  {r['gbs'][name]:7.0f} GB/s")
-    out = {"device": device_meta(), "commit": commit(), "rows": rows}
+    linears = []
+    for text in args.linears.split(",") if args.linears else []:
+        m, n, k = (int(v) for v in text.split("x"))
+        r = linear_row(m, n, k, torch)
+        linears.append(r)
+        print(f"\nLinear: {m} tokens, {k} -> {n}, bias + gelu")
+        for name, t in r["ms"].items():
+            print(f"  {name:44s} {t * 1e3:9.1f} us  {r['tflops'][name]:7.0f} TFLOP/s")
+    out = {"device": device_meta(), "commit": commit(), "rows": rows, "linears": linears}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
