@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import commit, device_meta, import_torch, interleaved_ms, parse_shapes  # noqa: E402
+from bench_gemm import commit, device_meta, import_torch, parse_shapes, timed_row  # noqa: E402
 
 import ge2jit  # noqa: E402
 
@@ -73,11 +73,7 @@ def row(m, n, k, torch) -> dict:
         "ge2jit bf16 bias+gelu": lambda a, w, bias, sa, sb, ra, rb, a16, w16, amax:
             ge2jit.gemm_bias_act(a16, w16.t(), bias, act="gelu"),
     }
-    names = list(cases)
-    ms = interleaved_ms([(cases[name], sets) for name in names])
-    flops = 2.0 * m * n * k
-    return {"shape": [m, n, k], "ms": dict(zip(names, ms)),
-            "tflops": {name: flops / t / 1e9 for name, t in zip(names, ms)}}
+    return timed_row((m, n, k), cases, sets, 2.0 * m * n * k)
 
 
 def main(argv=None) -> int:

@@ -127,6 +127,17 @@ def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
 EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
 
 
+def timed_row(shape, cases: dict, sets, work: float, unit: str = "tflops") -> dict:
+    """A benchmark row: ``cases`` (name -> fn) timed in turns on ``sets``; per name the
+    milliseconds and ``work`` per second in ``unit`` ("tflops": FLOPs / 1e12, "gbs": bytes /
+    1e9)."""
+    names = list(cases)
+    ms = interleaved_ms([(cases[name], sets) for name in names])
+    scale = {"tflops": 1e9, "gbs": 1e6}[unit]
+    return {"shape": list(shape), "ms": dict(zip(names, ms)),
+            unit: {name: work / t / scale for name, t in zip(names, ms)}}
+
+
 def commit() -> str | None:
     """The benchmarked commit: $GE2JIT_COMMIT (a checkout without git history), else git's."""
     if os.environ.get("GE2JIT_COMMIT"):

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import commit, device_meta, import_torch, interleaved_ms  # noqa: E402
+from bench_gemm import commit, device_meta, import_torch, parse_shapes, timed_row  # noqa: E402
 
 import ge2jit  # noqa: E402
 
@@ -51,11 +51,7 @@ def row(m, n, torch) -> dict:
         "torch.compile per-tensor": comp_t,
         "torch.compile per-row": comp_r,
     }
-    names = list(cases)
-    ms = interleaved_ms([(cases[name], sets) for name in names])
-    moved = m * n * 3
-    return {"shape": [m, n], "ms": dict(zip(names, ms)),
-            "gbs": {name: moved / t / 1e6 for name, t in zip(names, ms)}}
+    return timed_row((m, n), cases, sets, m * n * 3, "gbs")
 
 
 LINEARS = "8192x4096x4096,16384x8192x8192,8192x14336x4096"
@@ -95,11 +91,7 @@ def linear_row(m, n, k, torch) -> dict:
         cases = {"ge2jit Linear bf16": ours, "ge2jit Linear fp8": ours8,
                  "torch nn.Linear + gelu": lambda x: F.gelu(ref(x)),
                  "torch.compile quantize + _scaled_mm + gelu": scaled}
-        names = list(cases)
-        ms = interleaved_ms([(cases[name], sets) for name in names])
-    flops = 2.0 * m * n * k
-    return {"shape": [m, n, k], "ms": dict(zip(names, ms)),
-            "tflops": {name: flops / t / 1e9 for name, t in zip(names, ms)}}
+        return timed_row((m, n, k), cases, sets, 2.0 * m * n * k)
 
 
 def main(argv=None) -> int:
@@ -122,8 +114,7 @@ def main(argv=None) -> int:
         for name, t in r["ms"].items():
             print(f"  {name:28s} {t * 1e3:9.1f} us  {r['gbs'][name]:7.0f} GB/s")
     linears = []
-    for text in args.linears.split(",") if args.linears else []:
-        m, n, k = (int(v) for v in text.split("x"))
+    for m, n, k in parse_shapes(parser, args.linears) if args.linears else []:
         r = linear_row(m, n, k, torch)
         linears.append(r)
         print(f"\nLinear: {m} tokens, {k} -> {n}, bias + gelu")

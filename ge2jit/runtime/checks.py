@@ -91,6 +91,17 @@ def check_scalar(x, name: str) -> float:
                                  "beyond it") from None
 
 
+def check_float32_word(x, name: str):
+    """``x`` must be a float32 GPU array of one element (an amax or a scale the kernels read
+    or write in place), aligned."""
+    check_array(x, name)
+    if x.dtype != np.float32 or x.size != 1:
+        raise ArgumentValueError(f"{name}: expected a float32 array of one element, got dtype "
+                                 f"{x.dtype} and shape {x.shape}")
+    check_aligned(x, name)
+    return x
+
+
 def host_scale(x) -> bool:
     """Whether a scale argument is None or a host number (not a device array)."""
     return x is None or isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -24,8 +24,6 @@ from ..runtime.torchlib import (
     traced,
 )
 
-_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
 
 def _linear_fp8(a: Tensor, b: Tensor, bias: Tensor | None, act: str, leaky_slope: float,
                 save_preact: bool, fmt: str, per_token: bool, qw: Tensor | None = None,
@@ -34,13 +32,11 @@ def _linear_fp8(a: Tensor, b: Tensor, bias: Tensor | None, act: str, leaky_slope
     per tensor, B per column (``b.t()`` per row: a linear layer's weight per output channel;
     ``qw``, ``sw``: that quantization, made already), then the FP8 GEMM; Y (and Z with
     ``save_preact``, else empty) of A's type."""
-    if a.dtype not in _NAMES:
-        raise TypeError(f"a: expected float32, float16 or bfloat16, got {a.dtype}")
     qa, sa = quantize_fp8(a, fmt, per_token)
     if qw is None:
         qw, sw = quantize_fp8(b.t(), fmt, True)
     out = _gemm(qa, qw.t(), bias, act=act, leaky_slope=leaky_slope, save_preact=save_preact,
-                scale_a=sa, scale_b=sw, out_dtype=_NAMES[a.dtype])
+                scale_a=sa, scale_b=sw, out_dtype=str(a.dtype).removeprefix("torch."))
     y, z = out if save_preact else (out, absent(out))
     return y, z
 

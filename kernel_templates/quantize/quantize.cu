@@ -156,13 +156,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1024 / THREADS)
             } else {
                 inv = given_inv(scale, row, ss, tensor_inv, host_inv);
             }
-            if constexpr (!AMAX_STAGE || !ROW_AMAX) {
-                for (long long c = 0; c < n; c += STEP) {
-                    float v[VPT];
-                    load_values<THREADS>(p, c, n, threadIdx.x, v);
-                    if constexpr (!ROW_AMAX) kept = max(kept, values_amax(v));
-                    store_values<THREADS>(q + row * qs, c, n, threadIdx.x, v, inv);
-                }
+            for (long long c = 0; c < n; c += STEP) {      // (the amax stage: its one pass)
+                float v[VPT];
+                load_values<THREADS>(p, c, n, threadIdx.x, v);
+                if constexpr (!ROW_AMAX) kept = max(kept, values_amax(v));
+                store_values<THREADS>(q + row * qs, c, n, threadIdx.x, v, inv);
             }
         }
     } else {

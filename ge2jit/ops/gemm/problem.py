@@ -11,6 +11,7 @@ from ...runtime.checks import (  # noqa: F401 - the op's modules take the shared
     check_aligned,
     check_array,
     check_dtype,
+    check_float32_word,
     check_host_scale,
     check_same_device,
     check_scalar,
@@ -200,11 +201,7 @@ def check_fp8_args(dtype: DType, y_dtype: DType, m: int, n: int, scale_a, scale_
                                  f"{y_dtype.numpy_name} (out_dtype={FP8_TEXT} for one)")
     kind_y, _ = _check_scale(scale_y, "scale_y")
     if amax_out is not None:
-        check_array(amax_out, "amax_out")
-        if amax_out.dtype != np.float32 or amax_out.size != 1:
-            raise ArgumentValueError(f"amax_out: expected a float32 array of one element, got "
-                                     f"dtype {amax_out.dtype} and shape {amax_out.shape}")
-        check_aligned(amax_out, "amax_out")
+        check_float32_word(amax_out, "amax_out")
     fields = {"scale_a": kind_a, "scale_b": kind_b, "scale_y": kind_y is Scale.TENSOR,
               "amax": amax_out is not None}
     return Fp8Args(scale_a, scale_b, scale_y, amax_out, stride_a, stride_b, fields)

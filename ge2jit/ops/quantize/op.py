@@ -18,6 +18,7 @@ from ...runtime.checks import (
     check_array,
     check_bool,
     check_dtype,
+    check_float32_word,
     check_host_scale,
     check_out,
     check_same_device,
@@ -27,7 +28,7 @@ from ...runtime.dtypes import DType, as_fp8
 from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.rows import access_width, vector_width, walk_as_one
 from ...runtime.tools import tuned_config
-from .spec import Kernels, Source, check_fits, heuristic, kernels, parse_config
+from .spec import Kernels, Source, check_fits, heuristic, kernels, parse_config, source_of
 
 NAME = "quantize_fp8"
 _prepared = PreparedCalls(NAME)
@@ -142,22 +143,17 @@ def checked(x, scale, per_row, amax_out, out, fmt, config, device_id=None):
     fmt = as_fp8(fmt)
     check_aligned(x, "x")
     rows_shape = x.shape[:-1]
-    if host_scale(scale):
-        if per_row and scale is not None:
-            raise ArgumentValueError(f"scale: per_row=True takes one scale per row, a float32 "
-                                     f"array of shape {rows_shape}; got the number {scale!r}")
-        if scale is None:    # a new scale array: one per row (contiguous), or one
-            source, ss = (Source.ROW, 1) if per_row else (Source.TENSOR, 0)
-        else:
-            source, ss = Source.HOST, 0
-    else:
-        source, ss = Source.DEVICE, _device_scale(scale, per_row, rows_shape)
+    if host_scale(scale) and per_row and scale is not None:
+        raise ArgumentValueError(f"scale: per_row=True takes one scale per row, a float32 "
+                                 f"array of shape {rows_shape}; got the number {scale!r}")
+    kind = "dynamic" if scale is None else "host" if host_scale(scale) else "device"
+    source = source_of(kind, per_row)
+    # (a new dynamic scale array is contiguous: one per row, or one)
+    ss = (_device_scale(scale, per_row, rows_shape) if source is Source.DEVICE
+          else int(source is Source.ROW))
+    dev_scale = None if host_scale(scale) else scale
     if amax_out is not None:
-        check_array(amax_out, "amax_out")
-        if amax_out.dtype != np.float32 or amax_out.size != 1:
-            raise ArgumentValueError(f"amax_out: expected a float32 array of one element, got "
-                                     f"{amax_out.dtype} of shape {amax_out.shape}")
-        check_aligned(amax_out, "amax_out")
+        check_float32_word(amax_out, "amax_out")
     if out is not None:
         check_array(out, "out")
         if out.shape != x.shape:
@@ -168,14 +164,12 @@ def checked(x, scale, per_row, amax_out, out, fmt, config, device_id=None):
         if _rows_of(out) is None:
             raise ArgumentValueError("out: expected rows along a unit-stride last axis (any "
                                      f"row stride), got strides {out.strides}")
-        check_out(out, {"x": x, "scale": None if host_scale(scale) else scale,
-                        "amax_out": amax_out})
+        check_out(out, {"x": x, "scale": dev_scale, "amax_out": amax_out})
     if amax_out is not None:
-        check_out(amax_out, {"x": x, "scale": None if host_scale(scale) else scale},
-                  "amax_out")
+        check_out(amax_out, {"x": x, "scale": dev_scale}, "amax_out")
     if device_id is not None:
-        check_same_device({"x": x, "scale": None if host_scale(scale) else scale,
-                           "amax_out": amax_out, "out": out}, device_id)
+        check_same_device({"x": x, "scale": dev_scale, "amax_out": amax_out, "out": out},
+                          device_id)
         arch = device_arch(device_id)
         if arch_number(arch) < 89:
             raise ArgumentValueError(f"x: 8-bit float conversions need a GPU of compute "

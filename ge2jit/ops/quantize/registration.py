@@ -12,7 +12,7 @@ from ...runtime.dtypes import as_dtype, as_fp8
 from ...runtime.registry import ConfigChoice, Explanation, Op, bind
 from . import warmup
 from .op import NAME, explain_parts, is_flat, quantize_fp8, tuning_key
-from .spec import QuantConfig, Source, candidates, kernels, parse_config
+from .spec import SCALE_KINDS, QuantConfig, candidates, kernels, parse_config, source_of
 
 #: floating-point operations per element: |x| and its maximum, the multiply
 FLOPS = 3.0
@@ -65,15 +65,14 @@ def specs_for_config(config, arch: str, *, dtype="bfloat16", fmt="e4m3", scale="
                                  f"{arch}")
     check_bool(per_row, "per_row")
     check_bool(amax, "amax")
-    sources = {"dynamic": Source.ROW if per_row else Source.TENSOR, "device": Source.DEVICE,
-               "host": Source.HOST}
-    if scale not in sources or (scale == "host" and per_row):
+    source = source_of(scale, per_row) if scale in SCALE_KINDS else None
+    if source is None:
         raise ArgumentValueError(f"scale: expected 'dynamic', 'device' or 'host' ('host' per "
                                  f"tensor only), got {scale!r}")
     cfg = parse_config(config if config is not None else
                        ("flat_512" if not per_row else "block_256_v16"))
     return list(kernels(cfg, 1, cfg.capacity or 4096, as_dtype(dtype), as_fp8(fmt),
-                        sources[scale], amax=amax, max_vec=vec).specs)
+                        source, amax=amax, max_vec=vec).specs)
 
 
 QUANTIZE_FP8 = Op(name=NAME, function=quantize_fp8, warmup={NAME: warmup}, plan=plan,

@@ -81,6 +81,20 @@ class Source(Enum):
     HOST = "host"        # a host number: 1 / scale passed as a parameter
 
 
+#: how a call gives its scale: computed from x, a device array, a host number
+SCALE_KINDS = ("dynamic", "device", "host")
+
+
+def source_of(kind: str, per_row: bool) -> Source | None:
+    """The Source of a scale given as ``kind`` (one of ``SCALE_KINDS``); None for a host
+    number per row (a call refuses it: per-row scales are arrays)."""
+    if kind == "dynamic":
+        return Source.ROW if per_row else Source.TENSOR
+    if kind == "device":
+        return Source.DEVICE
+    return None if per_row else Source.HOST
+
+
 def step_vpt(vec: int) -> int:
     """Values per thread and step of the loop and flat variants: four accesses of ``vec``
     elements, at least 16."""

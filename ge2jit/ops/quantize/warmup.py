@@ -22,14 +22,12 @@ import itertools
 from ...jit.nvrtc import arch_number
 from ...runtime.dtypes import FP8_SHORT, SUPPORTED_DTYPES
 from ...runtime.tables import check_configs, check_keys, check_list, check_sizes
-from .spec import Source, all_configs, heuristic, kernels, parse_config
-
-SCALES = ("dynamic", "device", "host")
+from .spec import SCALE_KINDS, all_configs, heuristic, kernels, parse_config, source_of
 
 KEYS = {
     "dtypes": (f"a list of {sorted(SUPPORTED_DTYPES)} (x's type)", ["bfloat16"]),
     "formats": (f"a list of {sorted(FP8_SHORT)}", ["e4m3"]),
-    "scales": (f"a list of {list(SCALES)}", ["dynamic"]),
+    "scales": (f"a list of {list(SCALE_KINDS)}", ["dynamic"]),
     "per_row": ("a list of booleans", [False]),
     "amax": ("a list of booleans (amax_out given)", [False]),
     "lengths": ("a non-empty list of row lengths (integers >= 1)", None),
@@ -45,18 +43,10 @@ def validate_entry(entry: dict) -> dict:
     configs = check_configs(entry, KEYS, parse_config)
     return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
             "formats": check_list(entry, "formats", FP8_SHORT, KEYS),
-            "scales": check_list(entry, "scales", SCALES, KEYS),
+            "scales": check_list(entry, "scales", SCALE_KINDS, KEYS),
             "per_row": check_list(entry, "per_row", [False, True], KEYS),
             "amax": check_list(entry, "amax", [False, True], KEYS),
             "lengths": lengths, "configs": configs}
-
-
-def _source(scale: str, per_row: bool) -> Source | None:
-    if scale == "dynamic":
-        return Source.ROW if per_row else Source.TENSOR
-    if scale == "host" and per_row:
-        return None      # (refused by the call: per-row scales are arrays)
-    return Source.DEVICE if scale == "device" else Source.HOST
 
 
 def expand(entry: dict, arch: str, *, sms=None, tuned=()) -> list:
@@ -67,7 +57,7 @@ def expand(entry: dict, arch: str, *, sms=None, tuned=()) -> list:
     for d, f, scale, per_row, amax, n in itertools.product(
             entry["dtypes"], entry["formats"], entry["scales"], entry["per_row"],
             entry["amax"], entry["lengths"]):
-        source = _source(scale, per_row)
+        source = source_of(scale, per_row)
         if source is None:
             continue
         flat = not per_row

@@ -286,7 +286,7 @@ def test_valid_arguments(fake):
      "scale: expected a float32 array, got dtype float16"),
     ({"scale": "1"}, ge2jit.ArgumentTypeError, "scale: expected a GPU array"),
     ({"amax_out": FakeArray((2,), np.float32)}, ge2jit.ArgumentValueError,
-     r"amax_out: expected a float32 array of one element, got float32 of shape \(2,\)"),
+     r"amax_out: expected a float32 array of one element, got dtype float32 and shape \(2,\)"),
     ({"out": FakeArray((4, 9), np.uint8)}, ge2jit.ArgumentValueError,
      r"out: expected shape \(4, 8\) \(x's\)"),
     ({"out": FakeArray((4, 8), ml_dtypes.float8_e5m2)}, ge2jit.ArgumentValueError,
