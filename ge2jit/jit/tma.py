@@ -19,7 +19,8 @@ from ..errors import KernelLaunchError
 
 #: CUtensorMapDataType of the element types
 DATA_TYPES = {"f16": 6, "f32": 7, "bf16": 9, "e4m3": 0, "e5m2": 0}   # 8-bit floats as bytes (UINT8)
-_SWIZZLE_128B = 3
+#: CUtensorMapSwizzle of the swizzle spans (bytes)
+_SWIZZLES = {64: 2, 128: 3}
 _L2_PROMOTION_128B = 2
 _TABLE_SIZE = 1024
 
@@ -46,14 +47,15 @@ def _driver_function():
 
 
 def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int,
-                  box_inner: int, box_outer: int) -> bytes:
+                  box_inner: int, box_outer: int, swizzle: int = 128) -> bytes:
     """The 128 bytes of a tensor map of a 2-D array.
 
     ``inner`` elements are contiguous, ``outer`` rows are ``row_bytes`` apart; boxes of
     ``box_inner`` x ``box_outer`` elements move between global and shared memory with the
-    128-byte swizzle; elements outside the array read as zero, and stores skip them.
+    128-byte swizzle (``swizzle``: 64 for boxes of 64-byte rows); elements outside the array
+    read as zero, and stores skip them.
     """
-    key = (dtype, ptr, inner, outer, row_bytes, box_inner, box_outer)
+    key = (dtype, ptr, inner, outer, row_bytes, box_inner, box_outer, swizzle)
     with _lock:
         blob = _table.get(key)
         if blob is not None:
@@ -67,7 +69,7 @@ def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int,
     box = (ctypes.c_uint32 * 2)(box_inner, box_outer)
     ones = (ctypes.c_uint32 * 2)(1, 1)
     status = fn(storage.ctypes.data + offset, DATA_TYPES[dtype], 2, ctypes.c_void_p(ptr), dims,
-                strides, box, ones, 0, _SWIZZLE_128B, _L2_PROMOTION_128B, 0)
+                strides, box, ones, 0, _SWIZZLES[swizzle], _L2_PROMOTION_128B, 0)
     if status != 0:
         raise KernelLaunchError(
             f"cuTensorMapEncodeTiled failed (CUresult {status}) for a {dtype} array at "

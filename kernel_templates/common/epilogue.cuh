@@ -3,9 +3,11 @@
    for a spec with a gate, `alpha * acc * gate'(C)` (the derivative from Z, or from Y when
    gate_from_y: the backward's dZ of the layer whose saved Z or output C is).
    In scope it needs: alpha, beta, C_AT (when the spec has C; `c_value`, an expression, gives
-   the C element instead), and the bias value named by `col_bias` / `row_bias` / `bias_value`. #}
-{% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True, c_value=None) %}
-float {{ out }} = alpha * ({{ acc }}){{ scale_factors(spec, m, n) }};
+   the C element instead), the bias value named by `col_bias` / `row_bias` / `bias_value`, and
+   the per-row and per-column scales of 8-bit inputs: `row_scale` / `col_scale` (expressions)
+   where given, else SCALE_A_AT / SCALE_B_AT. #}
+{% macro compute_z(spec, out, acc, m, n, col_bias="col_bias", row_bias="row_bias", gate=True, c_value=None, row_scale=None, col_scale=None) %}
+float {{ out }} = alpha * ({{ acc }}){{ scale_factors(spec, m, n, row_scale, col_scale) }};
 {% if spec.epilogue.gate %}
 {% if gate %}
 {{ out }} *= {{ gate_factor(spec, "to_f32(C_AT(" ~ m ~ ", " ~ n ~ "))") }};
@@ -49,10 +51,11 @@ dact_{{ "y_" if from_y }}{{ act.value }}{{ "_fast" if fast }}({{ x }}, {{ slope 
 {% endmacro %}
 
 {# The factors of the 8-bit inputs' per-row and per-column scales of element (m, n), to
-   multiply a product by (per-tensor scales are in alpha). #}
-{% macro scale_factors(spec, m, n) -%}
-{% if spec.epilogue.scale_a.value == "r" %} * SCALE_A_AT({{ m }}){% endif %}
-{%- if spec.epilogue.scale_b.value == "c" %} * SCALE_B_AT({{ n }}){% endif %}
+   multiply a product by (per-tensor scales are in alpha): `row_scale` / `col_scale` where
+   given (expressions: values the kernel holds), else read with SCALE_A_AT / SCALE_B_AT. #}
+{% macro scale_factors(spec, m, n, row_scale=None, col_scale=None) -%}
+{% if spec.epilogue.scale_a.value == "r" %} * {{ row_scale or "SCALE_A_AT(" ~ m ~ ")" }}{% endif %}
+{%- if spec.epilogue.scale_b.value == "c" %} * {{ col_scale or "SCALE_B_AT(" ~ n ~ ")" }}{% endif %}
 {%- endmacro %}
 
 {# The largest |Y| (its bits: as unsigned integers the magnitudes of floats order as the
@@ -158,7 +161,7 @@ act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}({{ gate 
 {# zv[c], yv[c] for columns nb + c, c < width, of row m: Z and act(Z), from accumulator `acc`
    (an expression of c), then stored with store_yz. A gated linear unit's yv holds width / 2
    values: act(Z) of each even column times Z of the odd one after it (nb is even). #}
-{% macro finish(spec, width, acc, col_bias, vector_ok, m="m", nb="nb") %}
+{% macro finish(spec, width, acc, col_bias, vector_ok, m="m", nb="nb", row_scale=None, col_scale=None) %}
 {% if spec.epilogue.glu_grad %}
 {{ finish_glu_grad(spec, width, acc, m, nb) }}
 {% else %}
@@ -166,7 +169,7 @@ float zv[{{ width }}], yv[{{ width // 2 if spec.epilogue.glu else width }}];
 #pragma unroll
 for (int c = 0; c < {{ width }}; ++c) {
     const auto n = min({{ nb }} + c, N - 1);   // clamped: columns past N are not stored
-    {{ compute_z(spec, "z", acc, m, "n", col_bias, "row_bias") | indent(4) }}
+    {{ compute_z(spec, "z", acc, m, "n", col_bias, "row_bias", row_scale=row_scale, col_scale=col_scale) | indent(4) }}
     zv[c] = z;
 {% if not spec.epilogue.glu %}
     yv[c] = act_{{ spec.epilogue.act.value }}{{ "_fast" if spec.fast_act else "" }}(z, leaky_slope);

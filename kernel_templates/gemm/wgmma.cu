@@ -51,13 +51,45 @@ constexpr int B_STAGE = BN * BK * ES;
 constexpr unsigned TX_BYTES = A_STAGE + B_STAGE;
 static_assert(PINGPONG ? BM == WG_M : BM == WG_M * CONSUMERS, "rows per consumer");
 {% set bias_tile = spec.epilogue.bias.value in ("colbias", "rowbias") %}
-{% if bias_tile %}
-// The bias of a tile's {{ "columns" if spec.epilogue.bias.value == "colbias" else "rows" }}: the consumers that share the tile load it into registers when
-// the tile starts (the loads' latency hides under the main loop) and put it in shared memory
-// for the epilogue.
+{% set scale_tile = spec.scale_tile %}
+{% set scale_rows = scale_tile and spec.epilogue.scale_a.value == "r" %}
+{% set scale_cols = scale_tile and spec.epilogue.scale_b.value == "c" %}
+{% if bias_tile or scale_tile %}
+// The {{ "bias of a tile's " ~ ("columns" if spec.epilogue.bias.value == "colbias" else "rows") if bias_tile }}{{ " and the " if bias_tile and scale_tile }}{{ "scales of its rows (A's) and columns (B's)" if scale_tile }}: the consumers that share the tile load
+// {{ "them" if scale_tile else "it" }} into registers when the tile starts (the loads' latency hides under the main loop) and
+// put {{ "them" if scale_tile else "it" }} in shared memory for the epilogue.
 constexpr int GROUP = PINGPONG ? 128 : 128 * CONSUMERS;   // threads that share a tile
+
+// A thread's part (elements member, member + GROUP, ...) of the LEN values of a tile's vector
+// from element `origin` on (`stride` apart; zero at and past `extent`), as float32.
+template <int LEN, int PER, typename T>
+__device__ __forceinline__ void tile_vector_load(float (&out)[PER], const T* v, long long stride,
+                                                 int origin, int extent, int member) {
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int e = member + p * GROUP;
+        out[p] = e < LEN && origin + e < extent
+            ? to_f32(v[static_cast<long long>(origin + e) * stride]) : 0.0f;
+    }
+}
+
+// ... and into shared memory (`dst`: the tile's LEN values).
+template <int LEN, int PER>
+__device__ __forceinline__ void tile_vector_store(float* dst, const float (&in)[PER], int member) {
+#pragma unroll
+    for (int p = 0; p < PER; ++p)
+        if (member + p * GROUP < LEN) dst[member + p * GROUP] = in[p];
+}
+{% endif %}
+{% if bias_tile %}
 constexpr int BIAS_N = {{ "BN" if spec.epilogue.bias.value == "colbias" else "BM" }};
 constexpr int BIAS_PER = (BIAS_N + GROUP - 1) / GROUP;    // values per thread
+{% endif %}
+{% if scale_rows %}
+constexpr int SA_PER = (BM + GROUP - 1) / GROUP;          // row scales per thread
+{% endif %}
+{% if scale_cols %}
+constexpr int SB_PER = (BN + GROUP - 1) / GROUP;          // column scales per thread
 {% endif %}
 
 // The driver's CUtensorMap: 128 opaque bytes, passed by value.
@@ -248,10 +280,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned sA = base, sB = base + STAGES * A_STAGE;
     // The epilogue's staging, 4 KiB per consumer warp (1 KiB aligned, as the TMA's 128-byte
-    // swizzle wants), then the bias of a tile (floats, one block per group), then the barriers.
+    // swizzle wants), then the bias of a tile (floats, one block per group){{ ", its scales (rows, then columns: one block per group)" if scale_tile }}, then the
+    // barriers.
     const unsigned sStaging = sB + STAGES * B_STAGE;
     const unsigned sBias = sStaging + CONSUMERS * 4 * 4096;
-    const unsigned full = sBias + (PINGPONG ? 2 : 1) * (BM > BN ? BM : BN) * 4;
+    const unsigned sScale = sBias + (PINGPONG ? 2 : 1) * (BM > BN ? BM : BN) * 4;
+    const unsigned full = sScale + {{ "(PINGPONG ? 2 : 1) * (BM + BN) * 4" if scale_tile else "0" }};
     const unsigned empty = full + 8 * STAGES;
     const unsigned order = empty + 8 * STAGES;   // ping-pong turns of the two consumers
 {% if spec.store16 %}
@@ -263,6 +297,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
 {% if bias_tile %}
     float* const bias_tiles = reinterpret_cast<float*>(smem_raw + (sBias - smem_u32(smem_raw)));
+{% endif %}
+{% if scale_tile %}
+    float* const scale_tiles = reinterpret_cast<float*>(smem_raw + (sScale - smem_u32(smem_raw)));
 {% endif %}
 
     // (the launcher refuses problems whose tile or work-unit counts exceed 32 bits)
@@ -292,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     if (warpgroup == 0) {
         // Producer: one thread walks the same tiles as the consumers and keeps the ring full.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 {{ 40 if cfg.consumers <= 2 else 32 }};\n");
         if (threadIdx.x == 0 && k_tiles > 0) {
             int it = 0;
             for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
@@ -346,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // consumer: its main loop starts when the other's has finished, so that each waits on ring
     // positions at most one phase ahead of the barriers, and one's epilogue overlaps the other's
     // main loop.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 {{ 232 if cfg.consumers <= 2 else 160 }};\n");
     const int wg = warpgroup - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
@@ -356,9 +393,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const bool c_vec = ((reinterpret_cast<unsigned long long>(C) |
                          static_cast<unsigned long long>(ldc) * sizeof(*C)) & 15) == 0;
 {% endif %}
-{% if bias_tile %}
+{% if bias_tile or scale_tile %}
     const int member = PINGPONG ? threadIdx.x % 128 : threadIdx.x - 128;   // index in the group
+{% endif %}
+{% if bias_tile %}
     float* const tile_bias = bias_tiles + (PINGPONG ? wg * BIAS_N : 0);
+{% endif %}
+{% if scale_tile %}
+    float* const tile_scale_a = scale_tiles + (PINGPONG ? wg * (BM + BN) : 0);
+    float* const tile_scale_b = tile_scale_a + BM;
 {% endif %}
     float acc[MI][{{ n_acc }}];
 #pragma unroll
@@ -404,17 +447,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         tile_origin(tile, tiles_m, tiles_n, m0, n0);
 {% if bias_tile %}
         float bias_next[BIAS_PER];
-#pragma unroll
-        for (int p = 0; p < BIAS_PER; ++p) {
-            const int e = member + p * GROUP;
 {% if spec.epilogue.bias.value == "colbias" %}
-            const int idx = n0 + e, extent = N;
+        tile_vector_load<BIAS_N>(bias_next, bias, bias_stride, n0, N, member);
 {% else %}
-            const int idx = m0 + e, extent = M;
+        tile_vector_load<BIAS_N>(bias_next, bias, bias_stride, m0, M, member);
 {% endif %}
-            bias_next[p] = e < BIAS_N && idx < extent
-                ? to_f32(bias[static_cast<long long>(idx) * bias_stride]) : 0.0f;
-        }
+{% endif %}
+{% if scale_rows %}
+        float scale_a_next[SA_PER];
+        tile_vector_load<BM>(scale_a_next, scale_a, scale_a_stride, m0, M, member);
+{% endif %}
+{% if scale_cols %}
+        float scale_b_next[SB_PER];
+        tile_vector_load<BN>(scale_b_next, scale_b, scale_b_stride, n0, N, member);
 {% endif %}
 {% if spec.split_k %}
         {{ spec.epilogue.y_ctype }}* const Y = Y_slices + static_cast<long long>(unit / tiles) * M * ldy;
@@ -524,19 +569,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (lane == 0) mbar_arrive(order + 8 * (1 - wg));   // the other consumer's turn
             ++turn;
         }
-{% if bias_tile %}
-        // The group has finished reading the previous tile's bias; store this tile's.
+{% if bias_tile or scale_tile %}
+        // The group has finished reading the previous tile's {{ "bias" if bias_tile else "scales" }}; store this tile's.
         named_barrier(PINGPONG ? 1 + wg : 1, GROUP);
-#pragma unroll
-        for (int p = 0; p < BIAS_PER; ++p)
-            if (member + p * GROUP < BIAS_N) tile_bias[member + p * GROUP] = bias_next[p];
+{% if bias_tile %}
+        tile_vector_store<BIAS_N>(tile_bias, bias_next, member);
+{% endif %}
+{% if scale_rows %}
+        tile_vector_store<BM>(tile_scale_a, scale_a_next, member);
+{% endif %}
+{% if scale_cols %}
+        tile_vector_store<BN>(tile_scale_b, scale_b_next, member);
+{% endif %}
         named_barrier(PINGPONG ? 1 + wg : 1, GROUP);
 {% endif %}
 
 {% if spec.store16 %}
         // Fused epilogue through shared memory: each warp computes Z (or Y) for its 16 rows,
         // 64 columns at a time, rounds them to the output type into a staging block (16-byte
-        // segments XOR-swizzled by row: the TMA's 128-byte swizzle for 16-bit outputs), then
+        // segments XOR-swizzled by row: the TMA's 128-byte swizzle for 16-bit outputs, its
+        // 64-byte one for 8-bit outputs, whose rows are 64 bytes), then
 {% if spec.tma_store %}
         // one lane stores the block by TMA (rows and columns past M, N are skipped) while the
         // warp fills its other block.
@@ -544,6 +596,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // writes whole 16-byte segments: every row of the block goes out in full lines.
 {% endif %}
         constexpr int EPC = 16 / {{ spec.epilogue.out_dtype.itemsize }};   // outputs per 16-byte segment
+        // a staged row's segment s is at s ^ swz(r): rows of 64 bytes repeat the pattern every
+        // 8 rows, 2 rows a step (the 64-byte swizzle), longer ones every 8 rows, a row a step
+        const auto swz = [](int r) { return EPC == 16 ? (r >> 1) & 3 : r & 7; };
 {% if glu %}
         // A gated linear unit: blocks of 128 columns of the accumulators (64 pairs) make the
         // 64 columns of a staged block of Y (NY columns in all); Z takes two blocks.
@@ -596,6 +651,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
             const int mw = m0 + row0 + mi * 64 + warp * 16;    // this warp's first row
+{% if scale_rows %}
+            // the scales of this thread's two rows (a row past M: the last row's, not stored)
+            const float row_scale[2] = {tile_scale_a[min(mw + g, M - 1) - m0],
+                                        tile_scale_a[min(mw + g + 8, M - 1) - m0]};
+{% endif %}
 #pragma unroll
             for (int jc = 0; jc < BN / CHUNK; ++jc) {
                 const int nc = n0 + jc * CHUNK;
@@ -698,6 +758,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
                     const float col_bias[2] = {cb.x, cb.y};
 {% endif %}
+{% if scale_cols %}
+                    const float2 sb = *reinterpret_cast<const float2*>(&tile_scale_b[nb - n0]);
+                    const float col_scale[2] = {sb.x, sb.y};
+{% endif %}
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int r = g + 8 * h;
@@ -713,7 +777,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                         for (int c = 0; c < 2; ++c) {
                             const int n = min(nb + c, N - 1);
-                            {{ ep.compute_z(spec, "z", "acc[mi][4 * ((jc * CHUNK + " ~ 64 * q ~ ") / 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False, c_value="cv[c]" if spec.c_tma else None) | indent(28) }}
+                            {{ ep.compute_z(spec, "z", "acc[mi][4 * ((jc * CHUNK + " ~ 64 * q ~ ") / 8 + j8) + 2 * h + c]", "m", "n", "col_bias[c]", "row_bias", gate=False, c_value="cv[c]" if spec.c_tma else None, row_scale="row_scale[h]" if scale_rows else None, col_scale="col_scale[c]" if scale_cols else None) | indent(28) }}
 {% if what == "Z" or glu_y %}
                             v[c] = z;
 {% else %}
@@ -723,11 +787,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         }
 {% if glu_y %}
                         const int col = j8 * 4 + t;
-                        store(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC],
+                        store(&st[r * 64 + ((col / EPC) ^ swz(r)) * EPC + col % EPC],
                               {{ ep.glu_value(spec, "v[0]", "v[1]") }});
 {% else %}
                         const int col = j8 * 8 + 2 * t;
-                        store_vec(&st[r * 64 + ((col / EPC) ^ (r & 7)) * EPC + col % EPC], v);
+                        store_vec(&st[r * 64 + ((col / EPC) ^ swz(r)) * EPC + col % EPC], v);
 {% endif %}
                     }
                 }
@@ -756,7 +820,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
 {% endif %}
                     if (mw + r < M && nc + seg * EPC < N) {
-                        {{ spec.epilogue.y_ctype }}* const s = &st[r * 64 + (seg ^ (r & 7)) * EPC];
+                        {{ spec.epilogue.y_ctype }}* const s = &st[r * 64 + (seg ^ swz(r)) * EPC];
                         float v[EPC];
                         load_vec(s, v);
 #pragma unroll
@@ -808,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     const int r = p * RPP + lane / SEGS, seg = lane % SEGS;
                     const int m = mw + r, n = yc + seg * EPC;
                     if (m < M && n < {{ "NY" if glu_y else "N" }}) {
-                        const {{ spec.epilogue.y_ctype }}* const src = &st[r * 64 + (seg ^ (r & 7)) * EPC];
+                        const {{ spec.epilogue.y_ctype }}* const src = &st[r * 64 + (seg ^ swz(r)) * EPC];
                         auto* dst = &{{ what }}[static_cast<long long>(m) * ld{{ what | lower }} + n];
                         if (n + EPC <= {{ "NY" if glu_y else "N" }}) {
                             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
@@ -827,6 +891,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% else %}
         // Fused epilogue on the accumulators: acc[mi][4 j + 2 h + c] is row
         // row0 + 64 mi + 16 warp + g + 8 h of the tile, column 8 j + 2 t + c.
+{% if scale_rows %}
+        float row_scale[2 * MI];   // this thread's rows' scales (rows past M are not stored)
+#pragma unroll
+        for (int r = 0; r < 2 * MI; ++r)
+            row_scale[r] = tile_scale_a[min(row0 + (r / 2) * 64 + warp * 16 + g + 8 * (r % 2),
+                                            M - 1 - m0)];
+{% endif %}
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int nb = n0 + j * 8 + 2 * t;
@@ -834,6 +905,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.epilogue.bias.value == "colbias" %}
             const float2 cb = *reinterpret_cast<const float2*>(&tile_bias[nb - n0]);
             const float col_bias[2] = {cb.x, cb.y};   // this thread's two columns
+{% endif %}
+{% if scale_cols %}
+            const float2 sb = *reinterpret_cast<const float2*>(&tile_scale_b[nb - n0]);
+            const float col_scale[2] = {sb.x, sb.y};
 {% endif %}
 #pragma unroll
             for (int r = 0; r < 2 * MI; ++r) {
@@ -843,7 +918,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% if spec.epilogue.bias.value == "rowbias" %}
                 const float row_bias = tile_bias[m - m0];
 {% endif %}
-                {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N") | indent(16) }}
+                {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N", row_scale="row_scale[r]" if scale_rows else None, col_scale="col_scale[c]" if scale_cols else None) | indent(16) }}
             }
         }
 {% endif %}

@@ -232,6 +232,7 @@ class TmaPlan(Plan):
         self._maps = (spec.dtype.value, spec.layout_a is Layout.ROW,
                       spec.layout_b is Layout.COL, spec.config.bm, spec.config.bn, 128 // es, es)
         self._y_type = spec.epilogue.out_dtype.value if spec.tma_store else None
+        self._y_es = spec.epilogue.out_dtype.itemsize   # 16-bit Y: 128-byte rows, 8-bit: 64
         ep = spec.epilogue
         self._y_cols = ep.y_cols   # a gated linear unit's Y: half the columns, its dZ twice
         # 64 x 128-byte boxes of C, which arrives through the ring
@@ -265,8 +266,9 @@ class TmaPlan(Plan):
                          leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split, **fp8)
             return
         # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
-        map_y = tensor_map_2d(y_type, Y, self._y_cols(N_), M_, ldy * 2, 64, 16)
-        map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * 2, 64, 16) if Z else map_y
+        y_es = self._y_es
+        map_y = tensor_map_2d(y_type, Y, self._y_cols(N_), M_, ldy * y_es, 64, 16, 64 * y_es)
+        map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * y_es, 64, 16, 64 * y_es) if Z else map_y
         self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, **maps,
                      A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride,
                      Y=Y, ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,

@@ -341,8 +341,9 @@ def _wgmma_x3_heuristic(m: int, n: int, k: int, sms: int) -> Choice:
 
 def _wgmma_fp8_heuristic(m: int, n: int, k: int, sms: int, precision: Precision) -> Choice:
     """8-bit inputs on Hopper (measured on an H200 with bias + GELU; bench/NOTES.md, "8-bit
-    inputs"): with float32 sums (``promotes``) the cooperative 128x192 tile from about a wave
-    of tiles up (8192^3: 0.94 ms against 1.04 on 128x128 tiles, 1.27 on ping-pong 64x192),
+    inputs"): with float32 sums (``promotes``) the cooperative 192x128 tile (three consumer
+    warpgroups) from about a wave of tiles up (8192^3: 0.991 ms against 1.007 on 128x192
+    tiles, which took 0.94 against 1.04 on 128x128 tiles and 1.27 on ping-pong 64x192),
     128x128 from half a wave, else 128x64 or 64x128 tiles; with ``fast_accum`` the ping-pong
     64x256 tile from a wave up (4096^3: 0.123 ms against 0.128 on 128x256 tiles; 8192 x 16384
     x 4096: 0.892 against 1.004), else the 16-bit inputs' choice."""
@@ -357,9 +358,9 @@ def _wgmma_fp8_heuristic(m: int, n: int, k: int, sms: int, precision: Precision)
             return Choice(cfg, 1, "heuristic", f"{_tiles(m, n, cfg)} tiles of {cfg.bm}x"
                           f"{cfg.bn} for {sms} SMs: few tiles (8-bit, fast_accum)")
         return Choice(ch.config, 1, ch.reason, ch.detail + " (8-bit, fast_accum)")
-    wide, square, tall, low = WGMMA_FP8_CONFIGS
-    if 10 * _tiles(m, n, wide) >= 9 * sms:
-        cfg = wide
+    _, square, tall, low, three = WGMMA_FP8_CONFIGS
+    if 10 * _tiles(m, n, three) >= 9 * sms:
+        cfg = three
     elif 2 * _tiles(m, n, square) >= sms:
         cfg = square
     else:
@@ -520,7 +521,7 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
         # staging, from whole rows)
         c_tma = (align_y >= 16 and main_epilogue.layout_c is Layout.ROW and align_c >= 16
                  and WgmmaGemmSpec.c_tma_unfit(config, main_epilogue) is None)
-        staging = (align_y >= 16 and not epilogue.out_dtype.is_fp8
+        staging = (align_y >= 16
                    and WgmmaGemmSpec.staging_spills(config, main_epilogue, c_tma) is None)
         c_tma = c_tma and staging
         # (a gated linear unit's backward copies its Z into the staging blocks in 16-byte

@@ -10,7 +10,7 @@ from ...jit.nvrtc import arch_number
 from ...jit.params import Param, array, double, int64, pointer, tensor_maps
 from ...jit.spec import KernelSpec
 from ...runtime.dtypes import DType
-from .epilogue import ACTS_FROM_Y, PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout, check_field
+from .epilogue import ACTS_FROM_Y, PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout, Scale, check_field
 
 
 class Precision(Enum):
@@ -620,12 +620,16 @@ WGMMA_CONFIGS: tuple[WgmmaConfig, ...] = (
 
 #: Candidates of the Hopper kernel for 8-bit inputs with float32 sums (``promote``): the
 #: 128x192 tile keeps the most accumulators that leave room for the second set (on an H200,
-#: 8192^3 with bias + GELU: 0.94 ms against 1.04 on 128x128 tiles).
+#: 8192^3 with bias + GELU: 0.94 ms against 1.04 on 128x128 tiles); the 192x128 tile's three
+#: consumer warpgroups (64 + 64 accumulators a thread, 160 registers each) keep the tensor
+#: cores busier while each waits for its chunk's products (8192^3: 0.991 ms against 1.007 on
+#: 128x192; 4096^3: 0.142 against 0.152).
 WGMMA_FP8_CONFIGS: tuple[WgmmaConfig, ...] = (
     WgmmaConfig(128, 192, 4),
     WgmmaConfig(128, 128, 6),
     WgmmaConfig(128, 64, 8),
     WgmmaConfig(64, 128, 8),
+    WgmmaConfig(192, 128, 4),
 )
 
 #: Candidates of the Hopper kernel for 8-bit inputs summed by the tensor cores alone
@@ -652,7 +656,7 @@ class WgmmaGemmSpec(GemmKernelSpec):
     it from shared memory. ``store16`` (Y and Z rows 16-byte aligned; with a C term only when
     it comes through the ring, else its reads need the registers, except a gate's, applied to
     the staged block with C read in whole rows): each warp stages 16 x 64 blocks of results in
-    shared memory; 16-bit outputs leave by TMA stores (``tma_store``: two staging buffers a
+    shared memory; 16- and 8-bit outputs leave by TMA stores (``tma_store``: two staging buffers a
     warp, the store of one overlapping the filling of the other), float32 ones as whole
     16-byte segments, so rows go out in full lines; else pairs (``vec_y``) or single
     elements go straight from the registers. tf32 needs K-major operands (row-major A,
@@ -724,9 +728,6 @@ class WgmmaGemmSpec(GemmKernelSpec):
                 f"config: the {'tf32' if self.dtype is DType.F32 else '8-bit'} wgmma kernel "
                 "needs row-major A and column-major B (K-major operands); got layouts "
                 f"{self.layout_a.value}{self.layout_b.value}")
-        if self.store16 and ep.out_dtype.is_fp8:
-            raise ArgumentValueError("WgmmaGemmSpec.store16: 8-bit outputs are stored from the "
-                                     "registers; expected False, got True")
         if self.split_k and self.dtype.is_fp8:
             raise ArgumentValueError("WgmmaGemmSpec.split_k: 8-bit inputs take no split of K; "
                                      "expected False, got True")
@@ -816,8 +817,9 @@ class WgmmaGemmSpec(GemmKernelSpec):
 
     @property
     def tma_store(self) -> bool:
-        """16-bit Y (and Z) leave shared memory by TMA stores; the kernel takes their maps."""
-        return self.store16 and self.epilogue.out_dtype.itemsize == 2
+        """16-bit Y (and Z) and 8-bit Y leave shared memory by TMA stores; the kernel takes
+        their maps."""
+        return self.store16 and self.epilogue.out_dtype.itemsize <= 2
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -835,8 +837,23 @@ class WgmmaGemmSpec(GemmKernelSpec):
         return self.config.threads
 
     @property
+    def _scale_bytes(self) -> int:
+        """Shared memory for a tile's per-row and per-column scales, in floats (one block per
+        ping-pong consumer)."""
+        return (2 if self.config.pingpong else 1) * (self.config.bm + self.config.bn) * 4
+
+    @property
+    def scale_tile(self) -> bool:
+        """Per-row scales of A and per-column scales of B are staged in shared memory for the
+        epilogue (loaded when a tile starts, under its main loop) where the config leaves
+        room for them; else the epilogue reads them from memory, element by element."""
+        ep = self.epilogue
+        return ((ep.scale_a is Scale.ROW or ep.scale_b is Scale.COL)
+                and self.config.smem_bytes + self._scale_bytes <= 227 * 1024)
+
+    @property
     def smem_bytes(self) -> int:
-        return self.config.smem_bytes
+        return self.config.smem_bytes + (self._scale_bytes if self.scale_tile else 0)
 
 
 class StagingCopy:

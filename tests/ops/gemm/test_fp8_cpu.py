@@ -78,10 +78,15 @@ def test_kernel_set_of_8bit_inputs():
     assert ks.prep_a == TransposeSpec(E4M3, False) and ks.prep_b is None
     assert ks.prep_a.kernel_name == "copy_e4m3"
     assert staged(E4M3, "rc", aligns=(16, 1, 16, 16)) == (False, True)
-    # 8-bit Y leaves from the registers, in pairs where its rows allow
+    # 8-bit Y is staged and stored by TMA (64-byte rows) where its rows are 16-byte aligned,
+    # else it leaves from the registers, in pairs where its rows allow
     ep8 = Epilogue(out_dtype=E4M3, act=Act.GELU, scale_y=True, amax=True)
     main = kernel_set(E4M3, Layout.ROW, Layout.COL, ep8, WGMMA_FP8_CONFIGS[0], 1, 256,
                       ALIGNED).main
+    assert (main.store16, main.tma_store) == (True, True)
+    assert "_yt_p_gelu" in main.kernel_name
+    main = kernel_set(E4M3, Layout.ROW, Layout.COL, ep8, WGMMA_FP8_CONFIGS[0], 1, 256,
+                      (16, 16, 2, 16)).main
     assert (main.store16, main.vec_y) == (False, True)
     main = kernel_set(E4M3, Layout.ROW, Layout.COL, ep8, WGMMA_FP8_CONFIGS[0], 1, 256,
                       (16, 16, 1, 16)).main
@@ -101,9 +106,6 @@ def test_refusals_of_8bit_kernels():
     with pytest.raises(ArgumentValueError, match="belong to 8-bit inputs"):
         WgmmaGemmSpec(BF16, Layout.ROW, Layout.COL, Epilogue(out_dtype=BF16, amax=True),
                       WGMMA_FP8_CONFIGS[1])
-    with pytest.raises(ArgumentValueError, match="stored from the registers"):
-        WgmmaGemmSpec(E4M3, Layout.ROW, Layout.COL, Epilogue(out_dtype=E5M2),
-                      WGMMA_FP8_CONFIGS[1], store16=True)
     with pytest.raises(ArgumentValueError, match="float32 sums need"):
         WgmmaGemmSpec(E4M3, Layout.ROW, Layout.COL, ep, WGMMA_FP8_FAST_CONFIGS[0],
                       promote=True)
@@ -114,7 +116,7 @@ def test_refusals_of_8bit_kernels():
 
 
 def test_heuristic_and_candidates():
-    assert heuristic(8192, 8192, 8192, 132, 90, "rc", E4M3).config.name == "wgmma_128x192_s4"
+    assert heuristic(8192, 8192, 8192, 132, 90, "rc", E4M3).config.name == "wgmma_192x128_s4"
     assert heuristic(512, 512, 8192, 132, 90, "rc", E4M3).config.name == "wgmma_64x128_s8"
     fast = heuristic(4096, 4096, 4096, 132, 90, "rc", E4M3, Precision.FAST_ACCUM)
     assert fast.config.name == "wgmma_64x256_s4_pp"

@@ -247,7 +247,8 @@ def test_uint8_arrays_with_dtype_and_repeated_calls():
         assert abs(float(amax.get()[0]) - np.abs(ref).max()) <= 2e-3 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("config", ["wgmma_128x192_s4", "wgmma_128x128_s6", "wgmma_128x64_s8",
+@pytest.mark.parametrize("config", ["wgmma_128x192_s4", "wgmma_192x128_s4", "wgmma_128x128_s6",
+                                    "wgmma_128x64_s8",
                                     "wgmma_64x128_s8", "wgmma_128x256_s4",
                                     "wgmma_64x256_s4_pp", "wgmma_128x128_s6_pp"])
 def test_pinned_configs(config):

@@ -76,20 +76,38 @@ def test_plan_run_and_bind_pass_each_parameter(launches):
     assert calls == [(999, PARAMS)] * 2
 
 
-@pytest.mark.parametrize("dtype", [DType.BF16, DType.F32])
-def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype):
+@pytest.mark.parametrize("dtype, out", [(DType.BF16, DType.BF16), (DType.F32, DType.F32),
+                                        (DType.E4M3, DType.E5M2)])
+def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype, out):
     calls, kernel = launches
-    epilogue = Epilogue(out_dtype=dtype, bias=BiasKind.COL, bias_dtype=dtype, save_z=True)
+    if out.is_fp8:   # (8-bit Y: no Z; 64-byte rows, the 64-byte swizzle)
+        epilogue = Epilogue(out_dtype=out, bias=BiasKind.COL, bias_dtype=DType.BF16)
+    else:
+        epilogue = Epilogue(out_dtype=out, bias=BiasKind.COL, bias_dtype=dtype, save_z=True)
     spec = WgmmaGemmSpec(dtype, Layout.ROW, Layout.COL, epilogue, WGMMA_CONFIGS[3])
-    _run_and_bind(plans.TmaPlan(None, kernel(spec), (132, 1, 1), (384, 1, 1), 5000, 7))
+    plan = plans.TmaPlan(None, kernel(spec), (132, 1, 1), (384, 1, 1), 5000, 7)
+    fp8 = {}
+    if dtype.is_fp8:   # (run() alone: prepared calls of 8-bit inputs bind their scales)
+        fp8 = dict(scale_a=0x7000, scale_a_stride=0, scale_b=0x8000, scale_b_stride=0,
+                   scale_y=0, amax=0, y_scale_=0.5)
+        plan.run(**RUN, fp8=fp8)
+        plan.run(**RUN, fp8=fp8)
+    else:
+        _run_and_bind(plan)
     name, es = dtype.value, dtype.itemsize
     bm, bn, bk = WGMMA_CONFIGS[3].bm, WGMMA_CONFIGS[3].bn, 128 // es
     maps = {"tma_a": (name, 0x1000, 300, 100, 33 * es, bk, bm),
             "tma_b": (name, 0x2000, 300, 200, 44 * es, bk, bn)}
-    if spec.tma_store:
-        maps.update(tma_y=("bf16", 0x5000, 200, 100, 66 * 2, 64, 16),
-                    tma_z=("bf16", 0x6000, 200, 100, 77 * 2, 64, 16))
-    expected = {**{k: repr(v).encode().ljust(128, b"\0") for k, v in maps.items()}, **PARAMS}
+    assert spec.tma_store == (out is not DType.F32)
+    if out is DType.BF16:
+        maps.update(tma_y=("bf16", 0x5000, 200, 100, 66 * 2, 64, 16, 128),
+                    tma_z=("bf16", 0x6000, 200, 100, 77 * 2, 64, 16, 128))
+    elif out.is_fp8:
+        maps.update(tma_y=("e5m2", 0x5000, 200, 100, 66, 64, 16, 64),
+                    tma_z=("e5m2", 0x6000, 200, 100, 77, 64, 16, 64))
+    expected = {**{k: repr(v).encode().ljust(128, b"\0") for k, v in maps.items()}, **PARAMS,
+                **fp8}
+    expected = {p.name: expected[p.name] for p in spec.params}   # (in the kernel's order)
     assert [list(p) for _, p in calls] == [list(expected)] * 2
     assert calls == [(999, expected)] * 2
 
