@@ -167,7 +167,10 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=64, help="tokens the model reads (even)")
     parser.add_argument("--vocab", type=int, default=64)
-    parser.add_argument("--d", type=int, default=256, help="model width")
+    # (--d-model under torchrun, whose own parser takes "--d" for an ambiguous prefix of its
+    # options)
+    parser.add_argument("--d-model", "--d", dest="d", type=int, default=256,
+                        help="model width (--d for short, except under torchrun)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)

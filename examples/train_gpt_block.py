@@ -5,6 +5,7 @@
                                        [--seq 64] [--vocab 64] [--d 256] [--heads 4]
                                        [--layers 2] [--lr 1e-3] [--seed 0]
                                        [--log-every 10] [--json PATH]
+    torchrun --nproc-per-node N examples/train_gpt_block.py [--compile] [...]
 
 Without a GPU it says so in one line and exits with status 2: nothing was trained.
 
@@ -37,9 +38,21 @@ under ``torch.autocast("cuda", torch.bfloat16)``. Modes:
   tensor, which the next replay overwrites; it is read (``float(loss)``) every
   ``--log-every`` steps, outside the step.
 
+Data parallel: under ``torchrun --nproc-per-node N`` (``WORLD_SIZE`` > 1 in the environment)
+each process takes the GPU of its ``LOCAL_RANK`` (``torch.cuda.set_device``), joins the NCCL
+process group, and trains the model wrapped in ``DistributedDataParallel(device_ids=[local
+rank])`` on its contiguous shard of each batch (``--batch`` is the global batch: the world
+size must divide it; every rank draws the whole batch from the same generator and keeps its
+rows). DDP averages the gradients over the ranks, and the loss logged each step is the mean
+of the ranks' losses (an all-reduce): each shard's loss is a mean over its rows, so both are
+the whole batch's, and the losses follow one GPU's on the whole batch within float rounding.
+The progress bar and the results are rank 0's; the process group is destroyed at the end.
+``--compile`` compiles the DDP-wrapped model without ``fullgraph`` (Dynamo splits it at DDP's
+buckets, on purpose); ``--graph`` is refused there (DDP's all-reduces are not captured).
+
 It prints a progress bar (the loss every ``--log-every`` steps), the final loss and the copy
 accuracy, and the median time of a step over the last half of the steps (CUDA events around
-each step); ``--json PATH`` writes them.
+each step); ``--json PATH`` writes them, with every step's training loss.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+import torch.distributed
 import torch.nn.functional as F
 from torch import nn
 
@@ -68,6 +82,7 @@ from _common import (  # noqa: E402
     no_gpu_message,
     report,
     run_steps,
+    write_json,
 )
 
 MODES = ("eager", "compile", "graph")
@@ -179,23 +194,42 @@ class Result(TrainResult):
     baseline: bool
 
 
+def check_distributed(*, mode: str, batch: int, world_size: int) -> None:
+    """Raises ValueError, naming the option, for what a data-parallel run cannot take."""
+    if world_size > 1 and mode == "graph":
+        raise ValueError(f"mode: expected eager or compile with {world_size} processes "
+                         "(DistributedDataParallel's all-reduces are not captured), got 'graph'")
+    if batch < 1 or batch % world_size:
+        raise ValueError(f"batch: expected a positive multiple of the number of processes "
+                         f"({world_size}), got {batch}")
+
+
 def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, d: int = 256,
           heads: int = 4, layers: int = 2, lr: float = 1e-3, weight_decay: float = 0.01,
           dtype: str = "float32", mode: str = "eager", baseline: bool = False, seed: int = 0,
-          log_every: int = 10, eval_batch: int = 512, progress: bool = True) -> Result:
-    """Train on the copy task (see the module's docstring) on the current CUDA device."""
+          log_every: int = 10, eval_batch: int = 512, progress: bool = True, rank: int = 0,
+          world_size: int = 1) -> Result:
+    """Train on the copy task (see the module's docstring) on the current CUDA device. With
+    ``world_size`` > 1 (the NCCL process group initialized), this is rank ``rank`` of a
+    data-parallel run: DDP over its shard of each ``batch``, the losses the whole batch's."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype: expected float32 or bfloat16, got {dtype!r}")
     check_sizes(seq=seq, d=d, heads=heads, steps=steps, log_every=log_every)
+    check_distributed(mode=mode, batch=batch, world_size=world_size)
     config = dict(batch=batch, seq=seq, vocab=vocab, d=d, heads=heads, layers=layers, lr=lr,
-                  weight_decay=weight_decay, seed=seed)
+                  weight_decay=weight_decay, seed=seed, world_size=world_size)
     device = torch.device("cuda", torch.cuda.current_device())
     amp = dtype == "bfloat16"
     model = GPT(vocab, seq, d, heads, layers, baseline=baseline, device=device)
     init_weights(model, seed)
-    forward = torch.compile(model, fullgraph=True) if mode == "compile" else model
+    net = model
+    if world_size > 1:   # the device is this rank's (main set it from LOCAL_RANK)
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    # under DDP, Dynamo splits the compiled graph at DDP's buckets (its DDPOptimizer), on
+    # purpose: no fullgraph there
+    forward = torch.compile(net, fullgraph=world_size == 1) if mode == "compile" else net
     # capturable: AdamW keeps its step count on the GPU and reads it there (a graph replays
     # no Python, so no host-side count could advance)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
@@ -210,12 +244,26 @@ def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, 
             loss = copy_loss(forward(x), targets)
         loss.backward()
         opt.step()
-        return loss.detach()
+        loss = loss.detach()
+        if world_size > 1:   # the whole batch's: the mean of the shards' means
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
+        return loss
 
     data = torch.Generator(device=device).manual_seed(seed)
     held_out = torch.Generator(device=device).manual_seed(seed + 2**31)
+    rows = slice(rank * batch // world_size, (rank + 1) * batch // world_size)
+
+    def next_batch():
+        """This rank's rows of the next batch (all of them with one process): every rank draws
+        the whole batch from the same generator, so the shards make up one GPU's batch."""
+        x, targets = copy_batch(data, batch, seq, vocab, device)
+        return x[rows], targets[rows]
+
     what = f"{mode}, {dtype}{', baseline' if baseline else ''}"
-    losses, times = run_steps(train_step, lambda: copy_batch(data, batch, seq, vocab, device),
+    if world_size > 1:
+        what += f", {world_size} GPUs"
+    losses, times = run_steps(train_step, next_batch,
                               steps=steps, graph=mode == "graph", log_every=log_every,
                               desc=f"copy ({what})", progress=progress, device=device)
     eval_loss, accuracy = evaluate(model, *copy_batch(held_out, eval_batch, seq, vocab, device),
@@ -232,20 +280,51 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", action="store_true",
                         help="PyTorch's nn.Linear and MLP instead of ge2jit's layers")
     args = parser.parse_args(argv)
+    mode = "compile" if args.compile else "graph" if args.graph else "eager"
+    from ge2jit import ArgumentValueError
+    from ge2jit.distributed import process_info
+    from ge2jit.distributed.environment import LAUNCHERS
+
+    try:
+        info = process_info()   # torchrun's RANK, WORLD_SIZE, LOCAL_RANK (one process: none)
+    except ArgumentValueError as e:
+        print(f"train_gpt_block.py: {e}", file=sys.stderr)
+        return 2
     try:
         check_sizes(seq=args.seq, d=args.d, heads=args.heads, steps=args.steps,
                     log_every=args.log_every)
+        check_distributed(mode=mode, batch=args.batch, world_size=info.world_size)
     except ValueError as e:
         parser.error(str(e))
     if not torch.cuda.is_available():
         print(NO_GPU, file=sys.stderr)
         return 2
-    mode = "compile" if args.compile else "graph" if args.graph else "eager"
-    result = train(steps=args.steps, batch=args.batch, seq=args.seq, vocab=args.vocab,
-                   d=args.d, heads=args.heads, layers=args.layers, lr=args.lr,
-                   dtype=args.dtype, mode=mode, baseline=args.baseline, seed=args.seed,
-                   log_every=args.log_every)
-    report(result, args.json)
+    distributed = info.world_size > 1
+    if info.launcher != "none":
+        if info.local_rank >= torch.cuda.device_count():
+            variable = next(v[3] for v in LAUNCHERS if v[0] == info.launcher)
+            print(f"train_gpt_block.py: {variable}: expected a GPU in [0, "
+                  f"{torch.cuda.device_count()}) on this host, got {info.local_rank}",
+                  file=sys.stderr)
+            return 2
+        torch.cuda.set_device(info.local_rank)
+    if distributed:   # MASTER_ADDR and MASTER_PORT from the environment (torchrun's)
+        torch.distributed.init_process_group(
+            "nccl", rank=info.rank, world_size=info.world_size,
+            device_id=torch.device("cuda", info.local_rank))
+    try:
+        result = train(steps=args.steps, batch=args.batch, seq=args.seq, vocab=args.vocab,
+                       d=args.d, heads=args.heads, layers=args.layers, lr=args.lr,
+                       dtype=args.dtype, mode=mode, baseline=args.baseline, seed=args.seed,
+                       log_every=args.log_every, progress=info.rank == 0, rank=info.rank,
+                       world_size=info.world_size)
+    finally:
+        if distributed:
+            torch.distributed.destroy_process_group()
+    if info.rank == 0:
+        report(result, None)
+        if args.json:
+            write_json(args.json, {**result.summary(), "losses": result.losses})
     return 0
 
 

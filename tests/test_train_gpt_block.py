@@ -14,13 +14,10 @@ from .training_examples import (
     close,
     exact_float32,  # noqa: F401 - autouse here
     load_example,
+    torch_on_gpu,
 )
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("cupy")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(),
-                                 reason="needs a CUDA GPU (PyTorch sees none)")]
+torch, pytestmark = torch_on_gpu()
 
 example = load_example("train_gpt_block")
 

@@ -1,5 +1,6 @@
 """What the GPU tests of the training examples share (``tests/test_train_gpt_block.py``,
-``tests/test_train_llama_block.py``): loading an example as a module, exact float32 matmuls,
+``tests/test_train_llama_block.py``, ``tests/test_train_gpt_block_distributed.py``): PyTorch
+and the GPU marks, loading an example as a module, exact float32 matmuls,
 comparing losses, the lines a training run prints, the one line without a GPU. Imports torch
 only when called."""
 
@@ -15,6 +16,16 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def torch_on_gpu():
+    """PyTorch and the marks (``pytestmark``) of a module whose tests need it with a CUDA
+    GPU; skips the module without PyTorch or CuPy."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    return torch, [pytest.mark.gpu,
+                   pytest.mark.skipif(not torch.cuda.is_available(),
+                                      reason="needs a CUDA GPU (PyTorch sees none)")]
 
 
 def load_example(name: str):

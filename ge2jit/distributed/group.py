@@ -114,11 +114,18 @@ class GradientAllReduce:
     reduces the bucket's arrays in place (one group of NCCL calls) and scales them by
     1 / world size. ``wait`` makes the current stream wait for the side stream. Nothing
     waits on the host, so a step with its all-reduces can be captured as a CUDA graph.
+
+    ``timing=True`` (for profiling) records a pair of timing events on the side stream
+    around each bucket's all-reduce and scaling, ``events[b]`` = (start, end) of bucket
+    ``b`` in the step last issued; read them after synchronizing, with
+    ``cupy.cuda.get_elapsed_time``. They time eager steps: an event recorded while a graph
+    is captured orders the capture's streams, it is no timing of a replay. Off (the
+    default), ``events`` is None and nothing is recorded.
     """
 
     def __init__(self, group: Group, nbytes: Sequence[int], *,
                  bucket_bytes: int = BUCKET_BYTES, kinds: Sequence | None = None,
-                 average: bool = True):
+                 average: bool = True, timing: bool = False):
         cp = _cupy()
         self.group, self.average = group, bool(average)
         self.nbytes = list(nbytes)
@@ -129,6 +136,8 @@ class GradientAllReduce:
             self.stream = cp.cuda.Stream(non_blocking=True)
             self._ready = [cp.cuda.Event(disable_timing=True) for _ in self.buckets]
             self._done = cp.cuda.Event(disable_timing=True)
+            self.events = ([(cp.cuda.Event(), cp.cuda.Event()) for _ in self.buckets]
+                           if timing else None)
 
     def ready(self, index: int, grad) -> None:
         """Gradient ``index`` is ``grad``, written (or queued) on the current stream."""
@@ -154,12 +163,16 @@ class GradientAllReduce:
         event = self._ready[bucket]
         event.record(cp.cuda.get_current_stream())
         self.stream.wait_event(event)
+        if self.events is not None:
+            self.events[bucket][0].record(self.stream)
         self.group.all_reduce(arrays, stream=self.stream)
         if self.average and self.group.world_size > 1:
             scale = 1.0 / self.group.world_size
             with self.stream:
                 for a in arrays:
                     cp.multiply(a, a.dtype.type(scale), out=a)
+        if self.events is not None:
+            self.events[bucket][1].record(self.stream)
 
     def wait(self) -> None:
         """Ends the step: the current stream waits for every bucket's all-reduce. Every
