@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ge2jit.distributed.launch import free_port, local_environments
 
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -20,19 +21,9 @@ pytestmark = pytest.mark.gpu
 WORKER = Path(__file__).with_name("dp_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return port if port < 65000 else 29400
-
-
 def _run(world: int, tmp_path: Path) -> list[dict]:
-    port = _free_port()
     procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    for rank, env in enumerate(local_environments(world, master_port=free_port())):
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]),
                                              env.get("PYTHONPATH", "")])
         procs.append(subprocess.Popen([sys.executable, str(WORKER),
