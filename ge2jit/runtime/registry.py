@@ -112,6 +112,9 @@ class Op:
     - ``tune(*args, reps, processes, **kwargs)``: the op's own tuner, in place of the generic
       one (which times ``function(*args, config=name, **kwargs)``).
     - ``clear_plans()``: forget the op's cached choices (``tune`` calls it after storing).
+    - ``layout_cases(n) -> [runtime.cases.Case]``: calls of the op whose varying extent
+      (a row's length, a matrix's width or depth) is ``n``, each with its float64
+      reference; the shared layout test runs them on every layout the op accepts.
     """
 
     name: str
@@ -126,6 +129,7 @@ class Op:
     kernel_prefixes: tuple[str, ...] = ()
     tune: Callable | None = None
     clear_plans: Callable[[], None] | None = None
+    layout_cases: Callable[[int], Sequence] | None = None
 
     def __repr__(self) -> str:
         return f"Op({self.name!r})"

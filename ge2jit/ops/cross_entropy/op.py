@@ -239,7 +239,8 @@ def decide(prob: Problem, logits, grad_ptr: int, grad_row: int) -> tuple[Kernels
     """(kernels, reason) of a checked call: the pinned config, else the tuning database's for
     this key, else the heuristic. ``logits`` is the array the kernel reads (a CuPy view),
     ``grad_ptr`` and ``grad_row`` the gradient's pointer and row stride (elements; 0, 0 for
-    none or a new one)."""
+    none or a new one: the call allocates it with rows of ``n`` elements, so its rows are
+    aligned as ``n`` allows, whatever the logits' row stride)."""
     reason, cfg = "pinned", prob.config
     if cfg is None:
         tuned = tuned_config("cross_entropy", tuning_key(prob))
@@ -249,7 +250,7 @@ def decide(prob: Problem, logits, grad_ptr: int, grad_row: int) -> tuple[Kernels
         cfg = heuristic(prob.n, prob.dtype)
     spans = [(logits.data.ptr, logits.strides[0] // logits.itemsize, logits.itemsize)]
     if prob.grad_dtype is not None:
-        spans.append((grad_ptr, grad_row, prob.grad_dtype.itemsize))
+        spans.append((grad_ptr, grad_row or prob.n, prob.grad_dtype.itemsize))
     vec = vector_width(access_width(prob.dtype, prob.grad_dtype), spans, prob.rows)
     return _kernels(cfg, prob.rows, prob.dtype, prob.target_dtype, prob.grad_dtype,
                     reduction=prob.reduction, smoothing=prob.smoothing > 0, check=prob.check,

@@ -8,7 +8,7 @@ from ...jit.loader import get_kernel
 from ...jit.nvrtc import normalize_arch
 from ...runtime.arrays import call_arguments, views
 from ...runtime.registry import ConfigChoice, Explanation, Op, bind
-from . import warmup
+from . import cases, warmup
 from .op import checked, cross_entropy, decide, tuning_key
 from .spec import XentConfig, as_grad_dtype, as_target_dtype, candidates, kernels, parse_config
 
@@ -77,4 +77,5 @@ def specs_for_config(config, arch: str, *, dtype="float32", target_dtype="int64"
 CROSS_ENTROPY = Op(name="cross_entropy", function=cross_entropy,
                    warmup={"cross_entropy": warmup}, plan=plan, candidates=candidate_names,
                    tuning_key=key, call_specs=call_specs, specs_for_config=specs_for_config,
-                   config_types=(XentConfig,), kernel_prefixes=("cross_entropy_",))
+                   config_types=(XentConfig,), kernel_prefixes=("cross_entropy_",),
+                   layout_cases=cases.layout_cases)

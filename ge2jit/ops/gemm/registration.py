@@ -9,7 +9,7 @@ from ...jit.nvrtc import arch_number
 from ...runtime.arrays import call_arguments, views
 from ...runtime.dtypes import dtype_name
 from ...runtime.registry import Explanation, Op, bind
-from . import warmup, warmup_backward
+from . import cases, warmup, warmup_backward
 from .backward import gemm_bias_act_backward
 from .epilogue import BiasKind, Epilogue, Layout
 from .gated import explain_gated, gemm_gated, gemm_gated_backward
@@ -159,11 +159,11 @@ FORWARD = Op(
     specs_for_config=specs_for_config,
     config_types=(PipelineConfig, MmaConfig, WgmmaConfig, TileConfig, Choice),
     kernel_prefixes=("gemm_", "transpose_", "tf32x3_split_"), tune=tune,
-    clear_plans=clear_plans)
+    clear_plans=clear_plans, layout_cases=cases.forward_cases)
 BACKWARD = Op(
     name="gemm_bias_act_backward", function=gemm_bias_act_backward,
     warmup={"gemm_bias_act_backward": warmup_backward},
-    kernel_prefixes=("gemm_dz_", "gemm_dbias_"))
+    kernel_prefixes=("gemm_dz_", "gemm_dbias_"), layout_cases=cases.backward_cases)
 
 
 def gated_specs_for_config(config, arch: str, *, dtype="float32", act: str = "silu",
@@ -185,7 +185,8 @@ GATED = Op(
     plan=explain_gated, candidates=gated_candidate_names, tuning_key=gated_tuning_key,
     specs_for_config=gated_specs_for_config,
     config_types=(PipelineConfig, MmaConfig, WgmmaConfig, TileConfig, Choice),
-    tune=tune_gated, clear_plans=clear_plans)
+    tune=tune_gated, clear_plans=clear_plans, layout_cases=cases.gated_cases)
 GATED_BACKWARD = Op(
     name="gemm_gated_backward", function=gemm_gated_backward,
-    warmup={"gemm_gated_backward": BACKWARD_TABLE})
+    warmup={"gemm_gated_backward": BACKWARD_TABLE},
+    layout_cases=cases.gated_backward_cases)

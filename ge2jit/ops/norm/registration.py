@@ -11,7 +11,7 @@ from ...jit.nvrtc import normalize_arch
 from ...runtime.arrays import call_arguments, views
 from ...runtime.dtypes import as_dtype
 from ...runtime.registry import ConfigChoice, Explanation, Op, bind
-from . import warmup
+from . import cases, warmup
 from .op import (
     BACKWARD_NAMES,
     FORWARD_NAMES,
@@ -115,7 +115,7 @@ def _forward_op(kind: str, function) -> Op:
     return Op(name=name, function=function, warmup={name: getattr(warmup, kind)}, plan=plan,
               candidates=candidate_names, tuning_key=key, call_specs=call_specs,
               specs_for_config=specs_for_config, config_types=(NormConfig,),
-              kernel_prefixes=(f"{name}_",))
+              kernel_prefixes=(f"{name}_",), layout_cases=cases.forward_cases(kind))
 
 
 def _backward_op(kind: str, function) -> Op:
@@ -167,7 +167,7 @@ def _backward_op(kind: str, function) -> Op:
     return Op(name=name, function=function, warmup={name: getattr(warmup, f"{kind}_backward")},
               plan=plan, candidates=candidate_names, tuning_key=key, call_specs=call_specs,
               specs_for_config=specs_for_config, config_types=(NormBackwardConfig,),
-              kernel_prefixes=(f"{name}_",))
+              kernel_prefixes=(f"{name}_",), layout_cases=cases.backward_cases(kind))
 
 
 RMS_NORM = _forward_op("rms", rms_norm)

@@ -15,6 +15,7 @@ from . import (
     _is_device_step,
     _sgd_scalars,
     adam_update,
+    cases,
     sgd_update,
     warmup,
 )
@@ -66,7 +67,8 @@ def _op(rule: str, function, prefixes: tuple[str, ...]) -> Op:
                            _dtype(step_dtype, "step_dtype", {t: t for t in STEP_TYPES})),)
 
     return Op(name=name, function=function, warmup={name: getattr(warmup, rule)}, plan=plan,
-              specs_for_config=specs_for_config, kernel_prefixes=prefixes)
+              specs_for_config=specs_for_config, kernel_prefixes=prefixes,
+              layout_cases=cases.cases_of(rule))
 
 
 ADAM = _op("adam", adam_update, ("adam_update_",))

@@ -243,8 +243,9 @@ def decide(prob: Problem, x_ptr: int, q_ptr: int, qs: int, device_id: int
 
 
 def _first_call(fw, device_id, v, native, fmt, scale, per_row, config):
-    prob, x, out = checked(v["x"], scale, per_row, v["amax_out"], v["out"], fmt, config,
-                           device_id)
+    # a device scale is checked as its CuPy view (a tensor is not a CuPy array)
+    prob, x, out = checked(v["x"], scale if host_scale(scale) else v["scale"], per_row,
+                           v["amax_out"], v["out"], fmt, config, device_id)
     if out is None:
         q_native = fw.allocator(prob.fmt.numpy_dtype, device_id)(v["x"].shape)
         q = fw.view(q_native, "out")

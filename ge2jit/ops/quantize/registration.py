@@ -10,7 +10,7 @@ from ...runtime.arrays import call_arguments, views
 from ...runtime.checks import check_bool, host_scale
 from ...runtime.dtypes import as_dtype, as_fp8
 from ...runtime.registry import ConfigChoice, Explanation, Op, bind
-from . import warmup
+from . import cases, warmup
 from .op import NAME, explain_parts, is_flat, quantize_fp8, tuning_key
 from .spec import SCALE_KINDS, QuantConfig, candidates, kernels, parse_config, source_of
 
@@ -78,4 +78,4 @@ def specs_for_config(config, arch: str, *, dtype="bfloat16", fmt="e4m3", scale="
 QUANTIZE_FP8 = Op(name=NAME, function=quantize_fp8, warmup={NAME: warmup}, plan=plan,
                   candidates=candidate_names, tuning_key=key, call_specs=call_specs,
                   specs_for_config=specs_for_config, config_types=(QuantConfig,),
-                  kernel_prefixes=("quantize_fp8_",))
+                  kernel_prefixes=("quantize_fp8_",), layout_cases=cases.layout_cases)

@@ -9,7 +9,7 @@ from ...jit.nvrtc import normalize_arch
 from ...runtime.arrays import call_arguments, views
 from ...runtime.dtypes import as_dtype
 from ...runtime.registry import ConfigChoice, Explanation, Op, bind
-from . import warmup
+from . import cases, warmup
 from .op import BACKWARD, FORWARD, Kind, checked, decide, softmax, softmax_backward, tuning_key
 from .spec import SoftmaxConfig, candidates, make_spec, parse_config
 
@@ -67,7 +67,8 @@ def _op(kind: Kind, function) -> Op:
               warmup={kind.name: warmup.TABLES[kind.backward]}, plan=plan,
               candidates=candidate_names, tuning_key=key, call_specs=call_specs,
               specs_for_config=specs_for_config, config_types=(SoftmaxConfig,),
-              kernel_prefixes=(f"{kind.name}_",))
+              kernel_prefixes=(f"{kind.name}_",),
+              layout_cases=cases.backward_cases if kind.backward else cases.forward_cases)
 
 
 SOFTMAX = _op(FORWARD, softmax)
