@@ -2,6 +2,7 @@
 
     python bench/bench_backward.py [--dtypes bfloat16,float32] [--shapes MxNxK,...]
                                    [--act gelu_tanh] [--out bench/results_backward.json]
+                                   [--quick]
 
 For each dtype and shape (a Linear layer: A is (M, K) activations, B (K, N) weights, a bias per
 column): ge2jit's whole backward (dA, dB, dBias from the saved Z), against the two plain cuBLAS
@@ -25,14 +26,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import add_quick, commit, cp, import_torch, interleaved_ms, np_dtype, parse_shapes
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import cupy as cp  # noqa: E402
-from bench_gemm import commit, import_torch, interleaved_ms, np_dtype, parse_shapes  # noqa: E402
-
-import ge2jit  # noqa: E402
+import ge2jit
 
 MLP = [(m, n, k) for m in (512, 4096, 16384)
        for (k, n) in ((1024, 1024), (1024, 4096), (4096, 1024), (4096, 16384))]
@@ -119,7 +115,15 @@ def bench_sources(m, n, k, dtype, act, precision=None) -> dict:
     return row
 
 
-def main(argv=None) -> int:
+#: the shapes of the from-Z / from-Y / recompute comparison
+SOURCE_SHAPES = [(4096, 4096, 1024), (16384, 4096, 1024)]
+#: --quick: one shape of the MLP sweep, one of the comparison
+QUICK_SHAPES = [(4096, 1024, 4096)]
+QUICK_SOURCE_SHAPES = SOURCE_SHAPES[:1]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; ``shapes`` and ``source_shapes`` as lists of (M, N, K)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--shapes", default=None, help="MxNxK,... instead of the MLP shapes")
@@ -128,8 +132,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sources-act", default="relu",
                         help="activation for the from-Z / from-Y / recompute comparison")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results_backward.json"))
+    add_quick(parser, f"shapes {QUICK_SHAPES}, the comparison on {QUICK_SOURCE_SHAPES}")
     args = parser.parse_args(argv)
-    shapes = parse_shapes(parser, args.shapes) if args.shapes else MLP
+    args.shapes = (parse_shapes(parser, args.shapes) if args.shapes
+                   else QUICK_SHAPES if args.quick else MLP)
+    args.source_shapes = QUICK_SOURCE_SHAPES if args.quick else SOURCE_SHAPES
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    shapes = args.shapes
     torch = import_torch()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     meta = {"device": props["name"].decode(), "date": time.strftime("%Y-%m-%d"),
@@ -151,7 +164,7 @@ def main(argv=None) -> int:
                   + (f" (torch {step:.4f}: {step / row['ge2jit_step']:.2f}x)" if step else ""),
                   flush=True)
             Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        for (m, n, k) in [(4096, 4096, 1024), (16384, 4096, 1024)]:
+        for (m, n, k) in args.source_shapes:
             sources.append(bench_sources(m, n, k, dtype, args.sources_act,
                                          args.precision if dtype == "float32" else None))
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "sources": sources},

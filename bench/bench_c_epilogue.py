@@ -1,6 +1,7 @@
 """Epilogues that read C on Hopper: C through the main loop's ring against C read from memory.
 
     python bench/bench_c_epilogue.py [--shapes 4096x4096x1024,16384x4096x1024] [--json F]
+                                     [--quick]
 
 bfloat16, row-major A and B. Per shape, timed in turns in one process (medians of batches):
 the plain GEMM; ``beta * C`` with a contiguous C (its rows 16-byte aligned: it arrives by TMA
@@ -18,21 +19,22 @@ import json
 import sys
 from pathlib import Path
 
-import cupy as cp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import (  # noqa: E402
+from common import (
+    cp,
     device_meta,
     import_torch,
     interleaved_ms,
     np_dtype,
-    parse_shapes,
+    parse_with_shapes,
     print_us_table,
 )
 
-import ge2jit  # noqa: E402
-from ge2jit.ops.gemm.epilogue import Act  # noqa: E402
-from ge2jit.ops.gemm.op import gated_gemm  # noqa: E402
+import ge2jit
+from ge2jit.ops.gemm.epilogue import Act
+from ge2jit.ops.gemm.op import gated_gemm
+
+SHAPES = "4096x4096x1024,16384x4096x1024,4096x1024x4096"
+QUICK_SHAPES = "4096x4096x1024"
 
 
 def _inputs(m, n, k, dt, rng):
@@ -82,13 +84,17 @@ def row(m, n, k, torch) -> dict:
             "beta_c_kernel": ring}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; ``shapes`` as a list of (M, N, K)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="4096x4096x1024,16384x4096x1024,4096x1024x4096")
     ap.add_argument("--json")
-    args = ap.parse_args(argv)
+    return parse_with_shapes(ap, argv, SHAPES, QUICK_SHAPES)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     torch = import_torch()
-    rows = [row(m, n, k, torch) for m, n, k in parse_shapes(ap, args.shapes)]
+    rows = [row(m, n, k, torch) for m, n, k in args.shapes]
     print_us_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({**device_meta(), "dtype": "bfloat16",

@@ -47,16 +47,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from common import add_quick, commit, cp, import_torch, interleaved_ms, np_dtype, quick_defaults
 
-import cupy as cp  # noqa: E402
-from bench_gemm import commit, import_torch, interleaved_ms, np_dtype  # noqa: E402
-
-import ge2jit  # noqa: E402
-from ge2jit.jit.device import gpu_count  # noqa: E402
-from ge2jit.ops.cross_entropy import heuristic  # noqa: E402
+import ge2jit
+from ge2jit.jit.device import gpu_count
+from ge2jit.ops.cross_entropy import heuristic
 
 CLASSES = [32000, 50304, 128256, 262144]
 ROW_COUNTS = [4096, 8192, 16384]
@@ -226,13 +221,14 @@ def _ints(parser, name: str, text: str | None, default: list[int]) -> list[int]:
         parser.error(f"--{name}: expected integers separated by commas, got {text!r}")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked: ``classes``, ``rows``, ``lengths`` and ``dtypes`` as lists,
+    ``rounds`` a number."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=str(Path(__file__).parent /
                                               "results_cross_entropy.json"),
                         help="where to write the results (JSON)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"classes {QUICK_CLASSES}, rows {QUICK_ROWS}, 8 rounds")
+    add_quick(parser, f"classes {QUICK_CLASSES}, rows {QUICK_ROWS}, 8 rounds")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--classes", default=None, help="class counts, comma-separated")
     parser.add_argument("--rows", default=None, help="row counts, comma-separated")
@@ -241,15 +237,23 @@ def main(argv=None) -> int:
     parser.add_argument("--softmax-lengths", default=None,
                         help="softmax backward row lengths, comma-separated ('' for none)")
     args = parser.parse_args(argv)
-    classes = _ints(parser, "classes", args.classes, QUICK_CLASSES if args.quick else CLASSES)
-    row_counts = _ints(parser, "rows", args.rows, QUICK_ROWS if args.quick else ROW_COUNTS)
-    lengths = ([] if args.softmax_lengths == "" else
-               _ints(parser, "softmax-lengths", args.softmax_lengths, SOFTMAX_LENGTHS))
-    dtypes = args.dtypes.split(",")
-    for d in dtypes:
+    args.classes = _ints(parser, "classes", args.classes,
+                         QUICK_CLASSES if args.quick else CLASSES)
+    args.rows = _ints(parser, "rows", args.rows, QUICK_ROWS if args.quick else ROW_COUNTS)
+    args.lengths = ([] if args.softmax_lengths == "" else
+                    _ints(parser, "softmax-lengths", args.softmax_lengths, SOFTMAX_LENGTHS))
+    args.dtypes = args.dtypes.split(",")
+    for d in args.dtypes:
         if d not in ("float32", "bfloat16", "float16"):
             parser.error(f"--dtypes: expected float32, bfloat16 or float16, got {d!r}")
-    rounds = args.rounds or (8 if args.quick else 20)
+    quick_defaults(args, rounds=(20, 8))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    classes, row_counts, lengths = args.classes, args.rows, args.lengths
+    dtypes, rounds = args.dtypes, args.rounds
     if gpu_count() == 0:
         print("bench_cross_entropy.py needs a CUDA GPU (none found)", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
     python bench/bench_distributed.py [--world 1,2,4,8] [--widths 1024,4096]
                                       [--tokens 16384] [--steps 20] [--warmup 3]
                                       [--profile-steps 5] [--bucket-mb 25] [--eager]
-                                      [--json bench/results_distributed.json]
+                                      [--json bench/results_distributed.json] [--quick]
 
 The step, on each GPU: ``--tokens`` tokens (rows) of width d through a 2-layer MLP block
 d -> 4d -> d with tanh-GELU in bfloat16 (float32 master weights and biases): the forward
@@ -48,8 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, add_quick, commit, quick_defaults
 
 ACT = "gelu_tanh"
 WORLDS = (1, 2, 4, 8)
@@ -249,35 +248,49 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: option -> (default, --quick's): the sizes and step counts a quick run takes
+SIZES = {"widths": ([1024, 4096], [1024]), "tokens": (16384, 4096), "steps": (20, 5),
+         "warmup": (3, 1), "profile_steps": (5, 2)}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked, with the defaults of ``SIZES`` (``--quick``: its smaller ones)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--world", type=_ints, default=None,
                         help="world sizes, comma-separated (default: 1,2,4,8 up to the GPUs)")
-    parser.add_argument("--widths", type=_ints, default=[1024, 4096],
+    parser.add_argument("--widths", type=_ints, default=None,
                         help="the block's widths d (default 1024,4096)")
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens (rows) per GPU")
-    parser.add_argument("--steps", type=int, default=20, help="steps timed")
-    parser.add_argument("--warmup", type=int, default=3, help="steps run before the timing")
-    parser.add_argument("--profile-steps", type=int, default=5,
-                        help="eager steps with timing events around the all-reduces")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens (rows) per GPU (default 16384)")
+    parser.add_argument("--steps", type=int, default=None, help="steps timed (default 20)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="steps run before the timing (default 3)")
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="eager steps with timing events around the all-reduces "
+                             "(default 5)")
     parser.add_argument("--bucket-mb", type=int, default=25, help="all-reduce bucket size")
     parser.add_argument("--eager", action="store_true", help="no CUDA graph: the step from "
                                                              "Python")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results_distributed.json"),
                         help="write the results here")
+    add_quick(parser, ", ".join(f"{k.replace('_', '-')} {q}" for k, (_, q) in SIZES.items()))
     parser.add_argument("--worker", help=argparse.SUPPRESS)   # one rank's results file
     args = parser.parse_args(argv)
+    quick_defaults(args, **SIZES)
     for name in ("tokens", "steps", "profile_steps", "bucket_mb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected at least 1, got "
                          f"{getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup: expected at least 0, got {args.warmup}")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
     if args.worker:
         return worker(args)
-
-    from bench_gemm import commit
 
     import ge2jit.distributed as dist
     from ge2jit.jit.device import gpu_count

@@ -1,6 +1,6 @@
 """8-bit GEMMs with fused epilogues against cuBLASLt (``torch._scaled_mm``).
 
-    python bench/bench_fp8.py [--shapes 4096x4096x4096,...] [--json F]
+    python bench/bench_fp8.py [--shapes 4096x4096x4096,...] [--json F] [--quick]
 
 float8_e4m3fn inputs, A row-major (M, K), the weight as PyTorch lays it out ((N, K), read as
 ``w.T``: K-major, as both kernels want), bfloat16 bias. Per shape, every implementation timed
@@ -22,12 +22,12 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import commit, device_meta, import_torch, parse_shapes, timed_row  # noqa: E402
+from common import commit, device_meta, import_torch, parse_with_shapes, timed_row
 
-import ge2jit  # noqa: E402
+import ge2jit
 
 SHAPES = "4096x4096x4096,8192x8192x8192,8192x16384x4096"
+QUICK_SHAPES = "4096x4096x4096"
 
 
 def row(m, n, k, torch) -> dict:
@@ -76,17 +76,21 @@ def row(m, n, k, torch) -> dict:
     return timed_row((m, n, k), cases, sets, 2.0 * m * n * k)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; ``shapes`` as a list of (M, N, K)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    return parse_with_shapes(parser, argv, SHAPES, QUICK_SHAPES)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     torch = import_torch()
     if torch is None:
         print("needs PyTorch (torch._scaled_mm is the baseline)")
         return 1
     rows = []
-    for m, n, k in parse_shapes(parser, args.shapes):
+    for m, n, k in args.shapes:
         r = row(m, n, k, torch)
         rows.append(r)
         print(f"\n{m} x {n} x {k}")

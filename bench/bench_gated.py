@@ -1,6 +1,7 @@
 """The gated GEMM (SwiGLU) against a plain GEMM of the same (M, 2N, K) and PyTorch.
 
     python bench/bench_gated.py [--shapes 4096x11008x4096,...] [--json F] [--no-compile]
+                                [--quick]
 
 bfloat16, row-major activations, weights as PyTorch lays them out ((2N, K), read as ``w.T``).
 Shapes are M x N x K with N the columns of Y (the GEMM has 2N). Per shape, timed in turns in
@@ -22,21 +23,20 @@ import json
 import sys
 from pathlib import Path
 
-import cupy as cp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import (  # noqa: E402
+from common import (
+    cp,
     device_meta,
     import_torch,
     interleaved_ms,
     np_dtype,
-    parse_shapes,
+    parse_with_shapes,
     print_us_table,
 )
 
-import ge2jit  # noqa: E402
+import ge2jit
 
 SHAPES = "4096x11008x4096,8192x14336x4096,16384x4096x1024"
+QUICK_SHAPES = "4096x4096x1024"
 
 
 def _peak_mb(torch, fn, *args) -> float:
@@ -115,15 +115,18 @@ def row(m, n, k, torch, compile_: bool) -> dict:
     return {"shape": [m, n, k], "us": us, "peak_mb": peak, "kernel": kernel}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; ``shapes`` as a list of (M, N, K)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--json")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    args = ap.parse_args(argv)
+    return parse_with_shapes(ap, argv, SHAPES, QUICK_SHAPES)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     torch = import_torch()
-    rows = [row(m, n, k, torch, not args.no_compile)
-            for m, n, k in parse_shapes(ap, args.shapes)]
+    rows = [row(m, n, k, torch, not args.no_compile) for m, n, k in args.shapes]
     print_us_table(rows)
     for r in rows:
         us = r["us"]

@@ -21,11 +21,11 @@ and the time to load one kernel from the disk cache in a fresh process.
 from __future__ import annotations
 
 import argparse
-import datetime
+import functools
+import inspect
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,13 +34,20 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import (
+    ROOT,
+    add_quick,
+    commit,
+    cp,
+    enqueue_us,
+    import_torch,
+    interleaved_ms,
+    np_dtype,
+    parse_shapes,
+    per_call_us,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import cupy as cp  # noqa: E402
-
-import ge2jit  # noqa: E402
+import ge2jit
 
 L2_BYTES = 64 << 20
 
@@ -73,116 +80,24 @@ _CUPY_ACT = {
     "sigmoid": "1.0f / (1.0f + expf(-z))",
     "tanh": "tanhf(z)",
 }
-_cupy_kernels = {
-    act: cp.ElementwiseKernel("T x, T bias", "T y",
-                              f"float z = (float)x + (float)bias; y = (T)({expr});",
-                              f"bias_{act}")
-    for act, expr in _CUPY_ACT.items()
-}
 
 
-def np_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+@functools.cache
+def _cupy_kernel(act: str):
+    """CuPy's elementwise bias + ``act`` (made on first use: importing this script makes no
+    CuPy object, so that it imports without a GPU)."""
+    return cp.ElementwiseKernel("T x, T bias", "T y",
+                                f"float z = (float)x + (float)bias; y = (T)({_CUPY_ACT[act]});",
+                                f"bias_{act}")
 
 
 def cupy_unfused(a, b, bias, act, out):
     cp.matmul(a, b, out=out)
-    _cupy_kernels[act](out, bias, out)
-
-
-def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
-    """Median per-call times of several ``(fn, sets)`` cases timed in turns (a batch of
-    back-to-back calls of each per round, rotating through its input sets), so that clock and
-    temperature drift falls on all of them alike."""
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    batches = []
-    for fn, sets in cases:
-        for s in sets[:2]:
-            fn(*s)
-        start.record()
-        fn(*sets[0])
-        end.record()
-        end.synchronize()
-        batches.append(max(1, min(50, int(batch_ms / max(cp.cuda.get_elapsed_time(start, end),
-                                                         1e-3)))))
-    times = [[] for _ in cases]
-    i = 0
-    for _ in range(rounds):
-        for j, (fn, sets) in enumerate(cases):
-            start.record()
-            for _ in range(batches[j]):
-                fn(*sets[i % len(sets)])
-                i += 1
-            end.record()
-            end.synchronize()
-            times[j].append(cp.cuda.get_elapsed_time(start, end) / batches[j])
-    return [statistics.median(t) for t in times]
+    _cupy_kernel(act)(out, bias, out)
 
 
 #: The epilogues timed against each other (interleaved) on the tensor-core target shapes.
 EPILOGUE_ACTS = ("none", "relu", "gelu_tanh", "silu", "sigmoid", "tanh", "gelu")
-
-
-def timed_row(shape, cases: dict, sets, work: float, unit: str = "tflops") -> dict:
-    """A benchmark row: ``cases`` (name -> fn) timed in turns on ``sets``; per name the
-    milliseconds and ``work`` per second in ``unit`` ("tflops": FLOPs / 1e12, "gbs": bytes /
-    1e9)."""
-    names = list(cases)
-    ms = interleaved_ms([(cases[name], sets) for name in names])
-    scale = {"tflops": 1e9, "gbs": 1e6}[unit]
-    return {"shape": list(shape), "ms": dict(zip(names, ms)),
-            unit: {name: work / t / scale for name, t in zip(names, ms)}}
-
-
-def commit() -> str | None:
-    """The benchmarked commit: $GE2JIT_COMMIT (a checkout without git history), else git's."""
-    if os.environ.get("GE2JIT_COMMIT"):
-        return os.environ["GE2JIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip() or None
-    except OSError:   # no git
-        return None
-
-
-def device_meta() -> dict:
-    """What a results file records of the run: the device's name, the date, the commit."""
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
-    return {"device": props["name"].decode(), "date": datetime.date.today().isoformat(),
-            "commit": commit()}
-
-
-def print_us_table(rows) -> None:
-    """A markdown table of rows' ``us`` timings (one column per implementation) by shape."""
-    names = list(rows[0]["us"])
-    print("| M×N×K | " + " | ".join(names) + " |")
-    print("|---" * (len(names) + 1) + "|")
-    for r in rows:
-        print(f"| {'×'.join(map(str, r['shape']))} | "
-              + " | ".join(f"{r['us'][n]:.1f}" for n in names) + " |")
-
-
-def parse_shapes(parser, text: str) -> list[tuple[int, int, int]]:
-    """'MxNxK,...' -> [(M, N, K), ...]; a malformed list is the parser's error."""
-    try:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in text.split(",")]
-        assert all(len(s) == 3 for s in shapes)
-    except (ValueError, AssertionError):
-        parser.error(f"--shapes: expected MxNxK,... got {text!r}")
-    return shapes
-
-
-def import_torch():
-    """PyTorch when it is importable and sees a GPU, else None (its baselines are skipped)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
 
 
 def _fused(act, precision):
@@ -265,8 +180,9 @@ def bench_shape(m, n, k, act, torch, tune: bool, dtype: str = "float32") -> dict
     return row
 
 
-def host_time_us(calls: int = 20000) -> dict:
-    """Wall time per call of back-to-back tiny launches (the cached, launch-bound path)."""
+def host_time_us(calls: int = 20000, rounds: int = 50) -> dict:
+    """Wall time per call of back-to-back tiny launches (the cached, launch-bound path): of
+    ``calls`` calls, and the host's own of ``rounds`` batches (``enqueue_us``)."""
     a = cp.random.standard_normal((64, 64), dtype=cp.float32)
     b = cp.random.standard_normal((64, 64), dtype=cp.float32)
     bias = cp.random.standard_normal(64, dtype=cp.float32)
@@ -276,30 +192,37 @@ def host_time_us(calls: int = 20000) -> dict:
     from ge2jit.runtime.arrays import CUPY
 
     dev = cp.cuda.runtime.getDevice()
+    # the arguments of the op's private _signature (the key of its prepared calls), bound by
+    # name, so that a change of its parameters (the device id passed in or read inside, say)
+    # does not shift them
+    values = dict(fw=CUPY, a=a, b=b, bias=bias, act="gelu", c=None, alpha=1.0, beta=0.0,
+                  leaky_slope=0.01, save_preact=False, out=out, preact_out=None, config=None,
+                  autotune=False, device_id=dev, out_dtype=None, precision=None)
+    sig_args = [values[p.name] for p in inspect.signature(op._signature).parameters.values()
+                if p.default is p.empty]
     cases = {
         "ge2jit.gemm_bias_act": lambda: ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out),
         "ge2jit.gemm_bias_act (new output)": lambda: ge2jit.gemm_bias_act(a, b, bias, act="gelu"),
         "cupy.matmul": lambda: cp.matmul(a, b, out=out),
         "cupy.RawKernel (empty kernel)": lambda: noop((1,), (32,), (out,)),
         # pieces of ge2jit's cached path, to see where its time goes
-        "  part: call signature": lambda: op._signature(CUPY, a, b, bias, "gelu", None, 1.0, 0.0,
-                                                      0.01, False, out, None, None, False, dev,
-                                                      None, None),
+        "  part: call signature": lambda: op._signature(*sig_args),
         "  part: cupy.ndarray((64, 64))": lambda: cp.ndarray((64, 64), np.float32),
         "  part: get_current_stream().ptr": lambda: cp.cuda.get_current_stream().ptr,
         "  part: getDevice()": cp.cuda.runtime.getDevice,
     }
     ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out)
-    plan = op._fast.get(op._signature(CUPY, a, b, bias, "gelu", None, 1.0, 0.0, 0.01, False,
-                                      out, None, None, False, dev, None, None)).plan
+    plan = op._fast.get(op._signature(*sig_args)).plan
     stream_ptr = cp.cuda.get_current_stream().ptr
+    # Plan.run's scratch allocator (for a plan with workspaces; this one has none) is the
+    # framework's, as the op passes it
     args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
-            64, 64, 64, 1.0, 0.0, 0.01, stream_ptr)
+            64, 64, 64, 1.0, 0.0, 0.01, stream_ptr, CUPY.scratch(dev))
     cases["  part: Plan.run (pack + cuLaunchKernel)"] = lambda: plan.run(*args)
     times = {name: per_call_us(fn, calls) for name, fn in cases.items()}
     for name in ("ge2jit.gemm_bias_act", "ge2jit.gemm_bias_act (new output)", "cupy.matmul",
                  "cupy.RawKernel (empty kernel)", "  part: Plan.run (pack + cuLaunchKernel)"):
-        times[f"{name}, host only"] = enqueue_us(cases[name])
+        times[f"{name}, host only"] = enqueue_us(cases[name], rounds=rounds)
     return times
 
 
@@ -327,38 +250,6 @@ def accuracy(torch, m: int = 2048, n: int = 2048, k: int = 4096) -> dict:
     return {"shape": [m, n, k], "rel_error": out}
 
 
-def enqueue_us(fn, calls: int = 200, rounds: int = 50) -> float:
-    """Host time per call: the wall time of ``calls`` calls queued right after a
-    synchronization (a queue that short never fills, so the GPU's time to run them is not in
-    it), median of ``rounds``."""
-    for _ in range(calls):
-        fn()
-    times = []
-    for _ in range(rounds):
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    cp.cuda.Device().synchronize()
-    return statistics.median(times)
-
-
-def per_call_us(fn, calls: int = 20000) -> float:
-    """Wall time per call of ``fn`` called back to back (best of 5 rounds), in microseconds."""
-    for _ in range(200):
-        fn()
-    cp.cuda.Device().synchronize()
-    best = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls // 5):
-            fn()
-        cp.cuda.Device().synchronize()
-        best.append((time.perf_counter() - t0) / (calls // 5) * 1e6)
-    return min(best)
-
-
 _COLD = textwrap.dedent("""
     import time, sys
     t0 = time.perf_counter()
@@ -373,21 +264,32 @@ _COLD = textwrap.dedent("""
 """)
 
 
-def compile_and_load_times() -> dict:
+def compile_and_load_times(loads: int = 3) -> dict:
+    """Seconds of the first call in a fresh process: with an empty kernel cache (a cold
+    compile), and with the kernel in the disk cache (the best of ``loads``)."""
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "GE2JIT_CACHE_DIR": d}
         run = lambda: float(subprocess.run([sys.executable, "-c", _COLD], env=env, check=True,  # noqa: E731
                                            capture_output=True, text=True).stdout.split()[-1])
         cold = run()
-        warm = [run() for _ in range(3)]
+        warm = [run() for _ in range(loads)]
     return {"cold_first_call_s": cold, "disk_cache_first_call_s": min(warm)}
 
 
-def main(argv=None) -> int:
+#: --quick: the shapes, activations (those cuBLASLt fuses too, so every baseline is timed),
+#: epilogue shapes, host-time calls and rounds, and cache loads
+QUICK_SHAPES = [(4096, 4096, 4096), (8192, 1024, 1024), (8192, 64, 4096)]
+QUICK_ACTS = ("gelu_tanh", "relu")
+QUICK_EPILOGUE_SHAPES = [(4096, 4096, 4096)]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked; ``dtypes`` and ``shapes`` as lists (``shapes`` None: the sweep)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     parser.add_argument("--tune", action="store_true", help="autotune each shape first")
-    parser.add_argument("--quick", action="store_true", help="a few shapes only")
+    add_quick(parser, f"shapes {QUICK_SHAPES}, activations {', '.join(QUICK_ACTS)}, the "
+                      f"epilogues on {QUICK_EPILOGUE_SHAPES}, fewer host-time calls")
     parser.add_argument("--host-only", action="store_true",
                         help="only the host time per call on the cached path")
     parser.add_argument("--dtypes", default="float32,tf32,bfloat16,float16",
@@ -397,20 +299,29 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=None,
                         help="MxNxK,... instead of the sweep (e.g. 4096x4096x4096)")
     args = parser.parse_args(argv)
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for d in dtypes:
+    args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in args.dtypes:
         if d not in DTYPES:
             parser.error(f"--dtypes: unknown {d!r}; expected names from {', '.join(DTYPES)}")
+    if args.shapes:
+        args.shapes = parse_shapes(parser, args.shapes)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dtypes = args.dtypes
+    calls, rounds = (2000, 10) if args.quick else (20000, 50)
     torch = import_torch()
     if args.host_only:
-        for name, us in host_time_us().items():
+        for name, us in host_time_us(calls, rounds).items():
             print(f"{name:45s} {us:7.2f} us")
         return 0
     shapes = SQUARES + MLP + SKINNY + SMALL_K + ODD + BIG
     if args.quick:
-        shapes = [(4096, 4096, 4096), (8192, 1024, 1024), (8192, 64, 4096)]
+        shapes = QUICK_SHAPES
     if args.shapes:
-        shapes = parse_shapes(parser, args.shapes)
+        shapes = args.shapes
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     meta = {
@@ -424,7 +335,8 @@ def main(argv=None) -> int:
     extra = {}
     tc = [d for d in dtypes if d not in F32_SWEEP]
     if tc:
-        targets = sorted(TC_TARGETS) if not args.shapes else shapes
+        targets = (shapes if args.shapes else QUICK_EPILOGUE_SHAPES if args.quick
+                   else sorted(TC_TARGETS))
         extra["epilogues"] = [r for d in tc for r in epilogue_costs(d, targets)]
         if args.epilogues_only:
             Path(args.out).write_text(json.dumps({"meta": meta, **extra}, indent=1))
@@ -432,14 +344,15 @@ def main(argv=None) -> int:
     if {"float32", "tf32", "tf32x3"} & set(dtypes):
         extra["accuracy"] = accuracy(torch)
         print("accuracy:", extra["accuracy"])
-    host = host_time_us()
+    host = host_time_us(calls, rounds)
     print("host time per call (us):", {k: round(v, 2) for k, v in host.items()})
     rows = []
     for dtype in dtypes:
         sweep = shapes if (dtype in F32_SWEEP or args.shapes or args.quick) else TC_SHAPES
         for (m, n, k) in sweep:
             tc_row = dtype not in F32_SWEEP and ((m, n, k) in TC_TARGETS or args.shapes)
-            for act in (TC_ACTS if tc_row else ACTS):
+            acts = QUICK_ACTS if args.quick else TC_ACTS if tc_row else ACTS
+            for act in acts:
                 row = bench_shape(m, n, k, act, torch, args.tune, dtype)
                 rows.append(row)
                 base = row.get("cublaslt_fused", row.get("torch_linear_act"))
@@ -451,7 +364,7 @@ def main(argv=None) -> int:
                       f"torch {base if base is None else round(base, 4)} | cuBLAS gemm "
                       f"{row.get('cublas_gemm', float('nan')):.4f} | {row['config']}",
                       flush=True)
-    compile_times = compile_and_load_times()
+    compile_times = compile_and_load_times(1 if args.quick else 3)
     print("compile/load (s):", compile_times)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "host_us": host,
                                           **extra, **compile_times}, indent=1))

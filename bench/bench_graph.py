@@ -1,7 +1,7 @@
 """A small training step eagerly and as a CUDA graph (ge2jit.graph), timed in turns in one run.
 
     python bench/bench_graph.py [--dtypes float32,bfloat16] [--rows 512] [--width 1024]
-                                [--rounds 30] [--batch 16] [--json PATH]
+                                [--rounds 30] [--batch 16] [--json PATH] [--quick]
 
 The step: a 2-layer MLP (Linear -> gelu_tanh -> Linear, ``--width`` features, ``--rows``
 rows), a mean-squared-error loss in CuPy, the backward (``gemm_bias_act_backward``, the first
@@ -24,6 +24,7 @@ graph's replay should cost about what its kernels do alone.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -31,19 +32,20 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import add_quick, commit, cp, np_dtype, quick_defaults
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import cupy as cp  # noqa: E402
-import ml_dtypes  # noqa: E402
-from bench_gemm import commit  # noqa: E402
-
-import ge2jit  # noqa: E402
+import ge2jit
 
 ACT = "gelu_tanh"
+#: --quick: timing rounds and steps per batch
+QUICK_ROUNDS, QUICK_BATCH = 5, 4
 
-_spin = cp.RawKernel(r'''
+
+@functools.cache
+def _spin_kernel():
+    """Made on first use: importing this script makes no CuPy object (it imports without a
+    GPU)."""
+    return cp.RawKernel(r'''
 extern "C" __global__ void spin(long long ns) {
     long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -53,7 +55,7 @@ extern "C" __global__ void spin(long long ns) {
 
 def spin(seconds: float) -> None:
     """Hold the current stream for ``seconds`` (one thread spinning on the GPU's timer)."""
-    _spin((1,), (1,), (np.int64(seconds * 1e9),))
+    _spin_kernel()((1,), (1,), (np.int64(seconds * 1e9),))
 
 
 class Mlp:
@@ -113,7 +115,7 @@ def measure(cases: dict, rounds: int, batch: int) -> dict:
 
 
 def bench(dtype: str, rows: int, width: int, rounds: int, batch: int) -> dict:
-    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    dt = np_dtype(dtype)
     rng = cp.random.default_rng(1)
     x = rng.standard_normal((rows, width), dtype=np.float32).astype(dt)
     target = rng.standard_normal((rows, width), dtype=np.float32)
@@ -142,17 +144,24 @@ def bench(dtype: str, rows: int, width: int, rounds: int, batch: int) -> dict:
             "graph_pool_bytes": step.pool.total_bytes(), "cases": result}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=16,
-                        help="steps per timed batch (keep steps x ~30 launches under the "
-                             "launch queue's depth, about 1000)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 30)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="steps per timed batch (default 16; keep steps x ~30 launches "
+                             "under the launch queue's depth, about 1000)")
     parser.add_argument("--json", help="write the results here")
+    add_quick(parser, f"{QUICK_ROUNDS} rounds of {QUICK_BATCH}-step batches")
     args = parser.parse_args(argv)
+    quick_defaults(args, rounds=(30, QUICK_ROUNDS), batch=(16, QUICK_BATCH))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if not cp.cuda.is_available():
         print("bench_graph.py: no CUDA GPU found", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Host time of cached calls: CuPy arrays and PyTorch tensors, forward and backward.
 
-    python bench/bench_host.py [--json PATH]
+    python bench/bench_host.py [--json PATH] [--quick]
 
 "host only": the wall time of 200 calls queued right after a synchronization (the launch
 queue never fills, so the GPU's time is not in it), median of 50 batches. Every case is
@@ -15,10 +15,12 @@ import statistics
 import sys
 import time
 
-import cupy as cp
-from bench_gemm import commit
+from common import add_quick, commit, cp
 
 import ge2jit
+
+#: --quick: calls per batch and batches
+QUICK_CALLS, QUICK_ROUNDS = 50, 10
 
 
 def _cases():
@@ -85,11 +87,17 @@ def measure(cases: dict, calls: int = 200, rounds: int = 50) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
-    args = ap.parse_args(argv)
-    results = measure(_cases())
+    add_quick(ap, f"{QUICK_ROUNDS} batches of {QUICK_CALLS} calls")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results = (measure(_cases(), QUICK_CALLS, QUICK_ROUNDS) if args.quick
+               else measure(_cases()))
     print("| what | host µs per call |\n|---|---|")
     for name, us in results.items():
         print(f"| {name} | {us:.2f} |")

@@ -44,18 +44,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from common import add_quick, commit, cp, import_torch, interleaved_ms, np_dtype, quick_defaults
 
-import cupy as cp  # noqa: E402
-from bench_gemm import commit, import_torch, interleaved_ms, np_dtype  # noqa: E402
-
-import ge2jit  # noqa: E402
-from ge2jit.jit.device import gpu_count  # noqa: E402
+import ge2jit
+from ge2jit.jit.device import gpu_count
 
 HIDDEN = [1024, 2048, 4096, 8192, 16384]
-QUICK_HIDDEN = [1024, 4096, 16384]
+QUICK_HIDDEN = [4096]
 CASES = ("forward", "forward+residual", "backward", "backward+dh")
 
 
@@ -107,6 +102,13 @@ def _torch_cases(torch, kind: str, a: dict, compiled: bool) -> dict:
         return norm(h, w, b), h
 
     if compiled:
+        # The backward is timed alone, on a graph kept for every call (retain_graph=True);
+        # a compiled backward that donates its saved buffers refuses to run twice
+        # (PyTorch 2.5 and later), so the compiled graph donates none
+        import torch._functorch.config as functorch_config
+
+        if hasattr(functorch_config, "donated_buffer"):
+            functorch_config.donated_buffer = False
         norm, norm_residual = torch.compile(norm), torch.compile(norm_residual)
     leaves = [t["x"].detach().requires_grad_(), t["w"].detach().requires_grad_()]
     if t["b"] is not None:
@@ -219,12 +221,13 @@ def _list(parser, text: str, what: str, allowed=None, cast=str) -> list:
     return values
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked: ``kinds``, ``dtypes``, ``cases`` and ``hidden`` as lists,
+    ``mib`` and ``rounds`` numbers."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=str(Path(__file__).parent / "results_norm.json"),
                         help="where to write the results (JSON)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"hidden sizes {QUICK_HIDDEN}, 64 MiB inputs, 8 rounds")
+    add_quick(parser, f"hidden sizes {QUICK_HIDDEN}, 64 MiB inputs, 8 rounds")
     parser.add_argument("--kinds", default="rms,layer", help="rms, layer (comma-separated)")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--hidden", default=None, help="hidden sizes n, comma-separated")
@@ -233,13 +236,19 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 20)")
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     args = parser.parse_args(argv)
-    kinds = _list(parser, args.kinds, "kinds", ("rms", "layer"))
-    dtypes = _list(parser, args.dtypes, "dtypes", ("float32", "bfloat16", "float16"))
-    cases = _list(parser, args.cases, "cases", CASES)
-    hidden = (_list(parser, args.hidden, "hidden", cast=int) if args.hidden
-              else QUICK_HIDDEN if args.quick else HIDDEN)
-    mib = args.mib or (64 if args.quick else 128)
-    rounds = args.rounds or (8 if args.quick else 20)
+    args.kinds = _list(parser, args.kinds, "kinds", ("rms", "layer"))
+    args.dtypes = _list(parser, args.dtypes, "dtypes", ("float32", "bfloat16", "float16"))
+    args.cases = _list(parser, args.cases, "cases", CASES)
+    args.hidden = (_list(parser, args.hidden, "hidden", cast=int) if args.hidden
+                   else QUICK_HIDDEN if args.quick else HIDDEN)
+    quick_defaults(args, mib=(128, 64), rounds=(20, 8))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    kinds, dtypes, cases, hidden = args.kinds, args.dtypes, args.cases, args.hidden
+    mib, rounds = args.mib, args.rounds
     if gpu_count() == 0:
         print("bench_norm.py needs a CUDA GPU (none found)", file=sys.stderr)
         return 2

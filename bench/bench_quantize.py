@@ -1,6 +1,7 @@
 """FP8 quantization (``ge2jit.quantize_fp8``) against PyTorch's own recipe.
 
-    python bench/bench_quantize.py [--shapes 8192x4096,...] [--json F]
+    python bench/bench_quantize.py [--shapes 8192x4096,...] [--linears MxNxK,...] [--json F]
+                                   [--quick]
 
 bfloat16 activations (tokens x features) to float8_e4m3fn with a dynamic scale, per tensor
 (amax of the whole tensor, then the cast: x is read twice) and per row (one read where a
@@ -20,12 +21,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gemm import commit, device_meta, import_torch, parse_shapes, timed_row  # noqa: E402
+from common import add_quick, commit, device_meta, import_torch, parse_shapes, timed_row
 
-import ge2jit  # noqa: E402
+import ge2jit
 
 SHAPES = "8192x4096,16384x8192,4096x14336,65536x1024"
+#: --quick: one quantized shape, one Linear
+QUICK_SHAPES, QUICK_LINEARS = "8192x4096", "8192x4096x4096"
 
 
 def torch_recipe(torch, per_row: bool):
@@ -94,27 +96,43 @@ def linear_row(m, n, k, torch) -> dict:
         return timed_row((m, n, k), cases, sets, 2.0 * m * n * k)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked: ``shapes`` as a list of (M, N), ``linears`` of (M, N, K)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=SHAPES)
-    parser.add_argument("--linears", default=LINEARS,
-                        help="tokens x out x in of the Linear rows ('' for none)")
+    parser.add_argument("--shapes", default=None, help=f"MxN,... (default {SHAPES})")
+    parser.add_argument("--linears", default=None,
+                        help=f"tokens x out x in of the Linear rows ('' for none; default "
+                             f"{LINEARS})")
     parser.add_argument("--json", default=None)
+    add_quick(parser, f"shapes {QUICK_SHAPES}, linears {QUICK_LINEARS}")
     args = parser.parse_args(argv)
+    text = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    try:
+        args.shapes = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+        assert all(len(s) == 2 for s in args.shapes)
+    except (ValueError, AssertionError):
+        parser.error(f"--shapes: expected MxN,... got {text!r}")
+    if args.linears is None:
+        args.linears = QUICK_LINEARS if args.quick else LINEARS
+    args.linears = parse_shapes(parser, args.linears) if args.linears else []
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     torch = import_torch()
     if torch is None:
         print("needs PyTorch (its recipe is the baseline)")
         return 1
     rows = []
-    for text in args.shapes.split(","):
-        m, n = (int(v) for v in text.split("x"))
+    for m, n in args.shapes:
         r = row(m, n, torch)
         rows.append(r)
         print(f"\n{m} x {n}")
         for name, t in r["ms"].items():
             print(f"  {name:28s} {t * 1e3:9.1f} us  {r['gbs'][name]:7.0f} GB/s")
     linears = []
-    for m, n, k in parse_shapes(parser, args.linears) if args.linears else []:
+    for m, n, k in args.linears:
         r = linear_row(m, n, k, torch)
         linears.append(r)
         print(f"\nLinear: {m} tokens, {k} -> {n}, bias + gelu")

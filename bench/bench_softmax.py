@@ -30,17 +30,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import add_quick, commit, cp, import_torch, interleaved_ms, np_dtype, quick_defaults
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import cupy as cp  # noqa: E402
-from bench_gemm import commit, import_torch, interleaved_ms, np_dtype  # noqa: E402
-
-import ge2jit  # noqa: E402
-from ge2jit.jit.device import gpu_count  # noqa: E402
-from ge2jit.ops.softmax import choose, softmax  # noqa: E402
+import ge2jit
+from ge2jit.jit.device import gpu_count
+from ge2jit.ops.softmax import choose, softmax
 
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 QUICK_LENGTHS = [128, 1024, 4096, 32768, 131072]
@@ -101,28 +95,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked: ``lengths`` and ``dtypes`` as lists, ``mib`` and ``rounds``
+    numbers."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=str(Path(__file__).parent / "results_softmax.json"),
                         help="where to write the results (JSON)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"lengths {QUICK_LENGTHS}, 256 MiB inputs, 8 rounds")
+    add_quick(parser, f"lengths {QUICK_LENGTHS}, 256 MiB inputs, 8 rounds")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--lengths", default=None, help="row lengths, comma-separated")
     parser.add_argument("--mib", type=int, default=None, help="input size (default 512 MiB)")
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 30)")
     args = parser.parse_args(argv)
     try:
-        lengths = ([int(v) for v in args.lengths.split(",")] if args.lengths
-                   else QUICK_LENGTHS if args.quick else LENGTHS)
+        args.lengths = ([int(v) for v in args.lengths.split(",")] if args.lengths
+                        else QUICK_LENGTHS if args.quick else LENGTHS)
     except ValueError:
         parser.error(f"--lengths: expected integers separated by commas, got {args.lengths!r}")
-    dtypes = args.dtypes.split(",")
-    for d in dtypes:
+    args.dtypes = args.dtypes.split(",")
+    for d in args.dtypes:
         if d not in ("float32", "bfloat16", "float16"):
             parser.error(f"--dtypes: expected float32, bfloat16 or float16, got {d!r}")
-    mib = args.mib or (256 if args.quick else 512)
-    rounds = args.rounds or (8 if args.quick else 30)
+    quick_defaults(args, mib=(512, 256), rounds=(30, 8))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    lengths, dtypes, mib, rounds = args.lengths, args.dtypes, args.mib, args.rounds
     if gpu_count() == 0:
         print("bench_softmax.py needs a CUDA GPU (none found)", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ PyTorch eager, torch.compile and torch.compile reduce-overhead, every implementa
 turns (CUDA events around batches, medians of rounds).
 
     python bench/bench_torch_mlp.py [--d 1024] [--tokens 512,4096,16384] [--dtype bfloat16]
-                                    [--json PATH]
+                                    [--json PATH] [--quick]
 
 A step is ``model(x).backward(gy)`` (gradients accumulate into the parameters' ``.grad``, in
 every implementation alike). "ge2jit kernels alone" is the eager ge2jit step queued behind
@@ -22,16 +22,19 @@ import statistics
 import sys
 import time
 
-import torch
-from bench_gemm import commit
+from common import add_quick, commit
 
 import ge2jit.graph
-import ge2jit.torch as gt
+
+#: --quick: the token counts
+QUICK_TOKENS = "512"
 
 
 def _timed(cases, rounds=15, batch=10):
     """Median ms per step of each case, the cases in turns. A case is ``fn`` or ``(fn, hold)``:
     ``hold`` GPU cycles of sleep queued before its batch (its events time the batch after)."""
+    import torch
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cases = {k: v if isinstance(v, tuple) else (v, 0) for k, v in cases.items()}
     for fn, _ in cases.values():
@@ -55,6 +58,8 @@ def _timed(cases, rounds=15, batch=10):
 def _hold_cycles(fn, batch=10) -> int:
     """GPU cycles of sleep that outlast queuing ``batch`` runs of ``fn``: twice its host time
     at 2 GHz (no GPU clock is faster; a slower one sleeps longer)."""
+    import torch
+
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(batch):
@@ -65,6 +70,10 @@ def _hold_cycles(fn, batch=10) -> int:
 
 
 def row(tokens, d, dtype, ge2jit_precision):
+    import torch
+
+    import ge2jit.torch as gt
+
     torch.manual_seed(0)
     ours = gt.MLP([d, 4 * d, d], act="gelu_tanh", device="cuda", dtype=dtype,
                   precision=ge2jit_precision)
@@ -93,6 +102,10 @@ def backward_row(tokens, d, dtype, ge2jit_precision):
     chained backward (``torch.ops.ge2jit.mlp_backward``: dZ of the last layer, the gated dA
     that is the first layer's dZ with its dBias, both dW, dX) against its four GEMMs alone
     (``torch.mm`` into preallocated outputs)."""
+    import torch
+
+    import ge2jit.torch  # noqa: F401 - registers torch.ops.ge2jit
+
     torch.manual_seed(1)
     w1 = torch.randn(4 * d, d, device="cuda", dtype=dtype) / d ** 0.5
     w2 = torch.randn(d, 4 * d, device="cuda", dtype=dtype) / (4 * d) ** 0.5
@@ -101,12 +114,14 @@ def backward_row(tokens, d, dtype, ge2jit_precision):
     x = torch.randn(tokens, d, device="cuda", dtype=dtype)
     gy = torch.randn(tokens, d, device="cuda", dtype=dtype)
     ops, acts = torch.ops.ge2jit, "gelu_tanh,none"
-    y, h1, z1, z2 = ops.mlp(x, [w1, w2], [b1, b2], [True, True], acts, 0.01, ge2jit_precision,
-                            True)
+    # [Y, H_1, Z_1, Z_2, and the casts of master weights]: the casts are empty tensors here
+    # (the weights are of x's type), passed back as the backward takes them
+    y, h1, z1, z2, *lows = ops.mlp(x, [w1, w2], [b1, b2], [True, True], acts, 0.01,
+                                   ge2jit_precision, True)
 
     def chained():
         ops.mlp_backward(gy, x, [w1, w2], [b1, b2], [True, True], [h1, y], [z1, z2], acts,
-                         0.01, ge2jit_precision, True)
+                         0.01, ge2jit_precision, True, lows)
 
     dh, dw2 = torch.empty_like(h1), torch.empty_like(w2)
     dx, dw1 = torch.empty_like(x), torch.empty_like(w1)
@@ -121,16 +136,30 @@ def backward_row(tokens, d, dtype, ge2jit_precision):
                    "four GEMMs (torch.mm)": (four_gemms, _hold_cycles(four_gemms))})
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=1024)
-    ap.add_argument("--tokens", default="512,4096,16384")
+    ap.add_argument("--tokens", default=None, help="token counts, comma-separated (default "
+                                                   "512,4096,16384)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--precision", default="highest", help="PyTorch's float32 matmul precision")
     ap.add_argument("--ge2jit-precision", default=None,
                     help="ge2jit's float32 precision (default: tf32x3)")
     ap.add_argument("--json")
+    add_quick(ap, f"tokens {QUICK_TOKENS}")
     args = ap.parse_args(argv)
+    text = args.tokens or (QUICK_TOKENS if args.quick else "512,4096,16384")
+    try:
+        args.tokens = [int(t) for t in text.split(",")]
+    except ValueError:
+        ap.error(f"--tokens: expected integers separated by commas, got {text!r}")
+    return args
+
+
+def main(argv=None) -> int:
+    import torch
+
+    args = parse_args(argv)
     dtype = getattr(torch, args.dtype)
     torch.set_float32_matmul_precision(args.precision)
     ours_precision = args.ge2jit_precision or ("tf32x3" if dtype == torch.float32 else None)
@@ -139,7 +168,7 @@ def main(argv=None) -> int:
              "torch.compile", "reduce-overhead"]
     print(f"| tokens | {' | '.join(names)} | eager vs best torch | graph vs best torch |\n"
           f"|{'---|' * (len(names) + 3)}")
-    for tokens in (int(t) for t in args.tokens.split(",")):
+    for tokens in args.tokens:
         t = row(tokens, args.d, dtype, ours_precision)
         best = min(v for k, v in t.items() if not k.startswith("ge2jit"))
         rows.append({"tokens": tokens, **t})
@@ -149,7 +178,7 @@ def main(argv=None) -> int:
     backward = []
     print("\n| tokens | ge2jit chained backward (ms, kernels alone) | four GEMMs (torch.mm) "
           "| ratio |\n|---|---|---|---|")
-    for tokens in (int(t) for t in args.tokens.split(",")):
+    for tokens in args.tokens:
         t = backward_row(tokens, args.d, dtype, ours_precision)
         ours, gemms = t["ge2jit chained backward"], t["four GEMMs (torch.mm)"]
         backward.append({"tokens": tokens, **t})

@@ -2,6 +2,7 @@
 
     git archive REF ge2jit kernel_templates | tar -x -C BASE_DIR     # once, where git is
     python bench/bench_versions.py BASE_DIR [--rows forward,backward] [--json PATH]
+    python bench/bench_versions.py --quick          # one row of each, this checkout twice
 
 The other version is imported from ``BASE_DIR/ge2jit`` under the name ``ge2jit_base`` (its
 templates from ``BASE_DIR/kernel_templates``), beside this checkout's ``ge2jit``; every row
@@ -20,14 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import ROOT, add_quick, commit, cp, interleaved_ms, np_dtype
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import cupy as cp  # noqa: E402
-from bench_gemm import commit, interleaved_ms, np_dtype  # noqa: E402
-
-import ge2jit  # noqa: E402
+import ge2jit
 
 #: (dtype, precision, M, N, K, act): the forward rows.
 FORWARD = [
@@ -98,17 +94,36 @@ def backward_row(libs, dtype, precision, m, n, k, act) -> dict:
     return dict(zip(libs, interleaved_ms(cases)))
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; ``rows`` as a list of "forward" and "backward"."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("base_dir", type=Path)
+    ap.add_argument("base_dir", type=Path, nargs="?",
+                    help="the other version (required, except with --quick)")
     ap.add_argument("--rows", default="forward,backward")
     ap.add_argument("--json", help="write the rows here")
+    add_quick(ap, "the first forward and backward rows; without BASE_DIR this checkout "
+                  "against itself (a run of the script, not a comparison)")
     args = ap.parse_args(argv)
+    if args.base_dir is None:
+        if not args.quick:
+            ap.error("BASE_DIR: required (git archive REF ge2jit kernel_templates | tar -x -C "
+                     "BASE_DIR)")
+        args.base_dir = ROOT
+    args.rows = args.rows.split(",")
+    for what in args.rows:
+        if what not in ("forward", "backward"):
+            ap.error(f"--rows: expected forward and/or backward, got {what!r}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     libs = {"this": ge2jit, "base": import_base(args.base_dir)}
     tables = {"forward": (FORWARD, forward_row), "backward": (BACKWARD, backward_row)}
     rows = []
-    for what in args.rows.split(","):
+    for what in args.rows:
         shapes, fn = tables[what]
+        shapes = shapes[:1] if args.quick else shapes
         print(f"\n{what}\n| dtype | precision | M×N×K | act | this ms | base ms | base/this |\n"
               "|---|---|---|---|---|---|---|", flush=True)
         for dtype, precision, m, n, k, act in shapes:

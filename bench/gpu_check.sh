@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One whole check on a GPU machine: the GPU test suite, the demo and the benchmark; logs in $OUT.
-# Usage (repo root): bash bench/gpu_check.sh [benchmark args...]   (BENCH=0 skips the benchmark)
+# One whole check on a GPU machine: the GPU test suite, the demo, the benchmark, the kernels
+# under compute-sanitizer and every bench script's quick run; logs in $OUT.
+# Usage (repo root): bash bench/gpu_check.sh [benchmark args...]   (BENCH=0 skips the benchmark,
+# SANITIZE=0 the sanitizer, QUICK_BENCH=0 the quick runs)
 set -uo pipefail
 OUT=${OUT:-/tmp/ge2jit-out}
 mkdir -p "$OUT"
@@ -31,4 +33,22 @@ if [ "${BENCH:-1}" != 0 ]; then
   python3 bench/bench_cross_entropy.py --json "$OUT/results_cross_entropy.json" 2>&1 | tail -n 40
   python3 bench/bench_host.py --json "$OUT/results_host.json" 2>&1 | tail -n 16
 fi
-[ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ]
+
+# --- SANITIZE: every kernel family under compute-sanitizer memcheck, racecheck and synccheck
+# (bench/sanitize.sh, on the layout test's cases; the suite above compiled the kernels)
+rc_san=0
+if [ "${SANITIZE:-1}" != 0 ]; then
+  bash bench/sanitize.sh
+  rc_san=$?
+fi
+
+# --- QUICK_BENCH: every bench script with --quick (bench/run_quick.sh: a line per script with
+# its exit status; logs and results in $OUT/quick), so that an API change breaks none unseen
+rc_quick=0
+if [ "${QUICK_BENCH:-1}" != 0 ]; then
+  bash bench/run_quick.sh "$OUT/quick"
+  rc_quick=$?
+fi
+# --- end QUICK_BENCH
+
+[ $rc1 = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc_san = 0 ] && [ $rc_quick = 0 ]

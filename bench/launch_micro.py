@@ -1,15 +1,19 @@
 """Host cost of launch paths for an empty kernel with ge2jit's 19 parameters (8 bytes each).
 
-    python bench/launch_micro.py
+    python bench/launch_micro.py [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import struct
+import sys
 
-import cupy as cp
 import numpy as np
-from bench_gemm import per_call_us  # the same timing loop as the benchmark's host times
+from common import add_quick, cp, per_call_us  # the benchmark's timing loop of host times
+
+#: calls timed per case (back to back), and --quick's
+CALLS, QUICK_CALLS = 20000, 2000
 
 SRC = r'''
 struct Params { unsigned long long v[19]; };
@@ -21,7 +25,15 @@ extern "C" __global__ void one(const Params p) {}
 '''
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_quick(ap, f"{QUICK_CALLS} calls per case (default {CALLS})")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    calls = QUICK_CALLS if args.quick else CALLS
     mod = cp.RawModule(code=SRC)
     many, one = mod.get_function("many"), mod.get_function("one")
     x = cp.empty(16, cp.float32)
@@ -74,8 +86,9 @@ def main():
                                                   0, 0, 64, 64, 64, 1.0, 0.0, 0.01, 1),
     }
     for name, fn in cases.items():
-        print(f"{name:50s} {per_call_us(fn):6.2f} us")
+        print(f"{name:50s} {per_call_us(fn, calls):6.2f} us")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

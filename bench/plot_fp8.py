@@ -1,14 +1,18 @@
-"""The 8-bit GEMM benchmark's plot: ``python bench/plot_fp8.py results_fp8.json out.png``."""
+"""The 8-bit GEMM benchmark's plot (bench_fp8.py's results): TFLOP/s by shape.
+
+    python bench/plot_fp8.py [bench/results_fp8.json] [bench/results_fp8.png]
+"""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
+from pathlib import Path
 
-import matplotlib
+from common import plot_main, plot_options, pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+#: a plot of a results file: no GPU work, no --quick (tests/test_bench_scripts.py)
+RUNS_ON_GPU = False
 
 SERIES = ["ge2jit bias+gelu", "ge2jit bias+gelu fast_accum", "ge2jit bias+gelu row-wise",
           "ge2jit bias+gelu e4m3 out + amax", "torch._scaled_mm bias",
@@ -16,8 +20,8 @@ SERIES = ["ge2jit bias+gelu", "ge2jit bias+gelu fast_accum", "ge2jit bias+gelu r
           "ge2jit bf16 bias+gelu"]
 
 
-def main(src: str, dst: str) -> None:
-    data = json.loads(open(src).read())
+def plot(data: dict, dst: Path) -> None:
+    plt = pyplot()
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(SERIES)
@@ -34,5 +38,13 @@ def main(src: str, dst: str) -> None:
     fig.savefig(dst, dpi=110)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    return plot_options(__doc__, "fp8").parse_args(argv)
+
+
+def main(argv=None) -> int:
+    return plot_main(parse_args, plot, argv)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    sys.exit(main())

@@ -7,11 +7,14 @@ against the plain GEMM and PyTorch, a group of bars per shape.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from common import plot_main, pyplot
+
 HERE = Path(__file__).resolve().parent
+#: a plot of results files: no GPU work, no --quick (tests/test_bench_scripts.py)
+RUNS_ON_GPU = False
 PANELS = {"forward": ("ge2jit gated", "ge2jit gated + Z", "ge2jit plain (M, 2N, K)",
                       "cuBLAS plain (M, 2N, K)", "torch eager", "torch.compile default",
                       "torch.compile reduce-overhead"),
@@ -19,10 +22,7 @@ PANELS = {"forward": ("ge2jit gated", "ge2jit gated + Z", "ge2jit plain (M, 2N, 
 
 
 def plot(doc: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = doc["rows"]
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
@@ -41,13 +41,15 @@ def plot(doc: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="?", default=str(HERE / "results_gated.json"))
     ap.add_argument("--out", default=str(HERE / "results_gated.png"))
-    args = ap.parse_args(argv)
-    plot(json.loads(Path(args.json).read_text()), Path(args.out))
-    return 0
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    return plot_main(parse_args, plot, argv)
 
 
 if __name__ == "__main__":

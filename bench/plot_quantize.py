@@ -1,15 +1,18 @@
-"""The FP8 quantization benchmark's plot: ``python bench/plot_quantize.py results_quantize.json
-out.png`` (GB/s of the quantization, TFLOP/s of the inference Linear)."""
+"""The FP8 quantization benchmark's plot: GB/s of the quantization, TFLOP/s of the Linear.
+
+    python bench/plot_quantize.py [bench/results_quantize.json] [bench/results_quantize.png]
+"""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
+from pathlib import Path
 
-import matplotlib
+from common import plot_main, plot_options, pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+#: a plot of a results file: no GPU work, no --quick (tests/test_bench_scripts.py)
+RUNS_ON_GPU = False
 
 
 def _bars(ax, rows, key: str, label) -> None:
@@ -23,8 +26,8 @@ def _bars(ax, rows, key: str, label) -> None:
     ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
 
 
-def main(src: str, dst: str) -> None:
-    data = json.loads(open(src).read())
+def plot(data: dict, dst: Path) -> None:
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     _bars(left, data["rows"], "gbs", lambda s: f"{s[0]}x{s[1]}")
     left.set_ylabel("GB/s (x read once, q written once)")
@@ -37,5 +40,13 @@ def main(src: str, dst: str) -> None:
     fig.savefig(dst, dpi=110)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    return plot_options(__doc__, "quantize").parse_args(argv)
+
+
+def main(argv=None) -> int:
+    return plot_main(parse_args, plot, argv)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    sys.exit(main())

@@ -12,14 +12,15 @@ import json
 import sys
 from pathlib import Path
 
+from common import pyplot
+
 HERE = Path(__file__).resolve().parent
+#: a plot of results files: no GPU work, no --quick (tests/test_bench_scripts.py)
+RUNS_ON_GPU = False
 
 
 def plot(docs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(docs), figsize=(6.5 * len(docs), 4.6), squeeze=False)
     for ax, doc in zip(axes[0], docs):
@@ -42,11 +43,15 @@ def plot(docs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, default=HERE / "results_torch_mlp.png")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     plot([json.loads(p.read_text()) for p in args.results], args.out)
     print(f"wrote {args.out}")
     return 0

@@ -14,7 +14,11 @@ import argparse
 import json
 from pathlib import Path
 
+from common import pyplot
+
 HERE = Path(__file__).resolve().parent
+#: a report of results files: no GPU work, no --quick (tests/test_bench_scripts.py)
+RUNS_ON_GPU = False
 SERIES = [("ge2jit", "ge2jit fused"), ("cupy_unfused", "CuPy matmul + elementwise"),
           ("cublaslt_fused", "cuBLASLt fused epilogue"), ("torch_linear_act", "torch linear + act"),
           ("cublas_gemm", "cuBLAS GEMM alone (no epilogue)")]
@@ -50,10 +54,7 @@ def _dtypes(rows) -> list[str]:
 
 def plot(rows, path: Path, act: str) -> None:
     """One panel per dtype: TFLOP/s by shape, one bar series per implementation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     dtypes = _dtypes(rows)
     panels = [[r for r in rows if r["act"] == act and r.get("dtype", "float32") == d]
@@ -145,7 +146,7 @@ Where act' comes from (the backward's time in ms; Z kept from the forward in MiB
     return text
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--commit", help="commit that was benchmarked (if the JSON lacks it)")
@@ -156,7 +157,11 @@ def main(argv=None) -> int:
                         help="JSON of bench_backward.py to add to its section (repeatable)")
     parser.add_argument("--host-log", type=Path,
                         help="log of a later `bench_gemm.py --host-only` run to add")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     runs = [json.loads(p.read_text()) for p in args.results]
     data = runs[0]
     meta = data["meta"]

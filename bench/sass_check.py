@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT  # noqa: F401 - the checkout's ge2jit on the path
 
-from ge2jit.jit.loader import build  # noqa: E402
-from ge2jit.jit.sass import dump_sass, find_cuobjdump, instruction_mix  # noqa: E402
-from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout  # noqa: E402
-from ge2jit.ops.gemm.spec import (  # noqa: E402
+from ge2jit.jit.loader import build
+from ge2jit.jit.sass import dump_sass, find_cuobjdump, instruction_mix
+from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
+from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
     MMA_X3_CONFIGS,
     WGMMA_CONFIGS,
@@ -30,6 +28,9 @@ from ge2jit.ops.gemm.spec import (  # noqa: E402
     MmaGemmSpec,
     WgmmaGemmSpec,
 )
+
+#: no GPU work here (it compiles, on the CPU): no --quick (tests/test_bench_scripts.py)
+RUNS_ON_GPU = False
 
 OPS = ("HGMMA", "HMMA", "UTMALDG", "LDSM", "FFMA", "FADD", "LDL", "STL", "BAR", "SYNCS")
 
@@ -55,10 +56,14 @@ SPECS = [
 ]
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", default="sm_90a")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     tool = find_cuobjdump()
     if tool is None:
         print("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
