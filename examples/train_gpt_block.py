@@ -7,7 +7,8 @@
                                        [--log-every 10] [--json PATH]
     torchrun --nproc-per-node N examples/train_gpt_block.py [--compile] [...]
 
-Without a GPU it says so in one line and exits with status 2: nothing was trained.
+Without a GPU (or without PyTorch) it says so in one line and exits with status 2: nothing
+was trained.
 
 The model: token embedding plus a learned positional embedding, ``--layers`` pre-LayerNorm
 blocks, a final LayerNorm and a head (no bias). A block is ``x + attn(ln1(x))`` then
@@ -63,31 +64,37 @@ import os
 import sys
 from dataclasses import dataclass
 
-import torch
-import torch.distributed
-import torch.nn.functional as F
-from torch import nn
+from ge2jit._deps import script_errors
 
-import ge2jit.torch as gt
+SCRIPT = "train_gpt_block.py"
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/_common.py
-from _common import (  # noqa: E402
-    TrainResult,
-    add_training_arguments,
-    check_sizes,
-    copy_batch,
-    copy_loss,
-    evaluate,
-    median_of_last_half,
-    no_gpu_message,
-    report,
-    run_steps,
-    write_json,
-)
+with script_errors(SCRIPT, "PyTorch, ge2jit.torch and a CUDA GPU",
+                   as_script=__name__ == "__main__"):
+    import torch
+    import torch.distributed
+    import torch.nn.functional as F
+    from torch import nn
+
+    import ge2jit.torch as gt
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/_common.py
+    from _common import (
+        TrainResult,
+        add_training_arguments,
+        check_sizes,
+        copy_batch,
+        copy_loss,
+        evaluate,
+        median_of_last_half,
+        no_gpu_message,
+        report,
+        run_steps,
+        write_json,
+    )
 
 MODES = ("eager", "compile", "graph")
 
-NO_GPU = no_gpu_message("train_gpt_block.py")
+NO_GPU = no_gpu_message(SCRIPT)
 
 
 # --- the model -----------------------------------------------------------------------------
@@ -288,7 +295,7 @@ def main(argv=None) -> int:
     try:
         info = process_info()   # torchrun's RANK, WORLD_SIZE, LOCAL_RANK (one process: none)
     except ArgumentValueError as e:
-        print(f"train_gpt_block.py: {e}", file=sys.stderr)
+        print(f"{SCRIPT}: {e}", file=sys.stderr)
         return 2
     try:
         check_sizes(seq=args.seq, d=args.d, heads=args.heads, steps=args.steps,
@@ -303,7 +310,7 @@ def main(argv=None) -> int:
     if info.launcher != "none":
         if info.local_rank >= torch.cuda.device_count():
             variable = next(v[3] for v in LAUNCHERS if v[0] == info.launcher)
-            print(f"train_gpt_block.py: {variable}: expected a GPU in [0, "
+            print(f"{SCRIPT}: {variable}: expected a GPU in [0, "
                   f"{torch.cuda.device_count()}) on this host, got {info.local_rank}",
                   file=sys.stderr)
             return 2
@@ -329,4 +336,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with script_errors(SCRIPT):   # setup problems met later (a GE2JIT_* variable): one line
+        raise SystemExit(main())

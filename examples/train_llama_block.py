@@ -84,9 +84,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from ge2jit._deps import script_errors
+
 SCRIPT = "train_llama_block.py"
 
-try:
+with script_errors(SCRIPT, "PyTorch, ge2jit.torch and a CUDA GPU",
+                   as_script=__name__ == "__main__"):
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -95,12 +98,6 @@ try:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # examples/_common.py
     import _common as common
-except ImportError as e:
-    if __name__ != "__main__":
-        raise
-    print(f"{SCRIPT}: cannot import {e.name or e} ({e}); it needs PyTorch, ge2jit.torch and "
-          "a CUDA GPU.", file=sys.stderr)
-    raise SystemExit(2) from None
 
 IMPLS = ("ge2jit", "torch")
 MODES = ("eager", "compile", "reduce-overhead", "graph")
@@ -555,4 +552,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with script_errors(SCRIPT):   # setup problems met later (a GE2JIT_* variable): one line
+        raise SystemExit(main())

@@ -427,7 +427,9 @@ def main(argv=None) -> int:
         parser.error(f"--gpus: expected at least 1, got {args.gpus}")
     import ge2jit.distributed as dist
     from ge2jit import ArgumentValueError
+    from ge2jit._deps import require_cupy
 
+    require_cupy()   # not installed: the extras to install (one line), rather than "no GPU"
     try:
         info = dist.process_info()
         world = world_size(info, args.gpus)
@@ -483,4 +485,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ge2jit._deps import script_errors
+
+    with script_errors("train_mlp.py"):   # setup problems (CuPy missing, ...): one line
+        raise SystemExit(main())

@@ -19,14 +19,14 @@ _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """'2GB', '500M', '1.5GiB', '1024' -> bytes (K/M/G/T are powers of 1024)."""
+    """A size for argparse, by the one parser GE2JIT_CACHE_MAX_SIZE uses too
+    (``settings.parse_size``: 2GB is 2 * 10**9 bytes, 2GiB 2 * 2**30, 1024 bytes)."""
     from .settings import parse_size as parse
 
     try:
         return parse(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a size such as 2GB or 500MB, got {text!r}") from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_age(text: str) -> float:
@@ -79,22 +79,38 @@ def _cache_info(args) -> int:
     from .jit.cache import default_cache
     from .jit.nvrtc import nvrtc_info
 
-    info = default_cache().info()
-    print(f"location:  {info['location']}")
-    for shared in info["read_only_locations"]:   # looked up after the first, never written
-        print(f"read-only: {shared}")
-    bad = info["unreadable_entries"]
-    print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
-    cap = info["max_size_bytes"]
-    print(f"size:      {_human(info['size_bytes'])}"
-          + (f" (cap {_human(cap)}, GE2JIT_CACHE_MAX_SIZE)" if cap else ""))
+    with warnings.catch_warnings():
+        # a refused directory's CacheWarning says what the report and the line below say
+        warnings.simplefilter("ignore")
+        info = default_cache().info()
     try:
-        print(f"NVRTC:     {nvrtc_info()}")
+        nvrtc = str(nvrtc_info())
     except Exception as e:  # noqa: BLE001 - info must work without NVRTC
-        print(f"NVRTC:     not loadable ({e})")
-    print(f"disk cache {info['disk_cache']}")
-    print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
-    return 0
+        nvrtc = f"not loadable ({e})"
+    # the disk cache is wanted but cannot keep anything: say so, and fail, so that a script
+    # checking the set-up notices (a deliberately disabled cache is not a failure)
+    code = 1 if info["disk_cache"].startswith("not used") else 0
+    if args.json:
+        print(json.dumps({**info, "nvrtc": nvrtc}, indent=1))
+    else:
+        print(f"location:  {info['location']}")
+        for shared in info["read_only_locations"]:   # looked up after the first, never written
+            print(f"read-only: {shared}")
+        bad = info["unreadable_entries"]
+        print(f"entries:   {info['entries']}" + (f" ({bad} unreadable)" if bad else ""))
+        print(f"size:      {_human(info['size_bytes'])}")
+        cap, setting = info["max_size_bytes"], info["max_size_setting"]
+        print("cap:       " + ("none (GE2JIT_CACHE_MAX_SIZE is not set)" if cap is None else
+                               f"{_human(cap)} ({cap} bytes"
+                               + (f", GE2JIT_CACHE_MAX_SIZE={setting})" if setting else ")")))
+        print(f"NVRTC:     {nvrtc}")
+        print(f"disk cache {info['disk_cache']}" + ("; compiled kernels are kept in memory "
+                                                     "only, for one process" if code else ""))
+        print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")
+    if code:
+        _say(args.prog, f"the disk cache is {info['disk_cache']}; compiled kernels are kept in "
+                        "memory only (set GE2JIT_CACHE_DIR to a directory of yours)")
+    return code
 
 
 def _cache_list(args) -> int:
@@ -241,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "to compile or could not be stored on disk, or NVRTC is unusable; 2 a "
                     "mistake in the command line or the file (named with its line).")
     w.add_argument("config", nargs="?", metavar="FILE",
-                   help="the warm-up file (TOML): what to compile, per op")
+                   help="the warm-up file (TOML): what to compile, per op; - reads it from "
+                        "standard input")
     w.add_argument("--example", action="store_true",
                    help="print an example warm-up file, with comments, and exit: "
                         "ge2jit warmup --example > warmup.toml")
@@ -254,14 +271,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parallel compiler processes (default: one per core)")
     w.add_argument("--sms", type=positive_int, default=None, metavar="N",
                    help="multiprocessor count for configs = 'heuristic' without a GPU")
-    w.add_argument("--no-progress", action="store_true", help="no progress bar")
+    w.add_argument("--no-progress", action="store_true",
+                   help="no progress (a bar on a terminal, else a line at every tenth of the "
+                        "kernels)")
 
     c = _add(sub, "cache", help="inspect and manage the kernel cache",
              description="Inspect and manage the kernel cache (GE2JIT_CACHE_DIR).")
     actions = c.add_subparsers(dest="action", required=True,
                                metavar="{info,list,clear,prune,export,import}")
-    _add(actions, "info", _cache_info, help="location, entries, size, NVRTC in use",
-         description="Where the cache is, what it holds, and the NVRTC in use.")
+    a = _add(actions, "info", _cache_info,
+             help="location, writable or not, entries, size, cap, NVRTC in use",
+             description="Where the cache is, whether new kernels can be stored there (and if "
+                         "not, why), what it holds, its size cap (GE2JIT_CACHE_MAX_SIZE), and "
+                         "the NVRTC in use.",
+             epilog="Exit status: 0 done; 1 the disk cache is not disabled but cannot store "
+                    "kernels (the reason is printed: compiled kernels are kept in memory "
+                    "only); 2 a mistake in the command line or a GE2JIT_* variable.")
+    a.add_argument("--json", action="store_true",
+                   help="print a JSON object for scripts (location, read_only_locations, "
+                        "disk_cache, writable, not_writable_reason, entries, size_bytes, "
+                        "max_size_bytes, nvrtc, ...)")
     a = _add(actions, "list", _cache_list,
              help="one line per kernel: op, arch, size, registers, spills, last used",
              description="List the kernels in the cache, most recently used first, each with "
@@ -281,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "ones down to a size. Give at least one of the options.",
              epilog=removal)
     a.add_argument("--max-size", type=parse_size, default=None, metavar="SIZE",
-                   help="evict least recently used entries down to this size (2GB)")
+                   help="evict least recently used entries down to this size: 2GB (2 * 10**9 "
+                        "bytes; K, M, G, T and kB, MB, GB, TB are powers of 1000), 2GiB (2 * "
+                        "2**30; KiB, MiB, GiB, TiB powers of 1024) or plain bytes")
     a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",
                    help="remove entries not used for this long (30d)")
     a = _add(actions, "export", _cache_export,
@@ -320,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     try:
+        from .settings import get_settings
+
+        get_settings().check()  # a bad GE2JIT_* variable: one line and 2, before any work
         code = args.func(args)
         sys.stdout.flush()  # here, so that a closed pipe is met inside the handler below
         return code
@@ -354,9 +388,10 @@ def _say(prog: str, message: str) -> None:
 
 
 def _verbose() -> bool:
-    # read here, not through the settings, which may be the very thing that failed
-    return os.environ.get("GE2JIT_VERBOSE", "").strip().lower() not in ("", "0", "false",
-                                                                           "no", "off")
+    # read here, not through the settings object, which may be the very thing that failed
+    from .settings import verbosity_or_zero
+
+    return verbosity_or_zero(os.environ.get("GE2JIT_VERBOSE", "")) > 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 With a GPU: runs the fused op on a Linear-layer shape, checks it against NumPy in float64 and
 prints the time. Without one: says so, and still compiles the demo's kernels for a default
-architecture into the cache, showing where they went.
+architecture into the cache, showing where they went. A setup problem (CuPy or NVRTC not
+installed, an architecture NVRTC cannot compile for) is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import time
 import numpy as np
 
 from . import __version__
+from ._deps import script_errors
 from .jit.cache import default_cache
 from .jit.device import gpu_count
 from .jit.loader import build
-from .jit.nvrtc import arch_number, nvrtc_info
+from .jit.nvrtc import arch_number, check_archs, nvrtc_info
 from .ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
 from .ops.gemm.reference import gemm_bias_act_ref, rel_error
 from .ops.gemm.select import heuristic, kernel_set
 from .ops.gemm.spec import DType
 
 DEMO_ACTS = ("gelu", "relu", "silu")
+PROG = "python -m ge2jit.demo"
 
 
 def _demo_specs(arch: str, m: int, n: int, k: int) -> list:
@@ -89,7 +92,7 @@ def compile_only(arch: str, m: int, n: int, k: int) -> int:
     cache = default_cache()
     for spec in _demo_specs(arch, m, n, k):
         entry, cached = build(spec, spec.target_arch(arch), cache=cache)
-        where = cache.path_for(entry.key) if cache.enabled else "memory"
+        where = cache.where(entry.key) or "memory only"   # the file, if one was written
         state = "cached" if cached else f"compiled in {entry.compile_seconds:.2f} s"
         print(f"  {spec.kernel_name:48s} {state:20s} {entry.registers:3d} regs, "
               f"{entry.spill_bytes} spill bytes -> {where}")
@@ -98,16 +101,19 @@ def compile_only(arch: str, m: int, n: int, k: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ge2jit.demo",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--shape", type=int, nargs=3, default=(4096, 4096, 1024),
                         metavar=("M", "N", "K"), help="problem size (default: 4096 4096 1024)")
     parser.add_argument("--arch", default="sm_90",
                         help="architecture to compile for when there is no GPU (default: sm_90)")
     args = parser.parse_args(argv)
-    if gpu_count() > 0:
-        return run_on_gpu(*args.shape)
-    return compile_only(args.arch, *args.shape)
+    with script_errors(PROG):
+        # checked first, with or without a GPU: NVRTC (and CuPy, which loads it) must be
+        # there, and a name it cannot compile for is one line, not a compile error per kernel
+        (arch,) = check_archs([args.arch])
+        if gpu_count() > 0:
+            return run_on_gpu(*args.shape)
+        return compile_only(arch, *args.shape)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ Both return objects that print as text and render as HTML tables in Jupyter.
 
 from __future__ import annotations
 
+import difflib
 import html
 from dataclasses import dataclass, field
+from inspect import signature
 
 from ._deps import require_cupy
-from .errors import ArgumentValueError
+from .errors import ArgumentTypeError, ArgumentValueError
 from .jit.cache import default_cache
 from .jit.device import device_arch, gpu_count
 from .jit.loader import build, get_kernel
@@ -17,7 +19,7 @@ from .jit.nvrtc import normalize_arch
 from .jit.render import render
 from .jit.sass import dump_sass, instruction_mix
 from .jit.spec import KernelSpec
-from .runtime.registry import Explanation, Op, default_op, find, get
+from .runtime.registry import Explanation, Op, default_op, find, get, ops
 from .runtime.tools import Records, explain, sort_records, time_config
 
 
@@ -175,12 +177,51 @@ def inspect(obj, *args, arch: str | None = None, **kwargs) -> KernelInfo | CallI
     if isinstance(obj, KernelSpec):
         return kernel_info(obj, arch)
     op = find(obj)
+    if op is None and isinstance(obj, str):
+        return _default_config_info(obj, args, arch, kwargs)
     if op is None:
         op, args = default_op(), (obj, *args)
     if not args or isinstance(args[0], (str, *op.config_types)):
         return config_info(op, *args, arch=arch, **kwargs)
     info = explain(op, *args, **kwargs)
     return CallInfo(info, tuple(kernel_info(s) for s in info.specs))
+
+
+def _default_config_info(name: str, args: tuple, arch, kwargs: dict) -> KernelInfo:
+    """``inspect(name, ...)`` where ``name`` is no op's: a config of the default op, if it is
+    one; else one line that there is no op or config so named, listing the ops (rather than
+    the default op's complaint about a config name when an op's name was misspelt)."""
+    names = [o.name for o in ops()]
+    default = default_op()
+
+    def unknown(detail: str) -> ArgumentValueError:
+        return ArgumentValueError(f"op or config: no op or config named {name!r}{detail}; the "
+                                  f"ops: {', '.join(names)}")
+
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if close:
+        raise unknown(f" (did you mean {close[0]!r}?)")
+    if args:   # a config takes keywords only: arrays after a name are another op's call
+        raise unknown("")
+    try:
+        return config_info(default, name, arch=arch, **kwargs)
+    except ArgumentValueError as e:
+        # the default op refused the name itself (not an argument or the arch)
+        text = str(e)
+        if text.startswith("config:") and text.endswith(f"got {name!r}"):
+            raise unknown(f" (not a config of {default.name}: "
+                          f"{text.removeprefix('config: ').split(', got ')[0]})") from None
+        raise
+
+
+def _check_call(op: Op, args: tuple, kwargs: dict) -> None:
+    """The arguments ``benchmark_configs`` times ``op`` on must make a call of it (arrays
+    left out, each config would record the same TypeError)."""
+    try:
+        signature(op.function).bind(*args, **kwargs)
+    except TypeError as e:
+        raise ArgumentTypeError(f"args: expected the arguments of a call of {op.name} (its "
+                                f"arrays and keywords) to time each config on; {e}") from None
 
 
 def benchmark_configs(op, *args, configs=None, reps: int = 20, **kwargs) -> Records:
@@ -196,6 +237,7 @@ def benchmark_configs(op, *args, configs=None, reps: int = 20, **kwargs) -> Reco
     if find(op) is None and not isinstance(op, str):   # configs first: the default op's
         op, configs = default_op(), op
     op = get(op)
+    _check_call(op, args, kwargs)
     if configs is None:
         if op.candidates is None:
             raise ArgumentValueError(f"op: {op.name} has no configs to compare")

@@ -10,6 +10,7 @@ Kernels compile in parallel processes into the kernel cache, skipping what it ho
 from __future__ import annotations
 
 import re
+import sys
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -85,24 +86,47 @@ class WarmupPlan:
     archs: tuple[str, ...]
 
 
+def _read(path: str) -> bytes:
+    """The bytes of the warm-up file ``path`` ("-": standard input), at most one more than
+    ``MAX_FILE_BYTES`` (bounded: the path may name a device such as /dev/zero)."""
+    if path == "-":
+        return sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise WarmupConfigError(f"{path}: cannot read the warm-up file: {e.strerror}") from None
+
+
+def _arch_list(archs) -> list:
+    """``archs`` as given from Python or the command line: one name or a list/tuple of them."""
+    if isinstance(archs, str):
+        return [archs]          # "sm_90": one architecture, not the letters of one
+    if isinstance(archs, (list, tuple)):
+        return list(archs)
+    raise WarmupConfigError(f"archs: expected an architecture such as 'sm_90a' or a list of "
+                            f"them, got {type(archs).__name__} {archs!r:.60}")
+
+
 def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
          sms: int | None = None) -> WarmupPlan:
-    """Read and check a warm-up file and expand it into compile jobs.
+    """Read and check a warm-up file ("-": standard input) and expand it into compile jobs.
+
+    ``archs`` (one name or a list) replaces the file's ``archs``.
 
     Raises:
-        WarmupConfigError: the file is not TOML, or has an unknown key or a bad value; the
-            message names the file, the line and the accepted values.
+        WarmupConfigError: the file is not TOML, has an unknown key or a bad value, or lists no
+            kernels; the message names the file, the line and the accepted values.
     """
     path = str(path)
     if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool)
                             or not 0 < sms <= MAX_SMS):
         raise WarmupConfigError(f"sms: expected a positive integer (the GPU's multiprocessor "
                                 f"count), got {sms!r}")
-    try:
-        with open(path, "rb") as f:  # bounded: the path may name a device (/dev/zero)
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise WarmupConfigError(f"{path}: cannot read the warm-up file: {e.strerror}") from None
+    archs = None if archs is None else _arch_list(archs)
+    raw = _read(path)
+    if path == "-":
+        path = "<stdin>"
     if len(raw) > MAX_FILE_BYTES:
         raise WarmupConfigError(f"{path}: more than {MAX_FILE_BYTES} bytes; a warm-up file is a "
                                 "few kB of TOML")
@@ -122,8 +146,16 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
         if key not in keys:
             raise _error(path, _line_of(text, key, None, 0),
                          f"{key}: unknown key; accepted: {', '.join(keys)}")
+    if not any(op in data for op in tables):
+        # compiling nothing and succeeding would hide an empty or wrong file (a shell's
+        # redirection that truncated it, say)
+        got = f"only {', '.join(data)}" if data else "an empty file"
+        raise WarmupConfigError(
+            f"{path}: the warm-up file lists no kernels: expected at least one table such as "
+            f"[[{next(iter(tables))}]] (accepted: {', '.join(tables)}), got {got}; `ge2jit "
+            "warmup --example` prints one")
     if archs:
-        arch_list = list(archs)
+        arch_list = archs
     elif "archs" in data:
         arch_list = data["archs"]
         if not isinstance(arch_list, list) or not arch_list:
@@ -232,24 +264,53 @@ class WarmupSummary:
         return text
 
 
+class _Lines:
+    """The progress where stderr is no terminal (a log, CI): a plain line at every tenth of
+    the kernels, no carriage-return frames."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.shown = total, 0, 0
+        self.t0 = time.perf_counter()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        tenth = self.done * 10 // max(self.total, 1)
+        if tenth > self.shown:
+            self.shown = tenth
+            print(f"ge2jit warmup: {self.done}/{self.total} kernels "
+                  f"({self.done * 100 // max(self.total, 1)}%), "
+                  f"{time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int):
+    """A progress bar (tqdm) on a terminal, plain lines elsewhere."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is None or not isatty():
+        return _Lines(total)
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="kernel", desc="ge2jit warmup")
+
+
 def warmup(config: str | Path, *, archs=None, processes: int | None = None,
            progress: bool = True, from_tuning_db: bool = False,
            sms: int | None = None) -> WarmupSummary:
     """Compile everything a warm-up file lists into the kernel cache; see the module doc.
 
-    Works without a GPU when architectures are given (in the file or ``archs``). Returns a
-    summary; failures (with each kernel's name and NVRTC log) are in ``summary.failed``.
+    Works without a GPU when architectures are given (in the file or ``archs``: one name such
+    as ``"sm_90a"`` or a list). ``config`` "-" reads the file from standard input.
+    ``progress``: a bar on a terminal, a line at every tenth of the kernels elsewhere. Returns
+    a summary; failures (with each kernel's name and NVRTC log) are in ``summary.failed``.
     """
     plan = load(config, archs=archs, from_tuning_db=from_tuning_db, sms=sms)
     _check_cache_writable()
     _ = get_settings().cache_max_size  # a bad GE2JIT_CACHE_MAX_SIZE: once, not per kernel
     summary = WarmupSummary()
     t0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(plan.jobs), unit="kernel", desc="ge2jit warmup")
+    bar = _progress(len(plan.jobs)) if progress else None
 
     def on_result(r: CompileOutcome) -> None:
         if r.status == "compiled":

@@ -350,6 +350,10 @@ def test_import_writes_by_the_cache_rules_never_through_a_symlinked_shard(good, 
 
 
 def test_import_holds_the_size_cap(good, tmp_path, monkeypatch):
+    from ge2jit import settings
+
+    # entries of a few hundred bytes: below the setting's floor of 1 MiB, lowered here
+    monkeypatch.setattr(settings, "MIN_CACHE_MAX_SIZE", 0)
     monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1000")   # about two of the three entries
     reload_settings()
     import_bundle(good)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ge2jit.errors import CacheWarning
 from ge2jit.jit.cache import KernelCache
 
 SMALL = textwrap.dedent("""
@@ -298,23 +299,75 @@ def test_cache_info_list_prune_clear(tmp_path):
     assert "removed 6 entries" in r.stdout and valid_entries(cache) == (0, 0)
 
 
-def test_size_cap_evicts_least_recently_used(tmp_path, monkeypatch):
+def test_a_cap_smaller_than_a_kernel_is_kept_in_memory_with_one_warning(tmp_path):
     from ge2jit.jit.loader import build
     from ge2jit.ops.gemm.epilogue import Act, Epilogue, Layout
     from ge2jit.ops.gemm.spec import TILED_CONFIGS, DType, TiledGemmSpec
-    from ge2jit.settings import reload_settings
 
-    monkeypatch.setenv("GE2JIT_CACHE_MAX_SIZE", "1")
-    reload_settings()
-    try:
-        c = KernelCache(tmp_path)
-        spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
-                             Epilogue(out_dtype=DType.F32, act=Act.RELU), TILED_CONFIGS[-1])
-        build(spec, "sm_80", cache=c)
-        assert valid_entries(tmp_path) == (0, 0), "over the cap at once: evicted"
-    finally:
-        monkeypatch.delenv("GE2JIT_CACHE_MAX_SIZE")
-        reload_settings()
+    c = KernelCache(tmp_path, max_size=1000)
+    spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.ROW,
+                         Epilogue(out_dtype=DType.F32, act=Act.RELU), TILED_CONFIGS[-1])
+    with pytest.warns(CacheWarning, match="too small for a kernel"):
+        entry, _ = build(spec, "sm_80", cache=c)
+    assert c.where(entry.key) is None and valid_entries(tmp_path) == (0, 0)
+
+
+@pytest.mark.parametrize("value", ["0", "10KB"])
+def test_a_cap_setting_smaller_than_a_kernel_is_refused_in_one_line(tmp_path, value):
+    for args in (["cache", "info"], ["warmup", str(write(tmp_path, SMALL)), "--no-progress"]):
+        r = ge2jit(args, tmp_path / "c", env={"GE2JIT_CACHE_MAX_SIZE": value})
+        line = one_line_error(r, f"ge2jit {args[0]}" + (" info" if args[0] == "cache" else ""))
+        assert line.split(": ", 1)[1].startswith("GE2JIT_CACHE_MAX_SIZE: expected at least 1MiB")
+        assert f"got '{value}'" in line
+    assert valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_cache_info_shows_the_cap(tmp_path):
+    r = ge2jit(["cache", "info"], tmp_path / "c", env={"GE2JIT_CACHE_MAX_SIZE": "2GB"})
+    assert r.returncode == 0, r.stderr
+    assert "cap:       1.9 GiB (2000000000 bytes, GE2JIT_CACHE_MAX_SIZE=2GB)" in r.stdout
+    r = ge2jit(["cache", "info"], tmp_path / "c")
+    assert "cap:       none (GE2JIT_CACHE_MAX_SIZE is not set)" in r.stdout
+    assert "disk cache enabled\n" in r.stdout and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("how, words", [
+    ("a plain file", "is not a directory"),
+    ("in a plain file", "is not a directory"),     # as /proc/x: it cannot be made
+    ("open to all", "writable by every user"),
+])
+def test_cache_info_says_when_the_disk_cache_cannot_store_kernels(tmp_path, how, words):
+    import json
+
+    (tmp_path / "file").write_text("x")
+    cache = {"a plain file": tmp_path / "file", "in a plain file": tmp_path / "file" / "c",
+             "open to all": tmp_path / "open"}[how]
+    if how == "open to all":
+        cache.mkdir()
+        cache.chmod(0o777)
+    r = ge2jit(["cache", "info"], cache)
+    line = one_line_error(r, "ge2jit cache info", 1)
+    assert line.startswith("ge2jit cache info: the disk cache is not used: ") and words in line
+    assert "kept in memory only" in line
+    assert f"disk cache not used: {cache}" in r.stdout and words in r.stdout
+    info = json.loads(ge2jit(["cache", "info", "--json"], cache).stdout)
+    assert info["writable"] is False and words in info["not_writable_reason"]
+    assert info["disk_cache"].startswith("not used: ")
+
+
+def test_cache_info_json_for_scripts(tmp_path):
+    import json
+
+    cache = tmp_path / "c"
+    fake_entries(cache, ["gemm_a", "gemm_b"])
+    r = ge2jit(["cache", "info", "--json"], cache, env={"GE2JIT_CACHE_MAX_SIZE": "1GiB"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    info = json.loads(r.stdout)
+    assert info["location"] == str(cache) and info["entries"] == 2
+    assert info["writable"] is True and info["not_writable_reason"] is None
+    assert info["disk_cache"] == "enabled" and info["max_size_bytes"] == 2 ** 30
+    assert info["max_size_setting"] == "1GiB" and info["nvrtc"].startswith("NVRTC ")
+    assert "--json" in ge2jit(["cache", "info", "--help"], cache).stdout
 
 
 def test_version_and_help():
@@ -579,9 +632,13 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
 
 
 def test_a_failure_of_the_work_is_one_line(tmp_path):
+    # a file that is no library: NVRTC is unusable (1), where a path that names no file is a
+    # mistake in the variable (2, test_a_bad_setting_is_one_line_and_exit_2)
+    fake = tmp_path / "libnvrtc.so.13"
+    fake.write_text("not a library\n")
     r = ge2jit(["cache", "export", str(tmp_path / "b.zip")], tmp_path / "c",
-               env={"GE2JIT_NVRTC": str(tmp_path / "no-nvrtc.so")})
-    assert "GE2JIT_NVRTC" in one_line_error(r, "ge2jit cache export", 1)
+               env={"GE2JIT_NVRTC": str(fake)})
+    assert f"could not load NVRTC from {fake}" in one_line_error(r, "ge2jit cache export", 1)
 
 
 def test_an_unexpected_error_is_one_line_unless_verbose(monkeypatch, capsys):
@@ -721,13 +778,64 @@ def test_clear_counts_entries_not_files(tmp_path):
     assert not list(cache.glob("??/*"))
 
 
-@pytest.mark.parametrize("args", [["cache", "info"], ["warmup", "w.toml", "--no-progress"]])
-def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args):
+@pytest.mark.parametrize("args", [["cache", "info"], ["warmup", "w.toml", "--no-progress"],
+                                  ["cache", "list"]])
+@pytest.mark.parametrize("name, value", [
+    ("GE2JIT_CACHE_MAX_SIZE", "lots"), ("GE2JIT_DISABLE_CACHE", "maybe"),
+    ("GE2JIT_VERBOSE", "loud"), ("GE2JIT_SAVE_SOURCE", "please"),
+    ("GE2JIT_FLOAT32_PRECISION", "half"), ("GE2JIT_NVRTC", "/nonexistent/libnvrtc.so.13"),
+])
+def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args, name, value):
     write(tmp_path, SMALL)
-    r = ge2jit(args, tmp_path / "c", cwd=tmp_path, env={"GE2JIT_CACHE_MAX_SIZE": "lots"})
-    line = one_line_error(r, f"ge2jit {args[0]}" + (" info" if args[0] == "cache" else ""))
-    assert "GE2JIT_CACHE_MAX_SIZE" in line and "'lots'" in line and "FAILED" not in r.stdout
+    r = ge2jit(args, tmp_path / "c", cwd=tmp_path, env={name: value})
+    prefix = f"ge2jit {args[0]}" + (f" {args[1]}" if args[0] == "cache" else "")
+    line = one_line_error(r, prefix)
+    assert line.startswith(f"{prefix}: {name}") and f"'{value}'" in line and "expected" in line
+    assert "FAILED" not in r.stdout and r.stdout == ""
     assert valid_entries(tmp_path / "c") == (0, 0)
+
+
+def test_an_empty_warmup_file_is_one_line_and_exit_2(tmp_path):
+    for text in ("", 'archs = ["sm_80"]\n'):
+        r = ge2jit(["warmup", str(write(tmp_path, text)), "--no-progress"], tmp_path / "c")
+        line = one_line_error(r, "ge2jit warmup")
+        assert "the warm-up file lists no kernels" in line and "0kernel" not in r.stderr
+        assert r.stdout == ""
+
+
+def test_warmup_reads_the_file_from_standard_input(tmp_path):
+    r = ge2jit(["warmup", "-", "--no-progress"], tmp_path / "c", input=SMALL)
+    assert r.returncode == 0, r.stderr
+    assert "6 compiled, 0 already cached, 0 failed" in r.stdout
+    bad = ge2jit(["warmup", "-"], tmp_path / "c", input=SMALL.replace("acts =", "act ="))
+    assert one_line_error(bad, "ge2jit warmup").startswith("ge2jit warmup: <stdin>:5: ")
+    assert "standard input" in ge2jit(["warmup", "--help"], tmp_path / "c").stdout
+
+
+def test_warmup_progress_into_a_log_is_plain_lines(tmp_path):
+    """Its stderr is a pipe here, as in CI: no progress bar's carriage-return frames."""
+    r = ge2jit(["warmup", str(write(tmp_path, SMALL)), "-j", "2"], tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr and "it/s" not in r.stderr and "kernel/s" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines and all(line.startswith("ge2jit warmup: ") for line in lines), r.stderr
+    assert lines[-1].startswith("ge2jit warmup: 6/6 kernels (100%), ")
+
+
+def test_sizes_on_the_command_line_are_read_honestly(tmp_path):
+    from ge2jit import cli
+
+    assert cli.parse_size("1MB") == 10 ** 6 and cli.parse_size("1MiB") == 2 ** 20
+    assert cli.parse_size("2G") == 2 * 10 ** 9 and cli.parse_size("4096") == 4096
+    cache = tmp_path / "c"
+    fake_entries(cache, ["gemm_a", "gemm_b", "gemm_c"])
+    size = sum(p.stat().st_size for p in cache.glob("??/*.cubin"))
+    r = ge2jit(["cache", "prune", "--max-size", f"{size / 1000:.3f}kB"], cache)
+    assert r.returncode == 0 and "removed 0 entries" in r.stdout, (r.stdout, r.stderr)
+    r = ge2jit(["cache", "prune", "--max-size", f"{(size - 1) / 1024:.4f}KiB"], cache)
+    assert r.returncode == 0 and "removed 1 entries" in r.stdout, (r.stdout, r.stderr)
+    text = " ".join(ge2jit(["cache", "prune", "--help"], cache).stdout.split())
+    assert "2GB (2 * 10**9 bytes" in text and "2GiB (2 * 2**30" in text
 
 
 def test_warnings_are_one_line_naming_the_command(tmp_path):

@@ -98,7 +98,8 @@ def test_inspect_by_name_takes_config_objects_and_numpy_dtypes():
 
 
 @pytest.mark.parametrize("name, kwargs, start", [
-    ("bogus", {}, "config: expected a name like '128x128x8_w32x64_s3'"),
+    ("bogus", {}, "op or config: no op or config named 'bogus' (not a config of "
+                  "gemm_bias_act: expected a name like '128x128x8_w32x64_s3'"),
     ("128x128x16_w32x64_s3", {"dtype": "int8"}, "dtype: expected one of float32, float16, "
                                                 "bfloat16, got 'int8'"),
     ("128x128x16_w32x64_s3", {"act": "swish"}, "act: unknown activation 'swish'"),
@@ -117,6 +118,43 @@ def test_inspect_by_name_bad_arguments_are_one_line(name, kwargs, start):
     with pytest.raises(ge2jit.ArgumentValueError) as e:
         ge2jit.inspect(name, **kwargs)
     assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("args, kwargs", [((), {"arch": "sm_90"}), ((), {}),
+                                          ((object(),), {})])
+def test_inspect_of_a_misspelt_op_names_no_config_and_lists_the_ops(args, kwargs):
+    # with or without an arch (and without a GPU), or with arrays after the name
+    with pytest.raises(ge2jit.ArgumentValueError) as e:
+        ge2jit.inspect("softmaxx", *args, **kwargs)
+    text = str(e.value)
+    assert text.startswith("op or config: no op or config named 'softmaxx' (did you mean "
+                           "'softmax'?); the ops: gemm_bias_act, ")
+    assert "rms_norm, " in text and "\n" not in text and "128x128" not in text
+
+
+def test_inspect_of_a_name_that_is_no_op_nor_config_lists_the_ops():
+    with pytest.raises(ge2jit.ArgumentValueError) as e:
+        ge2jit.inspect("nothing_like_it", object())
+    assert str(e.value) == ("op or config: no op or config named 'nothing_like_it'; the ops: "
+                            + ", ".join(op.name for op in ge2jit.runtime.registry.ops()))
+
+
+@pytest.mark.parametrize("call, missing", [
+    (lambda: ge2jit.benchmark_configs(["128x128x16_w32x64_s3", "64x64x8_4x4"]),
+     "gemm_bias_act (its arrays and keywords) to time each config on; missing a required "
+     "argument: 'a'"),
+    (lambda: ge2jit.benchmark_configs("softmax", configs=["x"]),
+     "softmax (its arrays and keywords) to time each config on; missing a required argument: "
+     "'x'"),
+    (lambda: ge2jit.benchmark_configs("softmax", 1, 2, 3, 4, configs=["x"]),
+     "softmax (its arrays and keywords) to time each config on; too many positional "
+     "arguments"),
+])
+def test_benchmark_configs_without_a_call_to_time_raises(call, missing):
+    # rather than a table with the same TypeError for every config
+    with pytest.raises(ge2jit.ArgumentTypeError) as e:
+        call()
+    assert str(e.value) == f"args: expected the arguments of a call of {missing}"
 
 
 @pytest.mark.parametrize("missing", ["cuobjdump", "nvdisasm"])

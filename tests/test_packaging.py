@@ -4,7 +4,9 @@ ships the kernel templates and compiles kernels from them."""
 from __future__ import annotations
 
 import email
+import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -148,3 +150,44 @@ def test_without_cupy_each_call_names_the_extra():
         assert line.split(" | ")[1].startswith("cupy is not installed; install ge2jit with a "
                                               'CUDA extra: pip install "ge2jit[cuda13]"'), line
         assert '"ge2jit[cuda12]"' in line, line
+
+
+def _make_n(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``make -n ARGS`` with the repository's Makefile in ``tmp_path`` (its environments are
+    looked for there: nothing is installed, nothing of the checkout's is touched)."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").touch(exist_ok=True)
+    os.utime(tmp_path / "pyproject.toml", (1, 1))   # older than any environment's marker
+    return subprocess.run(["make", "-n", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_make_keeps_one_environment_per_cuda_major(tmp_path):
+    default = _make_n(tmp_path, "demo")
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.splitlines() == [
+        "python3 -m venv .venv", ".venv/bin/python -m pip install -q --upgrade pip",
+        '.venv/bin/python -m pip install -q -e ".[cuda13,test]"',
+        "touch .venv/.installed-cuda13", ".venv/bin/python -m ge2jit.demo"]
+    (tmp_path / ".venv").mkdir()   # as after `make demo`: .venv made and up to date
+    (tmp_path / ".venv" / ".installed-cuda13").touch()
+    assert _make_n(tmp_path, "test").stdout.splitlines() == [".venv/bin/ruff check .",
+                                                            ".venv/bin/python -m pytest"]
+    cuda12 = _make_n(tmp_path, "demo", "CUDA=cuda12")
+    assert cuda12.returncode == 0, cuda12.stderr
+    assert cuda12.stdout.splitlines() == [
+        "python3 -m venv .venv-cuda12", ".venv-cuda12/bin/python -m pip install -q --upgrade pip",
+        '.venv-cuda12/bin/python -m pip install -q -e ".[cuda12,test]"',
+        "touch .venv-cuda12/.installed-cuda12", ".venv-cuda12/bin/python -m ge2jit.demo"]
+
+
+def test_make_refuses_to_mix_cuda_majors_in_one_environment(tmp_path):
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".installed-cuda13").touch()
+    r = _make_n(tmp_path, "demo", "CUDA=cuda12", "VENV=.venv")
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.rstrip().endswith(
+        "*** .venv holds ge2jit for cuda13, not cuda12: leave VENV unset (CUDA=cuda12 uses "
+        ".venv-cuda12) or name another VENV.  Stop."), r.stderr

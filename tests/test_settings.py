@@ -48,10 +48,16 @@ else:
 
 @pytest.mark.parametrize("name, value, call, expected", [
     ("GE2JIT_CACHE_MAX_SIZE", "lots", "ge2jit.cache_info()",
-     "expected a size such as 2GB or 500MB, got 'lots'"),
+     "expected a size such as 2GB (2 * 10**9 bytes), 2GiB (2 * 2**30) or 1048576 (bytes), "
+     "got 'lots'"),
     ("GE2JIT_FLOAT32_PRECISION", "half",
      "from ge2jit.settings import get_settings; get_settings().float32_precision",
      "expected one of ieee, tf32, tf32x3, got 'half'"),
+    ("GE2JIT_DISABLE_CACHE", "maybe", "ge2jit.cache_info()",
+     "expected 1, 0, true, false, yes, no, on or off (empty: unset), got 'maybe'"),
+    ("GE2JIT_VERBOSE", "loud", "ge2jit.cache_info()",
+     "expected 0, 1 or 2 (or false, true, debug; also no, yes, off, on; empty: unset), "
+     "got 'loud'"),
 ])
 def test_a_bad_variable_does_not_break_import_and_is_reported_at_use(name, value, call,
                                                                      expected):
@@ -76,9 +82,103 @@ def test_good_values(env):
     env(GE2JIT_CACHE_MAX_SIZE=" 1.5GiB ", GE2JIT_FLOAT32_PRECISION="TF32")
     s = get_settings()
     assert s.cache_max_size == int(1.5 * 1024 ** 3) and s.float32_precision == "tf32"
-    assert parse_size("500M") == 500 * 1024 ** 2 and parse_size("1024") == 1024
-    with pytest.raises(ValueError, match="expected a size"):
-        parse_size("-1GB")
+    env(GE2JIT_CACHE_MAX_SIZE="2GB")
+    assert get_settings().cache_max_size == 2 * 10 ** 9
+
+
+@pytest.mark.parametrize("text, size", [
+    ("1024", 1024), ("1024B", 1024), ("1 b", 1),
+    ("1MB", 10 ** 6), ("1M", 10 ** 6), ("1mb", 10 ** 6), ("1MiB", 2 ** 20), ("1mib", 2 ** 20),
+    ("1K", 1000), ("1KB", 1000), ("1kB", 1000), ("1KiB", 1024),
+    ("2G", 2 * 10 ** 9), ("2GB", 2 * 10 ** 9), ("2GiB", 2 * 2 ** 30), ("1TB", 10 ** 12),
+    ("1.5GiB", 3 * 2 ** 29), (" 1.1GB ", 1_100_000_000), ("500M", 500 * 10 ** 6),
+])
+def test_sizes_are_read_honestly(text, size):
+    """MB is 10**6 bytes and MiB 2**20: one parser, for GE2JIT_CACHE_MAX_SIZE and --max-size."""
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["-1GB", "lots", "1iB", "1.5.5", "", "2 parsecs", "1e9"])
+def test_what_is_not_a_size_is_refused(text):
+    with pytest.raises(ValueError, match=r"^expected a size such as 2GB \(2 \* 10\*\*9 bytes\), "
+                                         r"2GiB .*, got '"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("value", ["0", "10KB", "1MB", "1048575"])
+def test_a_cap_smaller_than_a_kernel_is_refused(env, value):
+    """A cap below 1 MiB would evict each kernel right after writing it: refused, naming the
+    variable, what it takes and what it holds (2**20 bytes is the least)."""
+    env(GE2JIT_CACHE_MAX_SIZE=value)
+    with pytest.raises(SettingsError) as e:
+        _ = get_settings().cache_max_size
+    msg = str(e.value)
+    assert msg.startswith("GE2JIT_CACHE_MAX_SIZE: expected at least 1MiB") and "\n" not in msg
+    assert f"got '{value}'" in msg
+    env(GE2JIT_CACHE_MAX_SIZE="1MiB")
+    assert get_settings().cache_max_size == 2 ** 20
+
+
+@pytest.mark.parametrize("name", ["GE2JIT_DISABLE_CACHE", "GE2JIT_SAVE_SOURCE"])
+@pytest.mark.parametrize("value, on", [
+    ("1", True), ("true", True), ("YES", True), ("On", True), (" 1 ", True),
+    ("0", False), ("false", False), ("No", False), ("OFF", False), ("", False), ("  ", False),
+])
+def test_switches_take_the_documented_values(env, name, value, on):
+    env(**{name: value})
+    attribute = name.removeprefix("GE2JIT_").lower()
+    assert getattr(get_settings(), attribute) is on
+
+
+@pytest.mark.parametrize("name", ["GE2JIT_DISABLE_CACHE", "GE2JIT_SAVE_SOURCE"])
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled", "y", "-1"])
+def test_a_switch_with_another_value_is_an_error_not_on(env, name, value):
+    env(**{name: value})
+    attribute = name.removeprefix("GE2JIT_").lower()
+    with pytest.raises(SettingsError) as e:
+        getattr(get_settings(), attribute)
+    assert str(e.value) == (f"{name}: expected 1, 0, true, false, yes, no, on or off (empty: "
+                            f"unset), got '{value}'")
+
+
+@pytest.mark.parametrize("value, level", [("", 0), ("0", 0), ("off", 0), ("1", 1), ("TRUE", 1),
+                                          ("yes", 1), ("2", 2), ("debug", 2)])
+def test_verbose_levels(env, value, level):
+    env(GE2JIT_VERBOSE=value)
+    assert get_settings().verbose == level
+
+
+def test_a_bad_verbose_is_an_error_at_the_first_cache_use_and_logs_nothing(env, tmp_path):
+    from ge2jit.jit.cache import KernelCache
+
+    env(GE2JIT_VERBOSE="loud")
+    settings = get_settings()                          # reading the environment never fails
+    assert _our_handlers() == []                       # not taken as "on"
+    with pytest.raises(SettingsError, match=r"^GE2JIT_VERBOSE: expected 0, 1 or 2 .*'loud'$"):
+        KernelCache(tmp_path)
+    with pytest.raises(SettingsError, match="GE2JIT_VERBOSE"):
+        settings.check()
+
+
+def test_a_bad_disable_cache_is_an_error_where_the_cache_is_made(env, tmp_path):
+    from ge2jit.jit.cache import KernelCache
+    from ge2jit.tune.db import TuningDB
+
+    env(GE2JIT_DISABLE_CACHE="maybe")
+    for make in (KernelCache, TuningDB):
+        with pytest.raises(SettingsError, match=r"^GE2JIT_DISABLE_CACHE: expected 1, 0, "):
+            make(tmp_path)
+
+
+def test_nvrtc_naming_no_file_is_a_settings_error(env, tmp_path):
+    env(GE2JIT_NVRTC=str(tmp_path / "libnvrtc.so.13"))
+    with pytest.raises(SettingsError, match=r"^GE2JIT_NVRTC='.*libnvrtc.so.13': expected the "
+                                            r"path of a libnvrtc.so.\* file"):
+        get_settings().check()
+    lib = tmp_path / "libnvrtc.so.13"
+    lib.write_bytes(b"")
+    env(GE2JIT_NVRTC=str(lib))
+    assert get_settings().nvrtc_library == lib
 
 
 def test_unset_values_take_their_defaults(env, monkeypatch):

@@ -288,3 +288,71 @@ def test_sms_from_python_is_checked(tmp_path, sms):
     cfg.write_text('archs = ["sm_80"]\n[[adam_update]]\n')
     with pytest.raises(WarmupConfigError, match=r"sms: expected a positive integer"):
         load(cfg, sms=sms)
+
+
+WARMUP = 'archs = ["sm_80"]\n[[adam_update]]\n'
+
+
+@pytest.mark.parametrize("archs, expected", [
+    ("sm_90", ("sm_90",)), ("90a", ("sm_90a",)), (("sm_80", "sm_90"), ("sm_80", "sm_90")),
+    (["sm_90a"], ("sm_90a",)),
+])
+def test_archs_from_python_take_one_name_or_a_list(tmp_path, archs, expected):
+    """A string is one architecture, not the letters of one (it was read as 's', 'm', ...)."""
+    from ge2jit.precompile import load
+
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(WARMUP)
+    plan = load(cfg, archs=archs)
+    assert plan.archs == expected and len(plan.jobs) > 0
+
+
+@pytest.mark.parametrize("archs", [90, {"sm_90"}, b"sm_90"])
+def test_archs_of_another_type_are_one_line_errors(tmp_path, archs):
+    from ge2jit.precompile import WarmupConfigError, load
+
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(WARMUP)
+    with pytest.raises(WarmupConfigError, match=r"^archs: expected an architecture such as "
+                                                r"'sm_90a' or a list of them, got "):
+        load(cfg, archs=archs)
+
+
+@pytest.mark.parametrize("text, got", [("", "an empty file"), ("# nothing yet\n", "an empty file"),
+                                       ('archs = ["sm_80"]\n', "only archs")])
+def test_a_warmup_file_without_kernels_is_an_error(tmp_path, text, got):
+    from ge2jit.precompile import WarmupConfigError, load
+
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(text)
+    with pytest.raises(WarmupConfigError) as e:
+        load(cfg, archs="sm_80")
+    msg = str(e.value)
+    assert msg.startswith(f"{cfg}: the warm-up file lists no kernels: expected at least one "
+                          "table such as [[gemm_bias_act]] (accepted: gemm_bias_act, ")
+    assert f"got {got};" in msg and "\n" not in msg
+
+
+def test_progress_without_a_terminal_is_plain_lines(capsys):
+    from ge2jit import precompile
+
+    bar = precompile._progress(25)           # pytest's stderr is no terminal
+    for _ in range(25):
+        bar.update(1)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) == 10 and lines[-1].startswith("ge2jit warmup: 25/25 kernels (100%), ")
+    assert lines[0].startswith("ge2jit warmup: 3/25 kernels (12%), ")
+
+
+def test_progress_on_a_terminal_is_a_bar(monkeypatch):
+    from ge2jit import precompile
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    bar = precompile._progress(3)
+    try:
+        assert type(bar).__module__.startswith("tqdm")
+    finally:
+        bar.close()

@@ -63,6 +63,8 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEX
 
 logger = logging.getLogger("ge2jit.cache")
 
+_FROM_SETTINGS = object()            # KernelCache's max_size: GE2JIT_CACHE_MAX_SIZE
+
 
 def _read_umask() -> int:
     """This process's umask, read without changing it where Linux tells (/proc)."""
@@ -229,6 +231,7 @@ class CacheDirs:
         self.writable = enabled              # False after a refusal or a failed write
         self.what, self.kept = what, kept
         self._refused: dict[int, str | None] = {}   # index -> why it is not used
+        self._failed_write: str | None = None       # why the last write failed
         self._warned = False
         self._lock = threading.Lock()
 
@@ -276,6 +279,13 @@ class CacheDirs:
             return False
         return True
 
+    def refused_why(self, i: int) -> str | None:
+        """Why this process stopped using directory ``i`` (refused, or a write failed), or
+        None when it has not."""
+        if i == 0 and self._failed_write:
+            return self._failed_write
+        return self._refused.get(i)                 # "it is ...", "its subdirectory ..."
+
     def refuse(self, i: int, why: str) -> None:
         """Stop using directory ``i`` for this process; warn once."""
         root = self.roots[i]
@@ -299,6 +309,7 @@ class CacheDirs:
         """A write failed (read-only, full): keep to memory for this process; warn once."""
         with self._lock:
             self.writable = False
+            self._failed_write = f"a write failed ({err.strerror or err})"
             if self._warned:
                 return
             self._warned = True
@@ -318,13 +329,23 @@ class KernelCache:
         root: one directory or several in look-up order (default: ``GE2JIT_CACHE_DIR``).
             Misses are written to the first; the others are only read (a shared, warmed cache).
         enabled: False keeps kernels in memory only (default: not ``GE2JIT_DISABLE_CACHE``).
+        max_size: the first directory's size cap in bytes, None for none (default:
+            ``GE2JIT_CACHE_MAX_SIZE``, read at each write).
+
+    Raises:
+        SettingsError: GE2JIT_DISABLE_CACHE or GE2JIT_VERBOSE holds a value that is no switch.
     """
 
     def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None, *,
-                 enabled: bool | None = None):
+                 enabled: bool | None = None, max_size: int | None | object = _FROM_SETTINGS):
         settings = get_settings()
+        # GE2JIT_VERBOSE decides the compile log, which starts with the cache: a bad value is
+        # reported here, at the first compile or cache command, not taken as "on".
+        _ = settings.verbose
         roots = tuple(settings.cache_dirs) if root is None else CacheDirs.parse(root)
         enabled = (not settings.disable_cache) if enabled is None else enabled
+        self._max_size = max_size
+        self._cap_warned = False
         self._dirs = CacheDirs(roots, enabled=enabled, what="kernel cache",
                                kept="compiled kernels")
         self.roots: tuple[Path, ...] = self._dirs.roots
@@ -382,14 +403,18 @@ class KernelCache:
         memory; returns the path, or None when they are not on disk (the directory is
         refused or unwritable, with one warning; or the entry alone exceeds the cap)."""
         path = self.path_for(key)
+        # read before anything is written: a bad value raises with nothing half done
+        cap = self.max_size
+        encoded = source.encode() if source is not None and get_settings().save_source else None
+        if cap is not None and not self._fits(cap, len(data) + len(encoded or b"")):
+            return None
         try:
             if not self._dirs.prepare(path.parent):
                 return None
-            cap = get_settings().cache_max_size
             replaced = _file_bytes(path) if cap is not None else 0
             atomic_write(path, data)
-            if source is not None and get_settings().save_source:
-                atomic_write(path.with_suffix(SOURCE_SUFFIX), source.encode())
+            if encoded is not None:
+                atomic_write(path.with_suffix(SOURCE_SUFFIX), encoded)
         except OSError as e:
             self._dirs.fall_back(e)
             return None
@@ -397,6 +422,50 @@ class KernelCache:
         if cap is not None and not self._hold_cap(cap, _file_bytes(path) - replaced, path):
             return None
         return path
+
+    @property
+    def max_size(self) -> int | None:
+        """The first directory's size cap in bytes, or None.
+
+        Raises:
+            SettingsError: GE2JIT_CACHE_MAX_SIZE cannot be used (when it is the source).
+        """
+        if self._max_size is _FROM_SETTINGS:
+            return get_settings().cache_max_size
+        return self._max_size
+
+    def _fits(self, cap: int, size: int) -> bool:
+        """Whether an entry of ``size`` bytes can stay under the cap; warns once when not.
+
+        Eviction goes down to nine tenths of the cap, so a larger entry would be evicted by its
+        own write, after evicting every other: it is kept in memory instead, and said so.
+        """
+        if size <= cap - cap // 10:
+            return True
+        if not self._cap_warned:
+            self._cap_warned = True
+            setting = get_settings().cache_max_size_text.strip()
+            named = (f"GE2JIT_CACHE_MAX_SIZE={setting}" if self._max_size is _FROM_SETTINGS
+                     else "max_size")
+            warnings.warn(
+                f"ge2jit's kernel cache cap ({named}, {cap} bytes) is too small for a kernel of "
+                f"{size} bytes (eviction goes down to nine tenths of the cap); such kernels "
+                "are kept in memory for this process only. Raise the cap (2GB holds thousands "
+                "of kernels).", CacheWarning, stacklevel=4)
+        return False
+
+    def where(self, key: str) -> Path | None:
+        """The file that holds ``key``'s entry on disk (in the first directory that has it), or
+        None when the entry is in memory only (the disk cache is disabled, refused, not
+        writable, or the entry did not fit the cap)."""
+        for _, root in self._dirs.readable():
+            path = root / key[:2] / (key[2:] + SUFFIX)
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    return path
+            except OSError:
+                continue
+        return None
 
     def _hold_cap(self, cap: int, added: int, path: Path) -> bool:
         """Evict least recently used entries if the first directory now holds more than
@@ -423,35 +492,71 @@ class KernelCache:
         self.prune(max_bytes=cap - cap // 10)
         return os.path.lexists(path)
 
-    def writable_problem(self) -> str | None:
+    def writable_problem(self, *, create: bool = True) -> str | None:
         """Why the first directory cannot take new entries (disabled, refused, not writable),
-        or None when it can. Creates the directory; warns of nothing."""
+        or None when it can. Warns of nothing.
+
+        ``create``: make the directory (as the first write would); False leaves a missing one
+        missing and tries a file in its nearest existing parent instead (what ``info`` does).
+        """
         if not self.enabled:
             return "the disk cache is disabled (GE2JIT_DISABLE_CACHE)"
+        refused = self._dirs.refused_why(0)   # this process already gave up on it
+        if refused:
+            return f"{self.root}: {refused}"
+        where = self.root
         try:
-            _make_dirs(self.root)
-            why = _dir_problem(self.root, shared=False, follow=True)
-            if why:
-                return f"{self.root} is {why}"
-            fd, probe = tempfile.mkstemp(dir=self.root, prefix=f"{TMP_PREFIX}{os.getpid()}-")
+            if create:
+                _make_dirs(self.root)
+            else:
+                while not os.path.lexists(where) and where.parent != where:
+                    where = where.parent
+                if not where.is_dir():
+                    return (f"{self.root} cannot be made: {where} is not a directory"
+                            if where != self.root else f"{self.root} is not a directory")
+            if where == self.root:
+                why = _dir_problem(self.root, shared=False, follow=True)
+                if why:
+                    return f"{self.root} is {why}"
+            fd, probe = tempfile.mkstemp(dir=where, prefix=f"{TMP_PREFIX}{os.getpid()}-")
             os.close(fd)
             os.unlink(probe)
         except OSError as e:
+            if where != self.root:
+                return f"{self.root} cannot be made in {where} ({e.strerror or e})"
             return f"{self.root} is not writable ({e.strerror or e})"
         return None
 
     def info(self) -> dict:
-        """Location, entries, size on disk, and this process's hit/miss counters."""
+        """Location, whether new kernels can be stored there (and if not, why), entries, size on
+        disk, the size cap, and this process's hit/miss counters.
+
+        ``disk_cache`` is ``"enabled"``, ``"disabled (GE2JIT_DISABLE_CACHE)"`` or ``"not
+        used: <why>"`` (then compiled kernels are kept in memory only); ``writable`` and
+        ``not_writable_reason`` say the same for scripts. Creates nothing.
+
+        Raises:
+            SettingsError: GE2JIT_CACHE_MAX_SIZE cannot be used.
+        """
+        cap = self.max_size
+        why = self.writable_problem(create=False) if self.enabled else None
         entries = list(self.entries())
+        if not self.enabled:
+            disk = "disabled (GE2JIT_DISABLE_CACHE)"
+        else:
+            disk = f"not used: {why}" if why else "enabled"
         return {
             "location": str(self.root),
             "read_only_locations": [str(r) for r in self.roots[1:]],
-            "disk_cache": "enabled" if self.enabled else "disabled (GE2JIT_DISABLE_CACHE)",
-            "writable": self._dirs.writable,
+            "disk_cache": disk,
+            "writable": self.enabled and why is None,
+            "not_writable_reason": why,
             "entries": len(entries),
             "unreadable_entries": sum(1 for _, e in entries if e is None),
             "size_bytes": sum(p.stat().st_size for p, _ in entries),
-            "max_size_bytes": get_settings().cache_max_size,
+            "max_size_bytes": cap,
+            "max_size_setting": (get_settings().cache_max_size_text.strip() or None
+                                 if self._max_size is _FROM_SETTINGS else None),
             "process_hits": self.hits,
             "process_misses": self.misses,
             "process_corrupt_entries": self.corrupt,

@@ -7,9 +7,20 @@ works on machines with no GPU, for any architecture NVRTC supports.
 Which NVRTC is used: ``GE2JIT_NVRTC`` (a path to ``libnvrtc.so.*``) if set; otherwise the newest
 one shipped in an ``nvidia-cuda-nvrtc`` wheel installed in a site-packages directory (see
 ``_install_dirs``: never the working directory or the script's, where a planted library would
-run its code in this process); otherwise whatever CuPy finds. The choice must be made before
-CuPy first touches NVRTC, so it happens at import of ge2jit; ``nvrtc_info()`` reports what was
-loaded and why.
+run its code in this process); otherwise the one ``cuda.pathfinder`` loads (CuPy's own search:
+conda, the system loader's path, CUDA_PATH); otherwise whatever CuPy finds. The choice must be
+made before CuPy first touches NVRTC, so it happens at import of ge2jit; ``nvrtc_info()``
+reports what was loaded and why.
+
+Why the wheel search is ge2jit's own and not ``cuda.pathfinder.load_nvidia_dynamic_lib``:
+pathfinder takes the first library it meets in ``site.getsitepackages()`` under fixed folders
+(``nvidia/cu13/lib``, ``nvidia/cuda_nvrtc/lib``) with the sonames it knows (12 and 13). It does
+not look in a ``pip install --target`` folder named in PYTHONPATH (how the GPU machines carry
+NVRTC 13.5 beside an image's 13.0, see the README), does not compare versions to take the
+newest of several wheels, and would load a system NVRTC before a newer wheel outside
+site-packages. It does the rest of the search (conda, the system, CUDA_PATH), so that part is
+its: ``_load_by_pathfinder``. The CUDA headers are found by pathfinder too
+(``cuda_include_dir``).
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from ..errors import (
     KernelCompileError,
     MissingDependencyError,
     NvrtcError,
+    SettingsError,
 )
 from ..settings import get_settings
 
@@ -124,20 +136,33 @@ def _preload(lib: Path) -> None:
 
 def _choose_library() -> tuple[Path, str] | None:
     """The library to load and why (``NvrtcInfo.reason``), or None to leave it to CuPy."""
-    requested = get_settings().nvrtc_path
-    if requested:
-        chosen = Path(requested).expanduser()
-        if not chosen.is_file():
-            raise NvrtcError(
-                f"GE2JIT_NVRTC={requested!r}: expected the path of a libnvrtc.so.* file, "
-                "but no such file exists"
-            )
+    try:
+        chosen = get_settings().nvrtc_library
+    except SettingsError as e:   # no NVRTC to compile with (the command checks it as a setting)
+        raise NvrtcError(str(e)) from None
+    if chosen is not None:
         return chosen, "GE2JIT_NVRTC"
     candidates = _wheel_candidates()
     if not candidates:
         return None
     (major, minor), path, where = candidates[0]
     return path, f"nvidia-cuda-nvrtc {major}.{minor} wheel in {where}"
+
+
+def _load_by_pathfinder() -> str | None:
+    """Load NVRTC as CuPy would, through ``cuda.pathfinder`` (conda, the system loader's path,
+    CUDA_PATH), so that ``nvrtc_info`` can say where it came from; the reason, or None when
+    pathfinder is not installed or finds none (CuPy's binding then reports it at the first
+    compile)."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError:
+        return None
+    try:
+        loaded = load_nvidia_dynamic_lib("nvrtc")
+    except Exception:  # noqa: BLE001 - not found or not loadable: left to CuPy, as before
+        return None
+    return f"found by cuda.pathfinder ({loaded.found_via})"
 
 
 def preload() -> None:
@@ -160,6 +185,10 @@ def preload() -> None:
         if chosen is None:
             if already:
                 _loaded["reason"] = "already loaded in the process"
+            else:
+                reason = _load_by_pathfinder()
+                if reason:
+                    _loaded["reason"] = reason
             return
         chosen, reason = chosen
         _loaded["reason"] = reason
@@ -219,7 +248,8 @@ class NvrtcInfo:
     fingerprint: str
     supported_archs: tuple[str, ...]
     #: why this library: "GE2JIT_NVRTC", "nvidia-cuda-nvrtc 13.5 wheel in <site-packages>",
-    #: "already loaded in the process" (before ge2jit's import) or "loaded by CuPy"
+    #: "found by cuda.pathfinder (<how>)", "already loaded in the process" (before ge2jit's
+    #: import) or "loaded by CuPy"
     reason: str = ""
 
     def __str__(self) -> str:

@@ -24,7 +24,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from .checks import not_an_array
+from .checks import not_an_array, not_on_cuda
 from .dtypes import FP8_DTYPES
 
 _cupy_mod = None
@@ -66,7 +66,8 @@ class Framework:
 
     def key(self, x) -> tuple:
         """Everything about ``x`` a prepared call depends on, except its pointer (only the
-        pointer's 16-byte alignment): shape, strides, dtype, device."""
+        pointer's 16-byte alignment): shape, strides, dtype, device. Raises TypeError for an
+        ``x`` that can have no prepared call (a tensor on the CPU)."""
         raise NotImplementedError
 
     def view(self, x, name: str):
@@ -190,7 +191,10 @@ class TorchFramework(Framework):
         self._devices: dict[int, object] = {}
 
     def key(self, x) -> tuple:
-        return (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15)
+        # device_of refuses a tensor on the CPU (an ArgumentTypeError: the cached paths take
+        # it as "no signature" and leave the message to the first call's checks) before a
+        # signature asks for the current device, which fails without a GPU
+        return (x.shape, x.stride(), x.dtype, self.device_of(x), x.data_ptr() & 15)
 
     def numpy_dtype(self, dtype, name: str) -> np.dtype:
         dt = self._to_numpy.get(dtype)
@@ -204,11 +208,10 @@ class TorchFramework(Framework):
     def torch_dtype(self, dtype) -> object:
         return self._to_torch[np.dtype(dtype)]
 
-    def device_of(self, x) -> int:
+    def device_of(self, x, name: str = "tensor") -> int:
         d = x.get_device()
         if d < 0:
-            raise ArgumentTypeError(f"expected tensors on a CUDA device, got one on {x.device}; "
-                                    "move it with .cuda()")
+            raise not_on_cuda(x, name)
         return d
 
     def _device(self, device_id: int):
@@ -219,8 +222,7 @@ class TorchFramework(Framework):
 
     def view(self, x, name: str):
         if not x.is_cuda:
-            raise ArgumentTypeError(f"{name}: expected a tensor on a CUDA device, got one on "
-                                    f"{x.device}; move it with {name}.cuda()")
+            raise not_on_cuda(x, name)
         cp = _cp()
         dtype = self.numpy_dtype(x.dtype, name)
         shape = tuple(x.shape)
@@ -382,8 +384,8 @@ def call_arguments(arrays: dict) -> tuple[Framework, int, dict]:
     fw, native = framework_of(arrays)
     if fw is CUPY:
         return fw, _cp().cuda.runtime.getDevice(), native
-    first = next(x for x in native.values() if x is not None)
-    return fw, fw.device_of(first), native
+    name, first = next((name, x) for name, x in native.items() if x is not None)
+    return fw, fw.device_of(first, name), native
 
 
 def views(fw: Framework, native: dict) -> dict:

@@ -21,6 +21,12 @@ def not_an_array(x, name: str) -> ArgumentTypeError:
     return ArgumentTypeError(f"{name}: {what}, got {type(x).__name__}")
 
 
+def not_on_cuda(x, name: str) -> ArgumentTypeError:
+    """The error for a PyTorch tensor that is not on a CUDA device (the CPU, say)."""
+    return ArgumentTypeError(f"{name}: expected a tensor on a CUDA device, got one on "
+                             f"{x.device}; move it with {name}.cuda()")
+
+
 def _cupy():
     from .._deps import require_cupy
 

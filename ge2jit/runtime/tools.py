@@ -122,7 +122,9 @@ def full_key(op_name: str, key: dict) -> dict:
 
 def tuned_config(op_name: str, key: dict) -> str | None:
     """The config name ``tune`` stored for ``key`` (an op's ``tuning_key``) on this device,
-    or None. Ops read their tuned choice with this at call time."""
+    or None. Ops read their tuned choice with this at call time. The database keys it by
+    the code too (``TuningDB.full_key``): a config tuned on other kernel templates is not
+    taken."""
     from ..tune.db import default_db
 
     value = default_db().get(full_key(op_name, key))

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ArgumentTypeError, ArgumentValueError
+from .checks import not_on_cuda
+
 #: the namespace of ge2jit's custom ops: ``torch.ops.ge2jit.<name>``
 NAMESPACE = "ge2jit"
 
@@ -104,15 +107,65 @@ def absent(like: torch.Tensor) -> torch.Tensor:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def traced(*tensors) -> bool:
+def traced(*tensors, names: tuple = ()) -> bool:
     """Whether a call takes the custom ops rather than the eager ``autograd.Function``: it is
-    being traced (``torch.compile``, fake tensors and other subclasses of Tensor) or not every
-    tensor is on a CUDA device (meta tensors get the fake implementations, others the
-    dispatcher's error). None stands for an absent tensor."""
-    return torch.compiler.is_compiling() or any(
-        t is not None and (type(t) not in _PLAIN or not t.is_cuda) for t in tensors)
+    being traced (``torch.compile``, fake tensors and other subclasses of Tensor) or a tensor
+    is a meta tensor (the fake implementations). None stands for an absent tensor.
+
+    Raises:
+        ArgumentTypeError: a tensor on another device (the CPU) or an argument that is no
+            tensor, named by ``names`` (the tensors' argument names, in order). The custom
+            ops are CUDA-only: the dispatcher's own error would be many lines about
+            backends.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    custom = False
+    for i, t in enumerate(tensors):
+        if t is None or (type(t) in _PLAIN and t.is_cuda):
+            continue
+        if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta):
+            custom = True
+        else:
+            raise not_a_cuda_tensor(t, names[i] if i < len(names) else "tensor")
+    return custom
+
+
+def not_a_cuda_tensor(x, name: str) -> ArgumentTypeError:
+    """The error for an argument of a ``ge2jit.torch`` function or layer that is not a tensor
+    on a CUDA device."""
+    if isinstance(x, torch.Tensor):
+        return not_on_cuda(x, name)
+    kind = type(x)
+    kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    return ArgumentTypeError(f"{name}: expected a torch.Tensor on a CUDA device, got {kind}")
+
+
+def check_layer_input(layer, x, features: int, parameter) -> None:
+    """A layer's input ``x``: a tensor whose last dimension is ``features``, on a CUDA device
+    as the layer's ``parameter`` (one of its own, or None where it has none) must be. Checked
+    by the layer, which can name itself and say to move it, before its op would name an
+    operand the caller never saw (a layer built without ``device=`` is on the CPU).
+
+    Raises:
+        ArgumentTypeError: ``x`` is no tensor, or it or the parameter is not on a CUDA device.
+        ArgumentValueError: the last dimension is not ``features``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise not_a_cuda_tensor(x, "input")
+    if x.dim() < 1 or x.shape[-1] != features:
+        raise ArgumentValueError(f"input: expected a last dimension of {features}, got shape "
+                                 f"{tuple(x.shape)}")
+    if not (x.is_cuda or x.is_meta) or (parameter is not None and not (parameter.is_cuda
+                                                                       or parameter.is_meta)):
+        where = "" if parameter is None else f" and the parameters on {parameter.device}"
+        raise ArgumentTypeError(
+            f"{type(layer).__name__}: expected the input and the parameters on a CUDA device, "
+            f"got the input on {x.device}{where}; move them with .cuda() (the layer: "
+            "layer.cuda(), or device='cuda' when it is made)")
 
 
 def needs_grad(*tensors) -> bool:
     """Whether autograd records a call on these tensors (None: absent)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)

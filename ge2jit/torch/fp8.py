@@ -121,7 +121,7 @@ def linear_fp8(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "
     keep_z = bool(save_preact) or (grad and act != "none")
     qw, sw = weight_fp8 if weight_fp8 is not None else (None, None)
     args = (a, b, bias, act, float(leaky_slope), keep_z, name, bool(per_token), qw, sw)
-    if traced(a, b, bias):
+    if traced(a, b, bias, names=("a", "b", "bias")):
         y, z = linear_fp8_op(*args)
     elif grad:
         y, z = _LinearFp8Function.apply(*args)

@@ -10,6 +10,12 @@ Records are read under the kernel cache's rules (regular files of at most
 ``MAX_RECORD_BYTES``, no symlink followed, in directories no one else can write) and checked
 against their schema (``validate_record``); a record that fails is ignored with one warning.
 An unwritable directory keeps records in memory, with one warning.
+
+A record is keyed by the code it was tuned on, too: ``code`` in its key is ``code_fingerprint()``,
+a hash of the kernel templates and of the Python that defines the configs and renders them.
+A config tuned for other kernels may be slow, or no longer exist, for these; so an edit of a
+template makes the records made before it miss (and ``records`` leaves them out), whatever
+the version number says.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import re
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import CacheWarning
@@ -41,6 +48,37 @@ MAX_RECORD_BYTES = 1024 * 1024       # records are a few KiB; more is not one of
 MAX_DEPTH = 6                        # nested objects and arrays; records use 4
 _RECORD_RE = re.compile(r"[0-9a-f]{62}\.json")
 _CONFIG_MAX = 256
+
+
+#: What a tuned config depends on besides its key, under the package: the modules that define
+#: each op's configs, candidates and kernel specs, and those that render them (with the
+#: templates, ``kernel_templates/**``).
+_CODE_SOURCES = ("ops", "jit/spec.py", "jit/render.py", "runtime/rows.py")
+
+
+def fingerprint_of(templates: Path, package: Path) -> str:
+    """A hash (16 hex digits) of every file under ``templates`` and of ``_CODE_SOURCES``'s
+    Python files under ``package``, with their relative names."""
+    files = [(f"kernel_templates/{p.relative_to(templates).as_posix()}", p)
+             for p in sorted(templates.rglob("*")) if p.is_file()]
+    for name in _CODE_SOURCES:
+        where = package / name
+        paths = sorted(where.rglob("*.py")) if where.is_dir() else [where]
+        files += [(f"ge2jit/{p.relative_to(package).as_posix()}", p)
+                  for p in paths if p.is_file()]
+    h = hashlib.sha256(b"ge2jit-tuning-code-v1")
+    for name, path in files:
+        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The fingerprint of this ge2jit's kernels (``fingerprint_of`` its templates and config
+    modules), computed once per process: part of every tuning record's key."""
+    from ..jit.render import template_dir
+
+    return fingerprint_of(template_dir(), Path(__file__).resolve().parent.parent)
 
 
 def _canonical(obj) -> str:
@@ -125,10 +163,14 @@ class TuningDB:
     Args:
         root: the ``tuning`` directory, or several in look-up order (default: ``tuning`` in
             each directory of ``GE2JIT_CACHE_DIR``). Records are written to the first.
+        code: the fingerprint of the code records are for (default: ``code_fingerprint()``):
+            added to every key as ``code`` (see ``full_key``).
     """
 
-    def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None):
+    def __init__(self, root: str | os.PathLike | Sequence[str | os.PathLike] | None = None, *,
+                 code: str | None = None):
         settings = get_settings()
+        self.code = code_fingerprint() if code is None else code
         roots = (tuple(d / "tuning" for d in settings.cache_dirs) if root is None
                  else CacheDirs.parse(root))
         self._dirs = CacheDirs(roots, enabled=not settings.disable_cache,
@@ -148,8 +190,15 @@ class TuningDB:
 
     validate_record = staticmethod(validate_record)
 
+    def full_key(self, key: dict) -> dict:
+        """``key`` as stored: with ``code`` (this database's code fingerprint) unless it names
+        one already (a record read from a bundle keeps the code it was tuned on)."""
+        return key if "code" in key else {**key, "code": self.code}
+
     def get(self, key: dict) -> dict | None:
-        """The stored value for ``key``, or None (a bad record is ignored with one warning)."""
+        """The stored value for ``key`` tuned on this code, or None (a bad record is ignored
+        with one warning)."""
+        key = self.full_key(key)
         d = self.digest(key)
         if d in self._memory:
             return self._memory[d]["value"]
@@ -170,6 +219,7 @@ class TuningDB:
         Raises:
             ValueError: the record would not pass ``validate_record``.
         """
+        key = self.full_key(key)
         d = self.digest(key)
         record = validate_record({"key": key, "value": value, "created": time.time(),
                                   "checksum": hashlib.sha256(_canonical(value).encode())
@@ -187,8 +237,9 @@ class TuningDB:
         return path
 
     def records(self) -> Iterator[dict]:
-        """Yield every valid record on disk (the first directory's where several hold a key)
-        as a dict with 'key' and 'value'; bad ones are ignored with one warning."""
+        """Yield every valid record on disk tuned on this code (the first directory's where
+        several hold a key) as a dict with 'key' and 'value'; bad ones are ignored with one
+        warning, other code's (older kernels') are left out."""
         seen: set[str] = set()
         for i, root in self._dirs.readable():
             for digest in _record_digests(root, shared=i > 0):
@@ -198,7 +249,7 @@ class TuningDB:
                 if record is not None and self.digest(record["key"]) != digest:
                     self._ignore(self._path(digest, root), "it holds another key")
                     record = None
-                if record is not None:
+                if record is not None and record["key"].get("code") == self.code:
                     seen.add(digest)
                     yield record
 

@@ -639,11 +639,10 @@ def _count_scans(monkeypatch) -> list:
     return scans
 
 
-def test_the_size_cap_holds_after_every_write(tmp_path, monkeypatch, max_size):
+def test_the_size_cap_holds_after_every_write(tmp_path, monkeypatch):
     size = len(_entry().to_bytes())
     cap = 20 * size + size // 2
-    max_size(str(cap))
-    c = KernelCache(tmp_path)
+    c = KernelCache(tmp_path, max_size=cap)       # GE2JIT_CACHE_MAX_SIZE takes 1 MiB at least
     scans = _count_scans(monkeypatch)
     for i in range(80):
         c.put(_entry(key=f"{i % 256:02x}" + f"{i:062x}"))
@@ -654,12 +653,32 @@ def test_the_size_cap_holds_after_every_write(tmp_path, monkeypatch, max_size):
     assert c.put(last) is not None and KernelCache(tmp_path).get(last.key) == last
 
 
-def test_an_entry_larger_than_the_cap_is_kept_in_memory_only(tmp_path, max_size):
-    max_size("100")
+def test_an_entry_larger_than_the_cap_is_kept_in_memory_only_with_one_warning(tmp_path):
+    """It is not written at all: writing it would evict every other entry, then itself."""
+    small = [_entry(key=f"{i:02x}" + "c" * 62) for i in range(3)]
+    size = len(small[0].to_bytes())
+    c = KernelCache(tmp_path, max_size=10 * size)
+    for e in small:
+        assert c.put(e) is not None
+    big = [_entry(key=f"{i:02x}" + "d" * 62, cubin=b"\x7fELF" + os.urandom(10 * size))
+           for i in range(2)]
+    with pytest.warns(CacheWarning, match=r"cap \(max_size, \d+ bytes\) is too small for a "
+                                          r"kernel of \d+ bytes.*kept in memory") as w:
+        assert c.put(big[0]) is None and c.put(big[1]) is None
+    assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1
+    assert c.get(big[0].key) is big[0] and c.where(big[0].key) is None
+    assert [c.where(e.key) for e in small] == [c.path_for(e.key) for e in small], \
+        "the others stay"
+    assert _disk_bytes(tmp_path) == 3 * size
+
+
+def test_a_kernel_larger_than_the_cap_setting_names_the_variable(tmp_path, max_size):
+    max_size("1MiB")
     c = KernelCache(tmp_path)
-    e = _entry()
-    assert c.put(e) is None and c.get(e.key) is e
-    assert _disk_bytes(tmp_path) == 0
+    e = _entry(cubin=b"\x7fELF" + os.urandom(2 ** 20))
+    with pytest.warns(CacheWarning, match=r"GE2JIT_CACHE_MAX_SIZE=1MiB, 1048576 bytes"):
+        assert c.put(e) is None
+    assert c.info()["max_size_bytes"] == 2 ** 20 and c.info()["max_size_setting"] == "1MiB"
 
 
 def test_no_scan_while_under_the_cap(tmp_path, monkeypatch, max_size):
@@ -709,3 +728,74 @@ def test_entries_lists_the_disk_even_when_the_process_does_not_use_it(tmp_path):
     e = _entry()
     KernelCache(tmp_path).put(e)
     assert [x for _, x in KernelCache(tmp_path, enabled=False).entries()] == [e]
+
+
+# --- where kernels really went, and whether the cache can store them -------------------------
+
+def _unusable(tmp_path: Path, how: str) -> Path:
+    """A cache directory that cannot store kernels, as a user may set GE2JIT_CACHE_DIR."""
+    if how == "a plain file":
+        root = tmp_path / "file"
+        root.write_text("x")
+    elif how == "under a plain file":           # as /proc/x: its parent takes no new directory
+        (tmp_path / "file").write_text("x")
+        root = tmp_path / "file" / "cache"
+    else:
+        root = tmp_path / "open"
+        root.mkdir()
+        root.chmod(0o777)
+    return root
+
+
+@pytest.mark.parametrize("how, words", [
+    ("a plain file", "is not a directory"),
+    ("under a plain file", "is not a directory"),
+    ("open to all", "writable by every user"),
+])
+def test_where_a_kernel_went_is_memory_when_the_directory_cannot_store_it(tmp_path, how, words):
+    root = _unusable(tmp_path, how)
+    c = KernelCache(root)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        info = c.info()
+        e, cached = build(SPEC, "sm_80", cache=c)
+        build(_with_act(Act.TANH), "sm_80", cache=c)
+    assert info["writable"] is False and words in info["not_writable_reason"], info
+    assert info["disk_cache"] == f"not used: {info['not_writable_reason']}"
+    assert len([x for x in w if issubclass(x.category, CacheWarning)]) == 1, "one warning"
+    assert not cached and c.where(e.key) is None, "in memory only, not at path_for"
+    assert not c.path_for(e.key).exists()
+
+
+def test_where_names_the_file_a_kernel_is_in(tmp_path):
+    mine, shared = tmp_path / "mine", tmp_path / "shared"
+    e = _entry()
+    KernelCache(shared).put(e)
+    c = KernelCache([mine, shared])
+    assert c.where(e.key) == shared / e.key[:2] / (e.key[2:] + ".cubin")
+    other = _entry(key="cd" + "e" * 62)
+    assert c.put(other) == c.where(other.key) == c.path_for(other.key)
+    assert KernelCache(mine, enabled=False).where(other.key) is None
+
+
+def test_info_says_the_directory_is_writable_and_creates_nothing(tmp_path):
+    c = KernelCache(tmp_path / "new" / "cache")
+    info = c.info()
+    assert info["writable"] is True and info["not_writable_reason"] is None
+    assert info["disk_cache"] == "enabled" and info["max_size_bytes"] is None
+    assert not (tmp_path / "new").exists() and not list(tmp_path.iterdir())
+    off = KernelCache(tmp_path, enabled=False).info()
+    assert off["writable"] is False and off["disk_cache"] == "disabled (GE2JIT_DISABLE_CACHE)"
+
+
+def test_info_after_a_failed_write_says_so(tmp_path, monkeypatch):
+    c = KernelCache(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_mod.os, "replace", full)
+    with pytest.warns(CacheWarning):
+        assert c.put(_entry()) is None
+    info = c.info()
+    assert info["writable"] is False and "No space left" in info["not_writable_reason"]

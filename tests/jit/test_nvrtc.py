@@ -174,3 +174,61 @@ def test_wheels_on_pythonpath_count_in_an_install_directory(tmp_path, folder, us
     assert r.returncode == 0, r.stderr
     wanted = f"nvidia-cuda-nvrtc 99.9 wheel in {os.path.realpath(tmp_path / folder)}"
     assert (r.stdout.strip() == wanted) is used, r.stdout
+
+
+# --- without a wheel, cuda.pathfinder (CuPy's own search) loads NVRTC and says how -----------
+
+class _Loaded:
+    """What cuda.pathfinder.load_nvidia_dynamic_lib returns (LoadedDL), as far as it is read."""
+
+    def __init__(self, found_via: str):
+        self.abs_path, self.found_via = "/usr/local/cuda/lib64/libnvrtc.so.13", found_via
+
+
+@pytest.fixture
+def no_wheel(monkeypatch):
+    """A process where no NVRTC wheel is installed and none is loaded yet; returns the names
+    cuda.pathfinder was asked to load."""
+    from cuda import pathfinder
+
+    asked = []
+    monkeypatch.setattr(nvrtc, "_loaded", {})
+    monkeypatch.setattr(nvrtc, "_wheel_candidates", lambda: [])
+    monkeypatch.setattr(nvrtc, "_loaded_nvrtc_paths", lambda: [])
+    monkeypatch.delenv("GE2JIT_NVRTC", raising=False)
+    monkeypatch.setattr(pathfinder, "load_nvidia_dynamic_lib",
+                        lambda name: asked.append(name) or _Loaded("system-search"))
+    from ge2jit.settings import reload_settings
+
+    reload_settings()
+    yield asked
+    monkeypatch.undo()
+    reload_settings()
+
+
+def test_without_a_wheel_pathfinder_loads_nvrtc_and_the_reason_says_so(no_wheel):
+    nvrtc.preload()
+    assert no_wheel == ["nvrtc"]
+    assert nvrtc._loaded["reason"] == "found by cuda.pathfinder (system-search)"
+
+
+def test_when_pathfinder_finds_none_cupy_is_left_to_try(no_wheel, monkeypatch):
+    from cuda import pathfinder
+
+    def not_found(name):
+        raise pathfinder.DynamicLibNotFoundError(f'Failure finding "lib{name}.so.13"')
+
+    monkeypatch.setattr(pathfinder, "load_nvidia_dynamic_lib", not_found)
+    nvrtc.preload()                     # no error at import: the first compile reports it
+    assert "reason" not in nvrtc._loaded and "preload_error" not in nvrtc._loaded
+
+
+def test_a_wheel_comes_before_pathfinder(no_wheel, monkeypatch, tmp_path):
+    lib = tmp_path / "libnvrtc.so.13"
+    monkeypatch.setattr(nvrtc, "_wheel_candidates",
+                        lambda: [((13, 5), lib, str(tmp_path))])
+    loaded = []
+    monkeypatch.setattr(nvrtc, "_preload", loaded.append)
+    nvrtc.preload()
+    assert loaded == [lib] and no_wheel == []
+    assert nvrtc._loaded["reason"] == f"nvidia-cuda-nvrtc 13.5 wheel in {tmp_path}"

@@ -3,6 +3,7 @@ prepared-call tables and the per-call overlap guard. (On the GPU: test_arrays_gp
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,102 @@ def test_overlap_guard_allows_in_place_only_where_asked_and_layouts_match():
     not_asked = OverlapGuard(("x", "out"), (x, FakeArray((4, 4))), (1,))
     with pytest.raises(ge2jit.ArgumentValueError, match="^out: overlaps x; pass a separate"):
         not_asked((1000, 1000))
+
+
+# --- arrays on the CPU: refused before the device is asked for, on every call --------------
+
+def _op_calls(x) -> dict:
+    """A call of every registered op with ``x`` for each array argument (a 4 x 8 array)."""
+    return {
+        "gemm_bias_act": lambda: ge2jit.gemm_bias_act(x, x.T),
+        "gemm_bias_act_backward": lambda: ge2jit.gemm_bias_act_backward(x, x, x),
+        "gemm_gated": lambda: ge2jit.gemm_gated(x, x.T),
+        "gemm_gated_backward": lambda: ge2jit.gemm_gated_backward(x, x, x, z=x),
+        "adam_update": lambda: ge2jit.adam_update(x, x, x, x, step=1),
+        "sgd_update": lambda: ge2jit.sgd_update(x, x, x, lr=0.1),
+        "softmax": lambda: ge2jit.softmax(x),
+        "softmax_backward": lambda: ge2jit.softmax_backward(x, x),
+        "cross_entropy": lambda: ge2jit.cross_entropy(x, x),
+        "rms_norm": lambda: ge2jit.rms_norm(x, x),
+        "layer_norm": lambda: ge2jit.layer_norm(x, x, x),
+        "rms_norm_backward": lambda: ge2jit.rms_norm_backward(x, x, x, x),
+        "layer_norm_backward": lambda: ge2jit.layer_norm_backward(x, x, x, x, x),
+        "quantize_fp8": lambda: ge2jit.quantize_fp8(x),
+    }
+
+
+def test_the_cpu_array_calls_cover_every_registered_op():
+    from ge2jit.runtime import registry
+
+    assert set(_op_calls(None)) == {op.name for op in registry.ops()}
+
+
+class CpuTensor:
+    """What the cached path reads of a PyTorch tensor on the CPU (``TorchFramework.key``)."""
+
+    shape, dtype, device = (4, 8), np.float32, "cpu"
+    T = property(lambda self: self)
+
+    def stride(self):
+        return (8, 1)
+
+    def get_device(self):
+        return -1
+
+    def data_ptr(self):
+        return 0
+
+
+def test_a_cpu_tensor_is_refused_before_the_device_is_asked_for(monkeypatch):
+    # A type the cached path knows (as torch.Tensor is after one call on tensors) whose
+    # instance is on the CPU: its key, not the current device, ends the signature.
+    monkeypatch.setitem(arrays._by_type, CpuTensor, object.__new__(arrays.TorchFramework))
+
+    def no_device():
+        raise AssertionError("the current device was asked for")
+
+    monkeypatch.setattr(arrays, "current_device", no_device)
+    for name, call in _op_calls(CpuTensor()).items():
+        for _ in range(2):   # the first call, then one that could find a prepared call
+            with pytest.raises(ge2jit.ArgumentTypeError) as info:
+                call()
+            assert "\n" not in str(info.value), name
+
+
+_CPU_CALLS = """
+import sys
+import numpy as np
+import ge2jit
+from tests.runtime.test_runtime import _op_calls
+if sys.argv[1] == "torch":
+    import torch
+    x = torch.ones(4, 8)
+else:
+    x = np.ones((4, 8), np.float32)
+for name, call in list(_op_calls(x).items()) * 2:
+    try:
+        call()
+    except ge2jit.ArgumentTypeError as e:
+        print(name, str(e).replace(chr(10), "|"))
+"""
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_every_op_refuses_cpu_arrays_in_one_line_without_a_device(kind):
+    # In a process that can see no GPU (CUDA_VISIBLE_DEVICES=""), so that asking for the
+    # device would fail here as on a machine without one: every call is an ArgumentTypeError
+    # naming the array, the second of each too (where a prepared call could be looked up).
+    if kind == "torch":
+        pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-c", _CPU_CALLS, kind], capture_output=True,
+                       text=True, cwd=root, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 * len(_op_calls(None)), r.stdout + r.stderr
+    where = "numpy.ndarray" if kind == "numpy" else "a tensor on a CUDA device, got one on cpu"
+    for line in lines:
+        name, msg = line.split(" ", 1)
+        assert where in msg and msg.split(":")[0] in ("a", "gy", "x", "dy", "logits",
+                                                      "param"), line

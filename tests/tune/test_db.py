@@ -25,7 +25,7 @@ def test_round_trip_across_instances(tmp_path):
     assert TuningDB(tmp_path).get(KEY) == {"config": "64x64x8_w32x32_s3_k4", "ms": 0.1}
     assert TuningDB(tmp_path).get({**KEY, "arch": "sm_80"}) is None
     records = list(TuningDB(tmp_path).records())
-    assert len(records) == 1 and records[0]["key"] == KEY
+    assert len(records) == 1 and records[0]["key"] == {**KEY, "code": db_mod.code_fingerprint()}
 
 
 def test_damaged_records_are_ignored(tmp_path):
@@ -88,7 +88,7 @@ def _record(key=KEY, value=None, **extra) -> dict:
 
 
 def _plant(root: Path, text: str, key=KEY) -> Path:
-    d = TuningDB.digest(key)
+    d = TuningDB.digest({**key, "code": db_mod.code_fingerprint()})   # where get looks
     path = root / d[:2] / (d[2:] + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -218,3 +218,93 @@ def test_a_tuning_directory_others_can_write_is_refused(tmp_path):
         assert db.get(KEY) is None
         assert db.put({**KEY, "arch": "sm_80"}, {"config": "b"}) is None
     assert db.get({**KEY, "arch": "sm_80"}) == {"config": "b"}, "kept in memory"
+
+
+# --- records are keyed by the code they were tuned on -------------------------------------------
+
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the kernel templates and of the package's config modules: (templates,
+    package), to edit."""
+    import shutil
+
+    from ge2jit.jit.render import template_dir
+
+    package = Path(db_mod.__file__).resolve().parent.parent
+    shutil.copytree(template_dir(), tmp_path / "kernel_templates")
+    for name in db_mod._CODE_SOURCES:
+        source = package / name
+        if source.is_dir():
+            shutil.copytree(source, tmp_path / "ge2jit" / name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (tmp_path / "ge2jit" / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, tmp_path / "ge2jit" / name)
+    return tmp_path / "kernel_templates", tmp_path / "ge2jit"
+
+
+def test_the_code_fingerprint_follows_templates_and_config_modules(tmp_path):
+    from ge2jit.jit.render import template_dir
+
+    templates, package = _tree(tmp_path)
+    before = db_mod.fingerprint_of(templates, package)
+    real = Path(db_mod.__file__).resolve().parent.parent
+    assert before == db_mod.fingerprint_of(template_dir(), real), "the copy is the code in use"
+    template = sorted(templates.rglob("*.cu"))[0]
+    template.write_text(template.read_text() + "// a comment changes the kernel's source\n")
+    edited = db_mod.fingerprint_of(templates, package)
+    assert edited != before
+    spec = package / "ops" / "gemm" / "spec.py"
+    spec.write_text(spec.read_text() + "\n# another config table\n")
+    assert db_mod.fingerprint_of(templates, package) not in (before, edited)
+    (package / "ops" / "gemm" / "torch_modules.py").unlink(missing_ok=True)
+    template.rename(template.with_name("renamed.cu"))
+    assert db_mod.fingerprint_of(templates, package) != edited
+
+
+def test_a_template_edit_makes_older_records_miss(tmp_path):
+    """A config tuned on other kernels is not reused: the record's key names the code."""
+    templates, package = _tree(tmp_path / "src")
+    old_code = db_mod.fingerprint_of(templates, package)
+    template = sorted(templates.rglob("*.cu"))[0]
+    template.write_text(template.read_text() + "// edited\n")
+    new_code = db_mod.fingerprint_of(templates, package)
+    root = tmp_path / "tuning"
+    path = TuningDB(root, code=old_code).put(KEY, {"config": "old"})
+    assert json.loads(path.read_text())["key"] == {**KEY, "code": old_code}
+    newer = TuningDB(root, code=new_code)
+    assert newer.get(KEY) is None and list(newer.records()) == []
+    newer.put(KEY, {"config": "new"})
+    assert TuningDB(root, code=new_code).get(KEY) == {"config": "new"}
+    assert TuningDB(root, code=old_code).get(KEY) == {"config": "old"}, "each code its own"
+
+
+def test_records_of_before_the_code_key_are_left_out(tmp_path):
+    """0.1.0 stored records without ``code``: valid, but of unknown kernels."""
+    d = TuningDB.digest(KEY)
+    path = tmp_path / d[:2] / (d[2:] + ".json")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_record()))
+    db = TuningDB(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # not a bad record: no warning
+        assert db.get(KEY) is None and list(db.records()) == []
+
+
+def test_a_record_with_its_code_keeps_it(tmp_path):
+    """A bundle's records carry their code: stored as they are, found by that code only."""
+    key = {**KEY, "code": "0123456789abcdef"}
+    TuningDB(tmp_path, code="fedcba9876543210").put(key, {"config": "a"})
+    assert TuningDB(tmp_path, code="0123456789abcdef").get(KEY) == {"config": "a"}
+    assert TuningDB(tmp_path, code="fedcba9876543210").get(KEY) is None
+
+
+def test_the_tools_look_up_tuned_configs_by_the_code(tmp_path, monkeypatch):
+    from ge2jit.runtime import tools
+
+    monkeypatch.setattr(tools, "_device_key", lambda: {"device": "Toy GPU", "arch": "sm_90",
+                                                       "version": "0.2.0"})
+    monkeypatch.setattr(db_mod, "_default", TuningDB(tmp_path, code="aaaa"))
+    db_mod.default_db().put(tools.full_key("toy", {"n": 3}), {"config": "fast"})
+    assert tools.tuned_config("toy", {"n": 3}) == "fast"
+    monkeypatch.setattr(db_mod, "_default", TuningDB(tmp_path, code="bbbb"))
+    assert tools.tuned_config("toy", {"n": 3}) is None

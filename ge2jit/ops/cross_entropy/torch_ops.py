@@ -139,7 +139,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100,
     compute = needs_grad(logits)
     args = (logits, targets, int(ignore_index), reduction, float(label_smoothing), compute,
             bool(check_targets))
-    if traced(logits, targets):
+    if traced(logits, targets, names=("logits", "targets")):
         return cross_entropy_op(*args)[0]
     if compute:
         return _CrossEntropyFunction.apply(*args)[0]

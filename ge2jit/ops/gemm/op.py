@@ -61,17 +61,19 @@ _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
 def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
-               config, autotune, device_id, out_dtype, precision, fp8=()):
+               config, autotune, out_dtype, precision, fp8=()):
     """Everything validation and the kernel choice depend on, except pointers (only their
-    16-byte alignment). Raises AttributeError or TypeError for arguments that are not ``fw``'s
-    arrays. ``fp8``: (dtype, scale_a, scale_b, scale_y, amax_out) where any is given (a host
-    scale counts by its type)."""
+    16-byte alignment), and the current device. Raises AttributeError or TypeError for
+    arguments that are not ``fw``'s arrays (a tensor on the CPU among them: the arrays' keys
+    come before the current device, which a machine without a GPU cannot give). ``fp8``:
+    (dtype, scale_a, scale_b, scale_y, amax_out) where any is given (a host scale counts by
+    its type)."""
     key = fw.key
     sig = (fw, key(a), key(b), None if bias is None else key(bias),
            None if c is None else key(c), None if out is None else key(out),
            None if preact_out is None else key(preact_out),
            act, type(alpha), type(beta), beta == 0.0, type(leaky_slope), save_preact,
-           config, autotune, device_id, out_dtype, precision)
+           config, autotune, arrays.current_device(), out_dtype, precision)
     if not fp8:
         return sig
     dtype, *rest = fp8
@@ -276,8 +278,7 @@ def _call(glu, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, p
     if fw is not None:
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                             preact_out, config, autotune, arrays.current_device(), out_dtype,
-                             precision, fp8)
+                             preact_out, config, autotune, out_dtype, precision, fp8)
             prepared = table.get(sig)
         except (AttributeError, TypeError):  # other arrays, or unhashable: validation says why
             sig = prepared = None
@@ -319,8 +320,7 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
     if sig is None and framework_of_type(type(a)) is fw:
         try:
             sig = _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
-                             preact_out, config, autotune, arrays.current_device(),
-                             out_dtype, precision, fp8)
+                             preact_out, config, autotune, out_dtype, precision, fp8)
         except (AttributeError, TypeError):
             sig = None
     prepared = None

@@ -253,8 +253,9 @@ def check_act(act) -> Act:
     return a
 
 
-def bias_kind(bias, m: int, n: int) -> tuple[BiasKind, int]:
-    """(kind, element stride along the bias' varying dimension) of a bias for an (m, n) output."""
+def bias_kind(bias, m: int, n: int, glu: bool = False) -> tuple[BiasKind, int]:
+    """(kind, element stride along the bias' varying dimension) of a bias for an (m, n) output
+    (``glu``: gemm_gated's, which takes no C)."""
     if bias is None:
         return BiasKind.NONE, 0
     check_array(bias, "bias")
@@ -269,9 +270,12 @@ def bias_kind(bias, m: int, n: int) -> tuple[BiasKind, int]:
         return BiasKind.COL, bias.strides[1] // item
     if shape == (m, 1):
         return BiasKind.ROW, bias.strides[0] // item
+    # a full (M, N) array is an addend the epilogue reads as C, not as a bias
+    hint = ("; pass a full (M, N) addend as c= with beta=1.0 (Z = alpha * A @ B + beta * C + "
+            "bias)" if shape == (m, n) and not glu else "")
     raise ArgumentValueError(
         f"bias: shape {shape} does not broadcast to the output's ({m}, {n}) in a supported way; "
-        f"accepted: {BIAS_SHAPES_TEXT}"
+        f"accepted: {BIAS_SHAPES_TEXT}{hint}"
     )
 
 
@@ -365,7 +369,7 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     alpha = check_scalar(alpha, "alpha")
     beta = check_scalar(beta, "beta")
     slope = check_scalar(leaky_slope, "leaky_slope")
-    kind, bias_stride = bias_kind(bias, m, n)
+    kind, bias_stride = bias_kind(bias, m, n, glu)
     if glu and kind not in (BiasKind.NONE, BiasKind.COL):
         raise ArgumentValueError(
             f"bias: expected None or shape ({n},) (2N: the gate's and the linear half's biases "

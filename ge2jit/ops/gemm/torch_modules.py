@@ -6,10 +6,13 @@ unit's MLP: gate and up in one gated GEMM, then the down projection). Imported b
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch import nn
 
+from ...errors import ArgumentValueError
+from ...runtime.torchlib import check_layer_input
 from .epilogue import ACT_NAMES
 from .torch_ops import gated_mlp, gemm_bias_act, mlp
 
@@ -19,14 +22,28 @@ FP8_FORMATS = ("e4m3", "e5m2")
 
 def _check_act(act, name: str = "act") -> str:
     if not isinstance(act, str) or act not in ACT_NAMES:
-        raise ValueError(f"{name}: expected one of {', '.join(ACT_NAMES)}, got {act!r}")
+        raise ArgumentValueError(f"{name}: expected one of {', '.join(ACT_NAMES)}, got {act!r}")
     return act
 
 
-def _flat(x: torch.Tensor, features: int) -> torch.Tensor:
-    if x.dim() < 1 or x.shape[-1] != features:
-        raise ValueError(f"input: expected a last dimension of {features}, got shape "
-                         f"{tuple(x.shape)}")
+def _check_sizes(names: str, sizes, least: int = 0) -> list[int]:
+    """``sizes`` as ints, each a whole number (an int, a NumPy integer) >= ``least``, else one
+    line naming them."""
+    def whole(s) -> int | None:
+        try:
+            return None if isinstance(s, bool) else operator.index(s)
+        except TypeError:
+            return None
+
+    out = [whole(s) for s in sizes]
+    if any(s is None or s < least for s in out):
+        raise ArgumentValueError(f"{names}: expected whole numbers >= {least}, got "
+                                 f"{', '.join(map(repr, sizes))}")
+    return out
+
+
+def _flat(layer: nn.Module, x: torch.Tensor, features: int, parameter) -> torch.Tensor:
+    check_layer_input(layer, x, features, parameter)
     return x.reshape(-1, features)
 
 
@@ -62,15 +79,16 @@ class Linear(nn.Module):
                  fp8: str | None = None, fp8_activations: str = "token", device=None,
                  dtype=None):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features = _check_sizes("in_features, out_features",
+                                                           (in_features, out_features))
         self.act = _check_act(act)
         self.leaky_slope, self.precision = float(leaky_slope), precision
         if fp8 is not None and fp8 not in FP8_FORMATS:
-            raise ValueError(f"fp8: expected None or one of {', '.join(FP8_FORMATS)}, got "
-                             f"{fp8!r}")
+            raise ArgumentValueError(f"fp8: expected None or one of {', '.join(FP8_FORMATS)}, "
+                                     f"got {fp8!r}")
         if fp8_activations not in ("token", "tensor"):
-            raise ValueError(f"fp8_activations: expected 'token' or 'tensor', got "
-                             f"{fp8_activations!r}")
+            raise ArgumentValueError(f"fp8_activations: expected 'token' or 'tensor', got "
+                                     f"{fp8_activations!r}")
         self.fp8, self.fp8_activations = fp8, fp8_activations
         self._weight_fp8 = None     # (key, (q, scale)): the weight quantized, for inference
         kw = {"device": device, "dtype": dtype}
@@ -88,8 +106,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8 is not None:
             return self._forward_fp8(x)
-        y = gemm_bias_act(_flat(x, self.in_features), self.weight.t(), self.bias, act=self.act,
-                          leaky_slope=self.leaky_slope, precision=self.precision)
+        y = gemm_bias_act(_flat(self, x, self.in_features, self.weight), self.weight.t(),
+                          self.bias, act=self.act, leaky_slope=self.leaky_slope,
+                          precision=self.precision)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
@@ -101,8 +120,8 @@ class Linear(nn.Module):
             if self._weight_fp8 is None or self._weight_fp8[0] != key:
                 self._weight_fp8 = (key, quantized_weight(w, self.fp8))
             cached = self._weight_fp8[1]
-        y = linear_fp8(_flat(x, self.in_features), w.t(), self.bias, act=self.act, fmt=self.fp8,
-                       per_token=self.fp8_activations == "token",
+        y = linear_fp8(_flat(self, x, self.in_features, w), w.t(), self.bias, act=self.act,
+                       fmt=self.fp8, per_token=self.fp8_activations == "token",
                        leaky_slope=self.leaky_slope, weight_fp8=cached)
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -129,9 +148,9 @@ class MLP(nn.Module):
                  final_act: str = "none", leaky_slope: float = 0.01,
                  precision: str | None = None, device=None, dtype=None):
         super().__init__()
-        sizes = [int(s) for s in sizes]
-        if len(sizes) < 2 or min(sizes) < 1:
-            raise ValueError(f"sizes: expected at least two positive sizes, got {sizes}")
+        sizes = _check_sizes("sizes", list(sizes), 1)
+        if len(sizes) < 2:
+            raise ArgumentValueError(f"sizes: expected at least two sizes, got {sizes}")
         _check_act(act)
         _check_act(final_act, "final_act")
         self.acts = [act] * (len(sizes) - 2) + [final_act]
@@ -142,9 +161,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         first, last = self.layers[0], self.layers[-1]
-        y = mlp(_flat(x, first.in_features), [m.weight for m in self.layers],
-                [m.bias for m in self.layers], self.acts, leaky_slope=self.leaky_slope,
-                precision=self.precision)
+        y = mlp(_flat(self, x, first.in_features, first.weight),
+                [m.weight for m in self.layers], [m.bias for m in self.layers], self.acts,
+                leaky_slope=self.leaky_slope, precision=self.precision)
         return y.reshape(*x.shape[:-1], last.out_features)
 
 
@@ -169,10 +188,7 @@ class GatedMLP(nn.Module):
     def __init__(self, d_model: int, hidden: int, act: str = "silu", bias: bool = False, *,
                  precision: str | None = None, device=None, dtype=None):
         super().__init__()
-        self.d_model, self.hidden = int(d_model), int(hidden)
-        if self.d_model < 1 or self.hidden < 1:
-            raise ValueError(f"d_model, hidden: expected positive sizes, got {d_model}, "
-                             f"{hidden}")
+        self.d_model, self.hidden = _check_sizes("d_model, hidden", (d_model, hidden), 1)
         self.act, self.precision = _check_act(act), precision
         kw = {"device": device, "dtype": dtype}
         self.gate_up = nn.Parameter(torch.empty((2 * self.hidden, self.d_model), **kw))
@@ -199,8 +215,8 @@ class GatedMLP(nn.Module):
         if gate.weight.shape != up.weight.shape or down.weight.shape[::-1] != \
                 gate.weight.shape or (gate.bias is None) != (up.bias is None) or \
                 (gate.bias is None) != (down.bias is None):
-            raise ValueError("gate, up, down: expected Linear(d, h), Linear(d, h) and "
-                             "Linear(h, d), all with biases or all without")
+            raise ArgumentValueError("gate, up, down: expected Linear(d, h), Linear(d, h) and "
+                                     "Linear(h, d), all with biases or all without")
         hidden, d_model = gate.weight.shape
         w = gate.weight
         out = cls(d_model, hidden, act, gate.bias is not None, device=w.device, dtype=w.dtype,
@@ -216,8 +232,9 @@ class GatedMLP(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = gated_mlp(_flat(x, self.d_model), self.gate_up, self.gate_up_bias, self.down,
-                      self.down_bias, self.act, precision=self.precision)
+        y = gated_mlp(_flat(self, x, self.d_model, self.gate_up), self.gate_up,
+                      self.gate_up_bias, self.down, self.down_bias, self.act,
+                      precision=self.precision)
         return y.reshape(*x.shape[:-1], self.d_model)
 
     def extra_repr(self) -> str:

@@ -620,7 +620,7 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     grad = needs_grad(a, b, bias, c)
     keep_z = save_preact or (grad and _source_kind(act, leaky_slope) == "z")
     args = (a, b, bias, c, act, float(alpha), float(beta), float(leaky_slope), precision, keep_z)
-    if traced(a, b, bias, c):
+    if traced(a, b, bias, c, names=("a", "b", "bias", "c")):
         y, z, _ = gemm_bias_act_op(*args)
     elif grad:
         y, z, _ = _GemmFunction.apply(*args)
@@ -646,7 +646,7 @@ def gemm_gated(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "
     precision = precision_for(a.dtype, precision)
     grad = needs_grad(a, b, bias)
     args = (a, b, bias, act, float(alpha), float(leaky_slope), precision, save_preact or grad)
-    if traced(a, b, bias):
+    if traced(a, b, bias, names=("a", "b", "bias")):
         y, z, _ = gemm_gated_op(*args)
     elif grad:
         y, z, _ = _GatedFunction.apply(*args)
@@ -671,7 +671,7 @@ def gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Ten
     precision = precision_for(x.dtype, precision)
     tensors = (x, gate_up, gate_up_bias, down, down_bias)
     save = needs_grad(*tensors)
-    if traced(*tensors):
+    if traced(*tensors, names=("x", "gate_up", "gate_up_bias", "down", "down_bias")):
         return gated_mlp_op(*tensors, act, precision, save)[0]
     if save:
         return _GatedMLPFunction.apply(*tensors, act, precision)[0]
@@ -696,7 +696,8 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
     present = [b for b in biases if b is not None]
     has_bias = [b is not None for b in biases]
     acts, leaky_slope = ",".join(acts), float(leaky_slope)
-    if traced(x, *weights, *present):
+    if traced(x, *weights, *present,
+              names=("x", *("weights",) * len(weights), *("biases",) * len(present))):
         return mlp_op(x, weights, present, has_bias, acts, leaky_slope, precision, save)[0]
     if save:
         return _MLPFunction.apply(x, has_bias, acts, leaky_slope, precision, len(weights),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...runtime.torchlib import check_layer_input
 from .torch_ops import layer_norm, rms_norm
 
 
@@ -17,12 +18,6 @@ def _parameter(module: nn.Module, name: str, present: bool, hidden: int, kw: dic
         setattr(module, name, nn.Parameter(torch.empty(hidden, **kw)))
     else:
         module.register_parameter(name, None)
-
-
-def _check(x: torch.Tensor, hidden: int) -> None:
-    if x.dim() < 1 or x.shape[-1] != hidden:
-        raise ValueError(f"input: expected a last dimension of {hidden}, got shape "
-                         f"{tuple(x.shape)}")
 
 
 class RMSNorm(nn.Module):
@@ -54,7 +49,7 @@ class RMSNorm(nn.Module):
             nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        _check(x, self.hidden)
+        check_layer_input(self, x, self.hidden, self.weight)
         return rms_norm(x, self.weight, eps=self.eps, residual=residual)
 
     def extra_repr(self) -> str:
@@ -89,7 +84,7 @@ class LayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        _check(x, self.hidden)
+        check_layer_input(self, x, self.hidden, self.weight)
         return layer_norm(x, self.weight, self.bias, eps=self.eps, residual=residual)
 
     def extra_repr(self) -> str:

@@ -245,7 +245,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6,
     (the op, no graph break) and inside CUDA-graph capture. Statistics are float32; y has
     x's dtype."""
     args = (x, weight, residual, float(eps))
-    if traced(x, weight, residual):
+    if traced(x, weight, residual, names=("x", "weight", "residual")):
         y, h, _ = rms_norm_op(*args)
     elif needs_grad(x, weight, residual):
         y, h, _ = _RMSNormFunction.apply(*args)
@@ -262,7 +262,7 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     in ``rms_norm``. Returns y, or ``(y, h)`` with a residual; gradients as ``rms_norm``'s,
     with dbias."""
     args = (x, weight, bias, residual, float(eps))
-    if traced(x, weight, bias, residual):
+    if traced(x, weight, bias, residual, names=("x", "weight", "bias", "residual")):
         y, h, _, _ = layer_norm_op(*args)
     elif needs_grad(x, weight, bias, residual):
         y, h, _, _ = _LayerNormFunction.apply(*args)

@@ -39,6 +39,6 @@ def quantize_fp8(x: Tensor, fmt="e4m3", per_row: bool = False) -> tuple[Tensor, 
     ``scale * q`` approximates x, as ``torch._scaled_mm`` and ``ge2jit.gemm_bias_act`` read
     scales. A custom op (no graph break under ``torch.compile``); no gradient."""
     name = as_fp8(fmt).value
-    if traced(x):
+    if traced(x, names=("x",)):
         return quantize_fp8_op(x, name, bool(per_row))
     return _quantize(x, name, bool(per_row))

@@ -83,7 +83,7 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     as custom ops (``torch.ops.ge2jit.softmax``; in eager mode an autograd.Function over the
     same implementations); float32, float16 and bfloat16, float32 math, any dim."""
     dim = int(dim)
-    if traced(x):
+    if traced(x, names=("x",)):
         return softmax_op(x, dim)
     if needs_grad(x):
         return _SoftmaxFunction.apply(x, dim)

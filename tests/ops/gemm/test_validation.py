@@ -197,6 +197,18 @@ def test_bias_shapes_refused_list_accepted_ones(shape):
     assert "(N,) or (1, N) per column" in msg and "(M, 1) per row" in msg
 
 
+def test_a_full_mn_bias_is_pointed_to_c_and_beta():
+    msg = refused(ValueError, r"bias: shape \(6, 7\) does not broadcast", bias=FakeArray((M, N)))
+    assert msg.endswith("; pass a full (M, N) addend as c= with beta=1.0 (Z = alpha * A @ B + "
+                        "beta * C + bias)")
+    for shape in ((M,), (2, N)):   # not a full addend: no such hint
+        assert "c=" not in refused(ValueError, "does not broadcast", bias=FakeArray(shape))
+    # gemm_gated takes no C: no hint there either
+    with pytest.raises(ge2jit.ArgumentValueError, match="does not broadcast") as info:
+        ok(b=FakeArray((K, 2 * N)), bias=FakeArray((M, 2 * N)), glu=True)
+    assert "c=" not in str(info.value)
+
+
 def test_bias_strides_are_passed_not_copied():
     wide = FakeArray((N,), strides=(12,))
     p = ok(bias=wide)

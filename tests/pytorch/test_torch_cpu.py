@@ -1,0 +1,149 @@
+"""ge2jit.torch without a GPU: every function and layer given a tensor on the CPU, and every
+layer given a bad setting, says so in one line (ge2jit's errors), not with PyTorch's
+dispatcher error. Skipped without PyTorch (CI has none; the GPU machines do)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ge2jit import ArgumentTypeError, ArgumentValueError  # noqa: E402 - after the skip
+
+X = torch.ones(4, 8)
+
+
+def _functions(gt) -> dict:
+    """A call of each ge2jit.torch function on CPU tensors: (call, the argument it names)."""
+    w = torch.ones(8, 8)
+    return {
+        "gemm_bias_act": (lambda: gt.gemm_bias_act(X, w), "a"),
+        "gemm_gated": (lambda: gt.gemm_gated(X, w), "a"),
+        "gated_mlp": (lambda: gt.gated_mlp(X, w, None, torch.ones(8, 4), None), "x"),
+        "mlp": (lambda: gt.mlp(X, [w], [None], ["relu"]), "x"),
+        "linear_fp8": (lambda: gt.linear_fp8(X, w), "a"),
+        "softmax": (lambda: gt.softmax(X), "x"),
+        "cross_entropy": (lambda: gt.cross_entropy(X, torch.zeros(4, dtype=torch.long)),
+                          "logits"),
+        "rms_norm": (lambda: gt.rms_norm(X), "x"),
+        "layer_norm": (lambda: gt.layer_norm(X), "x"),
+        "quantize_fp8": (lambda: gt.quantize_fp8(X), "x"),
+    }
+
+
+def test_the_cpu_calls_cover_every_function(gt):
+    layers = {"Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm"}
+    helpers = {"interleave_gate_up", "split_gate_up", "precision_for", "FLOAT32_PRECISION",
+               "NAMESPACE"}
+    assert set(_functions(gt)) == set(gt.__all__) - layers - helpers
+
+
+@pytest.mark.parametrize("name", ["gemm_bias_act", "gemm_gated", "gated_mlp", "mlp",
+                                  "linear_fp8", "softmax", "cross_entropy", "rms_norm",
+                                  "layer_norm", "quantize_fp8"])
+def test_functions_refuse_cpu_tensors_in_one_line(gt, name):
+    call, arg = _functions(gt)[name]
+    for _ in range(2):
+        with pytest.raises(ArgumentTypeError) as info:
+            call()
+        assert str(info.value) == (f"{arg}: expected a tensor on a CUDA device, got one on cpu; "
+                                   f"move it with {arg}.cuda()")
+
+
+def test_a_cpu_operand_beside_a_meta_one_is_named(gt):
+    # meta tensors take the fake implementations; a CPU tensor among them is still refused
+    with pytest.raises(ArgumentTypeError, match="^b: expected a tensor on a CUDA device"):
+        gt.gemm_bias_act(torch.empty(4, 8, device="meta"), torch.ones(8, 8))
+    y = gt.gemm_bias_act(torch.empty(4, 8, device="meta"), torch.empty(8, 3, device="meta"))
+    assert y.shape == (4, 3) and y.is_meta
+
+
+def test_a_non_tensor_is_named(gt):
+    with pytest.raises(ArgumentTypeError, match="^x: expected a torch.Tensor on a CUDA device, "
+                                                "got list$"):
+        gt.softmax([1.0, 2.0])
+
+
+@pytest.mark.parametrize("name", ["gemm_bias_act", "softmax", "cross_entropy", "rms_norm",
+                                  "quantize_fp8"])
+def test_a_numpy_array_is_named(gt, name):
+    """A NumPy array where a tensor goes (autograd's check of requires_grad comes after)."""
+    import numpy as np
+
+    a = np.ones((4, 8), np.float32)
+    calls = {"gemm_bias_act": lambda: gt.gemm_bias_act(a, torch.ones(8, 8)),
+             "softmax": lambda: gt.softmax(a),
+             "cross_entropy": lambda: gt.cross_entropy(a, torch.zeros(4, dtype=torch.long)),
+             "rms_norm": lambda: gt.rms_norm(a), "quantize_fp8": lambda: gt.quantize_fp8(a)}
+    with pytest.raises(ArgumentTypeError, match="expected a torch.Tensor on a CUDA device, got "
+                                                "numpy.ndarray$"):
+        calls[name]()
+
+
+def _layers(gt) -> dict:
+    return {"Linear": lambda: gt.Linear(8, 6), "Linear fp8": lambda: gt.Linear(8, 6, fp8="e4m3"),
+            "MLP": lambda: gt.MLP([8, 16, 6]), "GatedMLP": lambda: gt.GatedMLP(8, 16),
+            "RMSNorm": lambda: gt.RMSNorm(8), "LayerNorm": lambda: gt.LayerNorm(8),
+            "RMSNorm no affine": lambda: gt.RMSNorm(8, elementwise_affine=False)}
+
+
+@pytest.mark.parametrize("kind", ["Linear", "Linear fp8", "MLP", "GatedMLP", "RMSNorm",
+                                  "LayerNorm", "RMSNorm no affine"])
+def test_layers_on_the_cpu_say_so_in_one_line(gt, kind):
+    layer = _layers(gt)[kind]()     # built without device=: on the CPU, as nn.Linear is
+    name = type(layer).__name__
+    affine = kind != "RMSNorm no affine"
+    with pytest.raises(ArgumentTypeError) as info:
+        layer(X)
+    assert str(info.value) == (
+        f"{name}: expected the input and the parameters on a CUDA device, got the input on "
+        f"cpu{' and the parameters on cpu' if affine else ''}; move them with .cuda() (the "
+        "layer: layer.cuda(), or device='cuda' when it is made)")
+    if affine:   # the input where the fake implementations run, the parameters on the CPU
+        with pytest.raises(ArgumentTypeError, match=f"^{name}: .* got the input on meta and "
+                                                    "the parameters on cpu;"):
+            layer(torch.empty(4, 8, device="meta"))
+
+
+def test_layers_name_a_wrong_input(gt):
+    with pytest.raises(ArgumentValueError, match=r"^input: expected a last dimension of 8, got "
+                                                 r"shape \(4, 7\)$"):
+        gt.Linear(8, 6)(torch.ones(4, 7))
+    with pytest.raises(ArgumentTypeError, match="^input: expected a torch.Tensor on a CUDA "
+                                                "device, got numpy.ndarray$"):
+        gt.RMSNorm(8)(X.numpy())
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda gt: gt.Linear(32, 48, act="swish"), "act: expected one of none, relu, .*, got "
+                                                "'swish'"),
+    (lambda gt: gt.Linear(8, 8, fp8="e4m3fnuz"), "fp8: expected None or one of e4m3, e5m2"),
+    (lambda gt: gt.Linear(8, 8, fp8="e4m3", fp8_activations="row"),
+     "fp8_activations: expected 'token' or 'tensor'"),
+    (lambda gt: gt.Linear(-1, 8), r"in_features, out_features: expected whole numbers >= 0, "
+                                  r"got -1, 8"),
+    (lambda gt: gt.Linear(8.5, 8), "in_features, out_features: expected whole numbers"),
+    (lambda gt: gt.MLP([8]), r"sizes: expected at least two sizes, got \[8\]"),
+    (lambda gt: gt.MLP([8, 0, 4]), "sizes: expected whole numbers >= 1, got 8, 0, 4"),
+    (lambda gt: gt.MLP([8, 8], act="swish"), "act: expected one of"),
+    (lambda gt: gt.MLP([8, 8], final_act="swish"), "final_act: expected one of"),
+    (lambda gt: gt.GatedMLP(0, 16), "d_model, hidden: expected whole numbers >= 1, got 0, 16"),
+    (lambda gt: gt.GatedMLP(8, 16, act="swish"), "act: expected one of"),
+    (lambda gt: gt.GatedMLP.from_linears(torch.nn.Linear(8, 4), torch.nn.Linear(8, 4),
+                                         torch.nn.Linear(8, 4)),
+     "gate, up, down: expected Linear"),
+], ids=["act", "fp8", "fp8_activations", "negative", "float", "one size", "zero size",
+        "mlp act", "final_act", "gated size", "gated act", "from_linears"])
+def test_bad_layer_settings_are_argument_value_errors(gt, make, match):
+    with pytest.raises(ArgumentValueError, match=match) as info:
+        make(gt)
+    assert "\n" not in str(info.value)
+
+
+def test_numpy_integer_sizes_are_sizes(gt):
+    import numpy as np
+
+    layer = gt.Linear(np.int64(8), np.int32(6))
+    assert (layer.in_features, layer.out_features) == (8, 6)
+    assert type(layer.in_features) is int
+    assert gt.MLP([np.int64(8), 4]).layers[0].in_features == 8
