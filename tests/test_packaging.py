@@ -160,8 +160,12 @@ def _make_n(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     (tmp_path / "pyproject.toml").touch(exist_ok=True)
     os.utime(tmp_path / "pyproject.toml", (1, 1))   # older than any environment's marker
+    # as a user's own make: not a sub-make of `make test` (whose MAKEFLAGS and MAKELEVEL would
+    # print "Entering directory" lines and pass its variables on), no CUDA or VENV from outside
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "CUDA", "VENV")}
     return subprocess.run(["make", "-n", *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env=env)
 
 
 def test_make_keeps_one_environment_per_cuda_major(tmp_path):
