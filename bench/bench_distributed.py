@@ -2,38 +2,53 @@
 
     python bench/bench_distributed.py [--world 1,2,4,8] [--widths 1024,4096]
                                       [--tokens 16384] [--steps 20] [--warmup 3]
-                                      [--profile-steps 5] [--bucket-mb 25] [--eager]
+                                      [--profile-steps 5] [--bucket-mb MiB]
+                                      [--grad-dtype bfloat16|float32] [--chunks 4]
+                                      [--comm-sms 0] [--eager]
                                       [--json bench/results_distributed.json] [--quick]
 
 The step, on each GPU: ``--tokens`` tokens (rows) of width d through a 2-layer MLP block
 d -> 4d -> d with tanh-GELU in bfloat16 (float32 master weights and biases): the forward
-(``ge2jit.gemm_bias_act``, Z saved), a mean-squared-error gradient in CuPy, the fused
-backward (``ge2jit.gemm_bias_act_backward``, the first layer's act' and bias gradient in the
-second's dA epilogue), the gradients all-reduced by ``ge2jit.distributed.GradientAllReduce``
-in buckets of ``--bucket-mb`` MiB on a side stream as the backward makes them (dW in float32:
-NCCL through CuPy reduces no bfloat16), and four ``ge2jit.adam_update`` steps that also write
-the bfloat16 weights. The step is captured as a CUDA graph and replayed (``--eager``: run
-from Python).
+(``ge2jit.gemm_bias_act``, Z saved), a mean-squared-error gradient in CuPy, the backward
+(``ge2jit.gemm_bias_act_backward``), and ``ge2jit.adam_update`` steps that also write the
+bfloat16 weights. The weight gradients are ``--grad-dtype`` (bfloat16 by default, written by
+the GEMMs from their float32 accumulators; the bias gradients float32), and travel in it.
+
+With more than one GPU, ``ge2jit.distributed.GradientAllReduce`` averages the gradients over
+the ranks in buckets (``--bucket-mb`` MiB; by default a chunk's, below, and a first bucket of
+1 MiB) on a high-priority side stream, each bucket as soon as the backward has written it:
+
+- the second layer's weight and bias gradients by their own GEMM, before the GEMM of the
+  gradient that flows down (the first layer's act' and bias gradient in its epilogue), so
+  their reduction runs under that GEMM and the first layer's;
+- the first layer's weight gradient, the last one the backward makes, by ``--chunks`` GEMMs
+  of its row blocks (``x[:, rows].T @ dZ``), each block reduced while the next is computed;
+- each bucket's Adam step starts as soon as that bucket is reduced (``reducer.wait(b)``),
+  under the reduction of the next.
+
+``--comm-sms K`` sizes the kernels' grids for K SMs fewer than the GPU has
+(``ge2jit.set_num_sms``) and caps NCCL at K blocks (``NCCL_MAX_CTAS``), on ranks of a world
+above one: a persistent GEMM otherwise holds every SM while NCCL waits for one. The world of
+one is the plain single-GPU step: one fused backward call for the second layer, one GEMM for
+the first layer's weight gradient, the Adam steps after the backward, all SMs, no reducer.
+The step is captured as a CUDA graph and replayed (``--eager``: run from Python).
 
 Each world size (by default 1, 2, 4 and 8, those the GPUs present allow) runs as that many
 processes on this host, one a GPU, started the way ``examples/train_mlp.py --gpus N`` starts
-them (``ge2jit.distributed.launch_local``); with one the reducer does nothing (no NCCL), so a
-single GPU runs it. Per width, after ``--warmup`` steps, ``--steps`` steps are timed with CUDA
-events (the slowest rank's time). It reports:
+them (``ge2jit.distributed.launch_local``). Per width, after ``--warmup`` steps, ``--steps``
+steps are timed with CUDA events (the slowest rank's time). It reports:
 
 - tokens/s: world size x ``--tokens`` x steps / time;
 - scaling: tokens/s against the world size 1 row's, and its share of linear (target: 1.9x at
   2 GPUs, 0.9 of linear at 4 and 8);
-- the all-reduce time hidden under the backward, from ``--profile-steps`` eager steps with
-  timing events (``GradientAllReduce(timing=True)``) around each bucket's all-reduce on the
-  side stream and one on the compute stream where the backward ends (before ``wait()``):
-  exposed = max(0, end of the last all-reduce - end of the backward), hidden = 1 - exposed /
-  (the sum of the buckets' all-reduce times); medians over the steps, rank 0's. Events in a
-  captured graph are no timings, hence eager steps; at these sizes the host queues a step
-  far faster than the GPU runs it, so an eager step overlaps as a replayed one does.
+- the all-reduce's time alone: the step's buckets reduced back to back with nothing else on
+  the GPUs (``--profile-steps`` times, the median, rank 0's);
+- exposed: how much longer the step is than one GPU's (the communication's cost in the
+  step, the ranks' waiting for each other included), and hidden = 1 - exposed / the
+  all-reduce's time alone.
 
 It writes ``--json`` (default ``bench/results_distributed.json``) with the device, the date,
-the commit ($GE2JIT_COMMIT, else git's) and the rows.
+the commit ($GE2JIT_COMMIT, else git's), the NCCL version and the rows.
 """
 
 from __future__ import annotations
@@ -42,38 +57,34 @@ import argparse
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, add_quick, commit, quick_defaults
+from common import ROOT, add_quick, commit, int_list, quick_defaults
 
 ACT = "gelu_tanh"
 WORLDS = (1, 2, 4, 8)
 #: scaling targets: the share of linear scaling expected at a world size (2: 1.9x)
 TARGET = {2: 0.95, 4: 0.9, 8: 0.9}
+#: the share of the all-reduce expected hidden under the step
+HIDDEN_TARGET = 0.8
 
-
-def _ints(text: str) -> list[int]:
-    """A comma-separated list of positive integers (an option's value)."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, "
-                                         f"got {text!r}")
-    return values
 
 
 # --- one rank ------------------------------------------------------------------------------
 
 class Block:
-    """The MLP block's parameters, Adam state and training step on this rank's GPU."""
+    """The MLP block's parameters, Adam state and training step on this rank's GPU.
 
-    def __init__(self, group, d: int, tokens: int, bucket_bytes: int):
+    The gradients the reducer is given, in the parameters' order (first layer first): the
+    first layer's weight gradient as ``chunks`` row blocks, its bias', the second layer's
+    weight and bias gradients. ``pieces[i]`` = (parameter, rows) of gradient ``i``."""
+
+    def __init__(self, group, d: int, tokens: int, args, distributed: bool):
         import cupy as cp
         import ml_dtypes
         import numpy as np
@@ -93,48 +104,83 @@ class Block:
         self.x = data.standard_normal((tokens, d), dtype=np.float32).astype(self.bf16)
         self.target = data.standard_normal((tokens, d), dtype=np.float32)
         self.scale = np.float32(2.0 / (tokens * d))
-        nbytes = [p.nbytes for p in self.params]   # float32 gradients
+        self.db_dtype = None if args.grad_dtype == "bfloat16" else "float32"
+        self.distributed = distributed
+        chunks = args.chunks if distributed else 1
+        if d % chunks or (d // chunks) % 8:
+            raise SystemExit(f"bench_distributed.py: --chunks: expected a divisor of d = {d} "
+                             f"leaving rows of a multiple of 8, got {chunks}")
+        step = d // chunks
+        self.rows = [slice(j * step, (j + 1) * step) for j in range(chunks)]
+        self.pieces = [(0, r) for r in self.rows] + [(1, slice(None)), (2, slice(None)),
+                                                      (3, slice(None))]
+        grad_item = np.dtype(self.bf16 if self.db_dtype is None else np.float32).itemsize
+        nbytes = [step * 4 * d * grad_item] * chunks + [4 * d * 4, 4 * d * d * grad_item, d * 4]
+        bucket = nbytes[0] if args.bucket_mb is None else int(args.bucket_mb * 2**20)
+        self.reducer = dist.GradientAllReduce(group, nbytes, bucket_bytes=max(bucket, 1),
+                                              first_bucket_bytes=2**20)
+        self.group, self.last = group, [None] * len(nbytes)
 
-        def new_reducer(timing: bool = False):
-            return dist.GradientAllReduce(group, nbytes, bucket_bytes=bucket_bytes,
-                                          timing=timing)
+    def _give(self, i: int, grad) -> None:
+        self.last[i] = grad
+        self.reducer.ready(i, grad)
 
-        self.new_reducer = new_reducer
-        self.reducer, self.timed = new_reducer(), new_reducer(timing=True)
-        self.backward_end = cp.cuda.Event()
-
-    def step(self, x, target, reducer) -> None:
+    def step(self, x, target) -> None:
         import ge2jit
 
+        backward = ge2jit.gemm_bias_act_backward
         _, b1, _, b2 = self.params
         c1, _, c2, _ = self.copies   # the bfloat16 weights the GEMMs read
         h, z1 = ge2jit.gemm_bias_act(x, c1, b1, act=ACT, save_preact=True)
         y = ge2jit.gemm_bias_act(h, c2, b2)
         gy = ((y.astype(self.cp.float32) - target) * self.scale).astype(self.bf16)
-        g2 = ge2jit.gemm_bias_act_backward(gy, h, c2, b2, needs=("a", "b", "bias"), a_act=ACT,
-                                           a_z=z1, a_bias=b1, db_dtype="float32")
-        reducer.ready(3, g2.bias)
-        reducer.ready(2, g2.b)
-        reducer.ready(1, g2.a_bias)
-        g1 = ge2jit.gemm_bias_act_backward(g2.a, x, c1, None, needs=("b",), db_dtype="float32")
-        reducer.ready(0, g1.b)
-        if reducer.events is not None:
-            self.backward_end.record()
-        reducer.wait()
+        n = len(self.rows)
+        if not self.distributed:   # the plain step: no reducer, the Adam steps after
+            g2 = backward(gy, h, c2, b2, needs=("a", "b", "bias"), a_act=ACT, a_z=z1,
+                          a_bias=b1, db_dtype=self.db_dtype)
+            g1 = backward(g2.a, x, c1, None, needs=("b",), db_dtype=self.db_dtype)
+            self.t += 1
+            for p, g, (m, v), c in zip(self.params, (g1.b, g2.a_bias, g2.b, g2.bias),
+                                       self.state, self.copies):
+                ge2jit.adam_update(p, g, m, v, step=self.t, lr=1e-4, param_copy=c)
+            return
+        g2 = backward(gy, h, c2, b2, needs=("b", "bias"), db_dtype=self.db_dtype)
+        self._give(n + 1, g2.b)
+        self._give(n + 2, g2.bias)
+        ga = backward(gy, h, c2, b2, needs=("a",), a_act=ACT, a_z=z1, a_bias=b1)
+        self._give(n, ga.a_bias)
+        for j, rows in enumerate(self.rows):
+            self._give(j, backward(ga.a, x[:, rows], c1[rows], None, needs=("b",),
+                                   db_dtype=self.db_dtype).b)
         self.t += 1
-        grads = (g1.b, g2.a_bias, g2.b, g2.bias)
-        for p, g, (m, v), c in zip(self.params, grads, self.state, self.copies):
-            ge2jit.adam_update(p, g, m, v, step=self.t, lr=1e-4, param_copy=c)
+        for b, members in enumerate(self.reducer.buckets):   # in the order they complete
+            self.reducer.wait(b)
+            for i in members:
+                k, rows = self.pieces[i]
+                m, v = self.state[k]
+                copy = self.copies[k]
+                ge2jit.adam_update(self.params[k][rows], self.last[i], m[rows], v[rows],
+                                   step=self.t, lr=1e-4,
+                                   param_copy=None if copy is None else copy[rows])
+        self.reducer.wait()
 
-    def overlap(self) -> dict:
-        """One eager step with timing events: the buckets' all-reduce time, the part of it
-        after the backward's end (exposed), in ms."""
+    def allreduce_alone(self, times: int) -> float:
+        """The step's buckets reduced back to back with nothing else queued (the last step's
+        gradients, reduced again): ms per step, the median of ``times``."""
         cp = self.cp
-        self.step(self.x, self.target, self.timed)
-        cp.cuda.get_current_stream().synchronize()
-        durations = [cp.cuda.get_elapsed_time(s, e) for s, e in self.timed.events]
-        last = max(cp.cuda.get_elapsed_time(self.backward_end, e) for _, e in self.timed.events)
-        return {"allreduce_ms": sum(durations), "exposed_ms": max(0.0, last)}
+        cp.cuda.Device().synchronize()
+        stream = self.reducer.stream
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        out = []
+        for _ in range(times):
+            start.record(stream)
+            for members in self.reducer.buckets:
+                self.group.all_reduce([self.last[i] for i in members], op="avg",
+                                      stream=stream)
+            end.record(stream)
+            end.synchronize()
+            out.append(cp.cuda.get_elapsed_time(start, end))
+        return statistics.median(out)
 
 
 def bench_width(group, d: int, args) -> dict:
@@ -143,21 +189,21 @@ def bench_width(group, d: int, args) -> dict:
 
     import ge2jit
 
-    block = Block(group, d, args.tokens, args.bucket_mb * 2**20)
+    distributed = group.world_size > 1
+    block = Block(group, d, args.tokens, args, distributed)
     mode, why = "eager", None
 
     def run():
-        block.step(block.x, block.target, block.reducer)
+        block.step(block.x, block.target)
 
     run()   # compiles or loads every kernel
     if not args.eager:
         try:
-            graph = ge2jit.graph.capture(lambda x, t: block.step(x, t, block.reducer),
-                                         block.x, block.target)
+            graph = ge2jit.graph.capture(block.step, block.x, block.target)
             run, mode = graph.replay, "graph"   # the batch stays in the graph's input buffers
         except Exception as e:  # noqa: BLE001 - reported, and the step runs eagerly instead
             why = f"{type(e).__name__}: {e}".splitlines()[0]
-            block.reducer = block.new_reducer()   # the failed step left gradients given
+            block.reducer.reset()   # the failed capture left gradients given
     for _ in range(args.warmup):
         run()
     stream = cp.cuda.get_current_stream()
@@ -174,21 +220,17 @@ def bench_width(group, d: int, args) -> dict:
     times = cp.zeros(group.world_size, np.float64)
     times[group.rank] = cp.cuda.get_elapsed_time(start, end)
     group.all_reduce([times])
+    cp.cuda.Device().synchronize()
     step_ms = float(times.max()) / args.steps
-    profiles = [block.overlap() for _ in range(args.profile_steps)]
-    total = statistics.median(p["allreduce_ms"] for p in profiles)
-    exposed = statistics.median(p["exposed_ms"] for p in profiles)
-    hidden = [1.0 - p["exposed_ms"] / p["allreduce_ms"] for p in profiles
-              if p["allreduce_ms"] > 0]
     row = {"world": group.world_size, "d": d, "tokens_per_gpu": args.tokens, "mode": mode,
            "step_ms": step_ms, "host_step_ms": wall * 1e3 / args.steps,
            "tokens_per_s": group.world_size * args.tokens / (step_ms * 1e-3),
+           "grad_dtype": args.grad_dtype, "chunks": len(block.rows),
+           "comm_sms": args.comm_sms if distributed else 0,
+           "grid_sms": ge2jit.get_num_sms(group.device_id),
            "buckets": len(block.reducer.buckets),
-           "gradient_bytes": sum(p.nbytes for p in block.params),
-           "allreduce_ms": total if group.world_size > 1 else None,
-           "exposed_ms": exposed if group.world_size > 1 else None,
-           "hidden_fraction": (statistics.median(hidden)
-                               if group.world_size > 1 and hidden else None)}
+           "gradient_bytes": sum(block.reducer.nbytes),
+           "allreduce_ms": block.allreduce_alone(args.profile_steps) if distributed else None}
     if why:
         row["graph_error"] = why
     return row
@@ -196,11 +238,23 @@ def bench_width(group, d: int, args) -> dict:
 
 def worker(args) -> int:
     """One rank: every width; rank 0 writes the rows to ``args.worker``."""
+    from ge2jit.distributed import process_info
+
+    info = process_info()
+    if info.world_size > 1 and args.comm_sms:
+        os.environ["NCCL_MAX_CTAS"] = str(args.comm_sms)   # read when the communicator is made
     import cupy as cp
 
+    import ge2jit
     import ge2jit.distributed as dist
 
-    group = dist.init()
+    group = dist.init(info)
+    if group.world_size > 1 and args.comm_sms:
+        sms = ge2jit.get_num_sms(group.device_id)
+        if args.comm_sms >= sms:
+            raise SystemExit(f"bench_distributed.py: --comm-sms: expected fewer than the "
+                             f"{sms} SMs of the GPU, got {args.comm_sms}")
+        ge2jit.set_num_sms(sms - args.comm_sms)
     rows = []
     for d in args.widths:
         rows.append(bench_width(group, d, args))
@@ -208,38 +262,52 @@ def worker(args) -> int:
         cp.get_default_memory_pool().free_all_blocks()
     if group.rank == 0:
         props = cp.cuda.runtime.getDeviceProperties(group.device_id)
+        nccl = None
+        if group.world_size > 1:
+            from cupy.cuda import nccl as _nccl
+
+            nccl = _nccl.get_version()
         Path(args.worker).write_text(json.dumps({"device": props["name"].decode(),
-                                                 "rows": rows}))
+                                                 "nccl": nccl, "rows": rows}))
     return 0
 
 
 # --- the driver ----------------------------------------------------------------------------
 
 def add_scaling(rows: list[dict]) -> None:
-    """Each row's tokens/s against the world size 1 row of its width, and against linear."""
-    single = {r["d"]: r["tokens_per_s"] for r in rows if r["world"] == 1}
+    """Each row's tokens/s against the world size 1 row of its width and against linear; the
+    step's time beyond one GPU's (exposed) and the all-reduce's share hidden."""
+    single = {r["d"]: r for r in rows if r["world"] == 1}
     for r in rows:
         base = single.get(r["d"])
-        r["scaling"] = r["tokens_per_s"] / base if base else None
+        r["scaling"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
         r["efficiency"] = r["scaling"] / r["world"] if base else None
         target = TARGET.get(r["world"])
         r["target_efficiency"] = target
         r["meets_target"] = (r["efficiency"] >= target
                              if target is not None and base else None)
+        r["exposed_ms"] = r["hidden_fraction"] = None
+        if base and r["world"] > 1 and r["allreduce_ms"]:
+            r["exposed_ms"] = max(0.0, r["step_ms"] - base["step_ms"])
+            r["hidden_fraction"] = max(0.0, 1.0 - r["exposed_ms"] / r["allreduce_ms"])
 
 
 def table(rows: list[dict]) -> str:
     def num(v, fmt, unit=""):
         return "" if v is None else format(v, fmt) + unit
 
-    lines = ["| world | d | mode | step ms | tokens/s | scaling | of linear | target | "
-             "all-reduce ms | exposed ms | hidden |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| world | d | mode | grads | step ms | tokens/s | scaling | of linear | target | "
+             "all-reduce alone ms | exposed ms | hidden |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         target, hidden = r["target_efficiency"], r["hidden_fraction"]
         verdict = "" if r["meets_target"] is None else ("met" if r["meets_target"] else "missed")
+        grads = f"{r['grad_dtype']}"
+        if r["world"] > 1:
+            grads += f", {r['chunks']} chunk{'s' if r['chunks'] > 1 else ''}"
+            grads += f", {r['grid_sms']} SMs" if r["comm_sms"] else ""
         lines.append(
-            f"| {r['world']} | {r['d']} | {r['mode']} | {r['step_ms']:.3f} | "
+            f"| {r['world']} | {r['d']} | {r['mode']} | {grads} | {r['step_ms']:.3f} | "
             f"{r['tokens_per_s'] / 1e6:.2f}M | {num(r['scaling'], '.2f', 'x')} | "
             f"{num(r['efficiency'], '.2f')} | "
             f"{'' if target is None else f'{target:.2f} {verdict}'} | "
@@ -256,9 +324,9 @@ SIZES = {"widths": ([1024, 4096], [1024]), "tokens": (16384, 4096), "steps": (20
 def parse_args(argv=None) -> argparse.Namespace:
     """The options, checked, with the defaults of ``SIZES`` (``--quick``: its smaller ones)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("--world", type=_ints, default=None,
+    parser.add_argument("--world", type=int_list, default=None,
                         help="world sizes, comma-separated (default: 1,2,4,8 up to the GPUs)")
-    parser.add_argument("--widths", type=_ints, default=None,
+    parser.add_argument("--widths", type=int_list, default=None,
                         help="the block's widths d (default 1024,4096)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="tokens (rows) per GPU (default 16384)")
@@ -266,9 +334,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None,
                         help="steps run before the timing (default 3)")
     parser.add_argument("--profile-steps", type=int, default=None,
-                        help="eager steps with timing events around the all-reduces "
-                             "(default 5)")
-    parser.add_argument("--bucket-mb", type=int, default=25, help="all-reduce bucket size")
+                        help="times the all-reduces are timed alone (default 5)")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="all-reduce bucket size in MiB (default: a chunk's gradient, so "
+                             "that each chunk is reduced as soon as it is written; the first "
+                             "bucket 1 MiB)")
+    parser.add_argument("--grad-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="the weight gradients' type, in which they travel (default "
+                             "bfloat16)")
+    parser.add_argument("--chunks", type=int, default=4,
+                        help="GEMMs (row blocks) of the first layer's weight gradient, each "
+                             "reduced as soon as written (default 4)")
+    parser.add_argument("--comm-sms", type=int, default=0,
+                        help="SMs the kernels leave to NCCL on ranks of a world above one "
+                             "(default 0)")
     parser.add_argument("--eager", action="store_true", help="no CUDA graph: the step from "
                                                              "Python")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results_distributed.json"),
@@ -277,12 +356,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--worker", help=argparse.SUPPRESS)   # one rank's results file
     args = parser.parse_args(argv)
     quick_defaults(args, **SIZES)
-    for name in ("tokens", "steps", "profile_steps", "bucket_mb"):
+    if args.bucket_mb is not None and args.bucket_mb <= 0:
+        parser.error(f"--bucket-mb: expected a positive size, got {args.bucket_mb}")
+    for name in ("tokens", "steps", "profile_steps", "chunks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected at least 1, got "
                          f"{getattr(args, name)}")
-    if args.warmup < 0:
-        parser.error(f"--warmup: expected at least 0, got {args.warmup}")
+    for name in ("warmup", "comm_sms"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')}: expected at least 0, got "
+                         f"{getattr(args, name)}")
     return args
 
 
@@ -306,7 +389,7 @@ def main(argv=None) -> int:
         return 2
     # the ranks get the same options, less --world and --json, and their results file
     passed = _without(argv, ("--world", "--json"))
-    rows, device = [], None
+    rows, device, nccl = [], None, None
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as tmp:
         for world in worlds:
             out = Path(tmp, f"world{world}.json")
@@ -319,7 +402,7 @@ def main(argv=None) -> int:
             if run.returncode:
                 return run.returncode
             result = json.loads(out.read_text())
-            device = result["device"]
+            device, nccl = result["device"], result["nccl"] or nccl
             rows.extend(result["rows"])
     rows.sort(key=lambda r: (r["d"], r["world"]))
     add_scaling(rows)
@@ -327,7 +410,9 @@ def main(argv=None) -> int:
     doc = {"device": device, "gpus": gpus, "date": time.strftime("%Y-%m-%d"),
            "commit": commit(), "tokens_per_gpu": args.tokens, "steps": args.steps,
            "warmup": args.warmup, "profile_steps": args.profile_steps,
-           "bucket_bytes": args.bucket_mb * 2**20, "graph": not args.eager, "rows": rows}
+           "bucket_mb": args.bucket_mb, "graph": not args.eager,
+           "grad_dtype": args.grad_dtype, "chunks": args.chunks, "comm_sms": args.comm_sms,
+           "nccl": nccl, "rows": rows}
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.json}")
     return 0

@@ -41,6 +41,18 @@ def add_quick(parser, what: str) -> None:
     parser.add_argument("--quick", action="store_true", help=f"a short run: {what}")
 
 
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of positive integers (an option's value)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, "
+                                         f"got {text!r}")
+    return values
+
+
 def quick_defaults(args, **defaults) -> None:
     """Each option ``name=(full, quick)`` not given (None) takes its default: ``quick`` with
     ``--quick``, else ``full``."""

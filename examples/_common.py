@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 
@@ -110,6 +111,23 @@ def run_steps(train_step, next_batch, *, steps: int, graph: bool, log_every: int
             bar.set_postfix(loss=f"{float(loss):.4f}")   # a read-back, outside the step
     torch.cuda.synchronize()
     return log.tolist(), [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def use_launchers_gpu(info, script: str) -> bool:
+    """Under a launcher (``info``: ``ge2jit.distributed.process_info()``), make the local
+    rank's GPU current; False, after one line on stderr naming the launcher's variable, when
+    this host has no such GPU. Without a launcher, True (the current GPU stays)."""
+    from ge2jit.distributed.environment import LAUNCHERS
+
+    if info.launcher == "none":
+        return True
+    if info.local_rank >= torch.cuda.device_count():
+        variable = next(v[3] for v in LAUNCHERS if v[0] == info.launcher)
+        print(f"{script}: {variable}: expected a GPU in [0, {torch.cuda.device_count()}) on "
+              f"this host, got {info.local_rank}", file=sys.stderr)
+        return False
+    torch.cuda.set_device(info.local_rank)
+    return True
 
 
 def median_of_last_half(times: list) -> float:

@@ -89,6 +89,7 @@ with script_errors(SCRIPT, "PyTorch, ge2jit.torch and a CUDA GPU",
         no_gpu_message,
         report,
         run_steps,
+        use_launchers_gpu,
         write_json,
     )
 
@@ -290,7 +291,6 @@ def main(argv=None) -> int:
     mode = "compile" if args.compile else "graph" if args.graph else "eager"
     from ge2jit import ArgumentValueError
     from ge2jit.distributed import process_info
-    from ge2jit.distributed.environment import LAUNCHERS
 
     try:
         info = process_info()   # torchrun's RANK, WORLD_SIZE, LOCAL_RANK (one process: none)
@@ -307,14 +307,8 @@ def main(argv=None) -> int:
         print(NO_GPU, file=sys.stderr)
         return 2
     distributed = info.world_size > 1
-    if info.launcher != "none":
-        if info.local_rank >= torch.cuda.device_count():
-            variable = next(v[3] for v in LAUNCHERS if v[0] == info.launcher)
-            print(f"{SCRIPT}: {variable}: expected a GPU in [0, "
-                  f"{torch.cuda.device_count()}) on this host, got {info.local_rank}",
-                  file=sys.stderr)
-            return 2
-        torch.cuda.set_device(info.local_rank)
+    if not use_launchers_gpu(info, SCRIPT):
+        return 2
     if distributed:   # MASTER_ADDR and MASTER_PORT from the environment (torchrun's)
         torch.distributed.init_process_group(
             "nccl", rank=info.rank, world_size=info.world_size,

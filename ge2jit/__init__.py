@@ -22,6 +22,7 @@ from .errors import (
     SettingsError,
 )
 from .jit import nvrtc as _nvrtc
+from .jit.device import get_num_sms, set_num_sms
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
@@ -90,6 +91,8 @@ __all__ = [
     "warmup",
     "benchmark_configs",
     "cache_info",
+    "set_num_sms",
+    "get_num_sms",
     "PipelineConfig",
     "MmaConfig",
     "WgmmaConfig",

@@ -30,7 +30,7 @@ SMALL = dict(d=64, layers=1, heads=2, seq=32, batch=32, vocab=64, lr=3e-3)
 STEPS = 10
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_torchrun_follows_one_gpus_losses_on_the_whole_batch(world, tmp_path):
     """Each rank's loss is a mean over its rows and DDP averages the gradients, so the ranks
     train as one GPU on the whole batch; the logged loss is the ranks' mean. They agree

@@ -191,7 +191,7 @@ def _launched_world_of_one() -> dict:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_data_parallel_losses_are_one_gpus_on_the_whole_batch(world, tmp_path):
     """Each rank's loss and gradients are means over its shard; averaged over the ranks they
     are the whole batch's, so the losses follow one GPU's on the whole batch. A world of one
@@ -207,15 +207,18 @@ def test_data_parallel_losses_are_one_gpus_on_the_whole_batch(world, tmp_path):
         assert got["world_size"] == 1 and len(got["kernels"]) == 1
         assert got["losses"] == want and got["accuracy"] == acc
         return
-    got, out = _run(["--gpus", "2", "--steps", str(STEPS), "--seed", "5"], tmp_path, "dp")
-    graph, _ = _run(["--gpus", "2", "--steps", str(STEPS), "--seed", "5", "--graph"],
+    got, out = _run(["--gpus", str(world), "--steps", str(STEPS), "--seed", "5"], tmp_path,
+                    "dp")
+    graph, _ = _run(["--gpus", str(world), "--steps", str(STEPS), "--seed", "5", "--graph"],
                     tmp_path, "dp-graph")
-    assert got["world_size"] == 2 and [k["rank"] for k in got["kernels"]] == [0, 1]
+    assert got["world_size"] == world
+    assert [k["rank"] for k in got["kernels"]] == list(range(world))
     np.testing.assert_allclose(got["losses"], want, rtol=2e-4)
     assert want[-1] < want[0] - 0.05, want   # the run learns: the comparison means something
     assert abs(got["accuracy"] - acc) <= 2 / 2048
     assert graph["losses"] == got["losses"]
-    assert out.count("final loss") == 1 and "(2 GPUs, 1024 points each)" in out
+    assert out.count("final loss") == 1
+    assert f"({world} GPUs, {2048 // world} points each)" in out
 
 
 def _read_only(root: Path, writable: bool) -> None:
@@ -231,7 +234,7 @@ def _entries(root: Path) -> list[Path]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_ranks_on_a_warmed_read_only_cache_compile_nothing(world, tmp_path):
     """The job run once into an empty cache directory warms it; made read-only and listed
     after a fresh, empty directory of the rank's own (GE2JIT_CACHE_DIR="fresh:warmed"), the

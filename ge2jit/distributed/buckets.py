@@ -11,7 +11,8 @@ BUCKET_BYTES = 25 * 2**20
 
 
 def plan_buckets(nbytes: Sequence[int], bucket_bytes: int = BUCKET_BYTES,
-                 kinds: Sequence | None = None) -> list[list[int]]:
+                 kinds: Sequence | None = None, *,
+                 first_bucket_bytes: int | None = None) -> list[list[int]]:
     """Gradients' indices grouped into buckets for all-reduces issued under the backward.
 
     The backward makes the last layer's gradients first, so the buckets take the indices
@@ -20,19 +21,22 @@ def plan_buckets(nbytes: Sequence[int], bucket_bytes: int = BUCKET_BYTES,
     a bucket holds gradients of one kind only (``kinds``: one hashable per gradient, such as
     its dtype; an all-reduce call reduces one type). The first bucket is complete as soon as
     the last layers' gradients exist, so its communication starts while the layers below
-    are still differentiated.
+    are still differentiated; ``first_bucket_bytes`` (default ``bucket_bytes``) caps that
+    first one, so that it starts sooner (DistributedDataParallel's is 1 MiB).
 
     Args:
         nbytes: each gradient's size in bytes, in the parameters' order (first layer first).
         bucket_bytes: the size a bucket fills up to (at least 1).
         kinds: None (all one kind) or one value per gradient.
+        first_bucket_bytes: None or the size the first bucket fills up to (at least 1).
 
     Returns:
         Buckets in the order they complete, each a list of indices (descending).
     """
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-        raise ArgumentValueError(f"bucket_bytes: expected a positive integer, got "
-                                 f"{bucket_bytes!r}")
+    first = bucket_bytes if first_bucket_bytes is None else first_bucket_bytes
+    for name, value in (("bucket_bytes", bucket_bytes), ("first_bucket_bytes", first)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentValueError(f"{name}: expected a positive integer, got {value!r}")
     sizes = list(nbytes)
     for i, n in enumerate(sizes):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -46,7 +50,8 @@ def plan_buckets(nbytes: Sequence[int], bucket_bytes: int = BUCKET_BYTES,
     for i in reversed(range(len(sizes))):
         current = buckets[-1] if buckets else None
         same_kind = kinds is None or (current is not None and kinds[current[0]] == kinds[i])
-        if current is not None and same_kind and filled + sizes[i] <= bucket_bytes:
+        cap = first if len(buckets) == 1 else bucket_bytes
+        if current is not None and same_kind and filled + sizes[i] <= cap:
             current.append(i)
             filled += sizes[i]
         else:

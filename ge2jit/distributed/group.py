@@ -1,16 +1,33 @@
-"""A data-parallel job on CuPy: one process a GPU, NCCL through ``cupyx.distributed``, and
+"""A data-parallel job on CuPy: one process a GPU, NCCL through CuPy's communicator, and
 gradients all-reduced in buckets on a side stream while the backward goes on."""
 
 from __future__ import annotations
 
+import json
+import socket
+import struct
+import time
 from collections.abc import Sequence
 
 from ..errors import ArgumentValueError
 from .buckets import BUCKET_BYTES, plan_buckets
 from .environment import ProcessInfo, process_info
 
-#: the gradient types NCCL reduces through ``cupyx.distributed``
-REDUCIBLE = ("float16", "float32", "float64")
+#: NCCL's code of each type it reduces here (``ncclDataType_t`` in nccl.h): NCCL has reduced
+#: bfloat16 since 2.10, which CuPy's ``cupyx.distributed`` does not pass on, so the group
+#: calls CuPy's communicator with NCCL's own codes
+NCCL_TYPES = {"float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+#: the array types the group reduces
+REDUCIBLE = tuple(NCCL_TYPES)
+#: NCCL's reductions (``ncclRedOp_t``): ``avg`` divides the sum by the ranks inside NCCL
+NCCL_OPS = {"sum": 0, "avg": 4}
+#: the NCCL version (``ncclGetVersion``: major * 10000 + minor * 100 + patch) that brought
+#: bfloat16 and ``ncclAvg``
+NCCL_MIN_VERSION = 21000
+#: a stream priority above any device's range: CUDA takes the device's highest
+HIGHEST_PRIORITY = -1000
+#: how long ``init`` waits for every rank to join (seconds)
+RENDEZVOUS_TIMEOUT_S = 300.0
 
 
 def _cupy():
@@ -21,12 +38,13 @@ def _cupy():
 
 class Group:
     """This process's part of a data-parallel job: its GPU (``device_id``, selected) and,
-    with more than one process, CuPy's NCCL communicator. ``all_reduce`` and ``broadcast``
-    are in place and queued on a stream (nothing waits on the host), so they may be captured
-    in a CUDA graph (NCCL >= 2.9). With one process they do nothing."""
+    with more than one process, an NCCL communicator (``comm``: CuPy's
+    ``cupy.cuda.nccl.NcclCommunicator``). Its collectives are in place and queued on a stream
+    (nothing waits on the host), so they may be captured in a CUDA graph (NCCL >= 2.9). With
+    one process they do nothing."""
 
-    def __init__(self, info: ProcessInfo, device_id: int, backend=None):
-        self.info, self.device_id, self._backend = info, device_id, backend
+    def __init__(self, info: ProcessInfo, device_id: int, comm=None):
+        self.info, self.device_id, self.comm = info, device_id, comm
 
     @property
     def rank(self) -> int:
@@ -38,7 +56,7 @@ class Group:
 
     def _check(self, arrays, what: str):
         for i, a in enumerate(arrays):
-            if a.dtype.name not in REDUCIBLE:
+            if a.dtype.name not in NCCL_TYPES:
                 raise ArgumentValueError(f"{what}[{i}]: expected dtype {', '.join(REDUCIBLE)}, "
                                          f"got {a.dtype}")
             if not a.flags.c_contiguous and not a.flags.f_contiguous:
@@ -49,38 +67,128 @@ class Group:
                                          f"{self.device_id} (this rank's), got device "
                                          f"{a.device.id}")
 
-    def _grouped(self, arrays: Sequence, call) -> None:
-        """``call(array)`` for each array, checked, as one group of NCCL calls (none with
-        one process)."""
+    def _grouped(self, arrays: Sequence, call, stream) -> None:
+        """``call(array, stream_ptr)`` for each array, checked, as one group of NCCL calls
+        (none with one process)."""
         arrays = list(arrays)
         self._check(arrays, "arrays")
-        if self._backend is None or not arrays:
+        if self.comm is None or not arrays:
             return
         from cupy.cuda import nccl
 
+        ptr = (stream if stream is not None else _cupy().cuda.get_current_stream()).ptr
         nccl.groupStart()
         try:
             for a in arrays:
-                call(a)
+                call(a, ptr)
         finally:
             nccl.groupEnd()
 
-    def all_reduce(self, arrays: Sequence, *, stream=None) -> None:
-        """Sums each array over the ranks, in place, as one group of NCCL calls queued on
-        ``stream`` (default: CuPy's current stream)."""
-        self._grouped(arrays, lambda a: self._backend.all_reduce(a, a, "sum", stream))
+    def all_reduce(self, arrays: Sequence, *, op: str = "sum", stream=None) -> None:
+        """Reduces each array over the ranks, in place (``op``: "sum", or "avg": the sum
+        divided by the world size, inside NCCL), as one group of NCCL calls queued on
+        ``stream`` (default: CuPy's current stream). float16, bfloat16, float32 and float64
+        arrays travel in their own type."""
+        code = NCCL_OPS.get(op) if isinstance(op, str) else None
+        if code is None:
+            raise ArgumentValueError(f"op: expected one of {', '.join(NCCL_OPS)}, got {op!r}")
+        self._grouped(arrays, lambda a, s: self.comm.allReduce(
+            a.data.ptr, a.data.ptr, a.size, NCCL_TYPES[a.dtype.name], code, s), stream)
 
     def broadcast(self, arrays: Sequence, *, root: int = 0, stream=None) -> None:
         """Copies rank ``root``'s arrays to every rank, in place (the parameters' initial
         values, so that every replica starts equal)."""
-        self._grouped(arrays, lambda a: self._backend.broadcast(a, root, stream))
+        if isinstance(root, bool) or not isinstance(root, int) \
+                or not 0 <= root < self.world_size:
+            raise ArgumentValueError(f"root: expected a rank in [0, {self.world_size}), got "
+                                     f"{root!r}")
+        self._grouped(arrays, lambda a, s: self.comm.broadcast(
+            a.data.ptr, a.data.ptr, a.size, NCCL_TYPES[a.dtype.name], root, s), stream)
 
 
-def init(info: ProcessInfo | None = None, *, device_id: int | None = None) -> Group:
+# --- joining a job -------------------------------------------------------------------------
+
+def _send(conn: socket.socket, data: bytes) -> None:
+    conn.sendall(struct.pack("!I", len(data)) + data)
+
+
+def _receive(conn: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = conn.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("the peer closed the connection")
+            out += chunk
+        return out
+
+    return exactly(struct.unpack("!I", exactly(4))[0])
+
+
+def rendezvous(info: ProcessInfo, unique_id, timeout_s: float = RENDEZVOUS_TIMEOUT_S):
+    """The job's NCCL id, from rank 0 to every rank: rank 0 (which passes ``unique_id``, a
+    callable making it) listens on ``MASTER_ADDR:MASTER_PORT + 1`` until every other rank
+    has connected, said its rank and the world size, and received the id; the others connect
+    (retrying until rank 0 listens). Pure sockets: no GPU.
+
+    Raises:
+        ArgumentValueError: the ranks disagree on the world size, or two say the same rank.
+        TimeoutError: not every rank joined within ``timeout_s`` (one line naming the
+            address and what was missing).
+    """
+    address = (info.master_addr, info.rendezvous_port)
+    deadline = time.monotonic() + timeout_s
+    where = f"{address[0]}:{address[1]} (MASTER_ADDR, MASTER_PORT + 1)"
+    if info.rank == 0:
+        uid = unique_id()   # bytes (CuPy >= 13) or a tuple of integers (before)
+        payload = json.dumps(uid.hex() if isinstance(uid, bytes) else list(uid)).encode()
+        joined: set[int] = set()
+        with socket.create_server(address, backlog=max(info.world_size, 8)) as server:
+            while len(joined) < info.world_size - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(1, info.world_size)) - joined)
+                    raise TimeoutError(f"rendezvous: ranks {missing} of {info.world_size} did "
+                                       f"not join rank 0 at {where} within {timeout_s:g} s")
+                server.settimeout(left)
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(max(1.0, deadline - time.monotonic()))
+                    rank, world = json.loads(_receive(conn))
+                    if world != info.world_size:
+                        raise ArgumentValueError(
+                            f"WORLD_SIZE: rank {rank} was started with {world}, rank 0 with "
+                            f"{info.world_size}; every rank of a job needs the same")
+                    if rank in joined or not 0 < rank < info.world_size:
+                        raise ArgumentValueError(f"RANK: rank {rank} joined twice or is "
+                                                 f"outside [1, {info.world_size})")
+                    _send(conn, payload)
+                    joined.add(rank)
+        return uid
+    while True:
+        try:
+            with socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic())
+                                          ) as conn:
+                conn.settimeout(max(1.0, deadline - time.monotonic()))
+                _send(conn, json.dumps([info.rank, info.world_size]).encode())
+                uid = json.loads(_receive(conn))
+                return bytes.fromhex(uid) if isinstance(uid, str) else tuple(uid)
+        except OSError as e:   # rank 0 not listening yet (refused), or gone
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"rendezvous: rank {info.rank} could not reach rank 0 at "
+                                   f"{where} within {timeout_s:g} s ({e})") from None
+            time.sleep(0.05)
+
+
+def init(info: ProcessInfo | None = None, *, device_id: int | None = None,
+         timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> Group:
     """Joins the job the launcher started (``info``: default ``process_info()``): selects
     this rank's GPU (``device_id``, default the local rank) and, with more than one process,
-    makes CuPy's NCCL communicator, rank 0 serving the rendezvous at ``MASTER_ADDR`` on
-    ``MASTER_PORT + 1``. Every rank must call it."""
+    makes the job's NCCL communicator (NCCL >= 2.10), rank 0 handing out its id at
+    ``MASTER_ADDR`` on ``MASTER_PORT + 1`` (``rendezvous``). Every rank must call it."""
     cp = _cupy()
     info = process_info() if info is None else info
     count = cp.cuda.runtime.getDeviceCount()
@@ -89,14 +197,17 @@ def init(info: ProcessInfo | None = None, *, device_id: int | None = None) -> Gr
         raise ArgumentValueError(f"device_id: expected a GPU in [0, {count}) on this host, got "
                                  f"{device_id} (local rank {info.local_rank})")
     cp.cuda.Device(device_id).use()
-    backend = None
+    comm = None
     if info.world_size > 1:
-        import cupyx.distributed
+        from cupy.cuda import nccl
 
-        backend = cupyx.distributed.init_process_group(
-            info.world_size, info.rank, backend="nccl", host=info.master_addr,
-            port=info.rendezvous_port)
-    return Group(info, device_id, backend)
+        version = nccl.get_version()
+        if version < NCCL_MIN_VERSION:
+            raise ArgumentValueError(f"NCCL: expected version 2.10 or later (bfloat16 and "
+                                     f"average reductions), got {version}")
+        uid = rendezvous(info, nccl.get_unique_id, timeout_s)
+        comm = nccl.NcclCommunicator(info.world_size, uid, info.rank)
+    return Group(info, device_id, comm)
 
 
 class GradientAllReduce:
@@ -107,35 +218,50 @@ class GradientAllReduce:
         reducer = GradientAllReduce(group, [w.nbytes for w in params])
         # in the backward, as each gradient is written (on the current stream):
         reducer.ready(i, grad_i)
-        # before the optimizer reads them:
+        # before the optimizer reads them: all of them ...
+        reducer.wait()
+        # ... or bucket by bucket, each one's optimizer step as soon as it is reduced:
+        for b in range(len(reducer.buckets)):
+            reducer.wait(b)
+            ...   # the step of the parameters of reducer.buckets[b]
         reducer.wait()
 
-    ``ready`` records an event on the current stream; the side stream waits for it, then
-    reduces the bucket's arrays in place (one group of NCCL calls) and scales them by
-    1 / world size. ``wait`` makes the current stream wait for the side stream. Nothing
-    waits on the host, so a step with its all-reduces can be captured as a CUDA graph.
+    ``ready`` records an event on the current stream; the side stream (of the highest
+    priority, so that its kernels get SMs as soon as any free) waits for it, then reduces the
+    bucket's arrays in place as one group of NCCL calls (with ``average``, NCCL's ``avg``:
+    no pass of its own). ``wait(b)`` makes the current stream wait for bucket ``b``;
+    ``wait()`` for all of them, and ends the step. Nothing waits on the host, so a step with
+    its all-reduces can be captured as a CUDA graph. Gradients may be of different types
+    (each travels as its own; a bucket's are reduced by one group of calls); a gradient may
+    be a piece of a parameter's (the rows of a weight gradient written by one of several
+    GEMMs), so that its reduction starts before the rest is written.
+
+    ``first_bucket_bytes`` caps the first bucket (the last layer's gradients, complete
+    earliest), so that communication starts early (DistributedDataParallel's 1 MiB).
 
     ``timing=True`` (for profiling) records a pair of timing events on the side stream
-    around each bucket's all-reduce and scaling, ``events[b]`` = (start, end) of bucket
-    ``b`` in the step last issued; read them after synchronizing, with
-    ``cupy.cuda.get_elapsed_time``. They time eager steps: an event recorded while a graph
-    is captured orders the capture's streams, it is no timing of a replay. Off (the
-    default), ``events`` is None and nothing is recorded.
+    around each bucket's all-reduce, ``events[b]`` = (start, end) of bucket ``b`` in the
+    step last issued; read them after synchronizing, with ``cupy.cuda.get_elapsed_time``.
+    They time eager steps: an event recorded while a graph is captured orders the capture's
+    streams, it is no timing of a replay. Off (the default), ``events`` is None.
     """
 
     def __init__(self, group: Group, nbytes: Sequence[int], *,
-                 bucket_bytes: int = BUCKET_BYTES, kinds: Sequence | None = None,
-                 average: bool = True, timing: bool = False):
+                 bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = None,
+                 kinds: Sequence | None = None, average: bool = True, timing: bool = False):
         cp = _cupy()
         self.group, self.average = group, bool(average)
         self.nbytes = list(nbytes)
-        self.buckets = plan_buckets(self.nbytes, bucket_bytes, kinds)
+        self.buckets = plan_buckets(self.nbytes, bucket_bytes, kinds,
+                                    first_bucket_bytes=first_bucket_bytes)
         self._bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
         self._given: list[dict] = [{} for _ in self.buckets]
+        self._last: int | None = None   # the bucket issued last this step
         with cp.cuda.Device(group.device_id):
-            self.stream = cp.cuda.Stream(non_blocking=True)
+            # CUDA clamps a priority beyond the device's range to its highest
+            self.stream = cp.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
             self._ready = [cp.cuda.Event(disable_timing=True) for _ in self.buckets]
-            self._done = cp.cuda.Event(disable_timing=True)
+            self._done = [cp.cuda.Event(disable_timing=True) for _ in self.buckets]
             self.events = ([(cp.cuda.Event(), cp.cuda.Event()) for _ in self.buckets]
                            if timing else None)
 
@@ -165,24 +291,40 @@ class GradientAllReduce:
         self.stream.wait_event(event)
         if self.events is not None:
             self.events[bucket][0].record(self.stream)
-        self.group.all_reduce(arrays, stream=self.stream)
-        if self.average and self.group.world_size > 1:
-            scale = 1.0 / self.group.world_size
-            with self.stream:
-                for a in arrays:
-                    cp.multiply(a, a.dtype.type(scale), out=a)
+        average = self.average and self.group.world_size > 1
+        self.group.all_reduce(arrays, op="avg" if average else "sum", stream=self.stream)
         if self.events is not None:
             self.events[bucket][1].record(self.stream)
+        self._done[bucket].record(self.stream)
+        self._last = bucket
 
-    def wait(self) -> None:
-        """Ends the step: the current stream waits for every bucket's all-reduce. Every
-        gradient must have been given."""
+    def reset(self) -> None:
+        """Forgets the gradients given this step (after a step that failed part-way: its
+        reductions queued so far still run)."""
+        self._given, self._last = [{} for _ in self.buckets], None
+
+    def wait(self, bucket: int | None = None) -> None:
+        """``bucket``: the current stream waits for that bucket's all-reduce (all of its
+        gradients must have been given). None: it waits for every bucket's, and the step
+        ends (every gradient must have been given)."""
         cp = _cupy()
+        if bucket is not None:
+            if isinstance(bucket, bool) or not isinstance(bucket, int) \
+                    or not 0 <= bucket < len(self.buckets):
+                raise ArgumentValueError(f"bucket: expected a bucket in [0, "
+                                         f"{len(self.buckets)}), got {bucket!r}")
+            missing = [i for i in self.buckets[bucket] if i not in self._given[bucket]]
+            if missing:
+                raise ArgumentValueError(f"bucket: gradients {sorted(missing)} of bucket "
+                                         f"{bucket} were not given yet this step")
+            cp.cuda.get_current_stream().wait_event(self._done[bucket])
+            return
         missing = sorted(i for b, members in enumerate(self.buckets) for i in members
                          if i not in self._given[b])
         if missing:
             raise ArgumentValueError(f"ready: gradients {missing} were not given this step; "
                                      "every planned gradient must be, before wait()")
-        self._done.record(self.stream)
-        cp.cuda.get_current_stream().wait_event(self._done)
-        self._given = [{} for _ in self.buckets]
+        # the side stream runs the buckets in the order they were issued: the last one's end
+        # is every one's
+        cp.cuda.get_current_stream().wait_event(self._done[self._last])
+        self._given, self._last = [{} for _ in self.buckets], None

@@ -46,13 +46,17 @@ _HEADER_LEN = struct.Struct("<I")
 _CHECKSUM_LEN = 32                # sha256 of everything before it
 SUFFIX = ".cubin"
 SOURCE_SUFFIX = ".cu"
+#: a kernel's alias file: the key of its entry, found from its spec without rendering the
+#: source (``KernelCache.resolve``)
+ALIAS_SUFFIX = ".key"
 TMP_PREFIX = ".tmp-ge2jit-"
 MAX_ENTRY_BYTES = 64 * 1024 * 1024   # the largest cubins are a few MiB; anything more is not ours
 
 # The only names that clear and prune may delete: a shard directory is two hex digits, an entry
 # the key's other 62 (with its optional source beside it), a temporary file ours by prefix.
 _SHARD_RE = re.compile(r"[0-9a-f]{2}")
-_ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu)")
+_ENTRY_RE = re.compile(r"([0-9a-f]{62})(\.cubin|\.cu|\.key)")
+_KEY_RE = re.compile(r"[0-9a-f]{64}")
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r"[0-9]+-[a-z0-9_]+")
 _TMP_MAX_AGE_S = 3600.0          # prune: a temporary file this old belongs to a killed writer
 _FILE_MODE = 0o644               # less the umask; never group- or world-writable (see untrusted)
@@ -361,13 +365,14 @@ class KernelCache:
     def path_for(self, key: str) -> Path:
         return self.root / key[:2] / (key[2:] + SUFFIX)
 
-    def get(self, key: str, *, kernel_name: str | None = None, arch: str | None = None
-            ) -> CacheEntry | None:
+    def get(self, key: str, *, kernel_name: str | None = None, arch: str | None = None,
+            count_miss: bool = True) -> CacheEntry | None:
         """The entry for ``key``, or None.
 
         A missing, unreadable or damaged entry is a miss, and so is one that does not hold
         ``kernel_name`` compiled for ``arch`` (when given); damaged or mismatched entries are
-        counted in ``corrupt``, and the next ``put`` overwrites them.
+        counted in ``corrupt``, and the next ``put`` overwrites them. ``count_miss=False``: a
+        miss is not counted (a look-up that another one follows).
         """
         entry = self._memory.get(key)
         if entry is not None:
@@ -388,8 +393,36 @@ class KernelCache:
             self.hits += 1
             self._memory[key] = entry
             return entry
-        self.misses += 1
+        self.misses += count_miss
         return None
+
+    def resolve(self, alias: str) -> str | None:
+        """The key an alias was linked to (``link``), from the first directory that has it,
+        or None. An alias file is read by the rules of an entry's; one that does not hold a
+        key is no alias."""
+        for i, root in self._dirs.readable():
+            try:
+                data = read_trusted(root, alias[:2], alias[2:] + ALIAS_SUFFIX, shared=i > 0,
+                                    max_bytes=128)
+            except Exception:  # noqa: BLE001 - a defect is no alias: the source is rendered
+                continue
+            if data is not None:
+                key = data.decode("ascii", errors="replace").strip()
+                if _KEY_RE.fullmatch(key):
+                    return key
+        return None
+
+    def link(self, alias: str, key: str) -> None:
+        """Record in the first directory that ``alias`` names the entry ``key`` (nothing when
+        that directory is not used; a failed write only costs a later render)."""
+        path = self.root / alias[:2] / (alias[2:] + ALIAS_SUFFIX)
+        if not self.enabled:
+            return
+        try:
+            if self._dirs.prepare(path.parent):
+                atomic_write(path, key.encode("ascii"))
+        except OSError:
+            pass
 
     def put(self, entry: CacheEntry, source: str | None = None) -> Path | None:
         """Store ``entry`` in the first directory; returns its path, or None when it is kept in
@@ -744,7 +777,7 @@ def _entry_files(root_fd: int) -> tuple[dict[str, list], list[tuple[str, str, os
                     temporary.append((shard, name, st))
                     continue
                 e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
-                if m.group(2) == SUFFIX:     # the cubin's time is the entry's last use
+                if m.group(2) == SUFFIX or not e[0]:   # the cubin's time is the entry's use
                     e[0] = st.st_mtime
                 e[1] += st.st_size
                 e[2].append(name)

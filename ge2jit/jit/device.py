@@ -27,8 +27,57 @@ def device_attributes(device_id: int) -> dict:
     return dict(require_cupy().cuda.Device(device_id).attributes)
 
 
+#: the most SMs a kernel's grid is sized for (``set_num_sms``); None: all of them
+_sm_limit: int | None = None
+#: called with no arguments when the limit changes (caches of launch plans sized by it)
+_on_sm_change: list = []
+
+
 def sm_count(device_id: int) -> int:
-    return int(device_attributes(device_id)["MultiProcessorCount"])
+    """The SMs that kernels size their grids for: the device's, or fewer under
+    ``set_num_sms``."""
+    count = int(device_attributes(device_id)["MultiProcessorCount"])
+    return count if _sm_limit is None else min(count, _sm_limit)
+
+
+def set_num_sms(count: int | None) -> None:
+    """Size every kernel's grid for at most ``count`` SMs (None: all of a device's again).
+
+    A persistent kernel (the Hopper GEMMs: one block per SM, each looping over its share of
+    the tiles) fills every SM for its whole run, so a kernel on another stream, such as
+    NCCL's all-reduce under a backward, gets none until it ends; and when the other kernel
+    holds some SMs first, the persistent kernel's blocks for them wait, the GEMM's share of
+    them along. Leaving the communication ``device SMs - count`` SMs lets both run at once.
+    The launch plans made so far are forgotten (a graph captured before keeps its grids).
+
+    Raises:
+        ArgumentValueError: ``count`` not None or an integer >= 1.
+    """
+    global _sm_limit
+    from ..errors import ArgumentValueError
+
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                              or count < 1):
+        raise ArgumentValueError(f"count: expected None or a number of SMs >= 1, got "
+                                 f"{count!r}")
+    if count != _sm_limit:
+        _sm_limit = count
+        for forget in _on_sm_change:
+            forget()
+
+
+def get_num_sms(device_id: int | None = None) -> int:
+    """The SMs kernels size their grids for on ``device_id`` (default: the current device),
+    after ``set_num_sms``."""
+    if device_id is None:
+        device_id = require_cupy().cuda.runtime.getDevice()
+    return sm_count(device_id)
+
+
+def on_sm_change(forget) -> None:
+    """Call ``forget()`` whenever ``set_num_sms`` changes the limit (a cache of plans sized
+    by ``sm_count``)."""
+    _on_sm_change.append(forget)
 
 
 @lru_cache(maxsize=64)

@@ -6,6 +6,7 @@ device, so a repeated call costs one dictionary lookup.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from ..runtime.capture import check_not_capturing
 from . import nvrtc
 from .cache import CacheEntry, cache_key, default_cache
 from .device import device_arch
-from .render import render
+from .render import render, source_fingerprint
 from .spec import KernelSpec
 
 logger = logging.getLogger(__name__)
@@ -38,18 +39,48 @@ def key_for(spec: KernelSpec, arch: str) -> tuple[str, str, tuple[str, ...]]:
     return key, source, options
 
 
+def alias_for(spec: KernelSpec, arch: str) -> str:
+    """A name of ``spec``'s kernel for ``arch`` made without rendering its source: a sha256 of
+    the spec (its type and every field), the architecture, the compile options, NVRTC's
+    fingerprint, ge2jit's version, the CUDA headers' names and sizes and
+    ``source_fingerprint()`` (the templates and the Python files that rendering reads). The
+    cache links it to the entry's key (``KernelCache.link``) when the kernel is compiled, so
+    that a later process finds the entry without rendering (Jinja's parse of a large template
+    costs tens of milliseconds: hundreds at the first step of a job). A spec whose fields do
+    not print the same in every process (an object without a ``repr``) only misses."""
+    arch = nvrtc.normalize_arch(arch)
+    h = hashlib.sha256(b"ge2jit-kernel-alias-v1")
+    for part in (f"{type(spec).__module__}.{type(spec).__qualname__}", repr(spec), arch,
+                 "\0".join(nvrtc.compile_options(arch, spec.compile_options())),
+                 nvrtc.nvrtc_info().fingerprint, __version__,
+                 nvrtc.header_listing(nvrtc.cuda_include_dir()), source_fingerprint()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
 def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
     """Compile ``spec`` for ``arch`` unless the cache holds it; returns (entry, was_cached).
+    The entry is looked up by its alias first (``alias_for``: no rendering), then by its key.
 
     Raises:
         KernelCompileError: NVRTC rejected the rendered source.
     """
     cache = default_cache() if cache is None else cache
     arch = nvrtc.normalize_arch(arch)
+    alias = alias_for(spec, arch)
+    linked = cache.resolve(alias)
+    if linked is not None:
+        entry = cache.get(linked, kernel_name=spec.kernel_name, arch=arch, count_miss=False)
+        if entry is not None:
+            logger.debug("found %s for %s in the cache by its alias", spec.kernel_name, arch)
+            return entry, True
     key, source, _ = key_for(spec, arch)
     entry = cache.get(key, kernel_name=spec.kernel_name, arch=arch)
     if entry is not None:
         logger.debug("found %s for %s in the cache", spec.kernel_name, arch)
+        where = cache.where(key)
+        if where is not None and where.parent.parent == cache.root:
+            cache.link(alias, key)   # never into the first directory for a shared entry
         return entry, True
     result = nvrtc.compile_to_cubin(source, spec.kernel_name, arch, spec.compile_options())
     info = nvrtc.nvrtc_info()
@@ -63,6 +94,8 @@ def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
         created=time.time(), log=result.log,
     )
     path = cache.put(entry, source)
+    if path is not None:
+        cache.link(alias, key)
     logger.info("compiled %s for %s in %.2f s -> %s", spec.kernel_name, arch,
                 result.compile_seconds, path or "memory")
     return entry, False

@@ -313,8 +313,23 @@ def cuda_include_dir() -> str | None:
 
 
 @lru_cache(maxsize=8)
+@lru_cache(maxsize=8)
+def header_listing(include_dir: str | None) -> str:
+    """A checksum of the names and sizes of the CUDA headers (no contents: a few
+    milliseconds), once per directory and process: part of a kernel's alias, beside NVRTC's
+    fingerprint (the headers come with NVRTC's version)."""
+    h = hashlib.sha256()
+    if include_dir:
+        for p in sorted(Path(include_dir).glob("*.h*")):
+            if p.is_file():
+                h.update(f"{p.name}\0{p.stat().st_size}\0".encode())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=8)
 def header_checksum(include_dir: str | None) -> str:
-    """A checksum of the CUDA headers a kernel may include (part of the cache key)."""
+    """A checksum of the CUDA headers a kernel may include (part of the cache key), read once
+    per directory and process."""
     h = hashlib.sha256()
     if include_dir:
         for p in sorted(Path(include_dir).glob("*.h*")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentValueError
+from ..jit.device import on_sm_change
 from . import arrays as _arrays
 from .arrays import call_arguments, framework_of_type, views
 from .checks import byte_span
@@ -89,9 +90,13 @@ def _signature(fw, values: tuple, extra: tuple):
 
 
 def clear_all() -> None:
-    """Forget every op's prepared calls (after the tuning database changed)."""
+    """Forget every op's prepared calls (after the tuning database or ``set_num_sms``
+    changed)."""
     for table in _tables:
         table.clear()
+
+
+on_sm_change(clear_all)
 
 
 def check_spans(names, spans, outputs) -> None:

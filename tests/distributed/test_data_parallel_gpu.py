@@ -42,7 +42,7 @@ def _gpus() -> int:
     return cupy.cuda.runtime.getDeviceCount()
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_data_parallel_gradients_equal_the_whole_batchs(world, tmp_path):
     if _gpus() < world:
         pytest.skip(f"needs {world} GPUs, found {_gpus()}")

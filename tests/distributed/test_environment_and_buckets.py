@@ -88,3 +88,71 @@ def test_every_gradient_in_exactly_one_bucket():
 def test_bad_plans_are_refused(args, match):
     with pytest.raises(ArgumentValueError, match=match):
         plan_buckets(*args)
+
+
+def test_the_first_bucket_may_be_smaller():
+    """``first_bucket_bytes`` caps the bucket the backward completes first (so that its
+    reduction starts early); the others fill up to ``bucket_bytes``."""
+    sizes = [4096, 64, 8192, 128, 2048, 32]
+    assert plan_buckets(sizes, 10_000, first_bucket_bytes=100) == [[5], [4, 3], [2, 1], [0]]
+    assert plan_buckets(sizes, 10_000, first_bucket_bytes=10_000) == \
+        plan_buckets(sizes, 10_000)
+    with pytest.raises(ArgumentValueError, match="first_bucket_bytes: expected a positive "
+                                                 "integer, got 0"):
+        plan_buckets(sizes, 100, first_bucket_bytes=0)
+
+
+# --- the rendezvous (sockets only) ----------------------------------------------------------
+
+def _join(world: int, ranks, port: int, timeout_s: float = 20.0, worlds=None):
+    """``rendezvous`` of the given ranks, each in a thread; their results (or errors)."""
+    import threading
+
+    from ge2jit.distributed.environment import ProcessInfo
+    from ge2jit.distributed.group import rendezvous
+
+    out = {}
+
+    def one(rank):
+        info = ProcessInfo(rank, (worlds or {}).get(rank, world), rank, "127.0.0.1", port,
+                           "torchrun")
+        try:
+            out[rank] = rendezvous(info, lambda: bytes(range(128)), timeout_s)
+        except Exception as e:  # noqa: BLE001 - returned for the test to look at
+            out[rank] = e
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+    for t in reversed(threads):   # the others first: they wait for rank 0 to listen
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_gets_rank_0s_nccl_id(world):
+    from ge2jit.distributed.launch import free_port
+
+    out = _join(world, range(world), free_port())
+    assert all(out[r] == bytes(range(128)) for r in range(world)), out
+
+
+def test_a_rank_of_another_world_is_refused_in_one_line():
+    from ge2jit.distributed.launch import free_port
+
+    out = _join(2, [0, 1], free_port(), timeout_s=5.0, worlds={1: 3})
+    assert isinstance(out[0], ArgumentValueError)
+    assert str(out[0]) == ("WORLD_SIZE: rank 1 was started with 3, rank 0 with 2; every "
+                           "rank of a job needs the same")
+
+
+def test_a_missing_rank_times_out_naming_it():
+    from ge2jit.distributed.launch import free_port
+
+    port = free_port()
+    out = _join(3, [0, 1], port, timeout_s=1.0)
+    assert isinstance(out[0], TimeoutError)
+    assert str(out[0]) == (f"rendezvous: ranks [2] of 3 did not join rank 0 at "
+                           f"127.0.0.1:{port + 1} (MASTER_ADDR, MASTER_PORT + 1) within 1 s")
+    alone = _join(2, [1], free_port(), timeout_s=0.5)[1]
+    assert isinstance(alone, TimeoutError) and "rank 1 could not reach rank 0" in str(alone)

@@ -24,8 +24,9 @@ class Recorder:
         self.main = self.Stream(self, "main")
 
     class Stream:
-        def __init__(self, rec, name=None, non_blocking=False):
-            self.rec, self.name = rec, name or "side"
+        def __init__(self, rec, name=None, non_blocking=False, priority=None):
+            self.rec, self.name, self.priority = rec, name or "side", priority
+            self.ptr = self   # the communicator is handed the stream's handle
 
         def wait_event(self, event):
             self.rec.log.append(("wait", self.name, event.name))
@@ -60,7 +61,8 @@ class Recorder:
         nccl.groupStart = lambda: rec.log.append(("groupStart",))
         nccl.groupEnd = lambda: rec.log.append(("groupEnd",))
         cuda.nccl = nccl
-        cuda.Stream = lambda non_blocking=False: Recorder.Stream(rec, "side")
+        cuda.Stream = lambda non_blocking=False, priority=None: Recorder.Stream(
+            rec, "side", non_blocking, priority)
         cuda.Event = lambda disable_timing=False: Recorder.Event(rec, disable_timing)
         cuda.get_current_stream = lambda: rec.current
 
@@ -76,24 +78,27 @@ class Recorder:
 
         cuda.Device = Device
         cupy.cuda = cuda
-        cupy.multiply = lambda a, s, out: rec.log.append(("scale", rec.current.name, a.name,
-                                                           float(s)))
         return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl}
 
-    def backend(self):
+    def comm(self):
+        """An NCCL communicator's stand-in: ``allReduce`` of pointers (the arrays' names
+        here), counts and NCCL's type and operation codes on a stream."""
         rec = self
 
-        class Backend:
-            def all_reduce(self, a, out, op, stream):
-                rec.log.append(("all_reduce", stream.name, a.name, op))
+        class Comm:
+            def allReduce(self, send, recv, count, dtype, op, stream):
+                assert send == recv, "in place"
+                rec.log.append(("all_reduce", stream.name, send, count, dtype, op))
 
-        return Backend()
+        return Comm()
 
 
-def grad(name: str, nbytes: int):
-    """A float32 stand-in array of ``nbytes`` bytes on device 0."""
-    return SimpleNamespace(name=name, nbytes=nbytes, dtype=np.dtype(np.float32),
-                           shape=(nbytes // 4,),
+def grad(name: str, nbytes: int, dtype=np.float32):
+    """A stand-in array of ``nbytes`` bytes on device 0 (its pointer: its name)."""
+    dtype = np.dtype(dtype)
+    return SimpleNamespace(name=name, nbytes=nbytes, dtype=dtype,
+                           shape=(nbytes // dtype.itemsize,), size=nbytes // dtype.itemsize,
+                           data=SimpleNamespace(ptr=name),
                            flags=SimpleNamespace(c_contiguous=True, f_contiguous=False),
                            device=SimpleNamespace(id=0))
 
@@ -108,7 +113,7 @@ def rec(monkeypatch):
 
 def _group(rec, world: int) -> Group:
     info = ProcessInfo(0, world, 0, "127.0.0.1", 29500, "torchrun")
-    return Group(info, 0, rec.backend() if world > 1 else None)
+    return Group(info, 0, rec.comm() if world > 1 else None)
 
 
 def _step(reducer, grads) -> None:
@@ -126,12 +131,17 @@ def test_without_timing_nothing_is_timed(rec):
     assert reducer.buckets == [[3, 2], [1, 0]] and reducer.events is None
     _step(reducer, grads)
     assert not any(entry[0] == "record" and "timing" in entry[2] for entry in rec.log)
-    # each bucket: the side stream waits for the backward, reduces, scales by 1 / world
+    # each bucket: the side stream waits for the backward, averages in NCCL (ncclAvg = 4,
+    # float32 = 7), marks the bucket done; the step's end waits for the last one
     kinds = [e[0] for e in rec.log]
     assert kinds == ["record", "wait", "groupStart", "all_reduce", "all_reduce", "groupEnd",
-                     "scale", "scale"] * 2 + ["record", "wait"]
-    assert all(e[1] == "side" for e in rec.log if e[0] in ("all_reduce", "scale"))
-    assert [e[3] for e in rec.log if e[0] == "scale"] == [0.5] * 4
+                     "record"] * 2 + ["wait"]
+    reduced = [e for e in rec.log if e[0] == "all_reduce"]
+    assert [(e[1], e[2], e[3], e[4], e[5]) for e in reduced] == [
+        ("side", "g3", 20, 7, 4), ("side", "g2", 2000, 7, 4),
+        ("side", "g1", 10, 7, 4), ("side", "g0", 1000, 7, 4)]
+    assert rec.log[-1] == ("wait", "main", reducer._done[1].name)
+    assert reducer.stream.priority < 0, "the side stream's kernels get SMs first"
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -149,13 +159,60 @@ def test_timing_events_surround_each_buckets_all_reduce(rec, world):
             assert rec.log[at - 1][0] == "wait", "timed from when the backward's event is met"
             reduced = [e[2] for e in inside if e[0] == "all_reduce"]
             assert reduced == ([f"g{i}" for i in reducer.buckets[b]] if world > 1 else [])
-            assert sum(e[0] == "scale" for e in inside) == (len(reducer.buckets[b])
-                                                            if world > 1 else 0)
-        assert rec.log[-2:] == [("record", "side", reducer._done.name),
-                                ("wait", "main", reducer._done.name)]
+        assert rec.log[-2:] == [("record", "side", reducer._done[1].name),
+                                ("wait", "main", reducer._done[1].name)]
 
 
 def test_a_gradient_of_another_size_is_refused(rec):
     reducer = GradientAllReduce(_group(rec, 1), SIZES, timing=True)
     with pytest.raises(ArgumentValueError, match="grad: gradient 3 was planned at 80 bytes"):
         reducer.ready(3, grad("g3", 40))
+
+
+def test_each_bucket_is_waited_for_by_itself(rec):
+    """``wait(b)``: the current stream waits for bucket ``b``'s all-reduce only (its
+    parameters' optimizer step may start while the next bucket is reduced); a bucket not
+    complete yet is refused; ``wait()`` ends the step."""
+    grads = [grad(f"g{i}", n) for i, n in enumerate(SIZES)]
+    reducer = GradientAllReduce(_group(rec, 2), SIZES, bucket_bytes=8100)
+    reducer.ready(3, grads[3])
+    reducer.ready(2, grads[2])
+    with pytest.raises(ArgumentValueError, match=r"bucket: gradients \[0, 1\] of bucket 1"):
+        reducer.wait(1)
+    rec.log.clear()
+    reducer.wait(0)
+    assert rec.log == [("wait", "main", reducer._done[0].name)]
+    reducer.ready(1, grads[1])
+    reducer.ready(0, grads[0])
+    rec.log.clear()
+    reducer.wait(1)
+    reducer.wait()
+    assert rec.log == [("wait", "main", reducer._done[1].name)] * 2
+    with pytest.raises(ArgumentValueError, match="bucket: expected a bucket in"):
+        reducer.wait(2)
+
+
+def test_gradients_travel_in_their_own_type(rec):
+    """bfloat16 and float16 gradients are reduced as such (NCCL's codes 9 and 6), float32
+    beside them in the same group of calls; float64 is 8."""
+    bf16 = np.dtype("bfloat16") if "bfloat16" in np.sctypeDict else None
+    if bf16 is None:
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+    grads = [grad("w", 64, bf16), grad("b", 16), grad("h", 32, np.float16),
+             grad("d", 64, np.float64)]
+    reducer = GradientAllReduce(_group(rec, 2), [g.nbytes for g in grads], average=False)
+    assert reducer.buckets == [[3, 2, 1, 0]]
+    _step(reducer, grads)
+    reduced = {e[2]: (e[3], e[4], e[5]) for e in rec.log if e[0] == "all_reduce"}
+    assert reduced == {"w": (32, 9, 0), "b": (4, 7, 0), "h": (16, 6, 0), "d": (8, 8, 0)}
+
+
+def test_other_types_and_operations_are_refused(rec):
+    group = _group(rec, 2)
+    with pytest.raises(ArgumentValueError, match=r"arrays\[0\]: expected dtype float16, "
+                                                 r"float32, float64, bfloat16, got int32"):
+        group.all_reduce([grad("i", 16, np.int32)])
+    with pytest.raises(ArgumentValueError, match="op: expected one of sum, avg, got 'max'"):
+        group.all_reduce([grad("f", 16)], op="max")
+    assert not [e for e in rec.log if e[0] == "all_reduce"]

@@ -193,8 +193,8 @@ def test_many_processes_compiling_one_key(tmp_path):
     assert all(p.exitcode == 0 for p in procs)
     keys = {queue.get(timeout=5) for _ in range(n)}
     assert len(keys) == 1
-    files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert len(files) == 1, files
+    files = sorted(p.suffix for p in tmp_path.rglob("*") if p.is_file())
+    assert files == [".cubin", ".key"], files   # one entry and its alias
     assert KernelCache(tmp_path).get(keys.pop()) is not None
 
 
@@ -799,3 +799,89 @@ def test_info_after_a_failed_write_says_so(tmp_path, monkeypatch):
         assert c.put(_entry()) is None
     info = c.info()
     assert info["writable"] is False and "No space left" in info["not_writable_reason"]
+
+
+# --- aliases: an entry found from its spec, without rendering ------------------------------
+
+def _no_render(monkeypatch):
+    """Rendering (and so the key) fails from here on: only an alias finds an entry."""
+    from ge2jit.jit import loader
+
+    def refuse(*a, **k):
+        raise AssertionError("rendered")
+
+    monkeypatch.setattr(loader, "key_for", refuse)
+    monkeypatch.setattr(loader, "render", refuse)
+
+
+def test_a_compiled_kernel_is_found_again_without_rendering(tmp_path, monkeypatch):
+    """Compiling links the spec's alias to the entry; another process (a new cache object)
+    finds the entry by the alias alone, and counts a hit."""
+    from ge2jit.jit.loader import alias_for
+
+    entry, cached = build(SPEC, "sm_80", cache=KernelCache(tmp_path))
+    assert not cached
+    alias = alias_for(SPEC, "sm_80")
+    assert (tmp_path / alias[:2] / (alias[2:] + ".key")).read_text() == entry.key
+    assert alias_for(_with_act(Act.TANH), "sm_80") != alias != alias_for(SPEC, "sm_90")
+    _no_render(monkeypatch)
+    again = KernelCache(tmp_path)
+    got, cached = build(SPEC, "sm_80", cache=again)
+    assert cached and got.cubin == entry.cubin and (again.hits, again.misses) == (1, 0)
+
+
+def test_a_shared_warmed_cache_is_found_by_alias_and_the_fresh_one_stays_empty(
+        tmp_path, monkeypatch):
+    warmed, fresh = tmp_path / "warmed", tmp_path / "fresh"
+    entry, _ = build(SPEC, "sm_80", cache=KernelCache(warmed))
+    both = KernelCache([fresh, warmed])
+    _no_render(monkeypatch)
+    got, cached = build(SPEC, "sm_80", cache=both)
+    assert cached and got.key == entry.key
+    assert not fresh.exists() or not any(p.is_file() for p in fresh.rglob("*"))
+
+
+def test_an_entry_found_by_its_key_in_a_shared_cache_links_nothing_in_the_first(tmp_path):
+    """A warmed cache without aliases (made by an older ge2jit) still serves by key, and the
+    first directory gets no alias of an entry it does not hold."""
+    warmed, fresh = tmp_path / "warmed", tmp_path / "fresh"
+    entry, _ = build(SPEC, "sm_80", cache=KernelCache(warmed))
+    for p in warmed.rglob("*.key"):
+        p.unlink()
+    both = KernelCache([fresh, warmed])
+    got, cached = build(SPEC, "sm_80", cache=both)
+    assert cached and got.key == entry.key and (both.hits, both.misses) == (1, 0)
+    assert not fresh.exists() or not any(p.is_file() for p in fresh.rglob("*"))
+
+
+@pytest.mark.parametrize("damage", ["entry", "alias"])
+def test_a_stale_or_damaged_alias_falls_back_to_the_key(tmp_path, damage):
+    """An alias whose entry is gone (pruned), or that holds no key, is no alias: the source is
+    rendered and keyed as before, one miss counted for a recompile, and the alias linked
+    again."""
+    from ge2jit.jit.loader import alias_for
+
+    entry, _ = build(SPEC, "sm_80", cache=KernelCache(tmp_path))
+    alias_path = tmp_path / alias_for(SPEC, "sm_80")[:2] / (alias_for(SPEC, "sm_80")[2:]
+                                                            + ".key")
+    if damage == "entry":
+        KernelCache(tmp_path).path_for(entry.key).unlink()
+    else:
+        alias_path.write_text("not a key")
+    c = KernelCache(tmp_path)
+    got, cached = build(SPEC, "sm_80", cache=c)
+    assert got.cubin == entry.cubin and cached == (damage == "alias")
+    assert c.misses == (1 if damage == "entry" else 0)
+    assert alias_path.read_text() == entry.key
+
+
+def test_clear_and_prune_take_the_aliases_along(tmp_path):
+    c = KernelCache(tmp_path)
+    build(SPEC, "sm_80", cache=c)
+    assert list(tmp_path.rglob("*.key")) and c.info()["entries"] == 1
+    assert c.prune(older_than_s=-1).ok
+    assert not list(tmp_path.rglob("*.key")) and not list(tmp_path.rglob("*.cubin"))
+    c = KernelCache(tmp_path)   # no copy in memory: compiled and written again
+    build(SPEC, "sm_80", cache=c)
+    assert list(tmp_path.rglob("*.key"))
+    assert c.clear().removed == 1 and not list(tmp_path.rglob("*.key"))

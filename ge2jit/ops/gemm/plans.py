@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..._version import __version__
 from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
-from ...jit.device import device_arch, device_attributes, device_name, sm_count
+from ...jit.device import device_arch, device_attributes, device_name, on_sm_change, sm_count
 from ...jit.launch import Launcher
 from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.nvrtc import arch_number
@@ -441,3 +441,6 @@ def clear_plans() -> None:
     with _plans_lock:
         _plans.clear()
         clear_all()
+
+
+on_sm_change(clear_plans)   # a persistent grid is sized by the SMs (ge2jit.set_num_sms)
