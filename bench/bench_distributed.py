@@ -4,7 +4,8 @@
                                       [--tokens 16384] [--steps 20] [--warmup 3]
                                       [--profile-steps 5] [--bucket-mb MiB]
                                       [--grad-dtype bfloat16|float32] [--chunks 4]
-                                      [--comm-sms 0] [--eager]
+                                      [--comm-sms 0] [--compute-only] [--timeline]
+                                      [--eager]
                                       [--json bench/results_distributed.json] [--quick]
 
 The step, on each GPU: ``--tokens`` tokens (rows) of width d through a 2-layer MLP block
@@ -46,6 +47,10 @@ steps are timed with CUDA events (the slowest rank's time). It reports:
 - exposed: how much longer the step is than one GPU's (the communication's cost in the
   step, the ranks' waiting for each other included), and hidden = 1 - exposed / the
   all-reduce's time alone.
+
+``--compute-only`` runs the distributed step on every rank but sends nothing (the cost of its
+chunks and waits without communication); ``--timeline`` prints, for rank 0, one eager step's
+timeline: when each gradient is written and when each bucket's reduction starts and ends.
 
 It writes ``--json`` (default ``bench/results_distributed.json``) with the device, the date,
 the commit ($GE2JIT_COMMIT, else git's), the NCCL version and the rows.
@@ -117,12 +122,20 @@ class Block:
         grad_item = np.dtype(self.bf16 if self.db_dtype is None else np.float32).itemsize
         nbytes = [step * 4 * d * grad_item] * chunks + [4 * d * 4, 4 * d * d * grad_item, d * 4]
         bucket = nbytes[0] if args.bucket_mb is None else int(args.bucket_mb * 2**20)
-        self.reducer = dist.GradientAllReduce(group, nbytes, bucket_bytes=max(bucket, 1),
-                                              first_bucket_bytes=2**20)
+
+        def new_reducer(timing: bool = False):
+            return dist.GradientAllReduce(group, nbytes, bucket_bytes=max(bucket, 1),
+                                          first_bucket_bytes=2**20, timing=timing)
+
+        self.new_reducer, self.reducer = new_reducer, new_reducer()
         self.group, self.last = group, [None] * len(nbytes)
+        self.marks = None   # (what, event) of a timeline step (``timeline``)
 
     def _give(self, i: int, grad) -> None:
         self.last[i] = grad
+        if self.marks is not None:   # when the gradient is written, on the compute stream
+            self.marks.append((f"grad {i} written", self.cp.cuda.Event()))
+            self.marks[-1][1].record()
         self.reducer.ready(i, grad)
 
     def step(self, x, target) -> None:
@@ -163,6 +176,30 @@ class Block:
                                    step=self.t, lr=1e-4,
                                    param_copy=None if copy is None else copy[rows])
         self.reducer.wait()
+
+    def timeline(self) -> list[tuple[str, float]]:
+        """One eager step with timing events: when each gradient is written (compute stream),
+        when each bucket's reduction starts and ends (side stream), when the step ends; ms from
+        the step's start, in order."""
+        cp = self.cp
+        plain, self.reducer = self.reducer, self.new_reducer(timing=True)
+        try:
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            cp.cuda.Device().synchronize()
+            self.marks = []
+            start.record()
+            self.step(self.x, self.target)
+            end.record()
+            end.synchronize()
+            out = [(what, cp.cuda.get_elapsed_time(start, e)) for what, e in self.marks]
+            for b, (s, e) in enumerate(self.reducer.events):
+                out.append((f"bucket {b} {self.reducer.buckets[b]} starts",
+                            cp.cuda.get_elapsed_time(start, s)))
+                out.append((f"bucket {b} ends", cp.cuda.get_elapsed_time(start, e)))
+            out.append(("step ends", cp.cuda.get_elapsed_time(start, end)))
+            return sorted(out, key=lambda x: x[1])
+        finally:
+            self.marks, self.reducer = None, plain
 
     def allreduce_alone(self, times: int) -> float:
         """The step's buckets reduced back to back with nothing else queued (the last step's
@@ -230,9 +267,17 @@ def bench_width(group, d: int, args) -> dict:
            "grid_sms": ge2jit.get_num_sms(group.device_id),
            "buckets": len(block.reducer.buckets),
            "gradient_bytes": sum(block.reducer.nbytes),
-           "allreduce_ms": block.allreduce_alone(args.profile_steps) if distributed else None}
+           "compute_only": bool(args.compute_only),
+           "allreduce_ms": (block.allreduce_alone(args.profile_steps)
+                            if distributed and not args.compute_only else None)}
     if why:
         row["graph_error"] = why
+    if args.timeline and distributed:
+        row["timeline"] = block.timeline()
+        if group.rank == 0:
+            print(f"d = {d}, world {group.world_size}, rank 0's eager step:")
+            for what, ms in row["timeline"]:
+                print(f"  {ms:8.3f} ms  {what}")
     return row
 
 
@@ -249,6 +294,8 @@ def worker(args) -> int:
     import ge2jit.distributed as dist
 
     group = dist.init(info)
+    if args.compute_only:   # the distributed step with nothing sent: its compute alone
+        group.comm = None
     if group.world_size > 1 and args.comm_sms:
         sms = ge2jit.get_num_sms(group.device_id)
         if args.comm_sms >= sms:
@@ -348,6 +395,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--comm-sms", type=int, default=0,
                         help="SMs the kernels leave to NCCL on ranks of a world above one "
                              "(default 0)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print rank 0's timeline of one eager step: gradients written, "
+                             "buckets reduced")
+    parser.add_argument("--compute-only", action="store_true",
+                        help="ranks above one run the distributed step but send nothing: "
+                             "the cost of its chunks, waits and SMs without communication")
     parser.add_argument("--eager", action="store_true", help="no CUDA graph: the step from "
                                                              "Python")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results_distributed.json"),
