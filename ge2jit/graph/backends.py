@@ -213,7 +213,7 @@ class CupyBackend:
                 failure = e
             if failure is None:
                 try:
-                    graph = stream.end_capture()
+                    graph = NodePriorityGraph.of(stream.end_capture())
                 except Exception as e:
                     _abandon(stream.ptr)
                     raise ended_error(e, label) from e
@@ -227,6 +227,72 @@ class CupyBackend:
 
     def replay(self, graph) -> None:
         graph.launch()   # on CuPy's current stream
+
+
+#: ``CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`` (cuda.h): a replay runs each kernel at the
+#: priority of the stream it was captured from, not all of them at the launching stream's
+NODE_PRIORITY_FLAG = 8
+
+
+class NodePriorityGraph:
+    """A captured CuPy graph, instantiated again with node priorities: a replay runs each
+    kernel at the priority of the stream it was captured from (captured kernel nodes carry
+    it), as the step runs eagerly. CuPy instantiates without flags, and then every kernel runs
+    at the priority of the stream the graph is launched on, so a reduction captured from a
+    high-priority stream such as ``GradientAllReduce``'s would lose its priority. Launched on
+    CuPy's current stream; the CuPy graph is kept (it owns the ``cudaGraph_t``)."""
+
+    _driver = None
+
+    def __init__(self, graph, executable: ctypes.c_void_p):
+        self.graph, self._exec = graph, executable   # the CuPy graph owns the cudaGraph_t
+
+    @classmethod
+    def of(cls, graph):
+        """``graph`` instantiated with node priorities, or ``graph`` itself when the driver
+        has no ``cuGraphInstantiateWithFlags`` (CUDA < 11.7, or no libcuda found)."""
+        driver = cls._load()
+        if driver is None:
+            return graph
+        executable = ctypes.c_void_p()
+        rc = driver.cuGraphInstantiateWithFlags(ctypes.byref(executable),
+                                                ctypes.c_void_p(graph.graph),
+                                                ctypes.c_ulonglong(NODE_PRIORITY_FLAG))
+        if rc != 0:
+            return graph
+        return cls(graph, executable)
+
+    @classmethod
+    def _load(cls):
+        if cls._driver is None:
+            try:
+                driver = ctypes.CDLL("libcuda.so.1")
+                for name in ("cuGraphInstantiateWithFlags", "cuGraphLaunch",
+                             "cuGraphExecDestroy"):
+                    getattr(driver, name).restype = ctypes.c_int
+            except (OSError, AttributeError):
+                driver = False
+            cls._driver = driver
+        return cls._driver or None
+
+    def launch(self, stream=None) -> None:
+        """Replay on ``stream`` (default: CuPy's current stream)."""
+        import cupy
+
+        ptr = (stream or cupy.cuda.get_current_stream()).ptr
+        rc = self._driver.cuGraphLaunch(self._exec, ctypes.c_void_p(ptr))
+        if rc != 0:
+            from ..errors import KernelLaunchError
+
+            raise KernelLaunchError(f"cuGraphLaunch failed with CUresult {rc}")
+
+    def upload(self, stream=None) -> None:
+        """Nothing: the graph is uploaded at its first launch."""
+
+    def __del__(self):
+        executable, self._exec = getattr(self, "_exec", None), None
+        if executable is not None and self._driver:
+            self._driver.cuGraphExecDestroy(executable)
 
 
 class TorchBackend:

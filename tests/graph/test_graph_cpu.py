@@ -451,3 +451,39 @@ def test_the_failing_line_named_is_the_steps_not_a_cython_frame():
     where, op = locate(e.value.__traceback__)
     assert where.startswith("test_graph_cpu.py:") and " in step " in where, where
     assert "check_status\"]()" in where and op is None
+
+
+def test_a_captured_cupy_graph_keeps_its_kernels_priorities(monkeypatch):
+    """The CuPy backend instantiates a captured graph again with
+    CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY (8), launches that one on CuPy's current
+    stream and destroys it with the graph; without the driver's function, CuPy's own."""
+    import ctypes
+    import types
+
+    from ge2jit.graph import backends
+
+    calls = []
+
+    class Driver:
+        def cuGraphInstantiateWithFlags(self, out, graph, flags):
+            calls.append(("instantiate", graph.value, flags.value))
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 1234
+            return 0
+
+        def cuGraphLaunch(self, executable, stream):
+            calls.append(("launch", executable.value, stream.value))
+            return 0
+
+        def cuGraphExecDestroy(self, executable):
+            calls.append(("destroy", executable.value))
+            return 0
+
+    monkeypatch.setattr(backends.NodePriorityGraph, "_driver", Driver())
+    captured = types.SimpleNamespace(graph=77)
+    g = backends.NodePriorityGraph.of(captured)
+    assert isinstance(g, backends.NodePriorityGraph) and g.graph is captured
+    g.launch(types.SimpleNamespace(ptr=5))
+    del g
+    assert calls == [("instantiate", 77, 8), ("launch", 1234, 5), ("destroy", 1234)]
+    monkeypatch.setattr(backends.NodePriorityGraph, "_driver", False)   # no libcuda
+    assert backends.NodePriorityGraph.of(captured) is captured
