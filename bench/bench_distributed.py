@@ -4,7 +4,8 @@
                                       [--tokens 16384] [--steps 20] [--warmup 3]
                                       [--profile-steps 5] [--bucket-mb MiB]
                                       [--grad-dtype bfloat16|float32] [--chunks 4]
-                                      [--comm-sms 0] [--compute-only] [--timeline]
+                                      [--comm-sms 0] [--tile-grids] [--compute-only]
+                                      [--timeline]
                                       [--eager]
                                       [--json bench/results_distributed.json] [--quick]
 
@@ -48,9 +49,12 @@ steps are timed with CUDA events (the slowest rank's time). It reports:
   step, the ranks' waiting for each other included), and hidden = 1 - exposed / the
   all-reduce's time alone.
 
-``--compute-only`` runs the distributed step on every rank but sends nothing (the cost of its
-chunks and waits without communication); ``--timeline`` prints, for rank 0, one eager step's
-timeline: when each gradient is written and when each bucket's reduction starts and ends.
+``--tile-grids`` runs the GEMMs of ranks of a world above one with a block per tile
+(``ge2jit.set_persistent(False)``) rather than one per SM, so that NCCL's blocks get SMs as
+tiles finish. ``--compute-only`` runs the distributed step on every rank but sends nothing
+(the cost of its chunks and waits without communication); ``--timeline`` prints, for rank 0,
+one eager step's timeline: when each gradient is written and when each bucket's reduction
+starts and ends.
 
 It writes ``--json`` (default ``bench/results_distributed.json``) with the device, the date,
 the commit ($GE2JIT_COMMIT, else git's), the NCCL version and the rows.
@@ -264,6 +268,7 @@ def bench_width(group, d: int, args) -> dict:
            "tokens_per_s": group.world_size * args.tokens / (step_ms * 1e-3),
            "grad_dtype": args.grad_dtype, "chunks": len(block.rows),
            "comm_sms": args.comm_sms if distributed else 0,
+           "tile_grids": bool(args.tile_grids and distributed),
            "grid_sms": ge2jit.get_num_sms(group.device_id),
            "buckets": len(block.reducer.buckets),
            "gradient_bytes": sum(block.reducer.nbytes),
@@ -296,6 +301,8 @@ def worker(args) -> int:
     group = dist.init(info)
     if args.compute_only:   # the distributed step with nothing sent: its compute alone
         group.comm = None
+    if group.world_size > 1 and args.tile_grids:
+        ge2jit.set_persistent(False)
     if group.world_size > 1 and args.comm_sms:
         sms = ge2jit.get_num_sms(group.device_id)
         if args.comm_sms >= sms:
@@ -353,6 +360,7 @@ def table(rows: list[dict]) -> str:
         if r["world"] > 1:
             grads += f", {r['chunks']} chunk{'s' if r['chunks'] > 1 else ''}"
             grads += f", {r['grid_sms']} SMs" if r["comm_sms"] else ""
+            grads += ", tile grids" if r.get("tile_grids") else ""
         lines.append(
             f"| {r['world']} | {r['d']} | {r['mode']} | {grads} | {r['step_ms']:.3f} | "
             f"{r['tokens_per_s'] / 1e6:.2f}M | {num(r['scaling'], '.2f', 'x')} | "
@@ -395,6 +403,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--comm-sms", type=int, default=0,
                         help="SMs the kernels leave to NCCL on ranks of a world above one "
                              "(default 0)")
+    parser.add_argument("--tile-grids", action="store_true",
+                        help="on ranks of a world above one, GEMM grids of one block per tile "
+                             "(ge2jit.set_persistent(False)), so that NCCL gets SMs as tiles "
+                             "finish")
     parser.add_argument("--timeline", action="store_true",
                         help="print rank 0's timeline of one eager step: gradients written, "
                              "buckets reduced")

@@ -5,6 +5,7 @@ world size, under PyTorch's DDP and FSDP2.
                                             [--batch 4] [--seq 1024] [--d 4096] [--heads 32]
                                             [--hidden H] [--reduce-dtype bfloat16|float32]
                                             [--param-dtype float32|bfloat16] [--comm-sms 0]
+                                            [--tile-grids] [--nccl-high-priority]
                                             [--rounds 10] [--round-steps 5] [--warmup 3]
                                             [--json bench/results_llama_distributed.json]
                                             [--quick]
@@ -92,6 +93,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--comm-sms", type=int, default=0,
                         help="SMs the kernels leave to NCCL on ranks of a world above one "
                              "(default 0)")
+    parser.add_argument("--tile-grids", action="store_true",
+                        help="ge2jit's GEMMs with a block per tile on ranks of a world above "
+                             "one (ge2jit.set_persistent(False))")
+    parser.add_argument("--nccl-high-priority", action="store_true",
+                        help="NCCL's streams at high priority on ranks of a world above one")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 10)")
     parser.add_argument("--round-steps", type=int, default=None,
                         help="steps between two CUDA events in a round (default 5)")
@@ -125,6 +131,8 @@ def example_argv(args, mode: str, out: Path) -> list[str]:
         argv += ["--hidden", str(args.hidden)]
     if mode != "none":
         argv += ["--reduce-dtype", args.reduce_dtype, "--comm-sms", str(args.comm_sms)]
+        argv += ["--tile-grids"] * args.tile_grids
+        argv += ["--nccl-high-priority"] * args.nccl_high_priority
     if mode == "fsdp":
         argv += ["--param-dtype", args.param_dtype]
     return argv
@@ -137,7 +145,8 @@ def row_of(result: dict) -> dict:
             "min_ms": result["min_ms"], "tokens_per_s": result["tokens_per_s"],
             "tokens_per_gpu": c["tokens_per_gpu"], "peak_mib": result["peak_mib"],
             "reduce_dtype": c["reduce_dtype"], "param_dtype": c["param_dtype"],
-            "comm_sms": c.get("comm_sms", 0)}
+            "comm_sms": c.get("comm_sms", 0), "tile_grids": c.get("tile_grids", False),
+            "nccl_high_priority": c.get("nccl_high_priority", False)}
 
 
 def add_scaling(rows: list[dict]) -> None:

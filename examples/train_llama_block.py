@@ -110,6 +110,10 @@ from autograd hooks, nor FSDP2's collectives.
 SMs fewer than the GPU has (``ge2jit.set_num_sms``) and caps NCCL at K blocks
 (``NCCL_MAX_CTAS``): a persistent GEMM (one block an SM for its whole run) otherwise holds
 every SM, and the all-reduce or reduce-scatter queued under it on NCCL's stream waits for it.
+``--tile-grids`` runs ge2jit's GEMMs with a block per tile instead (``ge2jit.set_persistent
+(False)``), so that NCCL's blocks get SMs as tiles finish, and ``--nccl-high-priority`` puts
+NCCL's streams at high priority (``ProcessGroupNCCL.Options(is_high_priority_stream=True)``),
+so that its blocks go first.
 
 ``--bench`` times one block's training step at LLaMA-7B's sizes (by default 4 x 1024 tokens,
 d = 4096, 32 heads, hidden 11008, bfloat16 autocast over float32 parameters): the block's
@@ -458,7 +462,7 @@ def data_parallel(module: nn.Module, wrapper: str, *, device, reduce_dtype: str 
     return module
 
 
-def join_process_group(info, device) -> None:
+def join_process_group(info, device, high_priority: bool = False) -> None:
     """Joins the NCCL process group of ``info`` (``ge2jit.distributed.ProcessInfo``) on
     ``device``: the launcher's rendezvous (``MASTER_ADDR``, ``MASTER_PORT``: torchrun's, or
     the defaults of ``process_info`` where an MPI or Slurm launcher set none), or, for one
@@ -471,8 +475,12 @@ def join_process_group(info, device) -> None:
         os.environ.setdefault("MASTER_ADDR", info.master_addr)
         os.environ.setdefault("MASTER_PORT", str(info.master_port))
         init_method = None   # env://, torchrun's store included
+    options = None
+    if high_priority:   # NCCL's kernels then get SMs before the backward's as blocks free
+        options = torch.distributed.ProcessGroupNCCL.Options(is_high_priority_stream=True)
     torch.distributed.init_process_group("nccl", init_method=init_method, rank=info.rank,
-                                         world_size=info.world_size, device_id=device)
+                                         world_size=info.world_size, device_id=device,
+                                         pg_options=options)
 
 
 def train(*, steps: int = 300, batch: int = 32, seq: int = 64, vocab: int = 64, d: int = 256,
@@ -848,6 +856,12 @@ def main(argv=None) -> int:
     dp_args.add_argument("--comm-sms", type=int, default=0, metavar="K",
                          help="with more than one process: ge2jit's kernels sized for K SMs "
                               "fewer than the GPU has, NCCL capped at K blocks (default 0)")
+    dp_args.add_argument("--tile-grids", action="store_true",
+                         help="with more than one process: ge2jit's GEMMs run a block per "
+                              "tile, not one per SM (ge2jit.set_persistent(False))")
+    dp_args.add_argument("--nccl-high-priority", action="store_true",
+                         help="with more than one process: NCCL's streams at high priority "
+                              "(ProcessGroupNCCL's is_high_priority_stream)")
     bench_args = parser.add_argument_group("--bench", "time one block's training step")
     bench_args.add_argument("--bench", action="store_true",
                             help="time ge2jit eager and graph-captured, PyTorch eager and "
@@ -943,13 +957,17 @@ def main(argv=None) -> int:
             return 2
         os.environ["NCCL_MAX_CTAS"] = str(comm_sms)   # read when the communicator is made
     if grouped:
-        join_process_group(info, device)
-    if comm_sms:
+        join_process_group(info, device, high_priority=args.nccl_high_priority and world > 1)
+    tile_grids = args.tile_grids and grouped and world > 1
+    if comm_sms or tile_grids:
         # ge2jit's persistent GEMMs (one block an SM for their whole run) would otherwise
         # hold every SM while NCCL's kernels, on their own stream, wait for one
         import ge2jit
 
-        ge2jit.set_num_sms(sms - comm_sms)
+        if comm_sms:
+            ge2jit.set_num_sms(sms - comm_sms)
+        if tile_grids:
+            ge2jit.set_persistent(False)
     try:
         if args.bench:
             result = bench(batch=args.batch, seq=args.seq, d=args.d, heads=args.heads,
@@ -973,6 +991,8 @@ def main(argv=None) -> int:
     finally:
         if comm_sms:
             ge2jit.set_num_sms(None)   # all SMs again (main called in a process that goes on)
+        if tile_grids:
+            ge2jit.set_persistent(True)
         if grouped:
             torch.distributed.destroy_process_group()
     if info.rank != 0:   # rank 0 reports
@@ -981,6 +1001,8 @@ def main(argv=None) -> int:
         print_bench(result)
     elif args.bench_dp:
         result["config"]["comm_sms"] = comm_sms
+        result["config"]["tile_grids"] = bool(tile_grids)
+        result["config"]["nccl_high_priority"] = bool(args.nccl_high_priority and world > 1)
         print_bench_data_parallel(result)
     else:
         result.config["comm_sms"] = comm_sms

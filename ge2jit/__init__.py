@@ -22,7 +22,7 @@ from .errors import (
     SettingsError,
 )
 from .jit import nvrtc as _nvrtc
-from .jit.device import get_num_sms, set_num_sms
+from .jit.device import get_num_sms, set_num_sms, set_persistent
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
@@ -93,6 +93,7 @@ __all__ = [
     "cache_info",
     "set_num_sms",
     "get_num_sms",
+    "set_persistent",
     "PipelineConfig",
     "MmaConfig",
     "WgmmaConfig",

@@ -66,6 +66,41 @@ def set_num_sms(count: int | None) -> None:
             forget()
 
 
+#: whether kernels whose blocks walk their share of the work run one block per SM
+_persistent = True
+
+
+def set_persistent(enabled: bool) -> None:
+    """Persistent grids on (True, the default) or off.
+
+    A persistent kernel runs one block per SM, and each block walks its share of the work
+    units (the Hopper GEMMs' output tiles). Off, such a kernel runs one block per work unit,
+    and a block leaves its SM when its tile is done. A kernel on another stream, such as
+    NCCL's all-reduce under a backward, then gets SMs as soon as tiles finish, instead of when
+    the whole GEMM ends. It gives up the overlap of one tile's epilogue with the next tile's
+    loads. The launch plans made so far are forgotten (a graph captured before keeps its
+    grids).
+
+    Raises:
+        ArgumentValueError: ``enabled`` not a bool.
+    """
+    global _persistent
+    from ..errors import ArgumentValueError
+
+    if not isinstance(enabled, bool):
+        raise ArgumentValueError(f"enabled: expected True or False, got {enabled!r}")
+    if enabled != _persistent:
+        _persistent = enabled
+        for forget in _on_sm_change:
+            forget()
+
+
+def persistent_blocks(device_id: int, units: int) -> int:
+    """The blocks of a grid over ``units`` work units: one per SM (``sm_count``) at most while
+    persistent grids are on (``set_persistent``), else one per unit."""
+    return min(units, sm_count(device_id)) if _persistent else units
+
+
 def get_num_sms(device_id: int | None = None) -> int:
     """The SMs kernels size their grids for on ``device_id`` (default: the current device),
     after ``set_num_sms``."""
@@ -75,8 +110,8 @@ def get_num_sms(device_id: int | None = None) -> int:
 
 
 def on_sm_change(forget) -> None:
-    """Call ``forget()`` whenever ``set_num_sms`` changes the limit (a cache of plans sized
-    by ``sm_count``)."""
+    """Call ``forget()`` whenever ``set_num_sms`` or ``set_persistent`` changes how grids are
+    sized (a cache of plans)."""
     _on_sm_change.append(forget)
 
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 from ..._version import __version__
 from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
-from ...jit.device import device_arch, device_attributes, device_name, on_sm_change, sm_count
+from ...jit.device import (
+    device_arch,
+    device_attributes,
+    device_name,
+    on_sm_change,
+    persistent_blocks,
+    sm_count,
+)
 from ...jit.launch import Launcher
 from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.nvrtc import arch_number
@@ -348,13 +355,13 @@ def build_plan(p: Problem, choice: Choice, vecs) -> Plan:
                  for s in (ks.prep_a, ks.prep_b))
     if choice.split_k != ks.splits:
         choice = Choice(cfg, ks.splits, choice.reason, choice.detail)
-    if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM
+    if isinstance(ks.main, WgmmaGemmSpec):   # persistent: at most one block per SM (or a tile)
         units = grid_m * grid_n * ks.splits
         if units > _INT32_MAX:   # the kernel counts tiles and work units in 32 bits
             raise ArgumentValueError(
                 f"a, b: M = {m}, N = {n} make {units} tiles (x K slices) of {cfg.name}, more "
                 f"than the {_INT32_MAX} it can count; pin a config with bigger tiles")
-        grid = (min(units, sm_count(p.device_id)), 1, 1)
+        grid = (persistent_blocks(p.device_id, units), 1, 1)
         return TmaPlan(choice, main, grid, (cfg.threads, 1, 1), smem, ks.k_tiles_per_split,
                        reduce, reduce_grid, prep, ks.splits)
     return Plan(choice, main, (grid_m, grid_n, ks.splits), (cfg.threads, 1, 1), smem,
