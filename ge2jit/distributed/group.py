@@ -183,12 +183,25 @@ def rendezvous(info: ProcessInfo, unique_id, timeout_s: float = RENDEZVOUS_TIMEO
             time.sleep(0.05)
 
 
+def connect_at_init(env=None) -> bool:
+    """Ask NCCL to connect the ranks when the communicator is made rather than at each kind of
+    collective's first call (``NCCL_RUNTIME_CONNECT=0``, NCCL >= 2.22), so that a job's first
+    step does not pay for it. A value the user set is kept; True when it is 0 now."""
+    import os
+
+    env = os.environ if env is None else env
+    env.setdefault("NCCL_RUNTIME_CONNECT", "0")
+    return env["NCCL_RUNTIME_CONNECT"].strip() == "0"
+
+
 def init(info: ProcessInfo | None = None, *, device_id: int | None = None,
-         timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> Group:
+         timeout_s: float = RENDEZVOUS_TIMEOUT_S, connect: bool = True) -> Group:
     """Joins the job the launcher started (``info``: default ``process_info()``): selects
     this rank's GPU (``device_id``, default the local rank) and, with more than one process,
     makes the job's NCCL communicator (NCCL >= 2.10), rank 0 handing out its id at
-    ``MASTER_ADDR`` on ``MASTER_PORT + 1`` (``rendezvous``). Every rank must call it."""
+    ``MASTER_ADDR`` on ``MASTER_PORT + 1`` (``rendezvous``). Every rank must call it.
+    ``connect``: the ranks are connected now (``connect_at_init``), not in the first step
+    (NCCL reads the setting when its first communicator is made in the process)."""
     cp = _cupy()
     info = process_info() if info is None else info
     count = cp.cuda.runtime.getDeviceCount()
@@ -205,6 +218,8 @@ def init(info: ProcessInfo | None = None, *, device_id: int | None = None,
         if version < NCCL_MIN_VERSION:
             raise ArgumentValueError(f"NCCL: expected version 2.10 or later (bfloat16 and "
                                      f"average reductions), got {version}")
+        if connect:
+            connect_at_init()
         uid = rendezvous(info, nccl.get_unique_id, timeout_s)
         comm = nccl.NcclCommunicator(info.world_size, uid, info.rank)
     return Group(info, device_id, comm)

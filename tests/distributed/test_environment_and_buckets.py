@@ -156,3 +156,12 @@ def test_a_missing_rank_times_out_naming_it():
                            f"127.0.0.1:{port + 1} (MASTER_ADDR, MASTER_PORT + 1) within 1 s")
     alone = _join(2, [1], free_port(), timeout_s=0.5)[1]
     assert isinstance(alone, TimeoutError) and "rank 1 could not reach rank 0" in str(alone)
+
+
+def test_nccl_connects_at_init_unless_the_user_said_otherwise():
+    from ge2jit.distributed.group import connect_at_init
+
+    env = {}
+    assert connect_at_init(env) and env == {"NCCL_RUNTIME_CONNECT": "0"}
+    env = {"NCCL_RUNTIME_CONNECT": "1"}
+    assert not connect_at_init(env) and env == {"NCCL_RUNTIME_CONNECT": "1"}

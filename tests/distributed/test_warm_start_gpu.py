@@ -31,15 +31,16 @@ def _gpus() -> int:
     return cupy.cuda.runtime.getDeviceCount()
 
 
-def _job(world: int, caches: list[str], tmp_path: Path, name: str) -> list[dict]:
+def _job(world: int, caches: list[str], tmp_path: Path, name: str,
+         profile: bool = False) -> list[dict]:
     procs = []
     for rank, env in enumerate(local_environments(world, master_port=free_port())):
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]),
                                              env.get("PYTHONPATH", "")])
         env["GE2JIT_CACHE_DIR"] = caches[rank]
-        procs.append(subprocess.Popen([sys.executable, str(WORKER),
-                                       str(tmp_path / f"{name}{rank}.json"), str(D),
-                                       str(TOKENS)], env=env, stdout=subprocess.PIPE,
+        argv = [sys.executable, str(WORKER), str(tmp_path / f"{name}{rank}.json"), str(D),
+                str(TOKENS), *["profile"] * profile]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, (p, out) in enumerate(zip(procs, outputs)):
@@ -88,5 +89,14 @@ def test_ranks_start_on_a_warmed_read_only_cache(world, warmed, tmp_path):
     assert [r["rank"] for r in again] == list(range(world))
     for r in again:
         assert r["misses"] == 0 and r["hits"] > 0, r
-        assert r["first_s"] <= 2 * r["later_s"], r
+    slow = [r["rank"] for r in again if r["first_s"] > 2 * r["later_s"]]
+    if slow:   # once more under cProfile, for the message: where the first step goes
+        for f in fresh:
+            assert not any(p.is_file() for p in f.rglob("*"))
+        profiled = _job(world, [f"{fresh[r]}{os.pathsep}{warmed}" for r in range(world)],
+                        tmp_path, "profiled", profile=True)[slow[0]]
+        pytest.fail(f"ranks {slow}: first step beyond twice a later one; rank {slow[0]}'s "
+                    f"first step under cProfile ({profiled['first_s'] * 1e3:.1f} ms), its "
+                    "costliest calls:\n" + "\n".join(f"{t * 1e3:9.1f} ms  {name}" for t, name
+                                                     in profiled["first_step_profile"]))
     assert [p for f in fresh for p in f.rglob("*") if p.is_file()] == []

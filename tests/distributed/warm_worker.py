@@ -3,14 +3,19 @@ launcher's variables in the environment, ``GE2JIT_CACHE_DIR`` set per rank): an 
 data-parallel training step (bfloat16, d -> 4d -> d, the gradients averaged over the ranks in
 bfloat16 under the backward, Adam), the first step timed from the process's first kernel to
 its end on the GPU, then later steps. Writes ``{"rank", "first_s", "later_s", "hits",
-"misses"}`` to argv[1]; argv[2] and argv[3] are d and the tokens per GPU."""
+"misses", "first_step_profile"}`` to argv[1]; argv[2] and argv[3] are d and the tokens per
+GPU; with argv[4] "profile", the first step runs under cProfile and its 25 costliest calls
+by cumulative time are reported (else the list is empty)."""
 
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import cupy as cp
 import ml_dtypes
@@ -22,7 +27,7 @@ import ge2jit.distributed as dist
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def main(path: str, d: int, tokens: int) -> None:
+def main(path: str, d: int, tokens: int, profiled: bool = False) -> None:
     group = dist.init()
     rng = cp.random.default_rng(0)
     params = [rng.standard_normal((d, 4 * d), dtype=np.float32) / np.float32(d ** 0.5),
@@ -57,9 +62,14 @@ def main(path: str, d: int, tokens: int) -> None:
             ge2jit.adam_update(p, g, m, v, step=t, lr=1e-4, param_copy=c)
 
     cp.cuda.Device().synchronize()
+    profile = cProfile.Profile() if profiled else None
     start = time.perf_counter()
+    if profile:
+        profile.enable()
     step()
     cp.cuda.Device().synchronize()
+    if profile:
+        profile.disable()
     first = time.perf_counter() - start
     later = []
     for _ in range(5):
@@ -68,10 +78,16 @@ def main(path: str, d: int, tokens: int) -> None:
         cp.cuda.Device().synchronize()
         later.append(time.perf_counter() - start)
     info = ge2jit.cache_info()
+    top = []
+    if profile:   # (file, line, name) -> (calls, .., tottime, cumtime, ..)
+        stats = pstats.Stats(profile).stats
+        top = sorted(((v[3], f"{k[2]} ({Path(k[0]).name}:{k[1]})") for k, v in stats.items()),
+                     reverse=True)[:25]
     with open(path, "w") as f:
         json.dump({"rank": group.rank, "first_s": first, "later_s": statistics.median(later),
-                   "hits": info["process_hits"], "misses": info["process_misses"]}, f)
+                   "hits": info["process_hits"], "misses": info["process_misses"],
+                   "first_step_profile": top}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["profile"])
