@@ -4,7 +4,8 @@
                                       [--tokens 16384] [--steps 20] [--warmup 3]
                                       [--profile-steps 5] [--bucket-mb MiB]
                                       [--grad-dtype bfloat16|float32] [--chunks 4]
-                                      [--comm-sms 0] [--tile-grids] [--compute-only]
+                                      [--comm-sms 0] [--tile-grids] [--shard-optimizer]
+                                      [--compute-only]
                                       [--timeline]
                                       [--eager]
                                       [--json bench/results_distributed.json] [--quick]
@@ -49,12 +50,16 @@ steps are timed with CUDA events (the slowest rank's time). It reports:
   step, the ranks' waiting for each other included), and hidden = 1 - exposed / the
   all-reduce's time alone.
 
-``--tile-grids`` runs the GEMMs of ranks of a world above one with a block per tile
-(``ge2jit.set_persistent(False)``) rather than one per SM, so that NCCL's blocks get SMs as
-tiles finish. ``--compute-only`` runs the distributed step on every rank but sends nothing
-(the cost of its chunks and waits without communication); ``--timeline`` prints, for rank 0,
-one eager step's timeline: when each gradient is written and when each bucket's reduction
-starts and ends.
+``--shard-optimizer`` shards the optimizer over the ranks (ZeRO-1: weight gradients
+reduce-scattered, each rank's part of the float32 master weights and Adam's moments stepped,
+the bfloat16 weights all-gathered on the side stream); the rows report each rank's optimizer
+memory (master weights and moments). ``--tile-grids`` runs the GEMMs of ranks of a world
+above one with a block per tile (``ge2jit.set_persistent(False)``) rather than one per SM, so
+that NCCL's blocks get SMs as tiles finish.
+
+``--compute-only`` runs the distributed step on every rank but sends nothing (the cost of its
+chunks and waits without communication); ``--timeline`` prints, for rank 0, one eager step's
+timeline: when each gradient is written and when each bucket's reduction starts and ends.
 
 It writes ``--json`` (default ``bench/results_distributed.json``) with the device, the date,
 the commit ($GE2JIT_COMMIT, else git's), the NCCL version and the rows.
@@ -134,6 +139,10 @@ class Block:
         self.new_reducer, self.reducer = new_reducer, new_reducer()
         self.group, self.last = group, [None] * len(nbytes)
         self.marks = None   # (what, event) of a timeline step (``timeline``)
+
+    def optimizer_bytes(self) -> int:
+        """Bytes of this rank's float32 master weights and biases and Adam moments."""
+        return sum(p.nbytes * 3 for p in self.params)
 
     def _give(self, i: int, grad) -> None:
         self.last[i] = grad
@@ -224,6 +233,115 @@ class Block:
         return statistics.median(out)
 
 
+class ShardedBlock(Block):
+    """The block with its optimizer sharded over the ranks (ZeRO-1, ``--shard-optimizer``):
+    each weight gradient is reduce-scattered as soon as it is written (rank ``r`` gets part
+    ``r`` of it, averaged); each rank keeps the float32 master weights and Adam's moments of
+    its parts only, steps them, and all-gathers the bfloat16 weights in place on the side
+    stream while the next part is stepped; the next step's forward waits for the gathers.
+    The biases (replicated, tiny) are all-reduced and stepped whole."""
+
+    def __init__(self, group, d: int, tokens: int, args, distributed: bool):
+        super().__init__(group, d, tokens, args, distributed)
+        cp, np = self.cp, __import__("numpy")
+        world, rank = group.world_size, group.rank
+        grad_dtype = self.bf16 if self.db_dtype is None else np.dtype(np.float32)
+        #: gradient index -> (flat bfloat16 weights, first element of this rank's part,
+        #: elements in a part, float32 master part, m, v, gradient part)
+        self.parts = {}
+        for i, (k, rows) in enumerate(self.pieces):
+            if k not in (0, 2):
+                continue
+            whole = self.copies[k][rows].reshape(-1)
+            if whole.size % world:
+                raise SystemExit(f"bench_distributed.py: --shard-optimizer: gradient {i} of "
+                                 f"{whole.size} elements does not split over {world} ranks")
+            n = whole.size // world
+            master = self.params[k][rows].reshape(-1)[rank * n:(rank + 1) * n].copy()
+            self.parts[i] = (whole, rank * n, n, master, cp.zeros(n, np.float32),
+                             cp.zeros(n, np.float32), cp.empty(n, grad_dtype))
+        for k in (0, 2):   # the whole float32 weights and their moments are not kept
+            self.params[k] = None
+            self.state[k] = None
+        self.side = self.reducer.stream
+        self.ready = [cp.cuda.Event(disable_timing=True) for _ in self.pieces]
+        self.done = [cp.cuda.Event(disable_timing=True) for _ in self.pieces]
+        self.stepped = [cp.cuda.Event(disable_timing=True) for _ in self.pieces]
+        self.gathered = cp.cuda.Event(disable_timing=True)
+
+    def optimizer_bytes(self) -> int:
+        """Bytes of this rank's float32 master weights and Adam moments."""
+        whole = sum(p.nbytes * 3 for p in self.params if p is not None)
+        return whole + sum(part[3].nbytes * 3 for part in self.parts.values())
+
+    def _give(self, i: int, grad) -> None:
+        self.last[i] = grad
+        self.ready[i].record()
+        self.side.wait_event(self.ready[i])
+        if i in self.parts:
+            self.group.reduce_scatter([(grad, self.parts[i][6])], stream=self.side)
+        else:
+            self.group.all_reduce([grad], op="avg", stream=self.side)
+        self.done[i].record(self.side)
+
+    def step(self, x, target) -> None:
+        import ge2jit
+
+        backward = ge2jit.gemm_bias_act_backward
+        b1, b2 = self.params[1], self.params[3]
+        c1, c2 = self.copies[0], self.copies[2]
+        current = self.cp.cuda.get_current_stream()
+        current.wait_event(self.gathered)   # the last step's weights are all here
+        h, z1 = ge2jit.gemm_bias_act(x, c1, b1, act=ACT, save_preact=True)
+        y = ge2jit.gemm_bias_act(h, c2, b2)
+        gy = ((y.astype(self.cp.float32) - target) * self.scale).astype(self.bf16)
+        n = len(self.rows)
+        g2 = backward(gy, h, c2, b2, needs=("b", "bias"), db_dtype=self.db_dtype)
+        self._give(n + 1, g2.b)
+        self._give(n + 2, g2.bias)
+        ga = backward(gy, h, c2, b2, needs=("a",), a_act=ACT, a_z=z1, a_bias=b1)
+        self._give(n, ga.a_bias)
+        for j, rows in enumerate(self.rows):
+            self._give(j, backward(ga.a, x[:, rows], c1[rows], None, needs=("b",),
+                                   db_dtype=self.db_dtype).b)
+        self.t += 1
+        for i in (n + 1, n + 2, n, *range(n)):   # in the order they were reduced
+            current.wait_event(self.done[i])
+            if i not in self.parts:
+                k = self.pieces[i][0]
+                m, v = self.state[k]
+                ge2jit.adam_update(self.params[k], self.last[i], m, v, step=self.t, lr=1e-4)
+                continue
+            whole, first, size, master, m, v, grad = self.parts[i]
+            mine = whole[first:first + size]
+            ge2jit.adam_update(master, grad, m, v, step=self.t, lr=1e-4, param_copy=mine)
+            self.stepped[i].record()
+            self.side.wait_event(self.stepped[i])
+            self.group.all_gather([(mine, whole)], stream=self.side)
+        self.gathered.record(self.side)
+
+    def allreduce_alone(self, times: int) -> float:
+        """The step's reduce-scatters, bias all-reduces and all-gathers back to back with
+        nothing else queued: ms per step, the median of ``times``."""
+        cp = self.cp
+        cp.cuda.Device().synchronize()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        out = []
+        for _ in range(times):
+            start.record(self.side)
+            for i, grad in enumerate(self.last):
+                if i in self.parts:
+                    self.group.reduce_scatter([(grad, self.parts[i][6])], stream=self.side)
+                else:
+                    self.group.all_reduce([grad], op="avg", stream=self.side)
+            for whole, first, size, *_ in self.parts.values():
+                self.group.all_gather([(whole[first:first + size], whole)], stream=self.side)
+            end.record(self.side)
+            end.synchronize()
+            out.append(cp.cuda.get_elapsed_time(start, end))
+        return statistics.median(out)
+
+
 def bench_width(group, d: int, args) -> dict:
     import cupy as cp
     import numpy as np
@@ -231,7 +349,8 @@ def bench_width(group, d: int, args) -> dict:
     import ge2jit
 
     distributed = group.world_size > 1
-    block = Block(group, d, args.tokens, args, distributed)
+    sharded = args.shard_optimizer and distributed
+    block = (ShardedBlock if sharded else Block)(group, d, args.tokens, args, distributed)
     mode, why = "eager", None
 
     def run():
@@ -272,6 +391,8 @@ def bench_width(group, d: int, args) -> dict:
            "grid_sms": ge2jit.get_num_sms(group.device_id),
            "buckets": len(block.reducer.buckets),
            "gradient_bytes": sum(block.reducer.nbytes),
+           "shard_optimizer": sharded,
+           "optimizer_mib": block.optimizer_bytes() / 2**20,
            "compute_only": bool(args.compute_only),
            "allreduce_ms": (block.allreduce_alone(args.profile_steps)
                             if distributed and not args.compute_only else None)}
@@ -361,6 +482,7 @@ def table(rows: list[dict]) -> str:
             grads += f", {r['chunks']} chunk{'s' if r['chunks'] > 1 else ''}"
             grads += f", {r['grid_sms']} SMs" if r["comm_sms"] else ""
             grads += ", tile grids" if r.get("tile_grids") else ""
+            grads += f", ZeRO-1 ({r['optimizer_mib']:.0f} MiB)" if r.get("shard_optimizer") else ""
         lines.append(
             f"| {r['world']} | {r['d']} | {r['mode']} | {grads} | {r['step_ms']:.3f} | "
             f"{r['tokens_per_s'] / 1e6:.2f}M | {num(r['scaling'], '.2f', 'x')} | "
@@ -403,6 +525,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--comm-sms", type=int, default=0,
                         help="SMs the kernels leave to NCCL on ranks of a world above one "
                              "(default 0)")
+    parser.add_argument("--shard-optimizer", action="store_true",
+                        help="ZeRO-1 on ranks of a world above one: weight gradients "
+                             "reduce-scattered, each rank's part of the master weights and "
+                             "Adam's moments stepped, the weights all-gathered")
     parser.add_argument("--tile-grids", action="store_true",
                         help="on ranks of a world above one, GEMM grids of one block per tile "
                              "(ge2jit.set_persistent(False)), so that NCCL gets SMs as tiles "
@@ -427,6 +553,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected at least 1, got "
                          f"{getattr(args, name)}")
+    if args.timeline and args.shard_optimizer:
+        parser.error("--timeline: times the buckets of the all-reduce; leave out "
+                     "--shard-optimizer")
     for name in ("warmup", "comm_sms"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')}: expected at least 0, got "

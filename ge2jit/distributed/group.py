@@ -105,6 +105,74 @@ class Group:
         self._grouped(arrays, lambda a, s: self.comm.broadcast(
             a.data.ptr, a.data.ptr, a.size, NCCL_TYPES[a.dtype.name], root, s), stream)
 
+    def _pairs(self, pairs: Sequence, big: int, what: str) -> list:
+        """``pairs`` checked: each (a, b) of one type, contiguous, on this rank's GPU, with
+        ``pair[big]`` world-size times the other's elements."""
+        pairs = [tuple(p) for p in pairs]
+        for i, pair in enumerate(pairs):
+            if len(pair) != 2:
+                raise ArgumentValueError(f"{what}[{i}]: expected a pair of arrays, got "
+                                         f"{len(pair)} items")
+            self._check(pair, f"{what}[{i}]")
+            small = pair[1 - big]
+            if pair[0].dtype != pair[1].dtype:
+                raise ArgumentValueError(f"{what}[{i}]: expected arrays of one type, got "
+                                         f"{pair[0].dtype} and {pair[1].dtype}")
+            if pair[big].size != small.size * self.world_size:
+                raise ArgumentValueError(
+                    f"{what}[{i}]: expected the whole array to hold {self.world_size} shards "
+                    f"of {small.size} elements, got {pair[big].size} elements")
+        return pairs
+
+    def _copies(self, pairs, stream) -> None:
+        """One process: each pair's second array = its first (nothing when they are one)."""
+        cp = _cupy()
+        with stream if stream is not None else cp.cuda.get_current_stream():
+            for src, dst in pairs:
+                if src.data.ptr != dst.data.ptr:
+                    dst.reshape(-1)[...] = src.reshape(-1)
+
+    def reduce_scatter(self, pairs: Sequence, *, op: str = "avg", stream=None) -> None:
+        """For each ``(whole, shard)``: ``shard`` gets this rank's part of ``whole`` reduced
+        over the ranks (``op``: "avg" or "sum"), elements ``[rank * n, (rank + 1) * n)`` of
+        the flat array, ``n = shard.size = whole.size / world size``; ``shard`` may be that
+        part of ``whole`` itself. One group of NCCL calls on ``stream``; with one process, a
+        copy. The gradients of a sharded optimizer (ZeRO-1): each rank steps its part."""
+        code = NCCL_OPS.get(op) if isinstance(op, str) else None
+        if code is None:
+            raise ArgumentValueError(f"op: expected one of {', '.join(NCCL_OPS)}, got {op!r}")
+        pairs = self._pairs(pairs, 0, "pairs")
+        if self.comm is None:
+            if self.world_size == 1:
+                self._copies(pairs, stream)
+            return
+        self._collective(pairs, stream, lambda whole, shard, s: self.comm.reduceScatter(
+            whole.data.ptr, shard.data.ptr, shard.size, NCCL_TYPES[whole.dtype.name], code, s))
+
+    def all_gather(self, pairs: Sequence, *, stream=None) -> None:
+        """For each ``(shard, whole)``: ``whole`` gets every rank's ``shard``, rank ``r``'s at
+        elements ``[r * n, (r + 1) * n)``; ``shard`` may be this rank's part of ``whole``
+        (in place). One group of NCCL calls on ``stream``; with one process, a copy. The
+        updated parameters of a sharded optimizer, back on every rank."""
+        pairs = self._pairs(pairs, 1, "pairs")
+        if self.comm is None:
+            if self.world_size == 1:
+                self._copies(pairs, stream)
+            return
+        self._collective(pairs, stream, lambda shard, whole, s: self.comm.allGather(
+            shard.data.ptr, whole.data.ptr, shard.size, NCCL_TYPES[shard.dtype.name], s))
+
+    def _collective(self, pairs, stream, call) -> None:
+        from cupy.cuda import nccl
+
+        ptr = (stream if stream is not None else _cupy().cuda.get_current_stream()).ptr
+        nccl.groupStart()
+        try:
+            for a, b in pairs:
+                call(a, b, ptr)
+        finally:
+            nccl.groupEnd()
+
 
 # --- joining a job -------------------------------------------------------------------------
 

@@ -65,10 +65,35 @@ def main(path: str) -> None:
     graph_err = max(float(np.abs(a - b).max() / np.abs(b).max())
                     for a, b in zip(replayed, whole))
     equal = all(np.array_equal(a, b) for a, b in zip(replayed, eager))
+    # 16-bit gradients travel as such: each rank's bfloat16 and float16 values averaged by
+    # NCCL, against the float64 mean of what the ranks sent (every rank draws all of them)
+    import ml_dtypes
+
+    sent = {w: rng.standard_normal(1000 + 3) for w in range(world)}
+    mean = sum(sent.values()) / world
+    halves = {}
+    for name, dtype in (("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16)):
+        mine = cp.asarray(sent[rank].astype(dtype))
+        want = sum(sent[w].astype(dtype).astype(np.float64) for w in range(world)) / world
+        group.all_reduce([mine], op="avg")
+        halves[name] = float(np.abs(mine.get().astype(np.float64) - want).max()
+                             / np.abs(want).max())
+    # ZeRO-1's collectives: a reduce-scatter gives this rank its part of the mean, and an
+    # all-gather (in place) puts every rank's part back together
+    whole = cp.asarray(sent[rank].astype(np.float32)[:1000])
+    part = cp.empty(1000 // world, cp.float32)
+    group.reduce_scatter([(whole, part)])
+    n = part.size
+    scatter_err = float(np.abs(part.get() - mean[:1000][rank * n:(rank + 1) * n]).max())
+    gathered = cp.zeros(1000, cp.float32)
+    gathered[rank * n:(rank + 1) * n] = part
+    group.all_gather([(gathered[rank * n:(rank + 1) * n], gathered)])
+    gather_err = float(np.abs(gathered.get() - mean[:1000]).max())
     with open(path, "w") as f:
         json.dump({"rank": rank, "device": group.device_id, "eager_err": err,
                    "graph_err": graph_err, "graph_equal": equal,
-                   "buckets": reducer.buckets}, f)
+                   "buckets": reducer.buckets, "half_errs": halves,
+                   "scatter_err": scatter_err, "gather_err": gather_err}, f)
 
 
 if __name__ == "__main__":

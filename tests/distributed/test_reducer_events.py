@@ -90,6 +90,12 @@ class Recorder:
                 assert send == recv, "in place"
                 rec.log.append(("all_reduce", stream.name, send, count, dtype, op))
 
+            def reduceScatter(self, send, recv, count, dtype, op, stream):
+                rec.log.append(("reduce_scatter", stream.name, send, recv, count, dtype, op))
+
+            def allGather(self, send, recv, count, dtype, stream):
+                rec.log.append(("all_gather", stream.name, send, recv, count, dtype))
+
         return Comm()
 
 
@@ -216,3 +222,32 @@ def test_other_types_and_operations_are_refused(rec):
     with pytest.raises(ArgumentValueError, match="op: expected one of sum, avg, got 'max'"):
         group.all_reduce([grad("f", 16)], op="max")
     assert not [e for e in rec.log if e[0] == "all_reduce"]
+
+
+def test_reduce_scatter_and_all_gather_move_shards(rec):
+    """A sharded optimizer's collectives: each (whole, shard) pair reduce-scattered (NCCL's
+    count is the shard's), each (shard, whole) all-gathered, one group of calls each, on the
+    stream given."""
+    group = _group(rec, 2)
+    whole, shard = grad("w", 64), grad("s", 32)
+    rec.log.clear()
+    group.reduce_scatter([(whole, shard)], stream=rec.main)
+    group.all_gather([(shard, whole)])
+    assert rec.log == [("groupStart",), ("reduce_scatter", "main", "w", "s", 8, 7, 4),
+                       ("groupEnd",), ("groupStart",), ("all_gather", "main", "s", "w", 8, 7),
+                       ("groupEnd",)]
+
+
+@pytest.mark.parametrize("pairs, message", [
+    ([(grad("w", 64), grad("s", 16))], r"pairs\[0\]: expected the whole array to hold 2 shards "
+                                       r"of 4 elements, got 16 elements"),
+    ([(grad("w", 64), grad("s", 16, np.float16))], r"pairs\[0\]: expected arrays of one type, "
+                                                   r"got float32 and float16"),
+    ([(grad("w", 64),)], r"pairs\[0\]: expected a pair of arrays, got 1 items"),
+])
+def test_bad_shards_are_refused_before_any_call(rec, pairs, message):
+    group = _group(rec, 2)
+    rec.log.clear()
+    with pytest.raises(ArgumentValueError, match=message):
+        group.reduce_scatter(pairs)
+    assert rec.log == []
