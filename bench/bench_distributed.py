@@ -238,7 +238,7 @@ class ShardedBlock(Block):
     each weight gradient is reduce-scattered as soon as it is written (rank ``r`` gets part
     ``r`` of it, averaged); each rank keeps the float32 master weights and Adam's moments of
     its parts only, steps them, and all-gathers the bfloat16 weights in place on the side
-    stream while the next part is stepped; the next step's forward waits for the gathers.
+    stream while the next part is stepped; the step ends when the gathers have.
     The biases (replicated, tiny) are all-reduced and stepped whole."""
 
     def __init__(self, group, d: int, tokens: int, args, distributed: bool):
@@ -291,7 +291,6 @@ class ShardedBlock(Block):
         b1, b2 = self.params[1], self.params[3]
         c1, c2 = self.copies[0], self.copies[2]
         current = self.cp.cuda.get_current_stream()
-        current.wait_event(self.gathered)   # the last step's weights are all here
         h, z1 = ge2jit.gemm_bias_act(x, c1, b1, act=ACT, save_preact=True)
         y = ge2jit.gemm_bias_act(h, c2, b2)
         gy = ((y.astype(self.cp.float32) - target) * self.scale).astype(self.bf16)
@@ -319,6 +318,7 @@ class ShardedBlock(Block):
             self.side.wait_event(self.stepped[i])
             self.group.all_gather([(mine, whole)], stream=self.side)
         self.gathered.record(self.side)
+        current.wait_event(self.gathered)   # the step ends with every weight gathered
 
     def allreduce_alone(self, times: int) -> float:
         """The step's reduce-scatters, bias all-reduces and all-gathers back to back with
