@@ -2,9 +2,11 @@
 
 A bundle is a zip file: ``manifest.json`` (ge2jit version, NVRTC version and build fingerprint,
 and the sha256 of every member), ``kernels/<shard>/<key>.cubin`` entries exactly as the cache
-stores them, and ``tuning/<shard>/<key>.json`` records. Import verifies every checksum, entry
-and record (by the tuning database's ``validate_record``) before writing anything, and refuses a
-bundle made by another ge2jit or NVRTC build: its kernels could never be found under this
+stores them, ``aliases/<shard>/<alias>.key`` (the key of one of the bundle's kernels: the
+cache finds it from its spec without rendering), and ``tuning/<shard>/<key>.json`` records.
+Import verifies every checksum, entry and record (by the tuning database's
+``validate_record``) before writing anything, and refuses a bundle made by another ge2jit or
+NVRTC build: its kernels could never be found under this
 build's cache keys. A bundle is untrusted input: its members are counted, named, and bounded in
 size (``MAX_*``) before any is read, and read as bounded streams.
 """
@@ -97,6 +99,13 @@ def _write_members(f, build: dict) -> tuple[int, int]:
                 data = entry.to_bytes()
                 z.writestr(name, data)
                 members[name] = hashlib.sha256(data).hexdigest()
+        kernel_keys = {n[len("kernels/"):].replace("/", "")[:64] for n in members}
+        for alias, key in default_cache().aliases():
+            if key in kernel_keys:   # an alias of an entry that is not there is left out
+                name = f"aliases/{alias[:2]}/{alias[2:]}.key"
+                data = key.encode("ascii")
+                z.writestr(name, data)
+                members[name] = hashlib.sha256(data).hexdigest()
         db = default_db()
         for record in db.records():
             digest = db.digest(record["key"])
@@ -107,7 +116,7 @@ def _write_members(f, build: dict) -> tuple[int, int]:
         manifest = {"format": FORMAT, **build, "members": members}
         z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
     kernels = sum(n.startswith("kernels/") for n in members)
-    return kernels, len(members) - kernels
+    return kernels, sum(n.startswith("tuning/") for n in members)
 
 
 def _umask() -> int:
@@ -141,7 +150,7 @@ def import_bundle(path: str | Path) -> BundleSummary:
     cache, db = default_cache(), default_db()
     try:
         with zipfile.ZipFile(path) as z:
-            kernels, records = _verify(z, path)
+            kernels, records, aliases = _verify(z, path)
             why = cache.writable_problem()
             if why:
                 raise CacheNotWritableError(f"the kernel cache cannot store the bundle: {why}")
@@ -157,6 +166,8 @@ def import_bundle(path: str | Path) -> BundleSummary:
                     raise CacheNotWritableError(
                         f"the kernel cache could not store {info.filename} ({why}); "
                         f"{done} of {len(kernels)} kernels were imported")
+            for alias, key in aliases:
+                cache.link(alias, key)
     except (OSError, zipfile.BadZipFile) as e:  # the bundle file itself; not the cache's
         raise BundleError(f"{path}: not a readable ge2jit bundle ({_reason(e)})") from None
     for done, record in enumerate(records):
@@ -179,14 +190,16 @@ MAX_MANIFEST_BYTES = 64 << 20           # the manifest: ~150 bytes per member
 MAX_TOTAL_BYTES = 4 << 30               # all members together
 MAX_MEMBERS = 100_000
 
-_MEMBER_RE = re.compile(r"(kernels|tuning)/([0-9a-f]{2})/([0-9a-f]{62})\.(cubin|json)")
+_MEMBER_RE = re.compile(r"(kernels|aliases|tuning)/([0-9a-f]{2})/([0-9a-f]{62})\.(cubin|key|json)")
+#: each kind of member's suffix
+_SUFFIXES = {"kernels": "cubin", "aliases": "key", "tuning": "json"}
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _COMPRESSION = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 
 
-def _verify(z: zipfile.ZipFile, path: Path) -> tuple[list, list[dict]]:
-    """Check the whole bundle; returns ([(ZipInfo, cache key, sha256)] of the kernels, and the
-    tuning records)."""
+def _verify(z: zipfile.ZipFile, path: Path) -> tuple[list, list[dict], list]:
+    """Check the whole bundle; returns ([(ZipInfo, cache key, sha256)] of the kernels, the
+    tuning records, and [(alias, key)] of the aliases)."""
     infos = z.infolist()
     if len(infos) > MAX_MEMBERS:
         raise BundleError(f"{path}: {len(infos)} members; a bundle holds at most {MAX_MEMBERS}")
@@ -197,8 +210,7 @@ def _verify(z: zipfile.ZipFile, path: Path) -> tuple[list, list[dict]]:
         if name in by_name:
             raise BundleError(f"{path}: member {name!r} is there twice")
         m = _MEMBER_RE.fullmatch(name)
-        if name != "manifest.json" and not (m and (m.group(1) == "kernels")
-                                            == (m.group(4) == "cubin")):
+        if name != "manifest.json" and not (m and _SUFFIXES[m.group(1)] == m.group(4)):
             raise BundleError(f"{path}: unexpected member {name!r}")
         if info.compress_type not in _COMPRESSION:
             raise BundleError(f"{path}: member {name!r} uses compression method "
@@ -221,11 +233,13 @@ def _verify(z: zipfile.ZipFile, path: Path) -> tuple[list, list[dict]]:
         odd = sorted(set(members) ^ set(by_name))
         raise BundleError(f"{path}: members do not match the manifest (first: {odd[0]!r}, "
                           f"{len(odd)} in all)")
-    kernels, records = [], []
+    kernels, records, aliases = [], [], []
     for name, info in by_name.items():
         blob = _read(z, info, _limit(name), path, expected=members[name])
-        key = name[len("kernels/"):].replace("/", "")[:64]
-        if name.startswith("kernels/"):
+        key = name.split("/", 1)[1].replace("/", "")[:64]
+        if name.startswith("aliases/"):
+            aliases.append((key, blob.decode("ascii", errors="replace")))
+        elif name.startswith("kernels/"):
             try:
                 CacheEntry.from_bytes(blob, expected_key=key)
             except Exception as e:  # noqa: BLE001 - any defect refuses the bundle
@@ -233,12 +247,19 @@ def _verify(z: zipfile.ZipFile, path: Path) -> tuple[list, list[dict]]:
             kernels.append((info, key, members[name]))
         else:
             records.append(_record(blob, name, path))
-    return kernels, records
+    inside = {key for _, key, _ in kernels}
+    for alias, key in aliases:
+        if key not in inside:
+            raise BundleError(f"{path}: alias {alias} names kernel {key[:16]}..., which the "
+                              "bundle does not hold")
+    return kernels, records, aliases
 
 
 def _limit(name: str) -> int:
     if name == "manifest.json":
         return MAX_MANIFEST_BYTES
+    if name.startswith("aliases/"):
+        return 64
     return MAX_KERNEL_BYTES if name.startswith("kernels/") else MAX_RECORD_BYTES
 
 

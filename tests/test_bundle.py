@@ -359,3 +359,40 @@ def test_import_holds_the_size_cap(good, tmp_path, monkeypatch):
     import_bundle(good)
     total = sum(p.stat().st_size for p in (tmp_path / "dst").glob("??/*.cubin"))
     assert 0 < total <= 1000
+
+
+# --- aliases ----------------------------------------------------------------------------------
+
+
+def test_aliases_travel_with_their_kernels(tmp_path, source, use_cache):
+    """A kernel's alias (its spec's name for the entry) is exported with it and linked again
+    on import, so that the importing machine finds the kernel without rendering; an alias of
+    an entry that is not there stays behind."""
+    cache = kernel_cache.default_cache()
+    keys = [path.parent.name + path.name[:-len(".cubin")] for path, _ in cache.entries()]
+    cache.link("ab" + "1" * 62, keys[0])
+    cache.link("cd" + "2" * 62, "e" * 64)   # no such entry
+    out = tmp_path / "b.zip"
+    export_bundle(out)
+    with zipfile.ZipFile(out) as z:
+        assert [n for n in z.namelist() if n.startswith("aliases/")] == [
+            "aliases/ab/" + "1" * 62 + ".key"]
+    use_cache(tmp_path / "dst")
+    import_bundle(out)
+    assert kernel_cache.default_cache().resolve("ab" + "1" * 62) == keys[0]
+
+
+def test_an_alias_of_a_kernel_the_bundle_lacks_is_refused(tmp_path, source):
+    cache = kernel_cache.default_cache()
+    key = next(path.parent.name + path.name[:-len(".cubin")] for path, _ in cache.entries())
+    cache.link("ab" + "1" * 62, key)
+    good = tmp_path / "good.zip"
+    export_bundle(good)
+    members = _members(good)
+    kernel = f"kernels/{key[:2]}/{key[2:]}.cubin"   # the aliased kernel, taken out
+    assert kernel in members and "aliases/ab/" + "1" * 62 + ".key" in members
+    del members[kernel]
+    m = json.loads(members["manifest.json"])
+    del m["members"][kernel]
+    members["manifest.json"] = json.dumps(m).encode()
+    _refused(_zip(tmp_path / "bad.zip", members), "alias", "does not hold")

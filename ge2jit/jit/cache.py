@@ -655,6 +655,35 @@ class KernelCache:
             os.close(root_fd)
         return result.done()
 
+    def aliases(self) -> Iterator[tuple[str, str]]:
+        """Yield (alias, key) for every alias file of the first directory that holds a key
+        (read by the rules of ``resolve``)."""
+        if self._dirs.problem(0):
+            return
+        try:
+            root_fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return
+        try:
+            for shard, shard_fd in _shards(root_fd):
+                try:
+                    if untrusted(os.fstat(shard_fd), shared=False):
+                        continue
+                    for name, _ in _own_files(shard_fd):
+                        if not name.endswith(ALIAS_SUFFIX):
+                            continue
+                        try:
+                            data = _read_at(shard_fd, name, shared=False, max_bytes=128)
+                        except Exception:  # noqa: BLE001 - a defect is no alias
+                            continue
+                        key = (data or b"").decode("ascii", errors="replace").strip()
+                        if _KEY_RE.fullmatch(key):
+                            yield shard + name[:-len(ALIAS_SUFFIX)], key
+                finally:
+                    os.close(shard_fd)
+        finally:
+            os.close(root_fd)
+
     def entries(self) -> Iterator[tuple[Path, CacheEntry | None]]:
         """Yield (path, entry or None if unreadable) for every entry file of the first
         directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
