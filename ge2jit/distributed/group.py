@@ -317,7 +317,7 @@ class GradientAllReduce:
     its all-reduces can be captured as a CUDA graph. Gradients may be of different types
     (each travels as its own; a bucket's are reduced by one group of calls); a gradient may
     be a piece of a parameter's (the rows of a weight gradient written by one of several
-    GEMMs), so that its reduction starts before the rest is written.
+    matrix products), so that its reduction starts before the rest is written.
 
     ``first_bucket_bytes`` caps the first bucket (the last layer's gradients, complete
     earliest), so that communication starts early (DistributedDataParallel's 1 MiB).

@@ -43,10 +43,10 @@ def sm_count(device_id: int) -> int:
 def set_num_sms(count: int | None) -> None:
     """Size every kernel's grid for at most ``count`` SMs (None: all of a device's again).
 
-    A persistent kernel (the Hopper GEMMs: one block per SM, each looping over its share of
-    the tiles) fills every SM for its whole run, so a kernel on another stream, such as
+    A persistent kernel (one block per SM, each looping over its share of the tiles) fills
+    every SM for its whole run, so a kernel on another stream, such as
     NCCL's all-reduce under a backward, gets none until it ends; and when the other kernel
-    holds some SMs first, the persistent kernel's blocks for them wait, the GEMM's share of
+    holds some SMs first, the persistent kernel's blocks for them wait, the kernel's share of
     them along. Leaving the communication ``device SMs - count`` SMs lets both run at once.
     The launch plans made so far are forgotten (a graph captured before keeps its grids).
 
@@ -74,10 +74,10 @@ def set_persistent(enabled: bool) -> None:
     """Persistent grids on (True, the default) or off.
 
     A persistent kernel runs one block per SM, and each block walks its share of the work
-    units (the Hopper GEMMs' output tiles). Off, such a kernel runs one block per work unit,
-    and a block leaves its SM when its tile is done. A kernel on another stream, such as
+    units (output tiles, say). Off, such a kernel runs one block per work unit, and a block
+    leaves its SM when its tile is done. A kernel on another stream, such as
     NCCL's all-reduce under a backward, then gets SMs as soon as tiles finish, instead of when
-    the whole GEMM ends. It gives up the overlap of one tile's epilogue with the next tile's
+    the whole kernel ends. It gives up the overlap of one tile's epilogue with the next tile's
     loads. The launch plans made so far are forgotten (a graph captured before keeps its
     grids).
 
