@@ -242,8 +242,10 @@ class ShardedBlock(Block):
     The biases (replicated, tiny) are all-reduced and stepped whole."""
 
     def __init__(self, group, d: int, tokens: int, args, distributed: bool):
+        import numpy as np
+
         super().__init__(group, d, tokens, args, distributed)
-        cp, np = self.cp, __import__("numpy")
+        cp = self.cp
         world, rank = group.world_size, group.rank
         grad_dtype = self.bf16 if self.db_dtype is None else np.dtype(np.float32)
         #: gradient index -> (flat bfloat16 weights, first element of this rank's part,
