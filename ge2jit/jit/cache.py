@@ -658,6 +658,28 @@ class KernelCache:
     def aliases(self) -> Iterator[tuple[str, str]]:
         """Yield (alias, key) for every alias file of the first directory that holds a key
         (read by the rules of ``resolve``)."""
+        for shard, name, data in self._own_reads(ALIAS_SUFFIX, max_bytes=128):
+            key = (data or b"").decode("ascii", errors="replace").strip()
+            if data is not None and _KEY_RE.fullmatch(key):
+                yield shard + name[:-len(ALIAS_SUFFIX)], key
+
+    def entries(self) -> Iterator[tuple[Path, CacheEntry | None]]:
+        """Yield (path, entry or None if unreadable) for every entry file of the first
+        directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
+        entries; a file that breaks the other rules of ``get`` is unreadable."""
+        for shard, name, data in self._own_reads(SUFFIX):
+            try:
+                entry = CacheEntry.from_bytes(data or b"",
+                                              expected_key=shard + name[:-len(SUFFIX)])
+            except Exception:  # noqa: BLE001 - any defect makes it unreadable
+                entry = None
+            yield self.root / shard / name, entry
+
+    def _own_reads(self, suffix: str, max_bytes: int | None = None
+                   ) -> Iterator[tuple[str, str, bytes | None]]:
+        """(shard, name, bytes or None when unreadable) of each file of the first directory
+        with ge2jit's names ending in ``suffix``, read by the rules of ``get``; none when the
+        directory is refused (GE2JIT_DISABLE_CACHE or not, it lists what is there)."""
         if self._dirs.problem(0):
             return
         try:
@@ -670,45 +692,13 @@ class KernelCache:
                     if untrusted(os.fstat(shard_fd), shared=False):
                         continue
                     for name, _ in _own_files(shard_fd):
-                        if not name.endswith(ALIAS_SUFFIX):
+                        if not name.endswith(suffix):
                             continue
                         try:
-                            data = _read_at(shard_fd, name, shared=False, max_bytes=128)
-                        except Exception:  # noqa: BLE001 - a defect is no alias
-                            continue
-                        key = (data or b"").decode("ascii", errors="replace").strip()
-                        if _KEY_RE.fullmatch(key):
-                            yield shard + name[:-len(ALIAS_SUFFIX)], key
-                finally:
-                    os.close(shard_fd)
-        finally:
-            os.close(root_fd)
-
-    def entries(self) -> Iterator[tuple[Path, CacheEntry | None]]:
-        """Yield (path, entry or None if unreadable) for every entry file of the first
-        directory. Other names, symlinks, FIFOs and a subdirectory others can write are not
-        entries; a file that breaks the other rules of ``get`` is unreadable."""
-        if self._dirs.problem(0):        # GE2JIT_DISABLE_CACHE or not, list what is there
-            return
-        try:
-            root_fd = os.open(self.root, _DIR_FLAGS)
-        except OSError:
-            return
-        try:
-            for shard, shard_fd in _shards(root_fd):
-                try:
-                    if untrusted(os.fstat(shard_fd), shared=False):
-                        continue
-                    for name, _ in _own_files(shard_fd):
-                        if not name.endswith(SUFFIX):
-                            continue
-                        try:
-                            data = _read_at(shard_fd, name, shared=False)
-                            entry = CacheEntry.from_bytes(
-                                data or b"", expected_key=shard + name[:-len(SUFFIX)])
+                            data = _read_at(shard_fd, name, shared=False, max_bytes=max_bytes)
                         except Exception:  # noqa: BLE001 - any defect makes it unreadable
-                            entry = None
-                        yield self.root / shard / name, entry
+                            data = None
+                        yield shard, name, data
                 finally:
                     os.close(shard_fd)
         finally:
@@ -806,8 +796,8 @@ def _entry_files(root_fd: int) -> tuple[dict[str, list], list[tuple[str, str, os
                     temporary.append((shard, name, st))
                     continue
                 e = entries.setdefault(shard + m.group(1), [0.0, 0, []])
-                if m.group(2) == SUFFIX or not e[0]:   # the cubin's time is the entry's use
-                    e[0] = st.st_mtime
+                if m.group(2) in (SUFFIX, ALIAS_SUFFIX):   # the cubin's time is the entry's
+                    e[0] = st.st_mtime                     # use; an alias's, its own
                 e[1] += st.st_size
                 e[2].append(name)
         finally:
