@@ -138,7 +138,21 @@ def test_what_it_names_of_ge2jit_exists(path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("script", ["run_quick.sh", "gpu_check.sh"])
+@pytest.mark.parametrize("script", ["run_quick.sh", "gpu_check.sh", "sanitize.sh",
+                                    "multi_gpu_check.sh"])
 def test_shell_scripts_parse(script):
     done = subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_multi_gpu_check_refuses_an_unknown_variant(tmp_path):
+    import os
+
+    env = {**os.environ, "OUT": str(tmp_path), "TESTS": "0", "LLAMA": "0",
+           "BENCH_VARIANTS": "default-ish"}
+    done = subprocess.run(["bash", str(BENCH / "multi_gpu_check.sh")], capture_output=True,
+                          text=True, env=env, cwd=BENCH.parent)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("multi_gpu_check.sh: BENCH_VARIANTS: unknown variant "
+                                   "default-ish")
