@@ -155,13 +155,9 @@ class Block:
         import ge2jit
 
         backward = ge2jit.gemm_bias_act_backward
-        _, b1, _, b2 = self.params
-        c1, _, c2, _ = self.copies   # the bfloat16 weights the GEMMs read
-        h, z1 = ge2jit.gemm_bias_act(x, c1, b1, act=ACT, save_preact=True)
-        y = ge2jit.gemm_bias_act(h, c2, b2)
-        gy = ((y.astype(self.cp.float32) - target) * self.scale).astype(self.bf16)
-        n = len(self.rows)
+        h, z1, gy = self._forward(x, target)
         if not self.distributed:   # the plain step: no reducer, the Adam steps after
+            c1, c2, b1, b2 = self.copies[0], self.copies[2], self.params[1], self.params[3]
             g2 = backward(gy, h, c2, b2, needs=("a", "b", "bias"), a_act=ACT, a_z=z1,
                           a_bias=b1, db_dtype=self.db_dtype)
             g1 = backward(g2.a, x, c1, None, needs=("b",), db_dtype=self.db_dtype)
@@ -170,14 +166,7 @@ class Block:
                                        self.state, self.copies):
                 ge2jit.adam_update(p, g, m, v, step=self.t, lr=1e-4, param_copy=c)
             return
-        g2 = backward(gy, h, c2, b2, needs=("b", "bias"), db_dtype=self.db_dtype)
-        self._give(n + 1, g2.b)
-        self._give(n + 2, g2.bias)
-        ga = backward(gy, h, c2, b2, needs=("a",), a_act=ACT, a_z=z1, a_bias=b1)
-        self._give(n, ga.a_bias)
-        for j, rows in enumerate(self.rows):
-            self._give(j, backward(ga.a, x[:, rows], c1[rows], None, needs=("b",),
-                                   db_dtype=self.db_dtype).b)
+        self._distributed_backward(x, h, z1, gy)
         self.t += 1
         for b, members in enumerate(self.reducer.buckets):   # in the order they complete
             self.reducer.wait(b)
@@ -189,6 +178,36 @@ class Block:
                                    step=self.t, lr=1e-4,
                                    param_copy=None if copy is None else copy[rows])
         self.reducer.wait()
+
+    def _distributed_backward(self, x, h, z1, gy) -> None:
+        """The backward of a rank of a world above one, each gradient given (``_give``) as
+        soon as it is written: the second layer's weight and bias gradients by their own call,
+        then the gradient flowing down (with the first layer's bias gradient), then the first
+        layer's weight gradient by ``len(self.rows)`` row blocks."""
+        import ge2jit
+
+        backward = ge2jit.gemm_bias_act_backward
+        b1, b2 = self.params[1], self.params[3]
+        c1, c2 = self.copies[0], self.copies[2]
+        n = len(self.rows)
+        g2 = backward(gy, h, c2, b2, needs=("b", "bias"), db_dtype=self.db_dtype)
+        self._give(n + 1, g2.b)
+        self._give(n + 2, g2.bias)
+        ga = backward(gy, h, c2, b2, needs=("a",), a_act=ACT, a_z=z1, a_bias=b1)
+        self._give(n, ga.a_bias)
+        for j, rows in enumerate(self.rows):
+            self._give(j, backward(ga.a, x[:, rows], c1[rows], None, needs=("b",),
+                                   db_dtype=self.db_dtype).b)
+
+    def _forward(self, x, target):
+        """(h, z1, gy): the forward and the loss's gradient, in bfloat16."""
+        import ge2jit
+
+        b1, b2 = self.params[1], self.params[3]
+        c1, c2 = self.copies[0], self.copies[2]
+        h, z1 = ge2jit.gemm_bias_act(x, c1, b1, act=ACT, save_preact=True)
+        y = ge2jit.gemm_bias_act(h, c2, b2)
+        return h, z1, ((y.astype(self.cp.float32) - target) * self.scale).astype(self.bf16)
 
     def timeline(self) -> list[tuple[str, float]]:
         """One eager step with timing events: when each gradient is written (compute stream),
@@ -289,22 +308,10 @@ class ShardedBlock(Block):
     def step(self, x, target) -> None:
         import ge2jit
 
-        backward = ge2jit.gemm_bias_act_backward
-        b1, b2 = self.params[1], self.params[3]
-        c1, c2 = self.copies[0], self.copies[2]
         current = self.cp.cuda.get_current_stream()
-        h, z1 = ge2jit.gemm_bias_act(x, c1, b1, act=ACT, save_preact=True)
-        y = ge2jit.gemm_bias_act(h, c2, b2)
-        gy = ((y.astype(self.cp.float32) - target) * self.scale).astype(self.bf16)
+        h, z1, gy = self._forward(x, target)
+        self._distributed_backward(x, h, z1, gy)
         n = len(self.rows)
-        g2 = backward(gy, h, c2, b2, needs=("b", "bias"), db_dtype=self.db_dtype)
-        self._give(n + 1, g2.b)
-        self._give(n + 2, g2.bias)
-        ga = backward(gy, h, c2, b2, needs=("a",), a_act=ACT, a_z=z1, a_bias=b1)
-        self._give(n, ga.a_bias)
-        for j, rows in enumerate(self.rows):
-            self._give(j, backward(ga.a, x[:, rows], c1[rows], None, needs=("b",),
-                                   db_dtype=self.db_dtype).b)
         self.t += 1
         for i in (n + 1, n + 2, n, *range(n)):   # in the order they were reduced
             current.wait_event(self.done[i])
