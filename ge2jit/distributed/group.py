@@ -72,17 +72,7 @@ class Group:
         (none with one process)."""
         arrays = list(arrays)
         self._check(arrays, "arrays")
-        if self.comm is None or not arrays:
-            return
-        from cupy.cuda import nccl
-
-        ptr = (stream if stream is not None else _cupy().cuda.get_current_stream()).ptr
-        nccl.groupStart()
-        try:
-            for a in arrays:
-                call(a, ptr)
-        finally:
-            nccl.groupEnd()
+        self._collective([(a,) for a in arrays], stream, call)
 
     def all_reduce(self, arrays: Sequence, *, op: str = "sum", stream=None) -> None:
         """Reduces each array over the ranks, in place (``op``: "sum", or "avg": the sum
@@ -141,38 +131,39 @@ class Group:
         code = NCCL_OPS.get(op) if isinstance(op, str) else None
         if code is None:
             raise ArgumentValueError(f"op: expected one of {', '.join(NCCL_OPS)}, got {op!r}")
-        pairs = self._pairs(pairs, 0, "pairs")
-        if self.comm is None:
-            if self.world_size == 1:
-                self._copies(pairs, stream)
-            return
-        self._collective(pairs, stream, lambda whole, shard, s: self.comm.reduceScatter(
-            whole.data.ptr, shard.data.ptr, shard.size, NCCL_TYPES[whole.dtype.name], code, s))
+        self._collective(self._pairs(pairs, 0, "pairs"), stream, lambda whole, shard, s:
+                         self.comm.reduceScatter(
+                             whole.data.ptr, shard.data.ptr, shard.size,
+                             NCCL_TYPES[whole.dtype.name], code, s), copy_alone=True)
 
     def all_gather(self, pairs: Sequence, *, stream=None) -> None:
         """For each ``(shard, whole)``: ``whole`` gets every rank's ``shard``, rank ``r``'s at
         elements ``[r * n, (r + 1) * n)``; ``shard`` may be this rank's part of ``whole``
         (in place). One group of NCCL calls on ``stream``; with one process, a copy. The
         updated parameters of a sharded optimizer, back on every rank."""
-        pairs = self._pairs(pairs, 1, "pairs")
-        if self.comm is None:
-            if self.world_size == 1:
-                self._copies(pairs, stream)
-            return
-        self._collective(pairs, stream, lambda shard, whole, s: self.comm.allGather(
-            shard.data.ptr, whole.data.ptr, shard.size, NCCL_TYPES[shard.dtype.name], s))
+        self._collective(self._pairs(pairs, 1, "pairs"), stream, lambda shard, whole, s:
+                         self.comm.allGather(shard.data.ptr, whole.data.ptr, shard.size,
+                                             NCCL_TYPES[shard.dtype.name], s), copy_alone=True)
 
-    def _collective(self, pairs, stream, call) -> None:
+    def _collective(self, items, stream, call, copy_alone: bool = False) -> None:
+        """``call(*item, stream_ptr)`` for each item (checked), as one group of NCCL calls on
+        ``stream`` (default: CuPy's current one). Without a communicator, nothing; with one
+        process and ``copy_alone``, each pair's second array becomes its first."""
+        if self.comm is None:
+            if copy_alone and self.world_size == 1:
+                self._copies(items, stream)
+            return
+        if not items:
+            return
         from cupy.cuda import nccl
 
         ptr = (stream if stream is not None else _cupy().cuda.get_current_stream()).ptr
         nccl.groupStart()
         try:
-            for a, b in pairs:
-                call(a, b, ptr)
+            for item in items:
+                call(*item, ptr)
         finally:
             nccl.groupEnd()
-
 
 # --- joining a job -------------------------------------------------------------------------
 
