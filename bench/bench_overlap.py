@@ -54,7 +54,7 @@ class Work:
         rng = cp.random.default_rng(0)
         n = args.size
         self.a = rng.standard_normal((n, n), dtype=cp.float32).astype(bf16)
-        self.b = rng.standard_normal((n, n), dtype=cp.float32).astype(bf16) / n ** 0.5
+        self.b = (rng.standard_normal((n, n), dtype=cp.float32) / n ** 0.5).astype(bf16)
         self.outs = [cp.empty((n, n), bf16) for _ in range(args.gemms)]
         words = args.side_mb * 2**20 // 16
         self.src = rng.standard_normal(words * 4, dtype=cp.float32)
