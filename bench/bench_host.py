@@ -42,6 +42,11 @@ def _cases():
     lb = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
     lbias = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     gelu = torch.nn.functional.gelu
+    # bfloat16 64 x 64: PyTorch's own op beside ge2jit's on the same tensors
+    ha, hw, hbias = (torch.randn(*s, device="cuda", dtype=torch.bfloat16)
+                     for s in ((64, 64), (64, 64), (64,)))
+    hout = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
+    linear = torch.nn.functional.linear
     noop = cp.RawKernel('extern "C" __global__ void noop(float* x) {}', "noop")
     return {
         "ge2jit forward, out= (CuPy)":
@@ -58,6 +63,11 @@ def _cases():
             lambda: ge2jit.gemm_bias_act_backward(gy, a, b, bias, act="gelu", z=z),
         "ge2jit backward, z (torch)":
             lambda: ge2jit.gemm_bias_act_backward(tgy, ta, tb, tbias, act="gelu", z=tz),
+        "torch F.linear 64x64 bf16": lambda: linear(ha, hw, hbias),
+        "ge2jit forward 64x64 bf16, new output (torch)":
+            lambda: ge2jit.gemm_bias_act(ha, hw.T, hbias),
+        "ge2jit forward 64x64 bf16, out= (torch)":
+            lambda: ge2jit.gemm_bias_act(ha, hw.T, hbias, out=hout),
         "torch eager addmm + gelu":
             lambda: gelu(torch.addmm(tbias, ta, tb)),
         "torch._addmm_activation (cuBLASLt bias+gelu)":
@@ -98,6 +108,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     results = (measure(_cases(), QUICK_CALLS, QUICK_ROUNDS) if args.quick
                else measure(_cases()))
+    from ge2jit.jit.fastlaunch import launch_path
+
+    print(f"launch path: {launch_path()}")
     print("| what | host µs per call |\n|---|---|")
     for name, us in results.items():
         print(f"| {name} | {us:.2f} |")

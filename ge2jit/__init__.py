@@ -23,6 +23,7 @@ from .errors import (
 )
 from .jit import nvrtc as _nvrtc
 from .jit.device import get_num_sms, set_num_sms, set_persistent
+from .jit.fastlaunch import launch_path
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
@@ -99,6 +100,7 @@ __all__ = [
     "WgmmaConfig",
     "TileConfig",
     "nvrtc_info",
+    "launch_path",
     "Ge2jitError",
     "ArgumentTypeError",
     "ArgumentValueError",

@@ -77,6 +77,7 @@ def _cmd_warmup(args) -> int:
 
 def _cache_info(args) -> int:
     from .jit.cache import default_cache
+    from .jit.fastlaunch import launch_path
     from .jit.nvrtc import nvrtc_info
 
     with warnings.catch_warnings():
@@ -87,11 +88,14 @@ def _cache_info(args) -> int:
         nvrtc = str(nvrtc_info())
     except Exception as e:  # noqa: BLE001 - info must work without NVRTC
         nvrtc = f"not loadable ({e})"
+    launch = launch_path(build=False)   # info writes nothing
+    launch_text = (f"python ({launch['reason']})" if launch["path"] == "python"
+                   else f"compiled ({launch['module'] or launch['reason']})")
     # the disk cache is wanted but cannot keep anything: say so, and fail, so that a script
     # checking the set-up notices (a deliberately disabled cache is not a failure)
     code = 1 if info["disk_cache"].startswith("not used") else 0
     if args.json:
-        print(json.dumps({**info, "nvrtc": nvrtc}, indent=1))
+        print(json.dumps({**info, "nvrtc": nvrtc, "launch": launch}, indent=1))
     else:
         print(f"location:  {info['location']}")
         for shared in info["read_only_locations"]:   # looked up after the first, never written
@@ -104,6 +108,7 @@ def _cache_info(args) -> int:
                                f"{_human(cap)} ({cap} bytes"
                                + (f", GE2JIT_CACHE_MAX_SIZE={setting})" if setting else ")")))
         print(f"NVRTC:     {nvrtc}")
+        print(f"launch:    {launch_text}")
         print(f"disk cache {info['disk_cache']}" + ("; compiled kernels are kept in memory "
                                                      "only, for one process" if code else ""))
         print("(hit and miss counters are per process: ge2jit.cache_info() in your program)")

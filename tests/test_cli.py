@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -329,6 +330,17 @@ def test_cache_info_shows_the_cap(tmp_path):
     r = ge2jit(["cache", "info"], tmp_path / "c")
     assert "cap:       none (GE2JIT_CACHE_MAX_SIZE is not set)" in r.stdout
     assert "disk cache enabled\n" in r.stdout and not (tmp_path / "c").exists()
+
+
+def test_cache_info_says_which_launch_path_runs(tmp_path):
+    """It writes nothing: a C module not built yet is said to be so."""
+    r = ge2jit(["cache", "info"], tmp_path / "c", env={"GE2JIT_LAUNCH": "python"})
+    assert "launch:    python (GE2JIT_LAUNCH=python)\n" in r.stdout
+    r = ge2jit(["cache", "info"], tmp_path / "c")
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("launch:")]
+    assert line.startswith("launch:    compiled (") and not (tmp_path / "c").exists(), line
+    info = json.loads(ge2jit(["cache", "info", "--json"], tmp_path / "c").stdout)
+    assert info["launch"]["path"] == "compiled"
 
 
 @pytest.mark.parametrize("how, words", [
@@ -784,6 +796,7 @@ def test_clear_counts_entries_not_files(tmp_path):
     ("GE2JIT_CACHE_MAX_SIZE", "lots"), ("GE2JIT_DISABLE_CACHE", "maybe"),
     ("GE2JIT_VERBOSE", "loud"), ("GE2JIT_SAVE_SOURCE", "please"),
     ("GE2JIT_FLOAT32_PRECISION", "half"), ("GE2JIT_NVRTC", "/nonexistent/libnvrtc.so.13"),
+    ("GE2JIT_LAUNCH", "fast"),
 ])
 def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args, name, value):
     write(tmp_path, SMALL)

@@ -54,6 +54,24 @@ def test_tools_extra_brings_the_disassemblers(wheel):
             assert any(r.startswith(tool) and f"extra == '{extra}'" in r for r in requires)
 
 
+def test_wheel_ships_the_compiled_launch_path_for_this_interpreter(wheel):
+    """The C launch path is built into the wheel, which is tagged for this interpreter and
+    platform (a module built for one Python does not load in another)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    with zipfile.ZipFile(wheel) as z:
+        assert f"ge2jit/jit/_fastlaunch{suffix}" in z.namelist()
+        (wheel_file,) = [n for n in z.namelist() if n.endswith(".dist-info/WHEEL")]
+        tags = [t for t in z.read(wheel_file).decode().splitlines() if t.startswith("Tag:")]
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert tags and all(t.split(": ")[1].startswith(f"{tag}-{tag}-") for t in tags), tags
+    assert "Root-Is-Purelib: false" in z_read(wheel, wheel_file)
+
+
+def z_read(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(name).decode()
+
+
 def test_wheel_metadata_license_and_typing_marker(wheel):
     meta = _metadata(wheel)
     assert meta["License-Expression"] == "MIT"
@@ -101,6 +119,10 @@ def test_wheel_ships_templates_and_compiles(tmp_path, wheel):
                             bias_dtype=DType.F32, save_z=True)
         spec = TiledGemmSpec(DType.F32, Layout.ROW, Layout.COL, epilogue, TILED_CONFIGS[0])
         entry, _ = build(spec, "sm_80", cache=KernelCache(pathlib.Path(r"%s")))
+        from ge2jit.jit.fastlaunch import launch_path
+        path = launch_path()
+        assert path["path"] == "compiled", path          # the wheel's prebuilt module
+        assert pathlib.Path(path["module"]).is_relative_to(site), path
         print("OK", entry.kernel_name, entry.registers)
     """) % (site, tmp_path / "cache")
     r = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True,

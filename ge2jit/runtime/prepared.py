@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentValueError
+from ..jit import fastlaunch
 from ..jit.device import on_sm_change
 from . import arrays as _arrays
 from .arrays import call_arguments, framework_of_type, views
@@ -94,6 +95,7 @@ def clear_all() -> None:
     changed)."""
     for table in _tables:
         table.clear()
+    fastlaunch.clear_all()
 
 
 on_sm_change(clear_all)

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import ArgumentValueError
+from ...jit import fastlaunch
 from ...runtime import arrays
 from ...runtime.arrays import (
     CUPY,
@@ -58,6 +59,17 @@ def _outputs(p: Problem, save_preact: bool, fw: Framework = CUPY, given=(None, N
 _fast = PreparedCalls("gemm_bias_act")
 _fast_glu = PreparedCalls("gemm_gated")
 _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
+#: the compiled launch path's tables; their calls' arguments: (a, b, bias, c, out,
+#: preact_out, act, alpha, beta, leaky_slope, save_preact, config, autotune, out_dtype,
+#: precision)
+_ROLES = "AAAAAAVTZTVVVVV"
+_compiled = fastlaunch.Table("gemm_bias_act", _ROLES)
+_compiled_glu = fastlaunch.Table("gemm_gated", _ROLES)
+#: the argument index of each array and scalar in those calls
+_ARGS = {"a": 0, "b": 1, "bias": 2, "c": 3, "out": 4, "preact_out": 5, "alpha": 7, "beta": 8,
+         "leaky_slope": 9}
+#: the argument index of each of ``_SPAN_NAMES``
+_SPAN_ARGS = tuple(_ARGS[name] for name in _SPAN_NAMES)
 
 
 def _signature(fw, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out, preact_out,
@@ -130,8 +142,40 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
 
     if p.fp8 is not None:
         call = _with_scales(call, p, ptr)
+        call.program = None
+    else:
+        call.program = (_program(plan, p, save_z, y, z, guard, fw, new, stream)
+                        if fastlaunch.available() else None)
     call.plan = plan
     return call
+
+
+def _program(plan: Plan, p: Problem, save_z: bool, y, z, guard, fw: Framework, new, stream):
+    """The compiled launch path's program of ``_prepare``'s call (None where the plan has
+    none): its launches on the arguments of ``_compiled``'s calls."""
+    m, n, k = p.m, p.n, p.k
+    y_cols = p.epilogue.y_cols(n)
+    ptrs = {"a": p.a.data.ptr, "b": p.b.data.ptr, "c": 0 if p.c is None else p.c.data.ptr,
+            "out": y.data.ptr, "preact_out": 0 if z is None else z.data.ptr}
+    steps = plan.program_steps(_ARGS, ptrs, p.lda, p.ldb, p.ldc, p.bias_stride,
+                               ld_of(y, m, y_cols), ld_of(z, m, n) if z is not None else 0,
+                               m, n, k, p.c is not None, save_z)
+    if steps is None:
+        return None
+    allocs = [(_ARGS["out"], new, (m, y_cols))]
+    if save_z:
+        allocs.append((_ARGS["preact_out"], new, (m, n)))
+    pairs, overlap = (), None
+    if guard is not None:
+        pairs = [(_SPAN_ARGS[oi], olo, ohi, _SPAN_ARGS[xi], xlo, xhi, same)
+                 for oi, olo, ohi, xi, xlo, xhi, same in guard.pairs]
+
+        def overlap(ptrs):
+            guard(tuple(ptrs[i] for i in _SPAN_ARGS))
+
+    returns = (_ARGS["out"], _ARGS["preact_out"]) if save_z else (_ARGS["out"],)
+    return fastlaunch.program(fw.name, steps, allocs, pairs, overlap, stream,
+                              fastlaunch.launch_failed(plan.main.spec.kernel_name), returns)
 
 
 def _with_scales(call, p: Problem, ptr):
@@ -257,6 +301,14 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
             ``out_dtype``, ``precision`` or device.
         KernelCompileError: NVRTC rejected the kernel (the message holds its log).
     """
+    if (dtype is None and scale_a is None and scale_b is None and scale_y is None
+            and amax_out is None):
+        y = _compiled.call(a, b, bias, c, out, preact_out, act, alpha, beta, leaky_slope,
+                           save_preact, config, autotune, out_dtype, precision)
+        if y is not fastlaunch.MISS:
+            return y
+        return _call(False, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
+                     preact_out, out_dtype, precision, config, autotune)
     return _call(False, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, out,
                  preact_out, out_dtype, precision, config, autotune,
                  _fp8_given(dtype, scale_a, scale_b, scale_y, amax_out))
@@ -266,6 +318,10 @@ def gemm_glu(a, b, bias, act, alpha, leaky_slope, save_preact, out, preact_out, 
              precision, config, autotune):
     """The gated linear unit's GEMM (``gemm_gated``): ``gemm_bias_act``'s path with the
     ``Epilogue.glu`` epilogue, B's columns (gate, linear) pairs, Y half as wide."""
+    y = _compiled_glu.call(a, b, bias, None, out, preact_out, act, alpha, 0.0, leaky_slope,
+                           save_preact, config, autotune, out_dtype, precision)
+    if y is not fastlaunch.MISS:
+        return y
     return _call(True, a, b, bias, act, None, alpha, 0.0, leaky_slope, save_preact, out,
                  preact_out, out_dtype, precision, config, autotune)
 
@@ -340,6 +396,11 @@ def _first_call(sig, a, b, bias, act, c, alpha, beta, leaky_slope, save_preact, 
                                      v["preact_out"]), fw)
                 if sig is not None:
                     (_fast_glu if glu else _fast).put(sig, prepared)
+                    if not fp8:
+                        (_compiled_glu if glu else _compiled).put(
+                            (a, b, bias, c, out, preact_out, act, alpha, beta, leaky_slope,
+                             save_preact, config, autotune, out_dtype, precision),
+                            prepared.program, fw.name)
     return ((y_native, z_native) if save_preact else y_native), prepared
 
 

@@ -17,6 +17,7 @@ from ...jit.device import (
     persistent_blocks,
     sm_count,
 )
+from ...jit.fastlaunch import Map, Ptr, Scalar, step
 from ...jit.launch import Launcher
 from ...jit.loader import LoadedKernel, get_kernel
 from ...jit.nvrtc import arch_number
@@ -192,6 +193,29 @@ class Plan:
 
         return launch
 
+    def program_steps(self, args: dict, ptrs: dict, lda, ldb, ldc, bias_stride, ldy, ldz, m,
+                      n, k, use_c: bool, save_z: bool):
+        """The compiled launch path's steps (``ge2jit.jit.fastlaunch.step``) of ``bind``'s
+        launch, or None for a plan that stages its operands, splits K, or is of another kind
+        than these. ``args``: the call's argument index of each of a, b, c, bias, out,
+        preact_out, alpha, beta and leaky_slope; ``ptrs``: the first call's pointers by the
+        same names (what tensor maps are encoded for)."""
+        if (self._staging is not None or self._reduce is not None or self._amax is not None
+                or self.main.spec.dtype.is_fp8):
+            return None
+        values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
+                              save_z)
+        return [step(self._main, self.grid, self.block, self.smem, values)]
+
+    def _values(self, args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c, save_z):
+        return {"A": Ptr(args["a"]), "B": Ptr(args["b"]), "C": Ptr(args["c"]) if use_c else 0,
+                "bias": Ptr(args["bias"]), "Y": Ptr(args["out"]),
+                "Z": Ptr(args["preact_out"]) if save_z else 0, "lda": lda, "ldb": ldb,
+                "ldc": ldc, "bias_stride": bias_stride, "ldy": ldy, "ldz": ldz, "M_": m,
+                "N_": n, "K_": k, "alpha_": Scalar(args["alpha"]),
+                "beta_": Scalar(args["beta"]), "leaky_slope_": Scalar(args["leaky_slope"]),
+                "k_tiles_per_split": self.k_tiles_per_split}
+
     def _bind_split(self, ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k, alloc):
         """``bind`` of a split-K plan: both kernels with the sizes bound, one workspace
         allocation per call."""
@@ -246,40 +270,59 @@ class TmaPlan(Plan):
         self._c_map = ((ep.c_dtype.value, 128 // ep.c_dtype.itemsize, ep.c_dtype.itemsize)
                        if spec.c_tma else None)
 
+    def _map_blobs(self, A, lda, B, ldb, C, ldc, Y, ldy, Z, M_, N_, K_, ldz) -> dict:
+        """The tensor maps of one call's operands, by parameter name."""
+        dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
+        if a_kmajor:
+            maps = {"tma_a": tensor_map_2d(dt, A, K_, M_, lda * es, bk, bm)}
+        else:
+            maps = {"tma_a": tensor_map_2d(dt, A, M_, K_, lda * es, 64, bk)}
+        if b_kmajor:
+            maps["tma_b"] = tensor_map_2d(dt, B, K_, N_, ldb * es, bk, bn)
+        else:
+            maps["tma_b"] = tensor_map_2d(dt, B, N_, K_, ldb * es, 64, bk)
+        if self._c_map is not None:
+            c_type, c_cols, c_es = self._c_map
+            maps["tma_c"] = tensor_map_2d(c_type, C, N_, M_, ldc * c_es, c_cols, 64)
+        y_type = self._y_type
+        if y_type is not None:
+            # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
+            y_es = self._y_es
+            maps["tma_y"] = tensor_map_2d(y_type, Y, self._y_cols(N_), M_, ldy * y_es, 64, 16,
+                                          64 * y_es)
+            maps["tma_z"] = (tensor_map_2d(y_type, Z, N_, M_, ldz * y_es, 64, 16, 64 * y_es)
+                             if Z else maps["tma_y"])
+        return maps
+
     def _with_maps(self, stream_ptr, *, A, lda, B, ldb, C, ldc, bias, bias_stride, Y, ldy, Z,
                    ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split,
                    **fp8) -> None:
         """The GEMM launch (``_gemm``): the tensor maps of this call's operands, then the
         kernel (``fp8``: the ``fp8_params`` of 8-bit inputs)."""
-        dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
-        if a_kmajor:
-            map_a = tensor_map_2d(dt, A, K_, M_, lda * es, bk, bm)
-        else:
-            map_a = tensor_map_2d(dt, A, M_, K_, lda * es, 64, bk)
-        if b_kmajor:
-            map_b = tensor_map_2d(dt, B, K_, N_, ldb * es, bk, bn)
-        else:
-            map_b = tensor_map_2d(dt, B, N_, K_, ldb * es, 64, bk)
-        y_type = self._y_type
-        if self._c_map is not None:
-            c_type, c_cols, c_es = self._c_map
-            maps = {"tma_c": tensor_map_2d(c_type, C, N_, M_, ldc * c_es, c_cols, 64)}
-        else:
-            maps = {}
-        if y_type is None:
-            self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, **maps, A=A, lda=lda, B=B,
-                         ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride, Y=Y,
-                         ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
-                         leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split, **fp8)
-            return
-        # 16 x 64 boxes of Y (and Z) that the epilogue stores from shared memory
-        y_es = self._y_es
-        map_y = tensor_map_2d(y_type, Y, self._y_cols(N_), M_, ldy * y_es, 64, 16, 64 * y_es)
-        map_z = tensor_map_2d(y_type, Z, N_, M_, ldz * y_es, 64, 16, 64 * y_es) if Z else map_y
-        self._kernel(stream_ptr, tma_a=map_a, tma_b=map_b, tma_y=map_y, tma_z=map_z, **maps,
-                     A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias, bias_stride=bias_stride,
-                     Y=Y, ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_, alpha_=alpha_, beta_=beta_,
-                     leaky_slope_=leaky_slope_, k_tiles_per_split=k_tiles_per_split, **fp8)
+        maps = self._map_blobs(A, lda, B, ldb, C, ldc, Y, ldy, Z, M_, N_, K_, ldz)
+        self._kernel(stream_ptr, **maps, A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias,
+                     bias_stride=bias_stride, Y=Y, ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_,
+                     alpha_=alpha_, beta_=beta_, leaky_slope_=leaky_slope_,
+                     k_tiles_per_split=k_tiles_per_split, **fp8)
+
+    def program_steps(self, args: dict, ptrs: dict, lda, ldb, ldc, bias_stride, ldy, ldz, m,
+                      n, k, use_c: bool, save_z: bool):
+        if (self._staging is not None or self._reduce is not None
+                or self.main.spec.dtype.is_fp8):
+            return None
+        c = ptrs["c"] if use_c else 0
+        z = ptrs["preact_out"] if save_z else 0
+        blobs = self._map_blobs(ptrs["a"], lda, ptrs["b"], ldb, c, ldc, ptrs["out"], ldy, z,
+                                m, n, k, ldz)
+        sources = {"tma_a": "a", "tma_b": "b", "tma_c": "c", "tma_y": "out",
+                   "tma_z": "preact_out" if z else "out"}
+        values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
+                              save_z)
+        for name, blob in blobs.items():
+            source = sources[name]
+            values[name] = (blob if source == "c" and not use_c
+                            else Map(args[source], blob, ptrs[source]))
+        return [step(self._main, self.grid, self.block, self.smem, values)]
 
 
 def _ptr(x) -> int:

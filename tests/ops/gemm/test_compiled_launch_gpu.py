@@ -1,0 +1,229 @@
+"""gemm_bias_act's compiled launch path (``ge2jit.jit.fastlaunch``) on the GPU: a call that
+finds its program gives the same bits as the Python prepared call, for every kernel family
+(the plain tiled kernel, the float32 pipelined kernel, the mma.sync tensor-core kernels, the
+Hopper TMA kernel), with outputs given or allocated, on CuPy arrays and PyTorch tensors; an
+output that overlaps an input is refused with the Python path's message; a cached call binds
+no signature and encodes no tensor map; a captured call replays."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.jit import fastlaunch
+from ge2jit.ops.gemm import op as gemm_op
+from ge2jit.ops.gemm import plans
+from ge2jit.ops.gemm.reference import gemm_bias_act_ref, rel_error
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+
+def _bf16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture(autouse=True)
+def compiled():
+    if not fastlaunch.available():
+        pytest.fail(f"the compiled launch path is unavailable: {fastlaunch.launch_path()}")
+
+
+def _rand(rng, shape, dtype, layout="r"):
+    host = rng.standard_normal(shape).astype(np.float32)
+    x = cp.asarray(np.ascontiguousarray(host.T)).T if layout == "c" else cp.asarray(host)
+    return x.astype(dtype)
+
+
+#: (dtype, precision, config or None, (m, n, k)): a case of each kernel family
+FAMILIES = [
+    ("float32", "ieee", "64x64x8_4x4", (130, 72, 40)),          # the plain tiled kernel
+    ("float32", "ieee", None, (256, 192, 128)),                  # pipelined float32
+    ("float32", "tf32", None, (256, 192, 128)),                  # tensor cores, tf32
+    ("float16", None, None, (200, 136, 72)),                     # mma.sync or wgmma
+    ("bfloat16", None, None, (512, 384, 256)),                   # wgmma + TMA on Hopper
+    ("bfloat16", None, "64x64x8_4x4", (64, 40, 24)),             # tiled, 16-bit
+]
+
+
+def _dtype(name):
+    return _bf16() if name == "bfloat16" else np.dtype(name)
+
+
+def _python_path(a, b, bias, **kw):
+    """The same call through the Python prepared call (the compiled tables bypassed)."""
+    return gemm_op._call(False, a, b, bias, kw.get("act", "none"), kw.get("c"),
+                         kw.get("alpha", 1.0), kw.get("beta", 0.0), kw.get("leaky_slope", 0.01),
+                         kw.get("save_preact", False), kw.get("out"), kw.get("preact_out"),
+                         None, kw.get("precision"), kw.get("config"), False)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f[0]}-{f[1]}-{f[2]}-{f[3]}")
+@pytest.mark.parametrize("variant", ["plain", "bias-gelu-z", "c-beta-out", "col-a"])
+def test_compiled_call_gives_the_python_paths_bits(family, variant):
+    dtype_name, precision, config, (m, n, k) = family
+    dtype = _dtype(dtype_name)
+    rng = np.random.default_rng(hash((family, variant)) % 2**32)
+    a = _rand(rng, (m, k), dtype, "c" if variant == "col-a" else "r")
+    b = _rand(rng, (k, n), dtype) / np.float32(k ** 0.5)
+    b = b.astype(dtype)
+    kw = {"precision": precision, "config": config}
+    bias = None
+    if variant == "bias-gelu-z":
+        bias = _rand(rng, (n,), dtype)
+        kw.update(act="gelu_tanh", save_preact=True)
+    if variant == "c-beta-out":
+        kw.update(c=_rand(rng, (m, n), dtype), beta=0.5, alpha=1.5, act="relu")
+    given = variant == "c-beta-out"
+
+    def call(path):
+        extra = {}
+        if given:
+            extra["out"] = cp.full((m, n), np.nan, dtype=dtype)
+        return path(a, b, bias, **kw, **extra)
+
+    programs = len(gemm_op._compiled)
+    first = call(lambda *x, **y: ge2jit.gemm_bias_act(*x, **y))   # stores the program
+    stored = len(gemm_op._compiled) > programs
+    # a plan that stages its operands (tf32 inputs rounded first) or splits K keeps the Python
+    # path; every single-kernel plan has a program
+    assert stored or precision == "tf32", f"no program stored for {family}, {variant}"
+    before = gemm_op._compiled.stats()
+    got = call(lambda *x, **y: ge2jit.gemm_bias_act(*x, **y))
+    after = gemm_op._compiled.stats()
+    assert after["hits"] == before["hits"] + stored, (before, after, stored)
+    want = call(_python_path)
+    got, want, first = ([x] if not isinstance(x, tuple) else list(x) for x in (got, want, first))
+    for g, w, f in zip(got, want, first):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert cp.array_equal(g.view(np.uint16 if g.dtype.itemsize == 2 else np.uint32),
+                              w.view(np.uint16 if w.dtype.itemsize == 2 else np.uint32))
+        assert cp.array_equal(f.astype(np.float32), w.astype(np.float32), equal_nan=True)
+    ref = gemm_bias_act_ref(cp.asnumpy(a.astype(np.float32)), cp.asnumpy(b.astype(np.float32)),
+                            None if bias is None else cp.asnumpy(bias.astype(np.float32)),
+                            act=kw.get("act", "none"), alpha=kw.get("alpha", 1.0),
+                            beta=kw.get("beta", 0.0),
+                            c=None if "c" not in kw else cp.asnumpy(kw["c"].astype(np.float32)))
+    y = cp.asnumpy(got[0].astype(np.float32))
+    assert rel_error(y, ref[0] if isinstance(ref, tuple) else ref) < 2e-2
+
+
+def test_compiled_call_reads_new_pointers_and_scalars():
+    """The same pattern on other arrays and other alpha: the program follows the pointers (its
+    tensor maps moved) and the scalars."""
+    bf16 = _bf16()
+    rng = np.random.default_rng(3)
+    m, n, k = 384, 256, 192
+    arrays = [(_rand(rng, (m, k), bf16), _rand(rng, (k, n), bf16)) for _ in range(3)]
+    ge2jit.gemm_bias_act(*arrays[0], alpha=0.5)
+    for (a, b), alpha in zip(arrays, (0.5, 2.0, -1.0)):
+        before = gemm_op._compiled.stats()["hits"]
+        y = ge2jit.gemm_bias_act(a, b, alpha=alpha)
+        assert gemm_op._compiled.stats()["hits"] == before + 1
+        want = _python_path(a, b, None, alpha=alpha)
+        assert cp.array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
+def test_compiled_call_refuses_an_output_over_an_input():
+    rng = np.random.default_rng(4)
+    m = k = n = 64
+    buf = _rand(rng, (2 * m, k), np.float32)
+    b = _rand(rng, (k, n), np.float32)
+    other = cp.empty((2 * m, n), np.float32)
+    ge2jit.gemm_bias_act(buf[:m], b, out=other[m:])     # a program for this pattern
+    ge2jit.gemm_bias_act(buf[:m], b, out=other[m:])
+    with pytest.raises(ge2jit.ArgumentValueError, match="^out: overlaps a; pass a separate"):
+        ge2jit.gemm_bias_act(buf[:m], b, out=buf[:m])
+    with pytest.raises(ge2jit.ArgumentValueError, match="^out: overlaps a; pass a separate"):
+        ge2jit.gemm_bias_act(buf[m:], b, out=buf[m:])
+
+
+def test_compiled_call_of_a_bad_scalar_says_what_the_python_path_says():
+    rng = np.random.default_rng(5)
+    a, b = _rand(rng, (32, 16), np.float32), _rand(rng, (16, 8), np.float32)
+    ge2jit.gemm_bias_act(a, b, alpha=2)    # a program for an int alpha
+    ge2jit.gemm_bias_act(a, b, alpha=2)
+    with pytest.raises(ge2jit.ArgumentValueError, match="alpha"):
+        ge2jit.gemm_bias_act(a, b, alpha=10**400)   # an int no double holds
+
+
+def test_a_cached_call_binds_no_signature_and_encodes_no_tensor_map(monkeypatch):
+    bf16 = _bf16()
+    rng = np.random.default_rng(6)
+    a, b = _rand(rng, (512, 256), bf16), _rand(rng, (256, 384), bf16)
+    bias = _rand(rng, (384,), bf16)
+    out = cp.empty((512, 384), bf16)
+    ge2jit.gemm_bias_act(a, b, bias, act="gelu", out=out)
+    counts = {"bind": 0, "signature": 0, "maps": 0}
+    real_bind, real_sig, real_map = (inspect.Signature.bind, inspect.signature,
+                                     plans.tensor_map_2d)
+
+    def bind(*x, **y):
+        counts["bind"] += 1
+        return real_bind(*x, **y)
+
+    def signature(*x, **y):
+        counts["signature"] += 1
+        return real_sig(*x, **y)
+
+    def tensor_map(*x, **y):
+        counts["maps"] += 1
+        return real_map(*x, **y)
+
+    monkeypatch.setattr(inspect.Signature, "bind", bind)
+    monkeypatch.setattr(inspect, "signature", signature)
+    monkeypatch.setattr(plans, "tensor_map_2d", tensor_map)
+    a2 = _rand(rng, (512, 256), bf16)      # new pointers: the maps move, none is encoded
+    for x in (a, a2, a):
+        ge2jit.gemm_bias_act(x, b, bias, act="gelu", out=out)
+    assert counts == {"bind": 0, "signature": 0, "maps": 0}
+    want = _python_path(a, b, bias, act="gelu")
+    assert cp.array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_captured_compiled_call_replays():
+    bf16 = _bf16()
+    rng = np.random.default_rng(7)
+    a, b = _rand(rng, (256, 128), bf16), _rand(rng, (128, 256), bf16)
+    out = cp.empty((256, 256), bf16)
+    ge2jit.gemm_bias_act(a, b, act="silu", out=out)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ge2jit.gemm_bias_act(a, b, act="silu", out=out)   # loaded, on this stream
+        stream.begin_capture()
+        before = gemm_op._compiled.stats()["hits"]
+        ge2jit.gemm_bias_act(a, b, act="silu", out=out)
+        assert gemm_op._compiled.stats()["hits"] == before + 1
+        graph = stream.end_capture()
+    a[...] = _rand(rng, (256, 128), bf16)
+    out.fill(np.nan)
+    graph.launch(stream)
+    stream.synchronize()
+    want = _python_path(a, b, None, act="silu")
+    assert cp.array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+def test_torch_tensors_take_the_compiled_path():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(8)
+    a = torch.randn(300, 200, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(120, 200, device="cuda", generator=g, dtype=torch.bfloat16)
+    bias = torch.randn(120, device="cuda", generator=g, dtype=torch.bfloat16)
+    ge2jit.gemm_bias_act(a, w.T, bias, act="gelu_tanh")
+    before = gemm_op._compiled.stats()["hits"]
+    ge2jit.gemm_bias_act(a, w.T, bias, act="gelu_tanh", save_preact=True)
+    y, z = ge2jit.gemm_bias_act(a, w.T, bias, act="gelu_tanh", save_preact=True)
+    assert gemm_op._compiled.stats()["hits"] >= before + 1
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y.device == a.device
+    want_y, want_z = _python_path(a, w.T, bias, act="gelu_tanh", save_preact=True)
+    assert torch.equal(y, want_y) and torch.equal(z, want_z)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):   # launched on PyTorch's current stream
+        y2 = ge2jit.gemm_bias_act(a, w.T, bias, act="gelu_tanh")
+    side.synchronize()
+    assert torch.equal(y2, want_y)
