@@ -18,6 +18,7 @@ from ..runtime.torchlib import (
     absent,
     autocast_dtype,
     cast,
+    eager_function,
     needs_grad,
     op_name,
     precision_for,
@@ -84,16 +85,8 @@ def _grads(ctx, gy):
 linear_fp8_op.register_autograd(lambda ctx, gy, gz: _grads(ctx, gy), setup_context=_setup)
 
 
-class _LinearFp8Function(torch.autograd.Function):
-    @staticmethod
-    def forward(*args):
-        return _linear_fp8(*args)
-
-    setup_context = staticmethod(_setup)
-
-    @staticmethod
-    def backward(ctx, gy, gz):
-        return _grads(ctx, gy)
+_LinearFp8Function = eager_function("_LinearFp8Function", _linear_fp8, _setup,
+                                    lambda ctx, gy, gz: _grads(ctx, gy))
 
 
 def linear_fp8(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "none",

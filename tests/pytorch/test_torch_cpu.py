@@ -147,3 +147,33 @@ def test_numpy_integer_sizes_are_sizes(gt):
     assert (layer.in_features, layer.out_features) == (8, 6)
     assert type(layer.in_features) is int
     assert gt.MLP([np.int64(8), 4]).layers[0].in_features == 8
+
+
+def test_eager_functions_bind_no_signature_per_call(monkeypatch):
+    """The eager autograd.Functions take the form whose forward receives ctx: PyTorch's
+    other form binds its arguments with inspect.signature at every apply."""
+    import inspect
+
+    from ge2jit.runtime.torchlib import eager_function
+
+    def forward(x, scale):
+        return x * scale, (x * scale).detach()
+
+    def setup(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.scale = inputs[1]
+
+    def backward(ctx, gy, gz):
+        return gy * ctx.scale, None
+
+    fn = eager_function("_Scale", forward, setup, backward)
+    calls = []
+    real = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *a, **k: calls.append(a) or real(*a, **k))
+    x = torch.randn(5, requires_grad=True)
+    y, z = fn.apply(x, 3.0)
+    assert not z.requires_grad and y.requires_grad
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((5,), 3.0))
+    assert calls == []
+    assert issubclass(fn, torch.autograd.Function) and fn.__name__ == "_Scale"

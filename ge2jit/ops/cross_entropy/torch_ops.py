@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import absent, needs_grad, op_name, traced
+from ...runtime.torchlib import absent, eager_function, needs_grad, op_name, traced
 from .op import cross_entropy as _xent
 from .op import scale_gradient
 
@@ -88,30 +88,24 @@ cross_entropy_op.register_autograd(_grads_of_op, setup_context=_setup)
 # leaves the rows whose factor is exactly 1, the usual upstream gradient of a loss, untouched:
 # no memory traffic and no synchronization), so the gradient costs no memory beyond itself.
 
-class _CrossEntropyFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(logits, targets, ignore_index, reduction, label_smoothing, compute_grad,
-                check_targets):
-        return _cross_entropy(logits, targets, ignore_index, reduction, label_smoothing,
-                              compute_grad, check_targets)
+def _eager_backward(ctx, gloss, ggrad):
+    if gloss is None:
+        return (None, *NO_GRADS)
+    if ctx.scaled:
+        raise RuntimeError(
+            "ge2jit.torch.cross_entropy: this graph's backward ran already (the gradient "
+            "its forward saved was scaled in place); compute the loss again for another "
+            "backward")
+    grad = _saved_gradient(ctx)
+    ctx.scaled = True
+    factor = gloss.detach()
+    if factor.dtype != torch.float32:
+        factor = factor.float()
+    return (scale_gradient(grad, factor), *NO_GRADS)
 
-    setup_context = staticmethod(_setup)
 
-    @staticmethod
-    def backward(ctx, gloss, ggrad):
-        if gloss is None:
-            return (None, *NO_GRADS)
-        if ctx.scaled:
-            raise RuntimeError(
-                "ge2jit.torch.cross_entropy: this graph's backward ran already (the gradient "
-                "its forward saved was scaled in place); compute the loss again for another "
-                "backward")
-        grad = _saved_gradient(ctx)
-        ctx.scaled = True
-        factor = gloss.detach()
-        if factor.dtype != torch.float32:
-            factor = factor.float()
-        return (scale_gradient(grad, factor), *NO_GRADS)
+_CrossEntropyFunction = eager_function("_CrossEntropyFunction", _cross_entropy, _setup,
+                                       _eager_backward)
 
 
 # --- the function users call ---------------------------------------------------------------

@@ -17,6 +17,7 @@ from ...runtime.torchlib import (
     absent,
     autocast_dtype,
     cast,
+    eager_function,
     is_master,
     kept_cast,
     lowered,
@@ -526,64 +527,44 @@ def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precisio
 # generated autograd wrapper around them (about 0.3 ms of host time per MLP block step).
 # Traced code (torch.compile, fake or other tensor subclasses) takes the custom ops.
 
-class _GemmFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact):
-        return _gemm(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact)
+_GemmFunction = eager_function(
+    "_GemmFunction", _gemm, _forward_setup,
+    lambda ctx, gy, gz, glow: _gemm_grads(ctx, gy, _gemm_backward))
 
-    setup_context = staticmethod(_forward_setup)
-
-    @staticmethod
-    def backward(ctx, gy, gz, glow):
-        return _gemm_grads(ctx, gy, _gemm_backward)
+_GatedFunction = eager_function(
+    "_GatedFunction", _gated, _gated_setup,
+    lambda ctx, gy, gz, glow: _gated_grads(ctx, gy, _gated_backward_impl))
 
 
-class _GatedFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(a, b, bias, act, alpha, leaky_slope, precision, save_preact):
-        return _gated(a, b, bias, act, alpha, leaky_slope, precision, save_preact)
-
-    setup_context = staticmethod(_gated_setup)
-
-    @staticmethod
-    def backward(ctx, gy, gz, glow):
-        return _gated_grads(ctx, gy, _gated_backward_impl)
+def _gated_mlp_saved(x, gate_up, gate_up_bias, down, down_bias, act, precision):
+    return tuple(_gated_mlp(x, gate_up, gate_up_bias, down, down_bias, act, precision, True))
 
 
-class _GatedMLPFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(x, gate_up, gate_up_bias, down, down_bias, act, precision):
-        return tuple(_gated_mlp(x, gate_up, gate_up_bias, down, down_bias, act, precision,
-                                True))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _gated_mlp_setup(ctx, (*inputs, True), output)
-
-    @staticmethod
-    def backward(ctx, gy, *_):
-        return _gated_mlp_grads(ctx, gy, _gated_mlp_backward, _gated)[:7]
+_GatedMLPFunction = eager_function(
+    "_GatedMLPFunction", _gated_mlp_saved,
+    lambda ctx, inputs, output: _gated_mlp_setup(ctx, (*inputs, True), output),
+    lambda ctx, gy, *_: _gated_mlp_grads(ctx, gy, _gated_mlp_backward, _gated)[:7])
 
 
-class _MLPFunction(torch.autograd.Function):
+def _mlp_saved(x, has_bias, acts, leaky_slope, precision, layers, *params):
     """``_mlp(..., save=True)``; the weights and present biases come as separate arguments
     (an autograd.Function gives no gradient to tensors in a list)."""
+    return tuple(_mlp(x, list(params[:layers]), list(params[layers:]), has_bias, acts,
+                      leaky_slope, precision, True))
 
-    @staticmethod
-    def forward(x, has_bias, acts, leaky_slope, precision, layers, *params):
-        return tuple(_mlp(x, list(params[:layers]), list(params[layers:]), has_bias, acts,
-                          leaky_slope, precision, True))
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, has_bias, acts, leaky_slope, precision, layers, *params = inputs
-        _mlp_setup(ctx, (x, params[:layers], params[layers:], has_bias, acts, leaky_slope,
-                         precision, True), output)
+def _mlp_saved_setup(ctx, inputs, output):
+    x, has_bias, acts, leaky_slope, precision, layers, *params = inputs
+    _mlp_setup(ctx, (x, params[:layers], params[layers:], has_bias, acts, leaky_slope,
+                     precision, True), output)
 
-    @staticmethod
-    def backward(ctx, gy, *_):
-        gx, gws, gbs = _mlp_grads(ctx, gy, _mlp_backward, _mlp)
-        return (gx, None, None, None, None, None, *gws, *gbs)
+
+def _mlp_saved_grads(ctx, gy, *_):
+    gx, gws, gbs = _mlp_grads(ctx, gy, _mlp_backward, _mlp)
+    return (gx, None, None, None, None, None, *gws, *gbs)
+
+
+_MLPFunction = eager_function("_MLPFunction", _mlp_saved, _mlp_saved_setup, _mlp_saved_grads)
 
 
 # --- the functions users call --------------------------------------------------------------

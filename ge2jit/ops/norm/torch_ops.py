@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import absent, needs_grad, op_name, traced
+from ...runtime.torchlib import absent, eager_function, needs_grad, op_name, traced
 from .op import layer_norm as _layer_norm
 from .op import layer_norm_backward as _layer_norm_backward
 from .op import rms_norm as _rms_norm
@@ -206,28 +206,13 @@ def _ln_backward_eager(dy, h, weight, bias, mean, rstd, dh):
 # generated autograd wrapper around them. Traced code (torch.compile, fake or other tensor
 # subclasses) takes the custom ops.
 
-class _RMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(x, weight, residual, eps):
-        return _rms(x, weight, residual, eps)
+_RMSNormFunction = eager_function(
+    "_RMSNormFunction", _rms, _rms_setup,
+    lambda ctx, gy, gh, grstd: _rms_grads(ctx, gy, gh, _rms_backward_eager))
 
-    setup_context = staticmethod(_rms_setup)
-
-    @staticmethod
-    def backward(ctx, gy, gh, grstd):
-        return _rms_grads(ctx, gy, gh, _rms_backward_eager)
-
-
-class _LayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(x, weight, bias, residual, eps):
-        return _ln(x, weight, bias, residual, eps)
-
-    setup_context = staticmethod(_ln_setup)
-
-    @staticmethod
-    def backward(ctx, gy, gh, gmean, grstd):
-        return _ln_grads(ctx, gy, gh, _ln_backward_eager)
+_LayerNormFunction = eager_function(
+    "_LayerNormFunction", _ln, _ln_setup,
+    lambda ctx, gy, gh, gmean, grstd: _ln_grads(ctx, gy, gh, _ln_backward_eager))
 
 
 # --- the functions users call ----------------------------------------------------------------

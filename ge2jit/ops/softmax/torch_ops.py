@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import needs_grad, op_name, traced
+from ...runtime.torchlib import eager_function, needs_grad, op_name, traced
 from .op import softmax as _forward
 from .op import softmax_backward as _backward
 
@@ -65,16 +65,8 @@ def _softmax_autograd(ctx, gy):
 softmax_op.register_autograd(_softmax_autograd, setup_context=_setup)
 
 
-class _SoftmaxFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(x, dim):
-        return _softmax(x, dim)
-
-    setup_context = staticmethod(_setup)
-
-    @staticmethod
-    def backward(ctx, gy):
-        return _grads(ctx, gy, _softmax_backward)
+_SoftmaxFunction = eager_function("_SoftmaxFunction", _softmax, _setup,
+                                  lambda ctx, gy: _grads(ctx, gy, _softmax_backward))
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
