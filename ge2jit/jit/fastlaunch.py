@@ -22,6 +22,7 @@ machine's C compiler into the kernel cache. Without one (no compiler, no Python 
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import logging
@@ -106,13 +107,13 @@ def _load():
 
 
 def _import_or_build(settings):
-    try:
-        from . import _fastlaunch  # a wheel's prebuilt module
+    try:   # a wheel's prebuilt module (a source tree has none)
+        prebuilt = importlib.import_module("ge2jit.jit._fastlaunch")
     except ImportError:
         pass
     else:
-        _state["where"] = Path(_fastlaunch.__file__)
-        return _fastlaunch
+        _state["where"] = Path(prebuilt.__file__)
+        return prebuilt
     path, dirs = _built(settings)
     if path is None:
         path = (dirs[0] if dirs else _temporary()) / _module_name()

@@ -18,10 +18,12 @@ from ..runtime.torchlib import (
     absent,
     autocast_dtype,
     cast,
+    define_op,
     eager_function,
     needs_grad,
-    op_name,
     precision_for,
+    register_autograd,
+    register_fake,
     traced,
 )
 
@@ -42,11 +44,10 @@ def _linear_fp8(a: Tensor, b: Tensor, bias: Tensor | None, act: str, leaky_slope
     return y, z
 
 
-linear_fp8_op = torch.library.custom_op(op_name("linear_fp8"), mutates_args=(),
-                                        device_types="cuda")(_linear_fp8)
+linear_fp8_op = define_op("linear_fp8", _linear_fp8)
 
 
-@linear_fp8_op.register_fake
+@register_fake(linear_fp8_op)
 def _(a, b, bias, act, leaky_slope, save_preact, fmt, per_token, qw=None, sw=None):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
     torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
@@ -82,7 +83,7 @@ def _grads(ctx, gy):
     return (*(g if n else None for g, n in zip(grads[:3], needs)), *(None,) * 7)
 
 
-linear_fp8_op.register_autograd(lambda ctx, gy, gz: _grads(ctx, gy), setup_context=_setup)
+register_autograd(linear_fp8_op, lambda ctx, gy, gz: _grads(ctx, gy), setup_context=_setup)
 
 
 _LinearFp8Function = eager_function("_LinearFp8Function", _linear_fp8, _setup,

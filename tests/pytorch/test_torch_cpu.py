@@ -177,3 +177,39 @@ def test_eager_functions_bind_no_signature_per_call(monkeypatch):
     assert torch.equal(x.grad, torch.full((5,), 3.0))
     assert calls == []
     assert issubclass(fn, torch.autograd.Function) and fn.__name__ == "_Scale"
+
+
+OPS = ("gemm_bias_act", "gemm_bias_act_backward", "gemm_gated", "gemm_gated_backward",
+       "gated_mlp", "gated_mlp_backward", "mlp", "mlp_backward", "softmax",
+       "softmax_backward", "rms_norm", "rms_norm_backward", "layer_norm",
+       "layer_norm_backward", "cross_entropy", "quantize_fp8", "linear_fp8")
+
+
+def test_ops_are_defined_through_library_with_fake_and_cuda_kernels():
+    """torch.library.Library's define/impl (the dispatcher's cost per call), not
+    torch.library.custom_op (Python layers per call); each op has its CUDA implementation and
+    a fake one."""
+    from torch._library.custom_ops import OPDEFS
+    from torch._library.simple_registry import singleton
+
+    import ge2jit.torch  # noqa: F401 - defines the ops
+
+    for name in OPS:
+        qualname = f"ge2jit::{name}"
+        assert qualname not in OPDEFS, qualname
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"), qualname
+        assert singleton.find(qualname).fake_impl.kernel is not None, qualname
+
+
+def test_fake_tensors_take_the_ops_with_their_autograd():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import ge2jit.torch as gt
+
+    with FakeTensorMode():
+        a = torch.empty(8, 4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.empty(4, 6, device="cuda", dtype=torch.bfloat16)
+        y, z = gt.gemm_bias_act(a, b, act="gelu", save_preact=True)
+        assert y.shape == z.shape == (8, 6) and y.dtype == torch.bfloat16
+        assert "ge2jit_gemm_bias_act" in type(y.grad_fn).__name__
+        assert not z.requires_grad

@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import absent, eager_function, needs_grad, op_name, traced
+from ...runtime.torchlib import (
+    absent,
+    define_op,
+    eager_function,
+    needs_grad,
+    register_autograd,
+    register_fake,
+    traced,
+)
 from .op import cross_entropy as _xent
 from .op import scale_gradient
 
@@ -34,11 +42,10 @@ def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction
     return loss, absent(loss)
 
 
-cross_entropy_op = torch.library.custom_op(op_name("cross_entropy"), mutates_args=(),
-                                           device_types="cuda")(_cross_entropy)
+cross_entropy_op = define_op("cross_entropy", _cross_entropy)
 
 
-@cross_entropy_op.register_fake
+@register_fake(cross_entropy_op)
 def _(logits, targets, ignore_index, reduction, label_smoothing, compute_grad, check_targets):
     torch._check(logits.dim() == 2, lambda: f"logits: expected (rows, classes), got "
                                             f"{tuple(logits.shape)}")
@@ -79,7 +86,7 @@ def _grads_of_op(ctx, gloss, ggrad):
     return (grad * _factor(ctx, gloss).to(grad.dtype), *NO_GRADS)
 
 
-cross_entropy_op.register_autograd(_grads_of_op, setup_context=_setup)
+register_autograd(cross_entropy_op, _grads_of_op, setup_context=_setup)
 
 
 # --- eager mode ----------------------------------------------------------------------------

@@ -17,14 +17,16 @@ from ...runtime.torchlib import (
     absent,
     autocast_dtype,
     cast,
+    define_op,
     eager_function,
     is_master,
     kept_cast,
     lowered,
     lowered_like,
     needs_grad,
-    op_name,
     precision_for,
+    register_autograd,
+    register_fake,
     traced,
     weight_cast,
 )
@@ -80,11 +82,10 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, c: Tensor | None, act: str,
     return y, z, kept_cast(b, low, a)
 
 
-gemm_bias_act_op = torch.library.custom_op(op_name("gemm_bias_act"), mutates_args=(),
-                                           device_types="cuda")(_gemm)
+gemm_bias_act_op = define_op("gemm_bias_act", _gemm)
 
 
-@gemm_bias_act_op.register_fake
+@register_fake(gemm_bias_act_op)
 def _(a, b, bias, c, act, alpha, beta, leaky_slope, precision, save_preact):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
     torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
@@ -127,7 +128,7 @@ def _gemm_autograd(ctx, gy, gz, glow):
     return _gemm_grads(ctx, gy, torch.ops.ge2jit.gemm_bias_act_backward)
 
 
-gemm_bias_act_op.register_autograd(_gemm_autograd, setup_context=_forward_setup)
+register_autograd(gemm_bias_act_op, _gemm_autograd, setup_context=_forward_setup)
 
 
 # --- the backward --------------------------------------------------------------------------
@@ -147,11 +148,10 @@ def _gemm_backward(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, c: Ten
     return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias, g.c)]
 
 
-gemm_bias_act_backward_op = torch.library.custom_op(
-    op_name("gemm_bias_act_backward"), mutates_args=(), device_types="cuda")(_gemm_backward)
+gemm_bias_act_backward_op = define_op("gemm_bias_act_backward", _gemm_backward)
 
 
-@gemm_bias_act_backward_op.register_fake
+@register_fake(gemm_bias_act_backward_op)
 def _(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, precision, needs, b16=None):
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     shapes = ((a, (m, k)), (b, (k, n)), (bias, None), (c, None))
@@ -180,11 +180,10 @@ def _gated(a: Tensor, b: Tensor, bias: Tensor | None, act: str, alpha: float,
     return y, z, kept_cast(b, low, a)
 
 
-gemm_gated_op = torch.library.custom_op(op_name("gemm_gated"), mutates_args=(),
-                                        device_types="cuda")(_gated)
+gemm_gated_op = define_op("gemm_gated", _gated)
 
 
-@gemm_gated_op.register_fake
+@register_fake(gemm_gated_op)
 def _(a, b, bias, act, alpha, leaky_slope, precision, save_preact):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
     torch._check(a.shape[1] == b.shape[0], lambda: f"a, b: K mismatch, {a.shape} @ {b.shape}")
@@ -221,7 +220,7 @@ def _gated_autograd(ctx, gy, gz, glow):
     return _gated_grads(ctx, gy, torch.ops.ge2jit.gemm_gated_backward)
 
 
-gemm_gated_op.register_autograd(_gated_autograd, setup_context=_gated_setup)
+register_autograd(gemm_gated_op, _gated_autograd, setup_context=_gated_setup)
 
 
 def _gated_backward_impl(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None,
@@ -238,11 +237,10 @@ def _gated_backward_impl(gy: Tensor, a: Tensor, b: Tensor, bias: Tensor | None,
     return [x if x is not None else absent(gy) for x in (g.a, g.b, g.bias)]
 
 
-gemm_gated_backward_op = torch.library.custom_op(
-    op_name("gemm_gated_backward"), mutates_args=(), device_types="cuda")(_gated_backward_impl)
+gemm_gated_backward_op = define_op("gemm_gated_backward", _gated_backward_impl)
 
 
-@gemm_gated_backward_op.register_fake
+@register_fake(gemm_gated_backward_op)
 def _(gy, a, b, bias, z, act, alpha, leaky_slope, precision, needs, b16=None):
     out = []
     for x, want in zip((a, b, bias), needs):
@@ -276,11 +274,10 @@ def _gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Te
     return [y, h, z, kept_cast(gate_up, gate_up16, x), kept_cast(down, down16, x)]
 
 
-gated_mlp_op = torch.library.custom_op(op_name("gated_mlp"), mutates_args=(),
-                                       device_types="cuda")(_gated_mlp)
+gated_mlp_op = define_op("gated_mlp", _gated_mlp)
 
 
-@gated_mlp_op.register_fake
+@register_fake(gated_mlp_op)
 def _(x, gate_up, gate_up_bias, down, down_bias, act, precision, save):
     m = x.shape[0]
     y = x.new_empty((m, down.shape[0]))
@@ -324,7 +321,7 @@ def _gated_mlp_autograd(ctx, grads):
                             torch.ops.ge2jit.gemm_gated)
 
 
-gated_mlp_op.register_autograd(_gated_mlp_autograd, setup_context=_gated_mlp_setup)
+register_autograd(gated_mlp_op, _gated_mlp_autograd, setup_context=_gated_mlp_setup)
 
 
 def _gated_mlp_backward(gy: Tensor, x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None,
@@ -349,11 +346,10 @@ def _gated_mlp_backward(gy: Tensor, x: Tensor, gate_up: Tensor, gate_up_bias: Te
             g.bias if g.bias is not None else absent(gy)]
 
 
-gated_mlp_backward_op = torch.library.custom_op(
-    op_name("gated_mlp_backward"), mutates_args=(), device_types="cuda")(_gated_mlp_backward)
+gated_mlp_backward_op = define_op("gated_mlp_backward", _gated_mlp_backward)
 
 
-@gated_mlp_backward_op.register_fake
+@register_fake(gated_mlp_backward_op)
 def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs_x,
       gate_up16=None, down16=None):
     def like(t):
@@ -406,10 +402,10 @@ def _mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[
     return [h, *hs[:-1], *zs, *lows]
 
 
-mlp_op = torch.library.custom_op(op_name("mlp"), mutates_args=(), device_types="cuda")(_mlp)
+mlp_op = define_op("mlp", _mlp)
 
 
-@mlp_op.register_fake
+@register_fake(mlp_op)
 def _(x, weights, biases, has_bias, acts, leaky_slope, precision, save):
     names = _acts(acts, len(weights))
     m, hs, zs = x.shape[0], [], []
@@ -458,7 +454,7 @@ def _mlp_autograd(ctx, grads):   # grads: one per output of the list mlp returns
             None, None, None, None, None)
 
 
-mlp_op.register_autograd(_mlp_autograd, setup_context=_mlp_setup)
+register_autograd(mlp_op, _mlp_autograd, setup_context=_mlp_setup)
 
 
 def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor],
@@ -509,11 +505,10 @@ def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Ten
     return [gx if gx is not None else absent(gy), *gws, *(b for b in gbs if b is not None)]
 
 
-mlp_backward_op = torch.library.custom_op(op_name("mlp_backward"), mutates_args=(),
-                                          device_types="cuda")(_mlp_backward)
+mlp_backward_op = define_op("mlp_backward", _mlp_backward)
 
 
-@mlp_backward_op.register_fake
+@register_fake(mlp_backward_op)
 def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precision, needs_x,
       lows):
     gws = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights]

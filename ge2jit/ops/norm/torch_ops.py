@@ -15,7 +15,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import absent, eager_function, needs_grad, op_name, traced
+from ...runtime.torchlib import (
+    absent,
+    define_op,
+    eager_function,
+    needs_grad,
+    register_autograd,
+    register_fake,
+    traced,
+)
 from .op import layer_norm as _layer_norm
 from .op import layer_norm_backward as _layer_norm_backward
 from .op import rms_norm as _rms_norm
@@ -72,11 +80,10 @@ def _rms(x: Tensor, weight: Tensor | None, residual: Tensor | None,
     return y, absent(y) if h is None else h, rstd
 
 
-rms_norm_op = torch.library.custom_op(op_name("rms_norm"), mutates_args=(),
-                                      device_types="cuda")(_rms)
+rms_norm_op = define_op("rms_norm", _rms)
 
 
-@rms_norm_op.register_fake
+@register_fake(rms_norm_op)
 def _(x, weight, residual, eps):
     y = _like(x)
     return y, absent(y) if residual is None else _like(residual), _stats_like(x)
@@ -105,7 +112,7 @@ def _rms_backward_op_outputs(dy, h, weight, rstd, dh):
     return dx, dw if weight is not None else None
 
 
-rms_norm_op.register_autograd(_rms_autograd, setup_context=_rms_setup)
+register_autograd(rms_norm_op, _rms_autograd, setup_context=_rms_setup)
 
 
 def _rms_backward(dy: Tensor, h: Tensor, weight: Tensor | None, rstd: Tensor,
@@ -115,11 +122,10 @@ def _rms_backward(dy: Tensor, h: Tensor, weight: Tensor | None, rstd: Tensor,
     return g.dx, absent(g.dx) if g.dweight is None else g.dweight
 
 
-rms_norm_backward_op = torch.library.custom_op(
-    op_name("rms_norm_backward"), mutates_args=(), device_types="cuda")(_rms_backward)
+rms_norm_backward_op = define_op("rms_norm_backward", _rms_backward)
 
 
-@rms_norm_backward_op.register_fake
+@register_fake(rms_norm_backward_op)
 def _(dy, h, weight, rstd, dh):
     dx = _like(h)
     return dx, absent(dx) if weight is None else _like(weight)
@@ -140,11 +146,10 @@ def _ln(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor 
     return y, absent(y) if h is None else h, mean, rstd
 
 
-layer_norm_op = torch.library.custom_op(op_name("layer_norm"), mutates_args=(),
-                                        device_types="cuda")(_ln)
+layer_norm_op = define_op("layer_norm", _ln)
 
 
-@layer_norm_op.register_fake
+@register_fake(layer_norm_op)
 def _(x, weight, bias, residual, eps):
     y = _like(x)
     return (y, absent(y) if residual is None else _like(residual), _stats_like(x),
@@ -172,7 +177,7 @@ def _ln_backward_op_outputs(dy, h, weight, bias, mean, rstd, dh):
     return dx, dw if weight is not None else None, db if bias is not None else None
 
 
-layer_norm_op.register_autograd(_ln_autograd, setup_context=_ln_setup)
+register_autograd(layer_norm_op, _ln_autograd, setup_context=_ln_setup)
 
 
 def _ln_backward(dy: Tensor, h: Tensor, weight: Tensor | None, bias: Tensor | None,
@@ -184,11 +189,10 @@ def _ln_backward(dy: Tensor, h: Tensor, weight: Tensor | None, bias: Tensor | No
             absent(g.dx) if g.dbias is None else g.dbias)
 
 
-layer_norm_backward_op = torch.library.custom_op(
-    op_name("layer_norm_backward"), mutates_args=(), device_types="cuda")(_ln_backward)
+layer_norm_backward_op = define_op("layer_norm_backward", _ln_backward)
 
 
-@layer_norm_backward_op.register_fake
+@register_fake(layer_norm_backward_op)
 def _(dy, h, weight, bias, mean, rstd, dh):
     dx = _like(h)
     return (dx, absent(dx) if weight is None else _like(weight),

@@ -8,7 +8,11 @@ import torch
 from torch import Tensor
 
 from ...runtime.dtypes import as_fp8
-from ...runtime.torchlib import op_name, traced
+from ...runtime.torchlib import (
+    define_op,
+    register_fake,
+    traced,
+)
 from .op import quantize_fp8 as _forward
 
 
@@ -22,11 +26,10 @@ def _quantize(x: Tensor, fmt: str, per_row: bool) -> tuple[Tensor, Tensor]:
     return _forward(x, fmt=fmt, per_row=per_row)
 
 
-quantize_fp8_op = torch.library.custom_op(op_name("quantize_fp8"), mutates_args=(),
-                                          device_types="cuda")(_quantize)
+quantize_fp8_op = define_op("quantize_fp8", _quantize)
 
 
-@quantize_fp8_op.register_fake
+@register_fake(quantize_fp8_op)
 def _(x, fmt, per_row):
     q = torch.empty(x.shape, dtype=torch_format(fmt), device=x.device)
     return q, x.new_empty(tuple(x.shape[:-1]) if per_row else (), dtype=torch.float32)

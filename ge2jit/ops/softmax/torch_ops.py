@@ -11,7 +11,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import eager_function, needs_grad, op_name, traced
+from ...runtime.torchlib import (
+    define_op,
+    eager_function,
+    needs_grad,
+    register_autograd,
+    register_fake,
+    traced,
+)
 from .op import softmax as _forward
 from .op import softmax_backward as _backward
 
@@ -26,18 +33,16 @@ def _softmax_backward(dy: Tensor, y: Tensor, dim: int) -> Tensor:
     return _backward(dy, y, dim)
 
 
-softmax_op = torch.library.custom_op(op_name("softmax"), mutates_args=(),
-                                     device_types="cuda")(_softmax)
-softmax_backward_op = torch.library.custom_op(op_name("softmax_backward"), mutates_args=(),
-                                              device_types="cuda")(_softmax_backward)
+softmax_op = define_op("softmax", _softmax)
+softmax_backward_op = define_op("softmax_backward", _softmax_backward)
 
 
-@softmax_op.register_fake
+@register_fake(softmax_op)
 def _(x, dim):
     return x.new_empty(x.shape)
 
 
-@softmax_backward_op.register_fake
+@register_fake(softmax_backward_op)
 def _(dy, y, dim):
     torch._check(dy.shape == y.shape, lambda: f"y: expected dy's shape {tuple(dy.shape)}, "
                                               f"got {tuple(y.shape)}")
@@ -62,7 +67,7 @@ def _softmax_autograd(ctx, gy):
     return _grads(ctx, gy, torch.ops.ge2jit.softmax_backward)
 
 
-softmax_op.register_autograd(_softmax_autograd, setup_context=_setup)
+register_autograd(softmax_op, _softmax_autograd, setup_context=_setup)
 
 
 _SoftmaxFunction = eager_function("_SoftmaxFunction", _softmax, _setup,
