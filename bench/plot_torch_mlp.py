@@ -24,7 +24,11 @@ def plot(docs: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(docs), figsize=(6.5 * len(docs), 4.6), squeeze=False)
     for ax, doc in zip(axes[0], docs):
-        rows = doc["rows"]
+        # each row's times by implementation: under "ms" (a row also holds its comparisons),
+        # or the row itself (results written before the comparisons were)
+        rows = [{"tokens": r["tokens"], **r.get("ms", {k: v for k, v in r.items()
+                                                       if k != "tokens"})}
+                for r in doc["rows"]]
         names = [k for k in rows[0] if k != "tokens"]
         width = 0.8 / len(names)
         for i, name in enumerate(names):

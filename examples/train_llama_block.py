@@ -119,20 +119,23 @@ so that its blocks go first.
 d = 4096, 32 heads, hidden 11008, bfloat16 autocast over float32 parameters): the block's
 forward from the previous block's MLP output and the residual stream (its first norm fusing
 that add) to its own MLP output and stream, the backward from fixed upstream gradients of
-both (dX of the inputs included), and AdamW's step (``fused=True``) on its parameters. Seven
+both (dX of the inputs included), and AdamW's step (``fused=True``) on its parameters. Eight
 variants, each with its own block and optimizer: ge2jit eager, ge2jit with the step captured
 as a CUDA graph (replayed), the ge2jit block under ``torch.compile`` (default mode and
 "reduce-overhead"; its ops trace as custom ops, and Inductor fuses the PyTorch code around
-them: the rotary embedding, the casts), PyTorch eager, ``torch.compile`` (default mode) and
-``torch.compile(mode="reduce-overhead")`` of the PyTorch block. After ``--warmup`` steps of
+them: the rotary embedding, the casts), PyTorch eager, ``torch.compile`` (default mode),
+``torch.compile(mode="reduce-overhead")`` of the PyTorch block, and the PyTorch block's
+eager step captured with ``torch.cuda.graph`` the same way as ge2jit's (the peer of a
+captured step). After ``--warmup`` steps of
 each (compilation, capture), they are timed in turns: ``--rounds`` rounds, in each of which
 every variant (in an order rotated from round to round) runs ``--round-steps`` steps between
 two CUDA events after the GPU has gone idle; a variant's time is the median over the rounds
 of its time per step. Its peak memory is the most memory allocated from its construction
 through its warm-up (parameters, gradients, AdamW's state, activations, graph pools), beyond
 what was allocated before (the shared inputs). It prints a table and the ratios of ge2jit's
-times to PyTorch's; ``--json PATH`` writes them with the device's name, the date and the
-commit (``$GE2JIT_COMMIT``, else ``git rev-parse --short HEAD``). It takes one process.
+times to PyTorch's in the same mode; ``--json PATH`` writes them with the device's name, the
+date and the commit (``$GE2JIT_COMMIT``, else ``git rev-parse --short HEAD``). It takes one
+process.
 
 ``--bench-dp ddp|fsdp|none`` times one variant alone across the launcher's processes (at
 LLaMA-7B's block sizes by default, ``--batch`` x ``--seq`` tokens per GPU): ge2jit's block
@@ -580,13 +583,13 @@ VARIANTS = {
     "torch eager": ("torch", "eager"),
     "torch.compile": ("torch", "compile"),
     "torch.compile reduce-overhead": ("torch", "reduce-overhead"),
+    "torch graph": ("torch", "graph"),
 }
-#: (numerator, denominator) of the ratios ``--bench`` prints
-RATIOS = [("ge2jit graph", "torch eager"), ("ge2jit graph", "torch.compile"),
-          ("ge2jit graph", "torch.compile reduce-overhead"), ("ge2jit eager", "torch eager"),
-          ("ge2jit eager", "torch.compile"), ("ge2jit compile", "torch.compile"),
+#: (numerator, denominator) of the ratios ``--bench`` prints: like with like (eager with
+#: eager, compiled with compiled, a captured step with PyTorch's captured the same way)
+RATIOS = [("ge2jit eager", "torch eager"), ("ge2jit compile", "torch.compile"),
           ("ge2jit compile reduce-overhead", "torch.compile reduce-overhead"),
-          ("ge2jit compile reduce-overhead", "torch.compile")]
+          ("ge2jit graph", "torch graph"), ("ge2jit graph", "torch.compile reduce-overhead")]
 
 
 def block_step(impl: str, mode: str, inputs: tuple, *, d: int, heads: int, hidden: int,
