@@ -322,6 +322,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
+    vectorcallfunc vectorcall;
     int kind;
     int nsteps;
     Step steps[MAX_STEPS];
@@ -341,6 +342,7 @@ typedef struct {
 } Program;
 
 static PyTypeObject ProgramType;
+static PyObject *program_call(PyObject *, PyObject *const *, size_t, PyObject *);
 
 static void program_dealloc(Program *p) {
     for (int s = 0; s < p->nsteps; s++)
@@ -410,6 +412,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Program *p = (Program *)type->tp_alloc(type, 0);
     if (!p)
         return NULL;
+    p->vectorcall = program_call;
     p->kind = kind;
     p->overlap = Py_NewRef(overlap);
     p->stream = Py_NewRef(stream);
@@ -817,6 +820,50 @@ done:
     return result;
 }
 
+/* program(*args): the program on args as they are, with no signature: for a caller whose own
+   signature fixed the pattern (a prepared call that launches another op's prepared call). The
+   arrays' pointers are read by the program's kind; other arguments are left to the ops. */
+static PyObject *program_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    Program *p = (Program *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames && PyTuple_GET_SIZE(kwnames)) {
+        PyErr_SetString(PyExc_TypeError, "a program takes no keyword arguments");
+        return NULL;
+    }
+    if (nargs > MAX_ARGS) {
+        PyErr_Format(PyExc_TypeError, "a program takes at most %d arguments", MAX_ARGS);
+        return NULL;
+    }
+    uint64_t ptrs[MAX_ARGS] = {0};
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *x = args[i];
+        int k = kind_of(x);
+        if (k == KIND_NONE)
+            continue;
+        if (k == p->kind) {
+            if (array_ptr(x, k, &ptrs[i]) < 0)
+                return NULL;
+            continue;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+        if (k < 0 && (PyFloat_Check(x) || PyLong_Check(x) || PyUnicode_Check(x)))
+            continue;   /* a scalar or a name: read by the operations, if at all */
+        /* never a launch on a pointer not read */
+        PyErr_Format(PyExc_TypeError, "program argument %zd: expected an array of the "
+                     "program's framework, got %s", i, Py_TYPE(x)->tp_name);
+        return NULL;
+    }
+    PyObject *r = launch_program(p, args, nargs, ptrs, 0);
+    if (r == MISS) {   /* a scalar no double holds: no signature to fall back on */
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_OverflowError, "a scalar argument does not fit a double");
+        return NULL;
+    }
+    return r;
+}
+
 static PyObject *program_describe(Program *p, void *closure) {
     (void)closure;
     return Py_NewRef(p->describe);
@@ -833,9 +880,12 @@ static PyTypeObject ProgramType = {
     .tp_name = "ge2jit.jit._fastlaunch.Program",
     .tp_basicsize = sizeof(Program),
     .tp_dealloc = (destructor)program_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The launches of one prepared call, as parameter operations.",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The launches of one prepared call, as parameter operations; program(*args) "
+              "runs them on args with no signature check.",
     .tp_new = program_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Program, vectorcall),
     .tp_getset = program_getset,
 };
 

@@ -102,8 +102,32 @@ def _load():
                      "launch from Python", _state["reason"])
         if module is not None:
             module.set_miss(MISS)
+            _register_known(module)
         _state["module"] = module
         return module
+
+
+def _register_known(module) -> None:
+    """The array types every program of a framework reads: CuPy's ndarray, PyTorch's Tensor
+    and Parameter (where imported); other types (subclasses) are registered by the first
+    call that stores a program for them (``Table.put``)."""
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        module.register_type(cupy.ndarray, _KINDS["cupy"])
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        for t in (torch.Tensor, torch.nn.Parameter):
+            module.register_type(t, _KINDS["torch"])
+
+
+def register(array_type: type, framework: str) -> None:
+    """Read arrays of ``array_type`` as ``framework``'s ("cupy" or "torch"), once the C
+    module is loaded (loading it registers the frameworks imported by then)."""
+    module = _state.get("module")
+    if module is not None:
+        module.register_type(array_type, _KINDS[framework])
 
 
 def _import_or_build(settings):

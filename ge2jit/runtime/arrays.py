@@ -24,6 +24,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
+from ..jit import fastlaunch
 from .checks import not_an_array, not_on_cuda
 from .dtypes import FP8_DTYPES
 
@@ -184,6 +185,8 @@ class TorchFramework(Framework):
 
         self.torch = torch
         self.ptr = torch.Tensor.data_ptr
+        for t in (torch.Tensor, torch.nn.Parameter):   # the compiled launch path's programs
+            fastlaunch.register(t, "torch")
         self._to_numpy = _torch_dtypes()
         self._to_torch = {v: k for k, v in self._to_numpy.items()}
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)

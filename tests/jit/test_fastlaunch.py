@@ -267,3 +267,29 @@ def test_a_bad_launch_setting_is_one_line(tmp_path):
     with pytest.raises(SettingsError, match="^GE2JIT_LAUNCH: expected compiled or python, "
                                             "got 'fast'$"):
         Settings(cache_dirs=(tmp_path,), nvrtc_path=None, launch_text="fast").check()
+
+
+def test_a_program_called_directly_reads_its_frameworks_arrays_only(compiled):
+    """``program(*args)``: for a caller whose own signature fixed the pattern. It refuses an
+    argument it cannot read a pointer from, rather than launch on a null pointer."""
+    seen = []
+
+    def overlap(ptrs):
+        seen.append(ptrs)
+        raise ValueError("out: overlaps a")
+
+    program = _program(pairs=[(1, 0, 64, 0, 0, 64, False)], overlap=overlap)
+    fl.register(Array, "cupy")
+
+    class Unknown:
+        pass
+
+    with pytest.raises(TypeError, match="program argument 1: expected an array of the "
+                                        "program's framework, got Unknown"):
+        program(Array(0x1000), Unknown(), "x", 2.0)
+    with pytest.raises(ValueError, match="out: overlaps a"):
+        program(Array(0x1000), Array(0x1020), "x", 2.0)
+    assert seen[0][:2] == (0x1000, 0x1020)
+    if fl._state["module"].driver() is not None:   # no GPU driver here: up to the launch
+        with pytest.raises(RuntimeError, match="CUDA driver could not be loaded"):
+            program(Array(0x1000), Array(0x3000), "x", 2.0)

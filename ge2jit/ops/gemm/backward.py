@@ -425,7 +425,7 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         call = gemms[0]
         if call is not None:
             sums = new_f32(sums_shape[0]) if sums_shape[0] else None
-            return call(x, w, sums, aux, alpha, 1.0, slope, None, None), sums
+            return op.run_prepared(call, x, w, sums, aux, alpha, 1.0, slope), sums
         if gate[2]:   # a gated linear unit's pre-activations' gradient (sums by a pass)
             out, gemms[0] = op.glu_grad_gemm(x, w.T, aux, gate[0], alpha, slope, precision)
             return out, None
@@ -443,13 +443,13 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
         if i == 1 and b_transposed:   # dB.T = dZ.T @ A
             call = gemms[1]
             if call is not None:
-                return call(w, x, None, None, alpha, 0.0, 0.01, None, None).T
+                return op.run_prepared(call, w, x, None, None, alpha, 0.0, 0.01).T
             out, gemms[1] = op.gemm_and_prepared(w.T, x, alpha=alpha, precision=precision,
                                                  out_dtype=db_name)
             return out.T
         call = gemms[i]
         if call is not None:
-            return call(x, w, None, None, alpha, 0.0, 0.01, None, None)
+            return op.run_prepared(call, x, w, None, None, alpha, 0.0, 0.01)
         x_t, w_t = (x, w.T) if i == 0 else (x.T, w)
         out, gemms[i] = op.gemm_and_prepared(x_t, w_t, alpha=alpha, precision=precision,
                                              out_dtype=db_name if i == 1 else None)

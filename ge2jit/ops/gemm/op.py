@@ -178,6 +178,20 @@ def _program(plan: Plan, p: Problem, save_z: bool, y, z, guard, fw: Framework, n
                               fastlaunch.launch_failed(plan.main.spec.kernel_name), returns)
 
 
+def run_prepared(call, a, b, bias, c, alpha, beta, leaky_slope):
+    """``call(a, b, bias, c, alpha, beta, leaky_slope, None, None)`` (a prepared call of
+    ``gemm_and_prepared``, ``gated_gemm`` or ``glu_grad_gemm``, for arrays of its pattern):
+    its program in C where it has one, else the Python call (which also says what is wrong
+    with a scalar that no double holds)."""
+    program = call.program
+    if program is not None:
+        try:
+            return program(a, b, bias, c, None, None, None, alpha, beta, leaky_slope)
+        except OverflowError:
+            pass
+    return call(a, b, bias, c, alpha, beta, leaky_slope, None, None)
+
+
 def _with_scales(call, p: Problem, ptr):
     """``_prepare``'s call of 8-bit inputs: it takes their scales and amax after the other
     arguments (host scales checked again) and gives the kernel its ``fp8_params``."""
