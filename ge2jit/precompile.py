@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ArgumentValueError, CacheNotWritableError
+from .jit.fastlaunch import build_into_cache
 from .jit.nvrtc import check_archs
 from .jit.parallel import CompileOutcome, compile_many
 from .runtime.registry import warmup_tables
@@ -304,6 +305,8 @@ def warmup(config: str | Path, *, archs=None, processes: int | None = None,
     as ``"sm_90a"`` or a list). ``config`` "-" reads the file from standard input.
     ``progress``: a bar on a terminal, a line at every tenth of the kernels elsewhere. Returns
     a summary; failures (with each kernel's name and NVRTC log) are in ``summary.failed``.
+    The compiled launch path's C module is built into the cache too (where the install has
+    none and a C compiler is present), so that a job started on this cache builds nothing.
     """
     plan = load(config, archs=archs, from_tuning_db=from_tuning_db, sms=sms)
     _check_cache_writable()
@@ -329,5 +332,6 @@ def warmup(config: str | Path, *, archs=None, processes: int | None = None,
     finally:
         if bar is not None:
             bar.close()
+    build_into_cache()   # the compiled launch path's C module, beside the kernels
     summary.seconds = time.perf_counter() - t0
     return summary

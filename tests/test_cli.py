@@ -59,8 +59,11 @@ def test_warmup_compiles_then_finds_everything_cached(tmp_path):
     # 2 acts x (pipelined: aligned and unaligned variants; tiled: one) = 6 kernels
     assert "6 compiled, 0 already cached, 0 failed" in r.stdout
     assert valid_entries(tmp_path / "c") == (6, 0)
+    # the compiled launch path's module beside the kernels: a job on this cache builds nothing
+    (module,) = (tmp_path / "c" / "launch").glob("_fastlaunch-*")
     again = ge2jit(["warmup", str(cfg), "--no-progress"], tmp_path / "c")
     assert again.returncode == 0 and "0 compiled, 6 already cached, 0 failed" in again.stdout
+    assert list((tmp_path / "c" / "launch").iterdir()) == [module]
 
 
 def test_arch_option_overrides_the_file(tmp_path):

@@ -172,6 +172,30 @@ def _temporary() -> Path:
     return Path(tempfile.mkdtemp(prefix="ge2jit-launch-"))
 
 
+def build_into_cache() -> Path | None:
+    """Build the C module into the first cache directory unless a cache directory (or the
+    install) has it: a warm-up leaves a cache from which a job starts without a compiler.
+    The module's path, or None where it is not wanted (``GE2JIT_LAUNCH=python``, the disk
+    cache disabled) or cannot be built (the reason is logged)."""
+    from ..settings import get_settings
+
+    settings = get_settings()
+    if settings.launch == "python" or settings.disable_cache:
+        return None
+    prebuilt = importlib.util.find_spec("ge2jit.jit._fastlaunch")
+    if prebuilt is not None:
+        return Path(prebuilt.origin)
+    path, dirs = _built(settings)
+    if path is None:
+        path = dirs[0] / _module_name()
+        try:
+            cbuild.build(path)
+        except (RuntimeError, OSError) as e:
+            log.info("ge2jit: the compiled launch path was not built into the cache (%s)", e)
+            return None
+    return path
+
+
 def available() -> bool:
     """Whether the C module is in use (loads or builds it at the first question)."""
     return _load() is not None
