@@ -12,13 +12,15 @@ where it is used, never at import.
 | GE2JIT_CACHE_MAX_SIZE  | size cap of the kernel cache, at least 1MiB (2GB: 2 * 10**9      |
 |                        | bytes, 2GiB: 2 * 2**30); least recently used out                |
 | GE2JIT_FLOAT32_PRECISION | default ``precision`` of float32 GEMMs: ieee, tf32 or tf32x3 |
+| GE2JIT_LINEINFO        | 1: compile kernels with line information (-lineinfo), for      |
+|                        | profilers and compute-sanitizer; part of the kernels' cache key |
 | GE2JIT_LAUNCH          | how prepared calls launch: compiled (default: the C launch path, |
 |                        | built with the machine's C compiler where the install has none) |
 |                        | or python (the pure-Python path)                                |
 
-The switches (GE2JIT_DISABLE_CACHE, GE2JIT_SAVE_SOURCE) take 1/0, true/false, yes/no, on/off in
-any case, empty meaning unset; GE2JIT_VERBOSE also 2 (or debug). Anything else is an error, not
-"on": a typo must not silently change what ge2jit does.
+The switches (GE2JIT_DISABLE_CACHE, GE2JIT_SAVE_SOURCE, GE2JIT_LINEINFO) take 1/0,
+true/false, yes/no, on/off in any case, empty meaning unset; GE2JIT_VERBOSE also 2 (or debug).
+Anything else is an error, not "on": a typo must not silently change what ge2jit does.
 """
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ class Settings:
             first, the others are read only (a shared, warmed cache).
         nvrtc_path: the libnvrtc to load, or None to choose one.
         disable_cache_text, save_source_text, verbose_text, cache_max_size_text,
-            float32_precision_text, launch_text: the variables as given; the properties of
-            the same names without ``_text`` parse them.
+            float32_precision_text, launch_text, lineinfo_text: the variables as given; the
+            properties of the same names without ``_text`` parse them.
     """
 
     cache_dirs: tuple[Path, ...]
@@ -98,6 +100,7 @@ class Settings:
     cache_max_size_text: str = ""
     float32_precision_text: str = ""
     launch_text: str = ""
+    lineinfo_text: str = ""
 
     @property
     def cache_dir(self) -> Path:
@@ -187,6 +190,16 @@ class Settings:
         return text
 
     @cached_property
+    def lineinfo(self) -> bool:
+        """GE2JIT_LINEINFO: compile kernels with line information (a compile option, so part
+        of every kernel's cache key).
+
+        Raises:
+            SettingsError: the variable is not a switch's value.
+        """
+        return parse_flag("GE2JIT_LINEINFO", self.lineinfo_text)
+
+    @cached_property
     def launch(self) -> str:
         """How prepared calls launch: "compiled" (the C launch path where it can be loaded or
         built, else the Python path, saying why) or "python".
@@ -208,7 +221,7 @@ class Settings:
             SettingsError: the first variable that cannot be used.
         """
         for name in ("disable_cache", "save_source", "verbose", "cache_max_size",
-                     "float32_precision", "launch", "nvrtc_library"):
+                     "float32_precision", "launch", "lineinfo", "nvrtc_library"):
             getattr(self, name)
 
 
@@ -232,6 +245,7 @@ def get_settings() -> Settings:
         cache_max_size_text=os.environ.get("GE2JIT_CACHE_MAX_SIZE", ""),
         float32_precision_text=os.environ.get("GE2JIT_FLOAT32_PRECISION", ""),
         launch_text=os.environ.get("GE2JIT_LAUNCH", ""),
+        lineinfo_text=os.environ.get("GE2JIT_LINEINFO", ""),
     )
     # A bad GE2JIT_VERBOSE logs nothing here (this never raises); the kernel cache reads
     # ``verbose`` when it is made, which raises at the first compile or cache command.

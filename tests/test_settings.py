@@ -119,7 +119,8 @@ def test_a_cap_smaller_than_a_kernel_is_refused(env, value):
     assert get_settings().cache_max_size == 2 ** 20
 
 
-@pytest.mark.parametrize("name", ["GE2JIT_DISABLE_CACHE", "GE2JIT_SAVE_SOURCE"])
+@pytest.mark.parametrize("name", ["GE2JIT_DISABLE_CACHE", "GE2JIT_SAVE_SOURCE",
+                                  "GE2JIT_LINEINFO"])
 @pytest.mark.parametrize("value, on", [
     ("1", True), ("true", True), ("YES", True), ("On", True), (" 1 ", True),
     ("0", False), ("false", False), ("No", False), ("OFF", False), ("", False), ("  ", False),
@@ -130,7 +131,8 @@ def test_switches_take_the_documented_values(env, name, value, on):
     assert getattr(get_settings(), attribute) is on
 
 
-@pytest.mark.parametrize("name", ["GE2JIT_DISABLE_CACHE", "GE2JIT_SAVE_SOURCE"])
+@pytest.mark.parametrize("name", ["GE2JIT_DISABLE_CACHE", "GE2JIT_SAVE_SOURCE",
+                                  "GE2JIT_LINEINFO"])
 @pytest.mark.parametrize("value", ["maybe", "2", "enabled", "y", "-1"])
 def test_a_switch_with_another_value_is_an_error_not_on(env, name, value):
     env(**{name: value})

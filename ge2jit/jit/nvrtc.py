@@ -383,9 +383,12 @@ class CompileResult:
 
 
 def compile_options(arch: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The options that define the machine code (part of the cache key; no paths)."""
+    """The options that define the machine code (part of the cache key; no paths).
+    ``GE2JIT_LINEINFO=1`` adds ``--generate-line-info`` (source lines in the cubin, for
+    profilers and compute-sanitizer; the code itself is the same)."""
+    lineinfo = ("--generate-line-info",) if get_settings().lineinfo else ()
     return (f"--gpu-architecture={normalize_arch(arch)}", "-std=c++17",
-            "--ptxas-options=-v", *extra)
+            "--ptxas-options=-v", *lineinfo, *extra)
 
 
 def _whole_cubin(prog: int, from_cupy: bytes) -> bytes:

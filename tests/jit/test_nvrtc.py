@@ -57,6 +57,27 @@ def test_compile_without_gpu_gives_cubin_and_report(arch):
     assert r.compile_seconds > 0
 
 
+def test_lineinfo_is_a_compile_option_and_so_in_the_cache_key(monkeypatch):
+    """GE2JIT_LINEINFO=1: the cubin carries source lines (for profilers and
+    compute-sanitizer); its options, which the cache key hashes, say so."""
+    from ge2jit.settings import reload_settings
+
+    plain = nvrtc.compile_to_cubin(SAXPY, "saxpy", "sm_90")
+    monkeypatch.setenv("GE2JIT_LINEINFO", "1")
+    reload_settings()
+    try:
+        lined = nvrtc.compile_to_cubin(SAXPY, "saxpy", "sm_90")
+        assert "--generate-line-info" in nvrtc.compile_options("sm_90")
+    finally:
+        monkeypatch.delenv("GE2JIT_LINEINFO")
+        reload_settings()
+    assert "--generate-line-info" not in nvrtc.compile_options("sm_90")
+    assert lined.options == (*plain.options[:3], "--generate-line-info", *plain.options[3:])
+    assert b".nv_debug_line_sass" in lined.cubin or b".debug_line" in lined.cubin
+    assert b".debug_line" not in plain.cubin
+    assert lined.resources.registers == plain.resources.registers
+
+
 def test_compile_error_carries_name_log_and_source():
     bad = SAXPY.replace("a * x[i]", "a * undefined_thing[i]")
     with pytest.raises(ge2jit.KernelCompileError) as info:
