@@ -130,23 +130,31 @@ def register(array_type: type, framework: str) -> None:
         module.register_type(array_type, _KINDS[framework])
 
 
+def _locate(settings, build: bool) -> Path | None:
+    """The C module's file: the install's prebuilt one, else one a cache directory holds;
+    else, with ``build``, one built now into the first cache directory (None without one:
+    the disk cache disabled). Raises the build's RuntimeError or OSError."""
+    prebuilt = importlib.util.find_spec("ge2jit.jit._fastlaunch")
+    if prebuilt is not None:
+        return Path(prebuilt.origin)
+    dirs = [] if settings.disable_cache else [d / "launch" for d in settings.cache_dirs]
+    name = f"_fastlaunch-{cbuild.source_hash()}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    found = next((d / name for d in dirs if (d / name).is_file()), None)
+    if found is not None or not build or not dirs:
+        return found
+    log.info("ge2jit: building the compiled launch path into %s", dirs[0])
+    cbuild.build(dirs[0] / name)
+    return dirs[0] / name
+
+
 def _import_or_build(settings):
-    try:   # a wheel's prebuilt module (a source tree has none)
-        prebuilt = importlib.import_module("ge2jit.jit._fastlaunch")
-    except ImportError:
-        pass
-    else:
-        _state["where"] = Path(prebuilt.__file__)
-        return prebuilt
-    path, dirs = _built(settings)
+    try:
+        path = _locate(settings, build=True)
+    except OSError:   # the cache directory cannot be written: this process's own copy
+        path = None
     if path is None:
-        path = (dirs[0] if dirs else _temporary()) / _module_name()
-        log.info("ge2jit: building the compiled launch path into %s", path)
-        try:
-            cbuild.build(path)
-        except OSError:   # the cache directory cannot be written: this process's own copy
-            path = _temporary() / _module_name()
-            cbuild.build(path)
+        path = Path(tempfile.mkdtemp(prefix="ge2jit-launch-")) / "_fastlaunch.so"
+        cbuild.build(path)
     loader = importlib.machinery.ExtensionFileLoader("ge2jit.jit._fastlaunch", str(path))
     spec = importlib.util.spec_from_file_location("ge2jit.jit._fastlaunch", path,
                                                   loader=loader)
@@ -154,22 +162,6 @@ def _import_or_build(settings):
     loader.exec_module(module)
     _state["where"] = path
     return module
-
-
-def _module_name() -> str:
-    return f"_fastlaunch-{cbuild.source_hash()}{sysconfig.get_config_var('EXT_SUFFIX')}"
-
-
-def _built(settings):
-    """(the module built into a cache directory before, or None; the cache directories'
-    ``launch`` folders, the first of which a build goes to)."""
-    dirs = [] if settings.disable_cache else [d / "launch" for d in settings.cache_dirs]
-    name = _module_name()
-    return next((d / name for d in dirs if (d / name).is_file()), None), dirs
-
-
-def _temporary() -> Path:
-    return Path(tempfile.mkdtemp(prefix="ge2jit-launch-"))
 
 
 def build_into_cache() -> Path | None:
@@ -180,20 +172,13 @@ def build_into_cache() -> Path | None:
     from ..settings import get_settings
 
     settings = get_settings()
-    if settings.launch == "python" or settings.disable_cache:
+    if settings.launch == "python":
         return None
-    prebuilt = importlib.util.find_spec("ge2jit.jit._fastlaunch")
-    if prebuilt is not None:
-        return Path(prebuilt.origin)
-    path, dirs = _built(settings)
-    if path is None:
-        path = dirs[0] / _module_name()
-        try:
-            cbuild.build(path)
-        except (RuntimeError, OSError) as e:
-            log.info("ge2jit: the compiled launch path was not built into the cache (%s)", e)
-            return None
-    return path
+    try:
+        return _locate(settings, build=True)
+    except (RuntimeError, OSError) as e:
+        log.info("ge2jit: the compiled launch path was not built into the cache (%s)", e)
+        return None
 
 
 def available() -> bool:
@@ -213,8 +198,7 @@ def launch_path(build: bool = True) -> dict:
         settings = get_settings()
         if settings.launch == "python":
             return {"path": "python", "module": None, "reason": "GE2JIT_LAUNCH=python"}
-        prebuilt = importlib.util.find_spec("ge2jit.jit._fastlaunch")
-        path = Path(prebuilt.origin) if prebuilt is not None else _built(settings)[0]
+        path = _locate(settings, build=False)
         if path is None:
             return {"path": "compiled", "module": None,
                     "reason": "not built yet: the first call builds it with the machine's C "
