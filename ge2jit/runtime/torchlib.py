@@ -38,7 +38,9 @@ def define_op(name: str, fn) -> torch._ops.OpOverload:
     global _library
     if _library is None:
         _library = torch.library.Library(NAMESPACE, "FRAGMENT")
-    _library.define(name + torch.library.infer_schema(fn, mutates_args=()))
+    # tagged as torch.library.custom_op tags its ops: fit for torch.compile
+    _library.define(name + torch.library.infer_schema(fn, mutates_args=()),
+                    tags=(torch.Tag.pt2_compliant_tag,))
     _library.impl(name, fn, "CUDA")
     return getattr(getattr(torch.ops, NAMESPACE), name).default
 

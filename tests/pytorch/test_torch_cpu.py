@@ -199,6 +199,8 @@ def test_ops_are_defined_through_library_with_fake_and_cuda_kernels():
         assert qualname not in OPDEFS, qualname
         assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"), qualname
         assert singleton.find(qualname).fake_impl.kernel is not None, qualname
+        op = getattr(torch.ops.ge2jit, name).default
+        assert torch.Tag.pt2_compliant_tag in op.tags, qualname
 
 
 def test_fake_tensors_take_the_ops_with_their_autograd():
