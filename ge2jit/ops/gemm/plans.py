@@ -200,12 +200,17 @@ class Plan:
         than these. ``args``: the call's argument index of each of a, b, c, bias, out,
         preact_out, alpha, beta and leaky_slope; ``ptrs``: the first call's pointers by the
         same names (what tensor maps are encoded for)."""
-        if (self._staging is not None or self._reduce is not None or self._amax is not None
-                or self.main.spec.dtype.is_fp8):
+        if not self._one_launch():
             return None
         values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
                               save_z)
         return [step(self._main, self.grid, self.block, self.smem, values)]
+
+    def _one_launch(self) -> bool:
+        """Whether a call is this plan's kernel alone: no staging, no split of K, no amax
+        zeroed first, no 8-bit scales (what a program describes)."""
+        return (self._staging is None and self._reduce is None and self._amax is None
+                and not self.main.spec.dtype.is_fp8)
 
     def _values(self, args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c, save_z):
         return {"A": Ptr(args["a"]), "B": Ptr(args["b"]), "C": Ptr(args["c"]) if use_c else 0,
@@ -270,7 +275,7 @@ class TmaPlan(Plan):
         self._c_map = ((ep.c_dtype.value, 128 // ep.c_dtype.itemsize, ep.c_dtype.itemsize)
                        if spec.c_tma else None)
 
-    def _map_blobs(self, A, lda, B, ldb, C, ldc, Y, ldy, Z, M_, N_, K_, ldz) -> dict:
+    def _map_blobs(self, *, A, lda, B, ldb, C, ldc, Y, ldy, Z, ldz, M_, N_, K_) -> dict:
         """The tensor maps of one call's operands, by parameter name."""
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
         if a_kmajor:
@@ -299,7 +304,8 @@ class TmaPlan(Plan):
                    **fp8) -> None:
         """The GEMM launch (``_gemm``): the tensor maps of this call's operands, then the
         kernel (``fp8``: the ``fp8_params`` of 8-bit inputs)."""
-        maps = self._map_blobs(A, lda, B, ldb, C, ldc, Y, ldy, Z, M_, N_, K_, ldz)
+        maps = self._map_blobs(A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, Y=Y, ldy=ldy, Z=Z,
+                               ldz=ldz, M_=M_, N_=N_, K_=K_)
         self._kernel(stream_ptr, **maps, A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias,
                      bias_stride=bias_stride, Y=Y, ldy=ldy, Z=Z, ldz=ldz, M_=M_, N_=N_, K_=K_,
                      alpha_=alpha_, beta_=beta_, leaky_slope_=leaky_slope_,
@@ -307,13 +313,12 @@ class TmaPlan(Plan):
 
     def program_steps(self, args: dict, ptrs: dict, lda, ldb, ldc, bias_stride, ldy, ldz, m,
                       n, k, use_c: bool, save_z: bool):
-        if (self._staging is not None or self._reduce is not None
-                or self.main.spec.dtype.is_fp8):
+        if not self._one_launch():
             return None
         c = ptrs["c"] if use_c else 0
         z = ptrs["preact_out"] if save_z else 0
-        blobs = self._map_blobs(ptrs["a"], lda, ptrs["b"], ldb, c, ldc, ptrs["out"], ldy, z,
-                                m, n, k, ldz)
+        blobs = self._map_blobs(A=ptrs["a"], lda=lda, B=ptrs["b"], ldb=ldb, C=c, ldc=ldc,
+                                Y=ptrs["out"], ldy=ldy, Z=z, ldz=ldz, M_=m, N_=n, K_=k)
         sources = {"tma_a": "a", "tma_b": "b", "tma_c": "c", "tma_y": "out",
                    "tma_z": "preact_out" if z else "out"}
         values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
