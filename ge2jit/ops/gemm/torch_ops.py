@@ -10,6 +10,9 @@ by ``ge2jit.torch``.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -362,20 +365,55 @@ def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs
 
 # --- a chained stack of layers -------------------------------------------------------------
 
-def _spread(biases, has_bias) -> list:
-    """One bias or None per layer, from the present biases and the flags (custom ops take
-    no gradient through a list of optional tensors)."""
-    torch._check(len(biases) == sum(has_bias),
-                 lambda: f"biases: {len(biases)} given for {sum(has_bias)} layers with a bias")
-    found = iter(biases)
-    return [next(found) if has else None for has in has_bias]
+class _Chain(NamedTuple):
+    """What a stack's non-tensor arguments fix, made once per pattern (``_chain``): each
+    layer's activation, where its backward takes act' from ("z", "y" or "none",
+    ``_source_kind``), and the index of its bias among the present biases (-1: none)."""
+
+    names: tuple
+    kinds: tuple
+    bias_at: tuple
+    leaky_slope: float
 
 
-def _acts(acts: str, layers: int) -> list[str]:
-    names = acts.split(",")
+@functools.lru_cache(maxsize=256)
+def _chain(acts: str, has_bias: tuple, layers: int, leaky_slope: float,
+           present: int) -> _Chain:
+    """The pattern of a stack of ``layers`` layers (``acts``: their comma-separated
+    activations; ``has_bias``: which have a bias, ``present`` of which are given)."""
+    names = tuple(acts.split(","))
     torch._check(len(names) == layers,
                  lambda: f"acts: expected {layers} comma-separated names, got {acts!r}")
-    return names
+    torch._check(len(has_bias) == layers and present == sum(has_bias),
+                 lambda: f"biases: {present} given for {sum(has_bias)} layers with a bias")
+    found, bias_at = 0, []
+    for has in has_bias:
+        bias_at.append(found if has else -1)
+        found += bool(has)
+    return _Chain(names, tuple(_source_kind(a, leaky_slope) for a in names), tuple(bias_at),
+                  leaky_slope)
+
+
+def _chain_of(acts: str, has_bias, layers: int, leaky_slope: float, present: int) -> _Chain:
+    return _chain(acts, tuple(bool(h) for h in has_bias), layers, leaky_slope, present)
+
+
+def _layers(x: Tensor, weights, biases, chain: _Chain, precision: str | None, save: bool):
+    """The stack's forward: ``(Y, [H_1 .. H_L], [Z_l or None], [W16_l or None])`` (``biases``:
+    the present ones; ``H_L`` is Y; Z kept with ``save`` where the backward takes act' from
+    it; W16 the casts of master weights)."""
+    h, hs, zs, lows = x, [], [], []
+    slope = chain.leaky_slope
+    for w, at, act, kind in zip(weights, chain.bias_at, chain.names, chain.kinds):
+        keep_z = save and kind == "z"
+        low = lowered(w, x)
+        out = _forward(h, low.t(), None if at < 0 else biases[at], act=act, leaky_slope=slope,
+                       save_preact=keep_z, precision=precision)
+        h, z = out if keep_z else (out, None)
+        hs.append(h)
+        zs.append(z)
+        lows.append(low if low is not w else None)
+    return h, hs, zs, lows
 
 
 def _mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[bool],
@@ -385,21 +423,12 @@ def _mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], has_bias: list[
     layers whose ``has_bias`` is true, in order); without ``save`` only ``[Y]``. ``Z_l`` is
     empty where the backward takes act' from the layer's output or needs none; ``W16_l`` is
     the cast of float32 master weights of a 16-bit ``x``, as ``_gemm``'s (else empty)."""
-    names = _acts(acts, len(weights))
-    biases = _spread(biases, has_bias)
-    h, hs, zs, lows = x, [], [], []
-    for w, bias, act in zip(weights, biases, names):
-        keep_z = save and _source_kind(act, leaky_slope) == "z"
-        low = lowered(w, x)
-        out = _forward(h, low.t(), bias, act=act, leaky_slope=leaky_slope, save_preact=keep_z,
-                       precision=precision)
-        h, z = out if keep_z else (out, absent(out))
-        hs.append(h)
-        zs.append(z)
-        lows.append(kept_cast(w, low, x))
+    chain = _chain_of(acts, has_bias, len(weights), leaky_slope, len(biases))
+    h, hs, zs, lows = _layers(x, weights, biases, chain, precision, save)
     if not save:
         return [h]
-    return [h, *hs[:-1], *zs, *lows]
+    return [h, *hs[:-1], *(z if z is not None else absent(h) for z in zs),
+            *(w if w is not None else absent(x) for w in lows)]
 
 
 mlp_op = define_op("mlp", _mlp)
@@ -407,13 +436,12 @@ mlp_op = define_op("mlp", _mlp)
 
 @register_fake(mlp_op)
 def _(x, weights, biases, has_bias, acts, leaky_slope, precision, save):
-    names = _acts(acts, len(weights))
+    chain = _chain_of(acts, has_bias, len(weights), leaky_slope, len(biases))
     m, hs, zs = x.shape[0], [], []
-    for w, act in zip(weights, names):
+    for w, kind in zip(weights, chain.kinds):
         h = x.new_empty((m, w.shape[0]))
         hs.append(h)
-        zs.append(torch.empty_like(h) if save and _source_kind(act, leaky_slope) == "z"
-                  else absent(h))
+        zs.append(torch.empty_like(h) if save and kind == "z" else absent(h))
     if not save:
         return [hs[-1]]
     return [hs[-1], *hs[:-1], *zs, *(lowered_like(w, x) for w in weights)]
@@ -431,8 +459,8 @@ def _mlp_setup(ctx, inputs, output):
 
 def _mlp_grads(ctx, gy, backward, forward):
     """``(dX, [dW_l], [the biases' gradients])`` of ``_mlp``, by ``backward`` (the backward
-    op, or in eager mode its implementation). Called without ``save``, the forward kept only
-    Y: ``forward`` (the op or its implementation) recomputes the layers' outputs and Z."""
+    op). Called without ``save``, the forward kept only Y: ``forward`` (the op) recomputes the
+    layers' outputs and Z."""
     acts, leaky_slope, precision, layers, nb = ctx.scalars
     saved = list(ctx.saved_tensors)
     x, weights, biases = saved[0], saved[1:1 + layers], saved[1 + layers:1 + layers + nb]
@@ -457,6 +485,50 @@ def _mlp_autograd(ctx, grads):   # grads: one per output of the list mlp returns
 register_autograd(mlp_op, _mlp_autograd, setup_context=_mlp_setup)
 
 
+def _chain_backward(gy, x, weights, biases, outputs, zs, chain: _Chain, precision, needs_x,
+                    lows):
+    """``(dX or None, [dW_l], [dBias_l or None])`` of the stack (``biases``: the present ones;
+    ``outputs``: H_1 .. H_L; ``zs``, ``lows``: per layer, None or empty where absent). Each
+    layer's dA is formed by its GEMM's epilogue as the gradient of the previous layer's
+    pre-activation, with that layer's bias gradient (``a_act``, ``a_z``, ``a_bias``)."""
+    layers = len(weights)
+    names, kinds, bias_at, slope = chain
+    gws, gbs = [None] * layers, [None] * layers
+    g, act = gy, names[-1]   # g: dL/dY of the last layer, then dL/dZ of each layer below
+    kind = kinds[-1]
+    src_z = zs[-1] if kind == "z" else None
+    src_y = outputs[-1] if kind == "y" else None
+    gx = None
+    for i in range(layers - 1, -1, -1):
+        at = bias_at[i]
+        bias = None if at < 0 else biases[at]
+        needs = ("b", "bias") if bias is not None and gbs[i] is None else ("b",)
+        if i:
+            needs += ("a",)
+            prev_at = bias_at[i - 1]
+            a_bias = None if prev_at < 0 else biases[prev_at]
+            gate = dict(a_act=names[i - 1], a_leaky_slope=slope,
+                        a_z=zs[i - 1] if kinds[i - 1] == "z" else None, a_bias=a_bias)
+        else:
+            gate = {}
+            if needs_x:
+                needs += ("a",)
+        w = weights[i]
+        grads = _backward(g, outputs[i - 1] if i else x, lowered(w, x, lows[i]).t(), bias, act=act,
+                          leaky_slope=slope, needs=needs, precision=precision,
+                          db_dtype=_db_dtype(w, x), z=src_z, y=src_y, **gate)
+        gws[i] = grads.b.t()
+        if "bias" in needs:
+            gbs[i] = grads.bias
+        if i:
+            g, act, src_z, src_y = grads.a, "none", None, None
+            if gate["a_bias"] is not None:
+                gbs[i - 1] = grads.a_bias
+        else:
+            gx = grads.a
+    return gx, gws, gbs
+
+
 def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor],
                   has_bias: list[bool], outputs: list[Tensor], zs: list[Tensor], acts: str,
                   leaky_slope: float, precision: str | None, needs_x: bool,
@@ -467,41 +539,9 @@ def _mlp_backward(gy: Tensor, x: Tensor, weights: list[Tensor], biases: list[Ten
     get float32 gradients). Each layer's dA is formed by its GEMM's epilogue as the gradient
     of the previous layer's pre-activation, with that layer's bias gradient (``a_act``,
     ``a_z``, ``a_bias``): the backward is the GEMMs and nearly nothing else."""
-    layers = len(weights)
-    names = _acts(acts, layers)
-    biases = _spread(biases, has_bias)
-    inputs = [x, *outputs[:-1]]
-    kinds = [_source_kind(a, leaky_slope) for a in names]
-    gws, gbs = [None] * layers, [None] * layers
-    g, act = gy, names[-1]   # g: dL/dY of the last layer, then dL/dZ of each layer below
-    src = {"z": dict(z=zs[-1]), "y": dict(y=outputs[-1]), "none": {}}[kinds[-1]]
-    gx = None
-    for i in reversed(range(layers)):
-        bias = biases[i]
-        needs = ["b"]
-        if bias is not None and gbs[i] is None:
-            needs.append("bias")
-        gate = {}
-        if i:
-            needs.append("a")
-            prev = names[i - 1]
-            gate = dict(a_act=prev, a_leaky_slope=leaky_slope,
-                        a_z=zs[i - 1] if kinds[i - 1] == "z" else None,
-                        a_bias=biases[i - 1])
-        elif needs_x:
-            needs.append("a")
-        grads = _backward(g, inputs[i], lowered(weights[i], x, lows[i]).t(), bias, act=act,
-                          leaky_slope=leaky_slope, needs=tuple(needs), precision=precision,
-                          db_dtype=_db_dtype(weights[i], x), **src, **gate)
-        gws[i] = grads.b.t()
-        if "bias" in needs:
-            gbs[i] = grads.bias
-        if i:
-            g, act, src = grads.a, "none", {}
-            if biases[i - 1] is not None:
-                gbs[i - 1] = grads.a_bias
-        else:
-            gx = grads.a
+    chain = _chain_of(acts, has_bias, len(weights), leaky_slope, len(biases))
+    gx, gws, gbs = _chain_backward(gy, x, weights, biases, outputs, zs, chain, precision,
+                                   needs_x, lows)
     return [gx if gx is not None else absent(gy), *gws, *(b for b in gbs if b is not None)]
 
 
@@ -522,9 +562,48 @@ def _(gy, x, weights, biases, has_bias, outputs, zs, acts, leaky_slope, precisio
 # generated autograd wrapper around them (about 0.3 ms of host time per MLP block step).
 # Traced code (torch.compile, fake or other tensor subclasses) takes the custom ops.
 
-_GemmFunction = eager_function(
-    "_GemmFunction", _gemm, _forward_setup,
-    lambda ctx, gy, gz, glow: _gemm_grads(ctx, gy, _gemm_backward))
+class _GemmFunction(torch.autograd.Function):
+    """The eager mode's ``gemm_bias_act``: the op's implementation and fused backward, with
+    Y (and Z where the forward keeps it) as outputs and nothing allocated for what is
+    absent."""
+
+    @staticmethod
+    def forward(ctx, a, b, bias, c, act, alpha, beta, leaky_slope, precision, keep_z):
+        low = lowered(b, a)
+        out = _forward(a, low, bias, act=act, c=c, alpha=alpha, beta=beta,
+                       leaky_slope=leaky_slope, save_preact=keep_z, precision=precision)
+        y, z = out if keep_z else (out, None)
+        kind = _source_kind(act, leaky_slope)
+        src = z if kind == "z" else y if kind == "y" else None
+        ctx.kind = kind if src is not None or kind == "none" else "recompute"
+        ctx.scalars = (act, alpha, beta, leaky_slope, precision)
+        ctx.save_for_backward(a, b, bias, c, src, None if low is b else low)
+        if z is None:
+            return y
+        ctx.mark_non_differentiable(z)
+        ctx.set_materialize_grads(False)   # Z has no gradient: no zeros made for it
+        return y, z
+
+    @staticmethod
+    def backward(ctx, gy, gz=None):
+        if gy is None:
+            return (None,) * 10
+        a, b, bias, c, src, low = ctx.saved_tensors
+        act, alpha, beta, leaky_slope, precision = ctx.scalars
+        na, nb, nbias, nc = ctx.needs_input_grad[:4]
+        needs = ("a",) if na else ()
+        if nb:
+            needs += ("b",)
+        if nbias and bias is not None:
+            needs += ("bias",)
+        if nc and c is not None:
+            needs += ("c",)
+        kind = ctx.kind
+        g = _backward(gy, a, lowered(b, a, low), bias, act=act,
+                      z=src if kind == "z" else None, y=src if kind == "y" else None, c=c,
+                      alpha=alpha, beta=beta, leaky_slope=leaky_slope, needs=needs,
+                      precision=precision, db_dtype=_db_dtype(b, a))
+        return g.a, g.b, g.bias, g.c, None, None, None, None, None, None
 
 _GatedFunction = eager_function(
     "_GatedFunction", _gated, _gated_setup,
@@ -541,25 +620,34 @@ _GatedMLPFunction = eager_function(
     lambda ctx, gy, *_: _gated_mlp_grads(ctx, gy, _gated_mlp_backward, _gated)[:7])
 
 
-def _mlp_saved(x, has_bias, acts, leaky_slope, precision, layers, *params):
-    """``_mlp(..., save=True)``; the weights and present biases come as separate arguments
-    (an autograd.Function gives no gradient to tensors in a list)."""
-    return tuple(_mlp(x, list(params[:layers]), list(params[layers:]), has_bias, acts,
-                      leaky_slope, precision, True))
+class _MLPFunction(torch.autograd.Function):
+    """The eager mode's stack (``mlp``): the op's forward and chained backward on the same
+    implementations, with only Y as output (the op also returns what its backward reads, as
+    a custom op must) and nothing allocated for what is absent."""
 
+    @staticmethod
+    def forward(ctx, x, chain, precision, *params):
+        layers = len(chain.names)
+        y, hs, zs, lows = _layers(x, params[:layers], params[layers:], chain, precision, True)
+        ctx.chain, ctx.precision = chain, precision
+        ctx.save_for_backward(x, *params, *hs, *zs, *lows)
+        return y
 
-def _mlp_saved_setup(ctx, inputs, output):
-    x, has_bias, acts, leaky_slope, precision, layers, *params = inputs
-    _mlp_setup(ctx, (x, params[:layers], params[layers:], has_bias, acts, leaky_slope,
-                     precision, True), output)
-
-
-def _mlp_saved_grads(ctx, gy, *_):
-    gx, gws, gbs = _mlp_grads(ctx, gy, _mlp_backward, _mlp)
-    return (gx, None, None, None, None, None, *gws, *gbs)
-
-
-_MLPFunction = eager_function("_MLPFunction", _mlp_saved, _mlp_saved_setup, _mlp_saved_grads)
+    @staticmethod
+    def backward(ctx, gy):
+        if gy is None:
+            return None
+        chain = ctx.chain
+        layers = len(chain.names)
+        saved = ctx.saved_tensors
+        np_ = len(saved) - 1 - 3 * layers   # the parameters
+        params = saved[1:1 + np_]
+        rest = saved[1 + np_:]
+        needs_x = ctx.needs_input_grad[0]
+        gx, gws, gbs = _chain_backward(gy, saved[0], params[:layers], params[layers:],
+                                       rest[:layers], rest[layers:2 * layers], chain,
+                                       ctx.precision, needs_x, rest[2 * layers:])
+        return (gx if needs_x else None, None, None, *gws, *(b for b in gbs if b is not None))
 
 
 # --- the functions users call --------------------------------------------------------------
@@ -599,7 +687,10 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     if traced(a, b, bias, c, names=("a", "b", "bias", "c")):
         y, z, _ = gemm_bias_act_op(*args)
     elif grad:
-        y, z, _ = _GemmFunction.apply(*args)
+        out = _GemmFunction.apply(*args)
+        if not keep_z:
+            return out
+        return out if save_preact else out[0]
     else:
         y, z, _ = _gemm(*args)
     return (y, z) if save_preact else y
@@ -676,6 +767,6 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
               names=("x", *("weights",) * len(weights), *("biases",) * len(present))):
         return mlp_op(x, weights, present, has_bias, acts, leaky_slope, precision, save)[0]
     if save:
-        return _MLPFunction.apply(x, has_bias, acts, leaky_slope, precision, len(weights),
-                                  *weights, *present)[0]
+        chain = _chain_of(acts, has_bias, len(weights), leaky_slope, len(present))
+        return _MLPFunction.apply(x, chain, precision, *weights, *present)
     return _mlp(x, weights, present, has_bias, acts, leaky_slope, precision, False)[0]
