@@ -22,7 +22,8 @@
 #include <string.h>
 
 #define MAX_ARGS 32
-#define MAX_STEPS 8
+#define MAX_STEPS 12
+#define MAX_RETURNS 8
 #define MAX_PARAMS 64
 #define MAX_PARAM_BYTES 8192
 #define MAX_KEY 256
@@ -335,8 +336,9 @@ typedef struct {
     PyObject *overlap;     /* overlap(ptrs tuple): raises the overlap's error */
     PyObject *stream;      /* stream() -> int */
     PyObject *failed;      /* failed(status) -> True to launch once more, else raises */
+    int nslots;            /* arguments and the slots after them (intermediates, outputs) */
     int nreturns;
-    uint8_t returns[4];
+    uint8_t returns[MAX_RETURNS];
     void *map_storage;
     PyObject *describe;    /* the description it was made from */
 } Program;
@@ -393,27 +395,36 @@ static int parse_dim3(PyObject *o, unsigned *d, const char *what) {
     return 0;
 }
 
-/* Program(kind, steps, allocs, pairs, overlap, stream, failed, returns):
+/* Program(kind, steps, allocs, pairs, overlap, stream, failed, returns[, slots]):
      steps: [(function pointer, grid, block, smem, nbytes, param offsets, ops)], ops:
        [(offset, op, arg, value)] (OP_TMAP's value: the 128 bytes of the map);
      allocs: [(arg, alloc, shape)]: alloc(shape) makes the output of arg when it is None;
      pairs: [(out, olo, ohi, in, ilo, ihi, same_ok)]: byte ranges relative to the pointers;
-     returns: the arguments returned (one: itself; several: a tuple). */
+     returns: the arguments returned (one: itself; several: a tuple);
+     slots: the arguments and slots after them, None at each call until an allocation makes
+       them (the intermediates and outputs of a program of several launches); default: the
+       call's arguments alone. */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     int kind;
     PyObject *steps, *allocs, *pairs, *overlap, *stream, *failed, *returns;
+    int nslots = 0;
     if (kw && PyDict_GET_SIZE(kw)) {
         PyErr_SetString(PyExc_TypeError, "Program takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "iOOOOOOO", &kind, &steps, &allocs, &pairs, &overlap, &stream,
-                          &failed, &returns))
+    if (!PyArg_ParseTuple(args, "iOOOOOOO|i", &kind, &steps, &allocs, &pairs, &overlap, &stream,
+                          &failed, &returns, &nslots))
         return NULL;
+    if (nslots < 0 || nslots > MAX_ARGS) {
+        PyErr_Format(PyExc_ValueError, "slots: expected 0 to %d, got %d", MAX_ARGS, nslots);
+        return NULL;
+    }
     Program *p = (Program *)type->tp_alloc(type, 0);
     if (!p)
         return NULL;
     p->vectorcall = program_call;
     p->kind = kind;
+    p->nslots = nslots;
     p->overlap = Py_NewRef(overlap);
     p->stream = Py_NewRef(stream);
     p->failed = Py_NewRef(failed);
@@ -616,8 +627,8 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!seq)
         goto fail;
     p->nreturns = (int)PySequence_Fast_GET_SIZE(seq);
-    if (p->nreturns < 1 || p->nreturns > 4) {
-        PyErr_SetString(PyExc_ValueError, "returns: expected 1 to 4 arguments");
+    if (p->nreturns < 1 || p->nreturns > MAX_RETURNS) {
+        PyErr_Format(PyExc_ValueError, "returns: expected 1 to %d arguments", MAX_RETURNS);
         goto fail_seq;
     }
     for (int i = 0; i < p->nreturns; i++) {
@@ -704,10 +715,22 @@ static int check_scalars(Program *p, PyObject *const *args) {
     return 1;
 }
 
-static PyObject *launch_program(Program *p, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *launch_program(Program *p, PyObject *const *call_args, Py_ssize_t nargs,
                                 uint64_t *ptrs, int dry) {
     PyObject *made[MAX_ARGS] = {0};
     PyObject *result = NULL;
+    /* the arguments, then the slots after them (None until allocated) */
+    PyObject *slots[MAX_ARGS];
+    PyObject *const *args = call_args;
+    if (p->nslots > nargs) {
+        for (Py_ssize_t i = 0; i < p->nslots; i++) {
+            slots[i] = i < nargs ? call_args[i] : Py_None;
+            if (i >= nargs)
+                ptrs[i] = 0;
+        }
+        args = slots;
+        nargs = p->nslots;
+    }
     int ok = check_scalars(p, args);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(MISS);
@@ -804,14 +827,15 @@ static PyObject *launch_program(Program *p, PyObject *const *args, Py_ssize_t na
     }
     if (p->nreturns == 1) {
         int a = p->returns[0];
-        result = Py_NewRef(made[a] ? made[a] : args[a]);
+        result = Py_NewRef(a >= nargs ? Py_None : made[a] ? made[a] : args[a]);
     } else {
         result = PyTuple_New(p->nreturns);
         if (!result)
             goto done;
         for (int i = 0; i < p->nreturns; i++) {
             int a = p->returns[i];
-            PyTuple_SET_ITEM(result, i, Py_NewRef(made[a] ? made[a] : args[a]));
+            PyTuple_SET_ITEM(result, i,
+                             Py_NewRef(a >= nargs ? Py_None : made[a] ? made[a] : args[a]));
         }
     }
 done:

@@ -47,6 +47,8 @@ _INVALID_CONTEXT = 201
 _KINDS = {"cupy": 1, "torch": 2}
 #: a tensor map's argument when no argument moves it
 _NO_ARG = 255
+#: the most launches a program makes (``_fastlaunch.c``'s MAX_STEPS)
+MAX_STEPS = 12
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -337,20 +339,23 @@ def launch_failed(name: str):
 
 
 def program(framework: str, steps, allocs=(), pairs=(), overlap=None, stream=None,
-            failed=None, returns=(0,)):
+            failed=None, returns=(0,), slots: int = 0):
     """A ``Program`` of the C module, or None without one. ``steps``: ``step``'s tuples;
     ``allocs``: ``(arg, alloc, shape)``: ``alloc(shape)`` makes argument ``arg`` when it is
     None; ``pairs``: ``(out, olo, ohi, in, ilo, ihi, same_ok)`` byte ranges relative to the
     pointers of arguments ``out`` and ``in`` that must not meet (unless the same pointer
     with ``same_ok``); ``overlap(ptrs)`` raises the error of a pair that met; ``stream()``:
     the stream pointer to launch on; ``failed(status)``: see ``launch_failed``; ``returns``:
-    the arguments returned (several: a tuple)."""
+    the arguments returned (several: a tuple; an index past the call's arguments and slots
+    returns None); ``slots``: the call's arguments and the slots after them, None at each
+    call until ``allocs`` make them: a program of several launches keeps its intermediates
+    and outputs there (0: the arguments alone)."""
     module = _load()
     if module is None:
         return None
     return module.Program(_KINDS[framework], list(steps), list(allocs), list(pairs),
                           overlap or _no_overlap, stream, failed or launch_failed("kernel"),
-                          tuple(returns))
+                          tuple(returns), slots)
 
 
 def _no_overlap(ptrs) -> None:

@@ -151,6 +151,35 @@ def test_outputs_not_given_are_allocated(compiled):
     assert table.pack(a, Array(0x5000), "x", 2.0) is fl.MISS
 
 
+def test_slots_past_the_arguments_hold_what_a_program_allocates(compiled):
+    """A program of several launches keeps its intermediates in slots after the call's
+    arguments: allocated at each call, read by later launches; a slot never filled reads as
+    a pointer of 0."""
+    made = []
+
+    def alloc(shape):
+        made.append(Array(0x9000 + 0x100 * len(made), shape=shape))
+        return made[-1]
+
+    launcher = _Launcher(PARAMS)
+    values = {"A": fl.Ptr(0), "Y": fl.Ptr(4), "n": 3, "alpha_": fl.Scalar(3), "fixed_": 0.5,
+              "tma_a": fl.Map(0, BLOB, 0x1000), "tma_const": bytes(128)}
+    first = fl.step(launcher, (1, 1, 1), (32, 1, 1), 0, values)
+    second = fl.step(launcher, (1, 1, 1), (32, 1, 1), 0,
+                     {**values, "A": fl.Ptr(4), "Y": fl.Ptr(5)})
+    program = fl.program("cupy", [first, second], [(4, alloc, (2, 2))], returns=(4, 5, 1),
+                         stream=lambda: 0, slots=6)
+    table = _table()
+    a = Array(0x1000)
+    table.put((a, None, "x", 2.0), program, "cupy")
+    one, two = table.pack(a, None, "x", 2.0)
+    assert made[0].shape == (2, 2)
+    assert _unpack(one)[0][:2] == (0x1000, 0x9000)    # Y: the slot allocated
+    assert _unpack(two)[0][:2] == (0x9000, 0)         # the slot read, and one never filled
+    with pytest.raises(ValueError, match="slots"):
+        fl.program("cupy", [first], slots=fl.MAX_STEPS * 10)
+
+
 def test_an_output_over_an_input_is_refused(compiled):
     seen = []
 

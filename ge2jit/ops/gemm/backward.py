@@ -13,6 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ...errors import ArgumentValueError
+from ...jit import fastlaunch
+from ...jit.fastlaunch import Ptr, Scalar
 from ...jit.loader import launcher_for
 from ...runtime import arrays
 from ...runtime.arrays import call_arguments, framework_of_type, views
@@ -28,6 +30,19 @@ _CHUNK = 256   # rows of partial sums a block adds up, where there are many
 _GRID_Y_MAX = 65535
 _prepared = PreparedCalls("gemm_bias_act_backward", 256)
 _prepared_glu = PreparedCalls("gemm_gated_backward", 256)
+#: the compiled launch path's tables; their calls' arguments: (gy, a, b, bias, c, z, y, act,
+#: alpha, beta, leaky_slope, needs, precision, a_act, a_z, a_leaky_slope, a_bias, a_glu,
+#: db_dtype) (a slope's value is in the signature: its sign decides the derivative)
+_ROLES = "AAAAAAAVTZVVVVAVAVV"
+_compiled = fastlaunch.Table("gemm_bias_act_backward", _ROLES)
+_compiled_glu = fastlaunch.Table("gemm_gated_backward", _ROLES)
+#: a program's slots: the call's arguments by name, then the intermediates and gradients it
+#: allocates, and one slot never filled (a pointer of 0, a gradient of None)
+_S = {name: i for i, name in enumerate(
+    ("gy", "a", "b", "bias", "c", "z", "y", "act", "alpha", "beta", "leaky_slope", "needs",
+     "precision", "a_act", "a_z", "a_leaky_slope", "a_bias", "a_glu", "db_dtype", "dz",
+     "partial", "dc", "grad_a", "sums", "grad_a_bias", "grad_b", "grad_bias", "bias_chunks",
+     "a_bias_chunks", "none"))}
 
 
 class Gradients(NamedTuple):
@@ -144,14 +159,28 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
         ``Gradients.a_bias`` in its shape and dtype. None for a gradient not in ``needs`` or
         for an input that was None.
     """
+    grads = _compiled.call(gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs,
+                           precision, a_act, a_z, a_leaky_slope, a_bias, a_glu, db_dtype)
+    if grads is not fastlaunch.MISS:   # (not compiled_backward's frame: one call less)
+        return Gradients(*grads)
     return backward(False, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
                     precision, a_act, a_z, a_leaky_slope, a_bias, a_glu, db_dtype)
 
 
+def compiled_backward(glu: bool, *args):
+    """The gradients (a tuple of ``Gradients``' fields) of a backward call on ``args``
+    (``_compiled``'s arguments) by the compiled launch path, or ``MISS``."""
+    return (_compiled_glu if glu else _compiled).call(*args)
+
+
 def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs, precision,
              a_act, a_z, a_leaky_slope, a_bias, a_glu=None, db_dtype=None) -> Gradients:
-    """``gemm_bias_act_backward`` (``glu`` False) or ``gemm_gated_backward`` (True)."""
+    """``gemm_bias_act_backward`` (``glu`` False) or ``gemm_gated_backward`` (True): the
+    compiled launch path's program of the call's pattern where there is one (``glu``: the
+    caller tried it), else the Python path, which stores that program once it can."""
     table = _prepared_glu if glu else _prepared
+    args = (gy, a, b, bias, c, z, y, act, alpha, beta, leaky_slope, needs, precision, a_act,
+            a_z, a_leaky_slope, a_bias, a_glu, db_dtype)
     fw = framework_of_type(type(gy))
     sig = run = None
     if fw is not None:
@@ -162,8 +191,10 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
         except (AttributeError, TypeError):   # other arrays, or unhashable: validation says why
             sig = run = None
     if run is not None:
-        return run(gy, a, b, bias, c, z if z is not None else y, alpha, beta, leaky_slope,
-                   a_z, a_leaky_slope)
+        grads = run(gy, a, b, bias, c, z if z is not None else y, alpha, beta, leaky_slope,
+                    a_z, a_leaky_slope)
+        _store_program(glu, run, args, fw)
+        return grads
     native = {"gy": gy, "a": a, "b": b, "bias": bias, "c": c, "z": z, "y": y, "a_z": a_z,
               "a_bias": a_bias}
     fw, device_id, native = call_arguments(native)
@@ -176,12 +207,24 @@ def backward(glu, gy, a, b, bias, act, z, y, c, alpha, beta, leaky_slope, needs,
     with fw.context(device_id):
         run = _first_call(fw, views(fw, native), act, alpha, beta, leaky_slope, needs,
                           precision, a_act, a_leaky_slope, glu, a_glu, db_dtype)
-        if sig is not None and device_id == arrays.current_device():
+        stored = sig is not None and device_id == arrays.current_device()
+        if stored:
             table.put(sig, run)
         n = native
-        return run(n["gy"], n["a"], n["b"], n["bias"], n["c"],
-                   n["z"] if n["z"] is not None else n["y"], alpha, beta, leaky_slope, n["a_z"],
-                   a_leaky_slope)
+        grads = run(n["gy"], n["a"], n["b"], n["bias"], n["c"],
+                    n["z"] if n["z"] is not None else n["y"], alpha, beta, leaky_slope,
+                    n["a_z"], a_leaky_slope)
+        if stored:
+            _store_program(glu, run, args, fw)
+        return grads
+
+
+def _store_program(glu: bool, run, args: tuple, fw) -> None:
+    """Store the compiled program of prepared backward ``run`` (once its first call made the
+    GEMMs' prepared calls) for calls with ``args``' signature."""
+    program = run.program()
+    if program is not None:
+        (_compiled_glu if glu else _compiled).put(args, program, fw.name)
 
 
 def _first_call(fw, v, act, alpha, beta, leaky_slope, needs, precision, a_act, a_slope,
@@ -326,6 +369,26 @@ def _column_summer(out_dtype: DType, device_id: int, fw):
     return run
 
 
+def _summer_steps(out_dtype: DType, device_id: int, rows: int, cols: int, partial: int,
+                  out: int, chunks: int, new_f32) -> tuple[list, list]:
+    """``(steps, allocs)`` of ``_column_summer``'s launches in a program: the column sums of
+    slot ``partial`` (rows x cols float32) into slot ``out``; slot ``chunks`` holds the
+    first round's sums where there are two rounds (``new_f32`` allocates it)."""
+    blocks, steps, allocs = -(-cols // 32), [], []
+    if rows > 2 * _CHUNK:
+        first = launcher_for(DbiasSpec(DType.F32, False), device_id)
+        n_chunks = -(-rows // _CHUNK)
+        allocs.append((chunks, new_f32, (n_chunks, cols)))
+        steps.append(fastlaunch.step(first, (blocks, n_chunks, 1), (256, 1, 1), 0, {
+            "partial": Ptr(partial), "rows": rows, "cols": cols, "out": Ptr(chunks),
+            "chunk": _CHUNK}))
+        partial, rows = chunks, n_chunks
+    final = launcher_for(DbiasSpec(out_dtype, False), device_id)
+    steps.append(fastlaunch.step(final, (blocks, 1, 1), (256, 1, 1), 0, {
+        "partial": Ptr(partial), "rows": rows, "cols": cols, "out": Ptr(out), "chunk": rows}))
+    return steps, allocs
+
+
 def _pass_shape(m: int, n: int, cols: int) -> tuple[int, tuple[int, int, int]]:
     """(rows a block, grid) of the elementwise pass over an m x n array, ``cols`` columns a
     thread: more rows a block while the grid stays several blocks per multiprocessor (fewer
@@ -370,11 +433,11 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
     partial_shape = {BiasKind.COL: (grid[1], n), BiasKind.ROW: (grid[0], m),
                      BiasKind.SCALAR: (grid[1] * grid[0],)}.get(bias_kind)
     launch = reduce = None
+    dz_consts = dict(gy_r=gy_strides[0], gy_c=gy_strides[1], src_r=src_strides[0],
+                     src_c=src_strides[1], dz_r=n if write_dz else 0, dz_c=int(write_dz),
+                     dc_r=n if write_dc else 0, dc_c=int(write_dc), M_=m, N_=n, rows_=tm)
     if m and n and (write_dz or write_dc or bias_kind is not BiasKind.NONE):
-        launch = launcher_for(spec, p.device_id).bind(
-            grid, (32, 8, 1), 0, gy_r=gy_strides[0], gy_c=gy_strides[1], src_r=src_strides[0],
-            src_c=src_strides[1], dz_r=n if write_dz else 0, dz_c=int(write_dz),
-            dc_r=n if write_dc else 0, dc_c=int(write_dc), M_=m, N_=n, rows_=tm)
+        launch = launcher_for(spec, p.device_id).bind(grid, (32, 8, 1), 0, **dz_consts)
     if launch is not None and partial_shape is not None:
         if bias_kind is BiasKind.SCALAR:
             total = launcher_for(DbiasSpec(p.epilogue.bias_dtype, True), p.device_id).bind(
@@ -501,4 +564,110 @@ def _prepare(p, wanted, grad_dtype, src_dtype, from_y, gy, a, src, bias, c, prec
             grad_c = dc if write_dc else zeros(c_shape, c_np)
         return Gradients(grad_a, grad_b, grad_bias, grad_c, grad_a_bias)
 
+    def program():
+        """The compiled launch path's program of ``run`` (on ``_compiled``'s arguments), or
+        None where it has none: Z recomputed, a gradient of zeros, a GEMM with no program,
+        an empty problem. Made once, after the first call made the GEMMs' prepared calls."""
+        if made:
+            return made[0]
+        if not (m and n and k) or recompute or zeros_a or zeros_b or (
+                want_c and not write_dc) or (want_bias and reduce is None) or (
+                bias_kind is BiasKind.SCALAR) or not fastlaunch.available():
+            made.append(None)
+            return None
+        if (want_a and gemms[0] is None) or (want_b and gemms[1] is None):
+            return None   # a call has not made them yet
+        made.append(_program())
+        return made[0]
+
+    def _program():
+        S = _S
+        none = S["none"]
+        steps, allocs = [], []
+        dz_slot = S["dz"] if write_dz else S["gy"]
+        if write_dz:
+            allocs.append((S["dz"], new_dz, (m, n)))
+        if write_dc:
+            allocs.append((S["dc"], new_dc, c_shape))
+        if partial_shape is not None and launch is not None:
+            allocs.append((S["partial"], new_f32, partial_shape))
+        if launch is not None:
+            src_slot = S["z"] if src is not None and not from_y else S["y"]
+            steps.append(fastlaunch.step(launcher_for(spec, dev), grid, (32, 8, 1), 0, {
+                **dz_consts, "gy": Ptr(S["gy"]), "src": Ptr(src_slot) if reads_src else 0,
+                "dz": Ptr(S["dz"]) if write_dz else 0, "dc": Ptr(S["dc"]) if write_dc else 0,
+                "partial": Ptr(S["partial"]) if partial_shape is not None else 0,
+                "beta_": Scalar(S["beta"]), "slope_": Scalar(S["leaky_slope"])}))
+        if want_a:
+            call = gemms[0]
+            args = {"a": dz_slot, "b": S["b"], "bias": none, "c": none, "out": S["grad_a"],
+                    "preact_out": none, "alpha": S["alpha"], "beta": 0.0,
+                    "leaky_slope": 0.01}
+            if gate is not None:
+                args.update(c=S["a"] if gate[1] else S["a_z"], beta=1.0,
+                            leaky_slope=S["a_leaky_slope"])
+                if sums_shape[0]:
+                    args["bias"] = S["sums"]
+                    allocs.append((S["sums"], new_f32, sums_shape[0]))
+            if call.steps is None or (found := call.steps(args)) is None:
+                return None
+            allocs.append((S["grad_a"], new_dz, (m, ka)))
+            steps += found
+            if want_a_bias:
+                if not sums_shape[0]:   # one pass over dA for its column sums
+                    allocs.append((S["sums"], new_f32, (a_pass_grid[1], ka)))
+                    steps.append(fastlaunch.step(
+                        launcher_for(a_pass_spec, dev), a_pass_grid, (32, 8, 1), 0, {
+                            "gy": Ptr(S["grad_a"]), "gy_r": ka, "gy_c": 1, "src": 0,
+                            "src_r": 0, "src_c": 0, "dz": 0, "dz_r": 0, "dz_c": 0, "dc": 0,
+                            "dc_r": 0, "dc_c": 0, "partial": Ptr(S["sums"]), "M_": m,
+                            "N_": ka, "rows_": a_pass_tm, "beta_": 0.0, "slope_": 0.0}))
+                rows = sums_shape[0][0] if sums_shape[0] else a_pass_grid[1]
+                more, extra = _summer_steps(problem.check_dtype(a_bias, "a_bias"), dev, rows,
+                                            ka, S["sums"], S["grad_a_bias"],
+                                            S["a_bias_chunks"], new_f32)
+                steps += more
+                allocs += extra
+                allocs.append((S["grad_a_bias"], new_a_bias, a_bias_shape))
+        if want_b:
+            call = gemms[1]
+            args = {"a": S["a"], "b": dz_slot, "bias": none, "c": none, "out": S["grad_b"],
+                    "preact_out": none, "alpha": S["alpha"], "beta": 0.0,
+                    "leaky_slope": 0.01}
+            if b_transposed:   # dB.T = dZ.T @ A
+                args.update(a=dz_slot, b=S["a"])
+            if call.steps is None or (found := call.steps(args)) is None:
+                return None
+            steps += found
+            new_b = fw.allocator(a.dtype if db_dtype is p.dtype else np.float32, dev)
+            if b_transposed:
+                allocs.append((S["grad_b"], _transposed(new_b), (n, k)))
+            else:
+                allocs.append((S["grad_b"], new_b, (k, n)))
+        if want_bias:
+            more, extra = _summer_steps(p.epilogue.bias_dtype, dev, *partial_shape,
+                                        S["partial"], S["grad_bias"], S["bias_chunks"],
+                                        new_f32)
+            steps += more
+            allocs += extra
+            allocs.append((S["grad_bias"], new_dbias, bias_shape))
+        if not steps or len(steps) > fastlaunch.MAX_STEPS:
+            return None
+        returns = (S["grad_a"] if want_a else none, S["grad_b"] if want_b else none,
+                   S["grad_bias"] if want_bias else none, S["dc"] if want_c else none,
+                   S["grad_a_bias"] if want_a_bias else none)
+        return fastlaunch.program(fw.name, steps, allocs, stream=current_stream,
+                                  failed=fastlaunch.launch_failed(spec.kernel_name),
+                                  returns=returns, slots=len(_S))
+
+    made = []
+    run.program = program
     return run
+
+
+def _transposed(alloc):
+    """An allocator of the transposed views of ``alloc``'s arrays."""
+    def new(shape):
+        return alloc(shape).T
+
+    return new

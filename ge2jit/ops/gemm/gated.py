@@ -6,7 +6,8 @@ columns) once; its backward; the helpers that build and split the interleaved we
 from __future__ import annotations
 
 from ...errors import ArgumentValueError
-from .backward import Gradients, backward
+from ...jit.fastlaunch import MISS
+from .backward import Gradients, backward, compiled_backward
 from .op import explain_call, gemm_glu
 
 __all__ = ["gemm_gated", "gemm_gated_backward", "interleave_gate_up", "split_gate_up",
@@ -159,5 +160,10 @@ def gemm_gated_backward(gy, a, b, bias=None, *, act: str = "silu", z=None, alpha
     if isinstance(needs, (tuple, list, set, frozenset)) and "c" in needs:
         raise ArgumentValueError(f"needs: expected names of {', '.join(GATED_NEEDS)} (a gated "
                                  f"GEMM has no C), got {needs!r}")
+    grads = compiled_backward(True, gy, a, b, bias, None, z, None, act, alpha, 0.0, leaky_slope,
+                              needs, precision, a_act, a_z, a_leaky_slope, a_bias, None,
+                              db_dtype)
+    if grads is not MISS:
+        return Gradients(*grads)
     return backward(True, gy, a, b, bias, act, z, None, None, alpha, 0.0, leaky_slope, needs,
                     precision, a_act, a_z, a_leaky_slope, a_bias, None, db_dtype)

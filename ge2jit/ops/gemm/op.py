@@ -142,24 +142,40 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
 
     if p.fp8 is not None:
         call = _with_scales(call, p, ptr)
-        call.program = None
+        call.program = call.steps = None
     else:
+        compiled = fastlaunch.available()
         call.program = (_program(plan, p, save_z, y, z, guard, fw, new, stream)
-                        if fastlaunch.available() else None)
+                        if compiled else None)
+        # for a program of several launches that makes this call's (another op's backward)
+        call.steps = _steps(plan, p, save_z, y, z) if compiled else None
     call.plan = plan
     return call
+
+
+def _steps(plan: Plan, p: Problem, save_z: bool, y, z):
+    """``steps(args)``: the launches of ``_prepare``'s call as steps of a program
+    (``Plan.program_steps``) whose arguments ``args`` index, or None where the plan has no
+    program; made for the first call's arrays (``p``, ``y``, ``z``)."""
+    m, n, k = p.m, p.n, p.k
+    y_cols = p.epilogue.y_cols(n)
+    ptrs = {"a": p.a.data.ptr, "b": p.b.data.ptr, "c": 0 if p.c is None else p.c.data.ptr,
+            "out": y.data.ptr, "preact_out": 0 if z is None else z.data.ptr}
+    lds = (p.lda, p.ldb, p.ldc, p.bias_stride, ld_of(y, m, y_cols),
+           ld_of(z, m, n) if z is not None else 0, m, n, k, p.c is not None, save_z)
+
+    def steps(args: dict):
+        return plan.program_steps(args, ptrs, *lds)
+
+    return steps
 
 
 def _program(plan: Plan, p: Problem, save_z: bool, y, z, guard, fw: Framework, new, stream):
     """The compiled launch path's program of ``_prepare``'s call (None where the plan has
     none): its launches on the arguments of ``_compiled``'s calls."""
-    m, n, k = p.m, p.n, p.k
+    m, n = p.m, p.n
     y_cols = p.epilogue.y_cols(n)
-    ptrs = {"a": p.a.data.ptr, "b": p.b.data.ptr, "c": 0 if p.c is None else p.c.data.ptr,
-            "out": y.data.ptr, "preact_out": 0 if z is None else z.data.ptr}
-    steps = plan.program_steps(_ARGS, ptrs, p.lda, p.ldb, p.ldc, p.bias_stride,
-                               ld_of(y, m, y_cols), ld_of(z, m, n) if z is not None else 0,
-                               m, n, k, p.c is not None, save_z)
+    steps = _steps(plan, p, save_z, y, z)(_ARGS)
     if steps is None:
         return None
     allocs = [(_ARGS["out"], new, (m, y_cols))]

@@ -198,8 +198,9 @@ class Plan:
         """The compiled launch path's steps (``ge2jit.jit.fastlaunch.step``) of ``bind``'s
         launch, or None for a plan that stages its operands, splits K, or is of another kind
         than these. ``args``: the call's argument index of each of a, b, c, bias, out,
-        preact_out, alpha, beta and leaky_slope; ``ptrs``: the first call's pointers by the
-        same names (what tensor maps are encoded for)."""
+        preact_out, alpha, beta and leaky_slope (a scalar's may be a float instead: a
+        constant); ``ptrs``: the first call's pointers by the same names (what tensor maps
+        are encoded for)."""
         if not self._one_launch():
             return None
         values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
@@ -217,8 +218,8 @@ class Plan:
                 "bias": Ptr(args["bias"]), "Y": Ptr(args["out"]),
                 "Z": Ptr(args["preact_out"]) if save_z else 0, "lda": lda, "ldb": ldb,
                 "ldc": ldc, "bias_stride": bias_stride, "ldy": ldy, "ldz": ldz, "M_": m,
-                "N_": n, "K_": k, "alpha_": Scalar(args["alpha"]),
-                "beta_": Scalar(args["beta"]), "leaky_slope_": Scalar(args["leaky_slope"]),
+                "N_": n, "K_": k, "alpha_": _scalar(args["alpha"]),
+                "beta_": _scalar(args["beta"]), "leaky_slope_": _scalar(args["leaky_slope"]),
                 "k_tiles_per_split": self.k_tiles_per_split}
 
     def _bind_split(self, ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k, alloc):
@@ -328,6 +329,11 @@ class TmaPlan(Plan):
             values[name] = (blob if source == "c" and not use_c
                             else Map(args[source], blob, ptrs[source]))
         return [step(self._main, self.grid, self.block, self.smem, values)]
+
+
+def _scalar(arg):
+    """A program's double parameter: argument ``arg`` (an index), or a constant (a float)."""
+    return arg if isinstance(arg, float) else Scalar(arg)
 
 
 def _ptr(x) -> int:

@@ -254,3 +254,104 @@ def test_the_backwards_gemms_take_their_programs(monkeypatch):
         assert cp.array_equal(g.view(np.uint16), f.view(np.uint16)), name
     if plans.device_arch(0).startswith("sm_90"):
         assert counts["maps"] == 0
+
+
+#: backward patterns: (name, dtype, (m, n, k), what the call gets)
+BACKWARDS = [
+    ("gelu-z-col-bias", "bfloat16", (512, 384, 256), {"act": "gelu", "z": True, "bias": "n"}),
+    ("weight-layout-f32-db", "bfloat16", (256, 192, 128),
+     {"act": "gelu_tanh", "z": True, "bias": "n", "b": "c", "db_dtype": "float32"}),
+    ("none-gated-a-bias", "bfloat16", (512, 256, 384),
+     {"bias": "n", "a_act": "gelu_tanh", "a_z": True, "a_bias": True}),
+    ("two-round-sums", "bfloat16", (16384, 1024, 2048),
+     {"bias": "n", "a_act": "gelu_tanh", "a_z": True, "a_bias": True, "b": "c"}),
+    # dB's GEMM (K = 16384 over few tiles) splits K: no program, the Python path's result
+    ("split-k-db", "bfloat16", (16384, 128, 256),
+     {"bias": "n", "a_act": "gelu_tanh", "a_z": True, "a_bias": True, "b": "c",
+      "program": False}),
+    ("relu-y-row-bias", "float16", (200, 136, 72), {"act": "relu", "y": True, "bias": "m1"}),
+    ("c-beta", "float32", (130, 72, 40),
+     {"act": "tanh", "y": True, "c": True, "beta": 0.5, "needs": ("a", "b", "c")}),
+    ("x-only", "bfloat16", (256, 512, 128), {"b": "c", "needs": ("a",)}),
+    ("a-from-y", "bfloat16", (256, 256, 256), {"a_act": "relu", "needs": ("a", "b")}),
+    ("glu-down", "bfloat16", (256, 192, 128), {"bias": "n", "a_glu": "silu", "a_bias": True}),
+    ("gated-unit", "bfloat16", (256, 384, 128), {"glu": "silu", "bias": "n"}),
+]
+
+
+def _backward_case(rng, dtype, shape, spec):
+    """The arguments of a backward call of ``spec``'s pattern, on new random arrays."""
+    m, n, k = shape
+    dt = _dtype(dtype)
+    glu = spec.get("glu")
+    a = _rand(rng, (m, k), dt)
+    b = _rand(rng, (k, n), dt, spec.get("b", "r"))
+    kw = {"needs": spec.get("needs", ("a", "b", "bias"))}
+    bias = {"n": (n,), "m1": (m, 1)}.get(spec.get("bias"))
+    bias = None if bias is None else _rand(rng, bias, dt)
+    if bias is None and "bias" in kw["needs"]:
+        kw["needs"] = tuple(x for x in kw["needs"] if x != "bias")
+    y_cols = n // 2 if glu else n
+    kw["gy"] = _rand(rng, (m, y_cols), dt)
+    if glu:
+        kw.update(act=glu, z=_rand(rng, (m, n), dt))
+    else:
+        kw["act"] = spec.get("act", "none")
+        if spec.get("z"):
+            kw["z"] = _rand(rng, (m, n), dt)
+        if spec.get("y"):
+            kw["y"] = cp.abs(_rand(rng, (m, n), dt))
+        if spec.get("c"):
+            kw.update(c=_rand(rng, (m, n), dt), beta=spec["beta"])
+    if spec.get("a_act"):
+        kw["a_act"] = spec["a_act"]
+        if spec.get("a_z"):
+            kw["a_z"] = _rand(rng, (m, k), dt)
+    if spec.get("a_glu"):
+        kw.update(a_glu=spec["a_glu"], a_z=_rand(rng, (m, 2 * k), dt))
+    if spec.get("a_bias"):
+        kw["a_bias"] = _rand(rng, (2 * k if spec.get("a_glu") else k,), dt)
+        kw["needs"] = tuple(dict.fromkeys((*kw["needs"], "a")))
+    if spec.get("db_dtype"):
+        kw["db_dtype"] = spec["db_dtype"]
+    return a, b, bias, kw
+
+
+def _grads_equal(got, want, name):
+    for field in ("a", "b", "bias", "c", "a_bias"):
+        g, w = getattr(got, field), getattr(want, field)
+        assert (g is None) == (w is None), (name, field)
+        if g is None:
+            continue
+        assert g.shape == w.shape and g.dtype == w.dtype and g.strides == w.strides, \
+            (name, field, g.shape, w.shape, g.strides, w.strides)
+        g, w = cp.ascontiguousarray(g), cp.ascontiguousarray(w)
+        assert cp.array_equal(g.view(np.uint8), w.view(np.uint8)), (name, field)
+
+
+@pytest.mark.parametrize("case", BACKWARDS, ids=lambda c: c[0])
+def test_a_cached_backward_is_one_program_with_the_python_paths_bits(case, monkeypatch):
+    """From its second call a backward pattern runs as one compiled program (the dZ pass, the
+    GEMMs, the bias sums, every gradient allocated in C) and gives the Python path's bits, in
+    the gradients' shapes, types and layouts; with new arrays each call."""
+    from ge2jit.ops.gemm import backward as bw
+
+    name, dtype, shape, spec = case
+    rng = np.random.default_rng(21)
+    glu = spec.get("glu")
+    fn = ge2jit.gemm_gated_backward if glu else ge2jit.gemm_bias_act_backward
+    table = bw._compiled_glu if glu else bw._compiled
+    a, b, bias, kw = _backward_case(rng, dtype, shape, spec)
+    gy = kw.pop("gy")
+    fn(gy, a, b, bias, **kw)                 # the first call: validated, prepared
+    hits = table.stats()["hits"]
+    a, b, bias, kw = _backward_case(rng, dtype, shape, spec)
+    gy = kw.pop("gy")
+    got = fn(gy, a, b, bias, **kw)
+    took = spec.get("program", True)
+    if took or plans.device_arch(0).startswith("sm_90"):   # (Hopper's heuristic splits K)
+        assert table.stats()["hits"] == hits + took, \
+            f"{name}: the call {'did not take' if took else 'took'} a program"
+    monkeypatch.setattr(table, "call", lambda *args: fastlaunch.MISS)
+    want = fn(gy, a, b, bias, **kw)          # the Python prepared call on the same arrays
+    _grads_equal(got, want, name)
