@@ -47,8 +47,10 @@ _INVALID_CONTEXT = 201
 _KINDS = {"cupy": 1, "torch": 2}
 #: a tensor map's argument when no argument moves it
 _NO_ARG = 255
-#: the most launches a program makes (``_fastlaunch.c``'s MAX_STEPS)
+#: the most launches a program makes and the most arrays it returns (``_fastlaunch.c``'s
+#: MAX_STEPS and MAX_RETURNS)
 MAX_STEPS = 12
+MAX_RETURNS = 8
 
 _lock = threading.Lock()
 _state: dict = {}

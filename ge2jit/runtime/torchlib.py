@@ -137,6 +137,31 @@ def weight_cast(w: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tens
     return cast(w, dtype)
 
 
+_FUNCTION_APPLY = torch._C._FunctionBase.__dict__.get("apply")
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+_unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+
+
+def fast_apply(cls: type):
+    """``cls.apply`` (``cls`` a ``torch.autograd.Function`` whose ``forward`` takes ``ctx``)
+    without the Python layer some PyTorch versions put in front of the C ``apply`` (it binds
+    arguments and maps a pytree over them at every call: several microseconds a call).
+    What that layer does that matters is kept: a functorch transform active takes
+    ``cls.apply``; tensors left behind by a finished transform are unwrapped."""
+    slow = cls.apply
+    if _FUNCTION_APPLY is None or _functorch_active is None or _unwrap_if_dead is None:
+        return slow   # a PyTorch without these: its own apply
+    direct = _FUNCTION_APPLY.__get__(None, cls)
+
+    def apply(*args):
+        if _functorch_active():
+            return slow(*args)
+        return direct(*[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a
+                        for a in args])
+
+    return apply
+
+
 def eager_function(name: str, forward, setup, backward) -> type:
     """The eager mode's ``torch.autograd.Function`` of an op: ``forward(*inputs)`` makes the
     output, ``setup(ctx, inputs, output)`` saves what ``backward(ctx, *grads)`` reads (the
@@ -166,14 +191,15 @@ def absent(like: torch.Tensor) -> torch.Tensor:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def traced(*tensors, names: tuple = ()) -> bool:
+def traced(*tensors, names=()) -> bool:
     """Whether a call takes the custom ops rather than the eager ``autograd.Function``: it is
     being traced (``torch.compile``, fake tensors and other subclasses of Tensor) or a tensor
     is a meta tensor (the fake implementations). None stands for an absent tensor.
 
     Raises:
         ArgumentTypeError: a tensor on another device (the CPU) or an argument that is no
-            tensor, named by ``names`` (the tensors' argument names, in order). The custom
+            tensor, named by ``names`` (the tensors' argument names, in order; or a function
+            that makes them, called only then). The custom
             ops are CUDA-only: the dispatcher's own error would be many lines about
             backends.
     """
@@ -186,6 +212,8 @@ def traced(*tensors, names: tuple = ()) -> bool:
         if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta):
             custom = True
         else:
+            if callable(names):
+                names = names()
             raise not_a_cuda_tensor(t, names[i] if i < len(names) else "tensor")
     return custom
 

@@ -90,6 +90,47 @@ def test_mlp_chained_backward_matches_autograd(gt, matmul_precision, kind, acts)
         _close(p.grad, g64, rtol, f"param {i}")
 
 
+@pytest.mark.parametrize("acts", [("gelu_tanh", "none"), ("relu", "silu", "none"),
+                                  ("gelu", "tanh", "sigmoid", "leaky_relu")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_cached_stack_is_one_program_with_the_python_paths_bits(gt, acts, dtype,
+                                                                   monkeypatch):
+    """From its second call an MLP's forward is one compiled program (every layer's GEMM,
+    the outputs allocated in C) and gives the Python path's bits, in the forward, the
+    gradients and without a gradient; a layer without a bias among them."""
+    from ge2jit.jit.fastlaunch import MISS
+    from ge2jit.ops.gemm import chain
+
+    torch.manual_seed(3)
+    sizes = [64, 192, 128, 80, 96][:len(acts) + 1]
+    block = gt.MLP(sizes, act=acts[0], device="cuda", dtype=dtype)
+    block.acts = list(acts)
+    block.layers[1].bias = None
+    x = torch.randn(300, sizes[0], device="cuda", dtype=dtype)
+    gy = torch.randn(300, sizes[-1], device="cuda", dtype=dtype)
+    table = chain._table(len(acts), len(acts) - 1)
+
+    def step():
+        xx = x.clone().requires_grad_(True)
+        for p in block.parameters():
+            p.grad = None
+        y = block(xx)
+        y.backward(gy)
+        with torch.no_grad():
+            y_infer = block(x)
+        return [y.detach(), y_infer, xx.grad, *(p.grad for p in block.parameters())]
+
+    step()                                  # the Python path, which stores the programs
+    hits = table.stats()["hits"]
+    got = step()
+    assert table.stats()["hits"] == hits + 2, "the stack's calls did not take their programs"
+    monkeypatch.setattr(chain, "call", lambda *args: MISS)
+    want = step()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.stride() == w.stride(), i
+        assert torch.equal(g, w), i
+
+
 def test_mlp_without_bias_and_without_input_grad(gt):
     torch.manual_seed(2)
     block = gt.MLP([32, 64, 48], act="relu", bias=False, device="cuda")

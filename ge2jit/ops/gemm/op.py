@@ -149,8 +149,24 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
                         if compiled else None)
         # for a program of several launches that makes this call's (another op's backward)
         call.steps = _steps(plan, p, save_z, y, z) if compiled else None
-    call.plan = plan
+    call.plan, call.new, call.stream = plan, new, stream
     return call
+
+
+def prepared_call(a, b, bias=None, *, act: str = "none", leaky_slope: float = 0.01,
+                  save_preact: bool = False, precision=None):
+    """The prepared call that ``gemm_bias_act(a, b, bias, act=act, leaky_slope=leaky_slope,
+    save_preact=save_preact, precision=precision)`` (no C, no outputs given) made for its
+    pattern, or None where none was made (not called yet, or copied operands)."""
+    fw = framework_of_type(type(a))
+    if fw is None:
+        return None
+    try:
+        sig = _signature(fw, a, b, bias, act, None, 1.0, 0.0, leaky_slope, save_preact, None,
+                         None, None, False, None, precision)
+    except (AttributeError, TypeError):
+        return None
+    return _fast.get(sig)
 
 
 def _steps(plan: Plan, p: Problem, save_z: bool, y, z):

@@ -43,8 +43,15 @@ def _check_sizes(names: str, sizes, least: int = 0) -> list[int]:
 
 
 def _flat(layer: nn.Module, x: torch.Tensor, features: int, parameter) -> torch.Tensor:
+    """``x`` as the 2-D input of a layer's op: itself where it is 2-D, else its leading
+    dimensions flattened."""
     check_layer_input(layer, x, features, parameter)
-    return x.reshape(-1, features)
+    return x if x.dim() == 2 else x.reshape(-1, features)
+
+
+def _shaped(y: torch.Tensor, x: torch.Tensor, features: int) -> torch.Tensor:
+    """A layer's 2-D output ``y`` in the input ``x``'s leading shape."""
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], features)
 
 
 class Linear(nn.Module):
@@ -106,10 +113,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8 is not None:
             return self._forward_fp8(x)
-        y = gemm_bias_act(_flat(self, x, self.in_features, self.weight), self.weight.t(),
-                          self.bias, act=self.act, leaky_slope=self.leaky_slope,
-                          precision=self.precision)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        w = self.weight
+        y = gemm_bias_act(_flat(self, x, self.in_features, w), w.t(), self.bias, act=self.act,
+                          leaky_slope=self.leaky_slope, precision=self.precision)
+        return _shaped(y, x, self.out_features)
 
     def _forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
         from ...torch.fp8 import linear_fp8, quantized_weight
@@ -123,7 +130,7 @@ class Linear(nn.Module):
         y = linear_fp8(_flat(self, x, self.in_features, w), w.t(), self.bias, act=self.act,
                        fmt=self.fp8, per_token=self.fp8_activations == "token",
                        leaky_slope=self.leaky_slope, weight_fp8=cached)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return _shaped(y, x, self.out_features)
 
     def extra_repr(self) -> str:
         fp8 = (f", fp8={self.fp8!r}, fp8_activations={self.fp8_activations!r}"
@@ -160,11 +167,14 @@ class MLP(nn.Module):
                    dtype=dtype) for i, o, a in zip(sizes[:-1], sizes[1:], self.acts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, last = self.layers[0], self.layers[-1]
-        y = mlp(_flat(self, x, first.in_features, first.weight),
-                [m.weight for m in self.layers], [m.bias for m in self.layers], self.acts,
+        weights, biases = [], []
+        for m in self.layers:
+            weights.append(m.weight)
+            biases.append(m.bias)
+        first = weights[0]
+        y = mlp(_flat(self, x, first.shape[1], first), weights, biases, self.acts,
                 leaky_slope=self.leaky_slope, precision=self.precision)
-        return y.reshape(*x.shape[:-1], last.out_features)
+        return _shaped(y, x, weights[-1].shape[0])
 
 
 class GatedMLP(nn.Module):
@@ -232,10 +242,10 @@ class GatedMLP(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = gated_mlp(_flat(self, x, self.d_model, self.gate_up), self.gate_up,
-                      self.gate_up_bias, self.down, self.down_bias, self.act,
-                      precision=self.precision)
-        return y.reshape(*x.shape[:-1], self.d_model)
+        gate_up = self.gate_up
+        y = gated_mlp(_flat(self, x, self.d_model, gate_up), gate_up, self.gate_up_bias,
+                      self.down, self.down_bias, self.act, precision=self.precision)
+        return _shaped(y, x, self.d_model)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, hidden={self.hidden}, act={self.act!r}, "

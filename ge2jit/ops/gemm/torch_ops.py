@@ -16,12 +16,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ...jit.fastlaunch import MISS
 from ...runtime.torchlib import (
     absent,
     autocast_dtype,
     cast,
     define_op,
     eager_function,
+    fast_apply,
     is_master,
     kept_cast,
     lowered,
@@ -33,6 +35,7 @@ from ...runtime.torchlib import (
     traced,
     weight_cast,
 )
+from . import chain as _stack
 from .backward import gemm_bias_act_backward as _backward
 from .epilogue import ACT_NAMES, ACTS_FROM_Y, Act
 from .gated import gemm_gated as _gated_forward
@@ -395,14 +398,19 @@ def _chain(acts: str, has_bias: tuple, layers: int, leaky_slope: float,
 
 
 def _chain_of(acts: str, has_bias, layers: int, leaky_slope: float, present: int) -> _Chain:
-    return _chain(acts, tuple(bool(h) for h in has_bias), layers, leaky_slope, present)
+    return _chain(acts, tuple(has_bias), layers, leaky_slope, present)
 
 
 def _layers(x: Tensor, weights, biases, chain: _Chain, precision: str | None, save: bool):
     """The stack's forward: ``(Y, [H_1 .. H_L], [Z_l or None], [W16_l or None])`` (``biases``:
     the present ones; ``H_L`` is Y; Z kept with ``save`` where the backward takes act' from
     it; W16 the casts of master weights)."""
-    h, hs, zs, lows = x, [], [], []
+    found = _stack.call(x, weights, biases, chain, precision, save)
+    if found is not MISS:   # the whole stack's launches by one compiled program
+        y, hs, zs = found
+        hs.append(y)
+        return y, hs, zs, [None] * len(weights)
+    h, hs, zs, lows, keep = x, [], [], [], []
     slope = chain.leaky_slope
     for w, at, act, kind in zip(weights, chain.bias_at, chain.names, chain.kinds):
         keep_z = save and kind == "z"
@@ -412,7 +420,10 @@ def _layers(x: Tensor, weights, biases, chain: _Chain, precision: str | None, sa
         h, z = out if keep_z else (out, None)
         hs.append(h)
         zs.append(z)
+        keep.append(keep_z)
         lows.append(low if low is not w else None)
+    if all(w is None for w in lows):   # (master weights are cast per call: no program)
+        _stack.store(x, weights, biases, chain, precision, save, [x, *hs[:-1]], keep)
     return h, hs, zs, lows
 
 
@@ -605,6 +616,8 @@ class _GemmFunction(torch.autograd.Function):
                       precision=precision, db_dtype=_db_dtype(b, a))
         return g.a, g.b, g.bias, g.c, None, None, None, None, None, None
 
+_gemm_apply = fast_apply(_GemmFunction)
+
 _GatedFunction = eager_function(
     "_GatedFunction", _gated, _gated_setup,
     lambda ctx, gy, gz, glow: _gated_grads(ctx, gy, _gated_backward_impl))
@@ -650,6 +663,9 @@ class _MLPFunction(torch.autograd.Function):
         return (gx if needs_x else None, None, None, *gws, *(b for b in gbs if b is not None))
 
 
+_mlp_apply = fast_apply(_MLPFunction)
+
+
 # --- the functions users call --------------------------------------------------------------
 
 def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "none",
@@ -687,7 +703,7 @@ def gemm_bias_act(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str 
     if traced(a, b, bias, c, names=("a", "b", "bias", "c")):
         y, z, _ = gemm_bias_act_op(*args)
     elif grad:
-        out = _GemmFunction.apply(*args)
+        out = _gemm_apply(*args)
         if not keep_z:
             return out
         return out if save_preact else out[0]
@@ -755,18 +771,20 @@ def mlp(x: Tensor, weights, biases, acts, *, leaky_slope: float = 0.01,
     that layer's bias gradient, so the backward is the 2L - 1 GEMMs and nearly nothing else.
     Precision and autocast as in ``gemm_bias_act``."""
     dtype = autocast_dtype()
-    x = cast(x, dtype)
-    weights = [weight_cast(w, dtype) for w in weights]
-    biases = [b if b is None or b.dtype == torch.float32 else cast(b, dtype) for b in biases]
+    if dtype is not None:
+        x = cast(x, dtype)
+        weights = [weight_cast(w, dtype) for w in weights]
+        biases = [b if b is None or b.dtype == torch.float32 else cast(b, dtype)
+                  for b in biases]
     precision = precision_for(x.dtype, precision)
-    save = needs_grad(x, *weights, *biases)
     present = [b for b in biases if b is not None]
+    save = needs_grad(x, *weights, *present)
     has_bias = [b is not None for b in biases]
     acts, leaky_slope = ",".join(acts), float(leaky_slope)
     if traced(x, *weights, *present,
-              names=("x", *("weights",) * len(weights), *("biases",) * len(present))):
+              names=lambda: ("x", *("weights",) * len(weights), *("biases",) * len(present))):
         return mlp_op(x, weights, present, has_bias, acts, leaky_slope, precision, save)[0]
     if save:
         chain = _chain_of(acts, has_bias, len(weights), leaky_slope, len(present))
-        return _MLPFunction.apply(x, chain, precision, *weights, *present)
+        return _mlp_apply(x, chain, precision, *weights, *present)
     return _mlp(x, weights, present, has_bias, acts, leaky_slope, precision, False)[0]
