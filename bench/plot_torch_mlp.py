@@ -23,6 +23,8 @@ def plot(docs: list[dict], path: Path) -> None:
     plt = pyplot()
 
     fig, axes = plt.subplots(1, len(docs), figsize=(6.5 * len(docs), 4.6), squeeze=False)
+    colors = {}   # one color an implementation, in every panel
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, doc in zip(axes[0], docs):
         # each row's times by implementation: under "ms" (a row also holds its comparisons),
         # or the row itself (results written before the comparisons were)
@@ -33,7 +35,8 @@ def plot(docs: list[dict], path: Path) -> None:
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
-            ax.bar(xs, [r[name] for r in rows], width, label=name)
+            color = colors.setdefault(name, cycle[len(colors) % len(cycle)])
+            ax.bar(xs, [r[name] for r in rows], width, label=name, color=color)
         ax.set_xticks(range(len(rows)), [str(r["tokens"]) for r in rows])
         ax.set_yscale("log")
         ax.set_xlabel("tokens")
@@ -42,7 +45,8 @@ def plot(docs: list[dict], path: Path) -> None:
         ax.set_title(f"{doc['dtype']}{f', ge2jit {precision}' if precision else ''}, "
                      f"d = {doc['d']} ({doc['device']})", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
