@@ -118,7 +118,7 @@ def linear_fp8(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "
     if traced(a, b, bias, names=("a", "b", "bias")):
         y, z = linear_fp8_op(*args)
     elif grad:
-        y, z = _LinearFp8Function.apply(*args)
+        y, z = _LinearFp8Function.fast_apply(*args)
     else:
         y, z = _linear_fp8(*args)
     return (y, z) if save_preact else y

@@ -179,6 +179,55 @@ def test_eager_functions_bind_no_signature_per_call(monkeypatch):
     assert issubclass(fn, torch.autograd.Function) and fn.__name__ == "_Scale"
 
 
+def test_fast_apply_is_apply_without_its_python_layer():
+    """``fast_apply`` gives apply's results and gradients, unwraps nothing of plain tensors,
+    and hands over to ``apply`` while a functorch transform is active (vmap here)."""
+    from ge2jit.runtime.torchlib import eager_function
+
+    def forward(x, w):
+        return x * w
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        return gy * w, gy * x
+
+    fn = eager_function("_Mul", forward, setup, backward)
+    x = torch.randn(6, requires_grad=True)
+    w = torch.randn(6, requires_grad=True)
+    fn.fast_apply(x, w).sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    fn.apply(x, w).sum().backward()
+    assert torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+    y = fn.fast_apply(x, w)
+    assert type(y.grad_fn).__name__ == "_MulBackward"
+
+    class _Vmappable(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, w):
+            return x * w
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        @staticmethod
+        def backward(ctx, gy):
+            x, w = ctx.saved_tensors
+            return gy * w, gy * x
+
+    from ge2jit.runtime.torchlib import fast_apply
+
+    apply = fast_apply(_Vmappable)
+    batched = torch.func.vmap(apply)(torch.ones(3, 4), torch.full((3, 4), 2.0))
+    assert torch.equal(batched, torch.full((3, 4), 2.0))
+
+
 OPS = ("gemm_bias_act", "gemm_bias_act_backward", "gemm_gated", "gemm_gated_backward",
        "gated_mlp", "gated_mlp_backward", "mlp", "mlp_backward", "softmax",
        "softmax_backward", "rms_norm", "rms_norm_backward", "layer_norm",

@@ -143,5 +143,5 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100,
     if traced(logits, targets, names=("logits", "targets")):
         return cross_entropy_op(*args)[0]
     if compute:
-        return _CrossEntropyFunction.apply(*args)[0]
+        return _CrossEntropyFunction.fast_apply(*args)[0]
     return _cross_entropy(*args)[0]

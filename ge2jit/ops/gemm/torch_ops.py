@@ -340,16 +340,23 @@ def _gated_mlp_backward(gy: Tensor, x: Tensor, gate_up: Tensor, gate_up_bias: Te
     bias gradient is the column sums of dZ; then dX and d gate_up are the two GEMMs of dZ.
     Master weights (float32 of a 16-bit ``x``) are read as their casts ``gate_up16`` and
     ``down16`` (cast again where absent) and get float32 gradients."""
-    needs = ("a", "b") + (("bias",) if down_bias is not None else ())
+    grads = _gated_chain_backward(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act,
+                                  precision, needs_x, gate_up16, down16)
+    return [g if g is not None else absent(gy) for g in grads]
+
+
+def _gated_chain_backward(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision,
+                          needs_x, gate_up16, down16) -> tuple:
+    """``_gated_mlp_backward``'s gradients, None where there is no such input or dX is not
+    wanted."""
+    needs = ("a", "b", "bias") if down_bias is not None else ("a", "b")
     g = _backward(gy, h, lowered(down, x, down16).t(), down_bias, needs=needs,
                   precision=precision, a_glu=act, a_z=z, a_bias=gate_up_bias,
                   db_dtype=_db_dtype(down, x))
     g2 = _backward(g.a, x, lowered(gate_up, x, gate_up16).t(), None,
                    needs=("a", "b") if needs_x else ("b",), precision=precision,
                    db_dtype=_db_dtype(gate_up, x))
-    return [g2.a if needs_x else absent(gy), g2.b.t(),
-            g.a_bias if g.a_bias is not None else absent(gy), g.b.t(),
-            g.bias if g.bias is not None else absent(gy)]
+    return (g2.a if needs_x else None), g2.b.t(), g.a_bias, g.b.t(), g.bias
 
 
 gated_mlp_backward_op = define_op("gated_mlp_backward", _gated_mlp_backward)
@@ -623,14 +630,35 @@ _GatedFunction = eager_function(
     lambda ctx, gy, gz, glow: _gated_grads(ctx, gy, _gated_backward_impl))
 
 
-def _gated_mlp_saved(x, gate_up, gate_up_bias, down, down_bias, act, precision):
-    return tuple(_gated_mlp(x, gate_up, gate_up_bias, down, down_bias, act, precision, True))
+class _GatedMLPFunction(torch.autograd.Function):
+    """The eager mode's ``gated_mlp``: the op's forward and chained backward on the same
+    implementations, with only Y as output and nothing allocated for what is absent."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up, gate_up_bias, down, down_bias, act, precision):
+        gate_up16, down16 = lowered(gate_up, x), lowered(down, x)
+        h, z = _gated_forward(x, gate_up16.t(), gate_up_bias, act=act, save_preact=True,
+                              precision=precision)
+        y = _forward(h, down16.t(), down_bias, precision=precision)
+        ctx.scalars = (act, precision)
+        ctx.save_for_backward(x, gate_up, gate_up_bias, down, down_bias, h, z,
+                              None if gate_up16 is gate_up else gate_up16,
+                              None if down16 is down else down16)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        if gy is None:
+            return (None,) * 7
+        x, gate_up, gate_up_bias, down, down_bias, h, z, gate_up16, down16 = ctx.saved_tensors
+        act, precision = ctx.scalars
+        gx, g_gate_up, g_gate_up_bias, g_down, g_down_bias = _gated_chain_backward(
+            gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision,
+            ctx.needs_input_grad[0], gate_up16, down16)
+        return gx, g_gate_up, g_gate_up_bias, g_down, g_down_bias, None, None
 
 
-_GatedMLPFunction = eager_function(
-    "_GatedMLPFunction", _gated_mlp_saved,
-    lambda ctx, inputs, output: _gated_mlp_setup(ctx, (*inputs, True), output),
-    lambda ctx, gy, *_: _gated_mlp_grads(ctx, gy, _gated_mlp_backward, _gated)[:7])
+_gated_mlp_apply = fast_apply(_GatedMLPFunction)
 
 
 class _MLPFunction(torch.autograd.Function):
@@ -732,7 +760,7 @@ def gemm_gated(a: Tensor, b: Tensor, bias: Tensor | None = None, *, act: str = "
     if traced(a, b, bias, names=("a", "b", "bias")):
         y, z, _ = gemm_gated_op(*args)
     elif grad:
-        y, z, _ = _GatedFunction.apply(*args)
+        y, z, _ = _GatedFunction.fast_apply(*args)
     else:
         y, z, _ = _gated(*args)
     return (y, z) if save_preact else y
@@ -757,7 +785,7 @@ def gated_mlp(x: Tensor, gate_up: Tensor, gate_up_bias: Tensor | None, down: Ten
     if traced(*tensors, names=("x", "gate_up", "gate_up_bias", "down", "down_bias")):
         return gated_mlp_op(*tensors, act, precision, save)[0]
     if save:
-        return _GatedMLPFunction.apply(*tensors, act, precision)[0]
+        return _gated_mlp_apply(*tensors, act, precision)
     return _gated_mlp(*tensors, act, precision, False)[0]
 
 

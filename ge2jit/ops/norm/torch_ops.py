@@ -237,7 +237,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6,
     if traced(x, weight, residual, names=("x", "weight", "residual")):
         y, h, _ = rms_norm_op(*args)
     elif needs_grad(x, weight, residual):
-        y, h, _ = _RMSNormFunction.apply(*args)
+        y, h, _ = _RMSNormFunction.fast_apply(*args)
     else:
         y, h, _ = _rms(*args)
     return y if residual is None else (y, h)
@@ -254,7 +254,7 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     if traced(x, weight, bias, residual, names=("x", "weight", "bias", "residual")):
         y, h, _, _ = layer_norm_op(*args)
     elif needs_grad(x, weight, bias, residual):
-        y, h, _, _ = _LayerNormFunction.apply(*args)
+        y, h, _, _ = _LayerNormFunction.fast_apply(*args)
     else:
         y, h, _, _ = _ln(*args)
     return y if residual is None else (y, h)

@@ -83,5 +83,5 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     if traced(x, names=("x",)):
         return softmax_op(x, dim)
     if needs_grad(x):
-        return _SoftmaxFunction.apply(x, dim)
+        return _SoftmaxFunction.fast_apply(x, dim)
     return _softmax(x, dim)
