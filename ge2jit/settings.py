@@ -17,6 +17,9 @@ where it is used, never at import.
 | GE2JIT_LAUNCH          | how prepared calls launch: compiled (default: the C launch path, |
 |                        | built with the machine's C compiler where the install has none) |
 |                        | or python (the pure-Python path)                                |
+| GE2JIT_DUMP_DIR        | a directory: each kernel this process uses (compiled or from the |
+|                        | cache) is written there once as source, PTX, cubin, SASS and    |
+|                        | NVRTC's log                                                     |
 
 The switches (GE2JIT_DISABLE_CACHE, GE2JIT_SAVE_SOURCE, GE2JIT_LINEINFO) take 1/0,
 true/false, yes/no, on/off in any case, empty meaning unset; GE2JIT_VERBOSE also 2 (or debug).
@@ -88,8 +91,8 @@ class Settings:
             first, the others are read only (a shared, warmed cache).
         nvrtc_path: the libnvrtc to load, or None to choose one.
         disable_cache_text, save_source_text, verbose_text, cache_max_size_text,
-            float32_precision_text, launch_text, lineinfo_text: the variables as given; the
-            properties of the same names without ``_text`` parse them.
+            float32_precision_text, launch_text, lineinfo_text, dump_dir_text: the variables
+            as given; the properties of the same names without ``_text`` parse them.
     """
 
     cache_dirs: tuple[Path, ...]
@@ -101,6 +104,7 @@ class Settings:
     float32_precision_text: str = ""
     launch_text: str = ""
     lineinfo_text: str = ""
+    dump_dir_text: str = ""
 
     @property
     def cache_dir(self) -> Path:
@@ -214,6 +218,23 @@ class Settings:
             raise SettingsError(f"GE2JIT_LAUNCH: expected compiled or python, got {text!r}")
         return text
 
+    @cached_property
+    def dump_dir(self) -> Path | None:
+        """GE2JIT_DUMP_DIR: where each kernel the process uses is written as source, PTX,
+        cubin, SASS and NVRTC's log (``ge2jit.jit.dump``), or None.
+
+        Raises:
+            SettingsError: it names something that is not a directory.
+        """
+        text = self.dump_dir_text.strip()
+        if not text:
+            return None
+        path = Path(text).expanduser()
+        if path.exists() and not path.is_dir():
+            raise SettingsError(f"GE2JIT_DUMP_DIR={text!r}: expected a directory (made if "
+                                "missing), but a file of that name exists")
+        return path
+
     def check(self) -> None:
         """Parse every variable now (a command checks them before doing anything).
 
@@ -221,7 +242,7 @@ class Settings:
             SettingsError: the first variable that cannot be used.
         """
         for name in ("disable_cache", "save_source", "verbose", "cache_max_size",
-                     "float32_precision", "launch", "lineinfo", "nvrtc_library"):
+                     "float32_precision", "launch", "lineinfo", "dump_dir", "nvrtc_library"):
             getattr(self, name)
 
 
@@ -246,6 +267,7 @@ def get_settings() -> Settings:
         float32_precision_text=os.environ.get("GE2JIT_FLOAT32_PRECISION", ""),
         launch_text=os.environ.get("GE2JIT_LAUNCH", ""),
         lineinfo_text=os.environ.get("GE2JIT_LINEINFO", ""),
+        dump_dir_text=os.environ.get("GE2JIT_DUMP_DIR", ""),
     )
     # A bad GE2JIT_VERBOSE logs nothing here (this never raises); the kernel cache reads
     # ``verbose`` when it is made, which raises at the first compile or cache command.

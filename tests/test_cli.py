@@ -800,6 +800,7 @@ def test_clear_counts_entries_not_files(tmp_path):
     ("GE2JIT_VERBOSE", "loud"), ("GE2JIT_SAVE_SOURCE", "please"),
     ("GE2JIT_FLOAT32_PRECISION", "half"), ("GE2JIT_NVRTC", "/nonexistent/libnvrtc.so.13"),
     ("GE2JIT_LAUNCH", "fast"), ("GE2JIT_LINEINFO", "maybe"),
+    ("GE2JIT_DUMP_DIR", "w.toml"),   # a file, not a directory
 ])
 def test_a_bad_setting_is_one_line_and_exit_2(tmp_path, args, name, value):
     write(tmp_path, SMALL)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .._version import __version__
 from ..errors import KernelLaunchError
 from ..runtime.capture import check_not_capturing
+from ..settings import get_settings
 from . import nvrtc
 from .cache import CacheEntry, cache_key, default_cache
 from .device import device_arch
@@ -61,10 +62,21 @@ def alias_for(spec: KernelSpec, arch: str) -> str:
 def build(spec: KernelSpec, arch: str, cache=None) -> tuple[CacheEntry, bool]:
     """Compile ``spec`` for ``arch`` unless the cache holds it; returns (entry, was_cached).
     The entry is looked up by its alias first (``alias_for``: no rendering), then by its key.
+    With ``GE2JIT_DUMP_DIR`` set, the kernel is also written there (``ge2jit.jit.dump``).
 
     Raises:
         KernelCompileError: NVRTC rejected the rendered source.
     """
+    entry, cached = _build(spec, arch, cache)
+    directory = get_settings().dump_dir
+    if directory is not None:
+        from .dump import dump_kernel
+
+        dump_kernel(directory, spec, nvrtc.normalize_arch(arch), entry)
+    return entry, cached
+
+
+def _build(spec: KernelSpec, arch: str, cache) -> tuple[CacheEntry, bool]:
     cache = default_cache() if cache is None else cache
     arch = nvrtc.normalize_arch(arch)
     alias = alias_for(spec, arch)

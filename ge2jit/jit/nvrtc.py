@@ -419,15 +419,8 @@ def _whole_cubin(prog: int, from_cupy: bytes) -> bytes:
     return whole if whole[:len(from_cupy)] == bytes(from_cupy) else bytes(from_cupy)
 
 
-def compile_to_cubin(source: str, kernel_name: str, arch: str,
-                     extra_options: tuple[str, ...] = ()) -> CompileResult:
-    """Compile ``source`` for ``arch`` and return the cubin with ptxas' resource report.
-
-    Raises:
-        KernelCompileError: NVRTC rejected the source; the error holds the log and the source.
-    """
-    nv = _binding()
-    options = compile_options(arch, extra_options)
+def _with_includes(options: tuple[str, ...], source: str, kernel_name: str) -> list[str]:
+    """``options`` with ``-I`` to the CUDA headers where ``source`` includes them."""
     full = list(options)
     if "#include <cuda" in source:
         inc = cuda_include_dir()
@@ -437,18 +430,57 @@ def compile_to_cubin(source: str, kernel_name: str, arch: str,
                 "nvidia-cuda-runtime (the 'cuda13' or 'cuda12' extra of ge2jit)"
             )
         full.append(f"-I{inc}")
-    t0 = time.perf_counter()
+    return full
+
+
+def compile_to_ptx(source: str, kernel_name: str, arch: str,
+                   extra_options: tuple[str, ...] = ()) -> str:
+    """The PTX of ``source`` as it is compiled for ``arch`` (the same options, for the
+    virtual architecture ``compute_XX`` of ``sm_XX``): what ptxas turns into the cubin.
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source.
+    """
+    virtual = "compute_" + normalize_arch(arch)[len("sm_"):]
+    options = tuple(f"--gpu-architecture={virtual}" if o.startswith("--gpu-architecture=")
+                    else o for o in compile_options(arch, extra_options)
+                    if not o.startswith("--ptxas-options"))
+    ptx = _compile(source, kernel_name, _with_includes(options, source, kernel_name),
+                   lambda nv, prog: nv.getPTX(prog))
+    return ptx.decode() if isinstance(ptx, bytes) else str(ptx)
+
+
+def _compile(source: str, kernel_name: str, options: list[str], read):
+    """``read(binding, program)`` of ``source`` compiled with ``options``.
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source; the error holds the log and the source.
+    """
+    nv = _binding()
     prog = nv.createProgram(source, f"{kernel_name}.cu", [], [])
     try:
         try:
-            nv.compileProgram(prog, full)
+            nv.compileProgram(prog, options)
         except nv.NVRTCError as e:
             log = nv.getProgramLog(prog)
-            raise KernelCompileError(kernel_name, log or str(e), source, tuple(full)) from None
-        log = nv.getProgramLog(prog)
-        cubin = _whole_cubin(prog, nv.getCUBIN(prog))
+            raise KernelCompileError(kernel_name, log or str(e), source, tuple(options)) from None
+        return read(nv, prog)
     finally:
         nv.destroyProgram(prog)
+
+
+def compile_to_cubin(source: str, kernel_name: str, arch: str,
+                     extra_options: tuple[str, ...] = ()) -> CompileResult:
+    """Compile ``source`` for ``arch`` and return the cubin with ptxas' resource report.
+
+    Raises:
+        KernelCompileError: NVRTC rejected the source; the error holds the log and the source.
+    """
+    options = compile_options(arch, extra_options)
+    t0 = time.perf_counter()
+    log, cubin = _compile(source, kernel_name, _with_includes(options, source, kernel_name),
+                          lambda nv, prog: (nv.getProgramLog(prog),
+                                            _whole_cubin(prog, nv.getCUBIN(prog))))
     seconds = time.perf_counter() - t0
     return CompileResult(cubin=cubin, log=log, resources=Resources.parse(log),
                          compile_seconds=seconds, options=tuple(options))
