@@ -28,21 +28,30 @@ def op_name(name: str) -> str:
 _library = None
 
 
-def define_op(name: str, fn) -> torch._ops.OpOverload:
+#: each op's implementation and the dispatch key it is registered for
+_implementations: dict = {}
+
+
+def define_op(name: str, fn, device: str = "CUDA", library=None) -> torch._ops.OpOverload:
     """``torch.ops.ge2jit.<name>``, defined by ``torch.library.Library``'s ``define`` and
     ``impl``: its schema inferred from ``fn``'s annotations (no argument mutated), ``fn`` its
-    CUDA implementation. Calls of an op so defined cost the dispatcher's few microseconds,
-    without ``torch.library.custom_op``'s Python layers (several times more per call, and
-    again per call under ``torch.compile``). ``register_fake`` and ``register_autograd``
-    complete it."""
+    implementation for ``device`` ("CUDA"; tests define CPU ops in a ``library`` of their
+    own). Calls of an op so defined cost the dispatcher's few microseconds, without
+    ``torch.library.custom_op``'s Python layers (several times more per call, and again per
+    call under ``torch.compile``). ``register_fake`` and ``register_autograd`` complete
+    it."""
     global _library
-    if _library is None:
-        _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    if library is None:
+        if _library is None:
+            _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+        library = _library
     # tagged as torch.library.custom_op tags its ops: fit for torch.compile
-    _library.define(name + torch.library.infer_schema(fn, mutates_args=()),
-                    tags=(torch.Tag.pt2_compliant_tag,))
-    _library.impl(name, fn, "CUDA")
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+    library.define(name + torch.library.infer_schema(fn, mutates_args=()),
+                   tags=(torch.Tag.pt2_compliant_tag,))
+    library.impl(name, fn, device)
+    op = getattr(getattr(torch.ops, library.ns), name).default
+    _implementations[op] = (fn, getattr(torch._C.DispatchKey, device), library, name)
+    return op
 
 
 def register_fake(op):
@@ -57,8 +66,37 @@ def register_fake(op):
 
 def register_autograd(op, backward, setup_context) -> None:
     """``op``'s gradient: ``setup_context(ctx, inputs, output)`` saves what
-    ``backward(ctx, *grads)`` reads."""
-    torch.library.register_autograd(op, backward, setup_context=setup_context)
+    ``backward(ctx, *grads)`` reads.
+
+    The op's Autograd kernel is ``torch.library.register_autograd``'s, behind one check: a
+    call that records no gradient on plain tensors of the op's device (a compiled graph's
+    calls, inference) goes straight to the op's implementation, without the redispatch
+    below autograd (a second crossing between the dispatcher and Python). Anything else
+    (a gradient to record, fake or functional tensors, a dispatch mode) takes PyTorch's own
+    kernel. Where this PyTorch lacks the pieces, ``register_autograd`` as it is."""
+    found = _implementations.get(op)
+    pieces = getattr(torch._library, "autograd", None)
+    make = getattr(pieces, "make_autograd_impl", None)
+    info = getattr(pieces, "Info", None)
+    any_grad = getattr(torch._C, "_any_requires_grad", None)
+    after = getattr(torch._C, "_after_autograd_keyset", None)
+    if any(x is None for x in (found, make, info, any_grad, after)):
+        torch.library.register_autograd(op, backward, setup_context=setup_context)
+        return
+    impl, backend, library, name = found
+    torch_kernel = make(op, info(backward, setup_context))
+    view_key = torch._C.DispatchKey.ADInplaceOrView
+    only = torch._C.DispatchKeySet(backend)
+    plain = {only.raw_repr(), only.add(view_key).raw_repr()}
+    grad_enabled = torch._C.is_grad_enabled
+
+    def kernel(keyset, *args, **kwargs):
+        if kwargs or (grad_enabled() and any_grad(*args)) or (
+                (keyset & after).raw_repr() not in plain):
+            return torch_kernel(keyset, *args, **kwargs)
+        return impl(*args)
+
+    library.impl(name, kernel, "Autograd", with_keyset=True)
 
 
 @torch.compiler.assume_constant_result

@@ -264,3 +264,87 @@ def test_fake_tensors_take_the_ops_with_their_autograd():
         assert y.shape == z.shape == (8, 6) and y.dtype == torch.bfloat16
         assert "ge2jit_gemm_bias_act" in type(y.grad_fn).__name__
         assert not z.requires_grad
+
+
+_TOY = {}
+
+
+def _toy_ops():
+    """Two CPU ops defined as ge2jit defines its CUDA ones (``define_op``, ``register_fake``,
+    ``register_autograd``) in a library of their own: ``scale(x, w)`` = x * w and
+    ``weighted(x, ws)`` = sum of x * w over a list; each implementation records whether it
+    ran below autograd (the redispatch) or straight from the Autograd kernel."""
+    if "lib" in _TOY:
+        return _TOY
+    from ge2jit.runtime.torchlib import define_op, register_autograd, register_fake
+
+    lib = torch.library.Library("ge2jit_toy", "FRAGMENT")
+    below = torch._C.DispatchKey.AutogradFunctionality
+    seen = _TOY.setdefault("seen", [])
+
+    def scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        seen.append(torch._C._dispatch_tls_is_dispatch_key_excluded(below))
+        return x * w
+
+    def weighted(x: torch.Tensor, ws: list[torch.Tensor]) -> torch.Tensor:
+        seen.append(torch._C._dispatch_tls_is_dispatch_key_excluded(below))
+        return sum(x * w for w in ws)
+
+    scale_op = define_op("scale", scale, "CPU", lib)
+    weighted_op = define_op("weighted", weighted, "CPU", lib)
+    register_fake(scale_op)(lambda x, w: torch.empty_like(x))
+    register_fake(weighted_op)(lambda x, ws: torch.empty_like(x))
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:1], *(inputs[1] if isinstance(inputs[1], list)
+                                             else inputs[1:]))
+
+    register_autograd(scale_op, lambda ctx, g: (g * ctx.saved_tensors[1],
+                                                g * ctx.saved_tensors[0]), setup_context=save)
+    register_autograd(weighted_op, lambda ctx, g: (
+        g * sum(ctx.saved_tensors[1:]), [g * ctx.saved_tensors[0]] * (
+            len(ctx.saved_tensors) - 1)), setup_context=save)
+    _TOY.update(lib=lib, scale=scale_op, weighted=weighted_op)
+    return _TOY
+
+
+def test_an_op_without_a_gradient_to_record_goes_straight_to_its_implementation():
+    """A call that records no gradient on plain tensors skips the redispatch below
+    autograd; a call that records one takes PyTorch's autograd kernel, and its gradient is
+    right; both give the same values."""
+    toy = _toy_ops()
+    seen = toy["seen"]
+    x, w = torch.randn(5), torch.randn(5)
+    seen.clear()
+    y = toy["scale"](x, w)
+    with torch.no_grad():
+        y2 = toy["scale"](x, w.requires_grad_(True))
+    assert seen == [False, False] and torch.equal(y, y2) and not y2.requires_grad
+    seen.clear()
+    y = toy["scale"](x.requires_grad_(True), w)
+    y.sum().backward()
+    assert seen == [True] and torch.equal(x.grad, w.detach()) and torch.equal(w.grad, x.detach())
+    ws = [torch.randn(5, requires_grad=True) for _ in range(3)]
+    x.grad = None
+    toy["weighted"](x, ws).sum().backward()
+    assert torch.allclose(x.grad, sum(w.detach() for w in ws))
+    assert all(torch.equal(w.grad, x.detach()) for w in ws)
+
+
+def test_the_fast_autograd_kernel_passes_opcheck_and_compiles():
+    toy = _toy_ops()
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    torch.library.opcheck(toy["scale"], (x, w))
+    torch.library.opcheck(toy["weighted"], (x, [w, w.detach().clone().requires_grad_(True)]))
+    with torch.no_grad():
+        torch.library.opcheck(toy["scale"], (x, w))
+
+    def f(x, w):
+        return (toy["scale"](x, w) * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled(x, w).backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    f(x, w).backward()
+    assert torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
