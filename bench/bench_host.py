@@ -1,4 +1,6 @@
-"""Host time of cached calls: CuPy arrays and PyTorch tensors, forward and backward.
+"""Host time of cached calls: CuPy arrays and PyTorch tensors, forward and backward; then
+the host time of an MLP block's training step and its pieces, ge2jit's and PyTorch's, eager
+and under ``torch.compile``.
 
     python bench/bench_host.py [--json PATH] [--quick]
 
@@ -97,6 +99,67 @@ def measure(cases: dict, calls: int = 200, rounds: int = 50) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def step_cases(tokens: int = 512, d: int = 1024, compiled: bool = True) -> dict:
+    """One training step of the MLP block of ``bench_torch_mlp.py`` (Linear d -> 4d,
+    GELU-tanh, Linear 4d -> d, bfloat16, ``model(x).backward(gy)``) and its pieces, ge2jit's
+    and PyTorch's; with ``compiled``, also both steps under ``torch.compile``."""
+    import importlib
+
+    import torch
+
+    import ge2jit.torch as gt
+
+    torch_ops = importlib.import_module("ge2jit.ops.gemm.torch_ops")   # (loaded by gt)
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    ours = gt.MLP([d, 4 * d, d], act="gelu_tanh", device="cuda", dtype=dtype)
+    ref = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(approximate="tanh"),
+                              torch.nn.Linear(4 * d, d)).to("cuda", dtype)
+    x = torch.randn(tokens, d, device="cuda", dtype=dtype, requires_grad=True)
+    gy = torch.randn(tokens, d, device="cuda", dtype=dtype)
+    xd = x.detach()
+    ws = [m.weight.detach() for m in ours.layers]
+    bs = [m.bias.detach() for m in ours.layers]
+    acts = "gelu_tanh,none"
+    cases = {"torch eager step": lambda: ref(x).backward(gy),
+             "ge2jit eager step": lambda: ours(x).backward(gy)}
+    if compiled:
+        compiled_ours, compiled_ref = torch.compile(ours), torch.compile(ref)
+        cases["torch.compile step"] = lambda: compiled_ref(x).backward(gy)
+        cases["ge2jit compiled step"] = lambda: compiled_ours(x).backward(gy)
+    return {
+        **cases,
+        "torch eager forward": lambda: ref(x),
+        "ge2jit eager forward": lambda: ours(x),
+        "torch.ops.ge2jit.mlp, no autograd": lambda: torch.ops.ge2jit.mlp(
+            xd, ws, bs, [True, True], acts, 0.01, None, True),
+        "its implementation": lambda: torch_ops._mlp(xd, ws, bs, [True, True], acts, 0.01,
+                                                     None, True),
+    }
+
+
+def measure_steps(cases: dict, calls: int = 20, rounds: int = 15) -> dict:
+    """Host µs per call of each case: ``calls`` calls queued behind a GPU sleep that outlasts
+    them (so that only the host counts, and the launch queue never fills), median of
+    ``rounds`` batches, the cases in turns."""
+    import torch
+
+    for fn in cases.values():
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            torch.cuda._sleep(int(5e8))
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
@@ -114,10 +177,19 @@ def main(argv=None) -> int:
     print("| what | host µs per call |\n|---|---|")
     for name, us in results.items():
         print(f"| {name} | {us:.2f} |")
+    steps = (measure_steps(step_cases(compiled=False), 5, 3) if args.quick
+             else measure_steps(step_cases()))
+    print("\n| MLP block, 512 tokens (GPU held busy: host time only) | host µs |\n|---|---|")
+    for name, us in steps.items():
+        print(f"| {name} | {us:.1f} |")
+    ratio = steps["ge2jit eager step"] / steps["torch eager step"]
+    print(f"ge2jit eager step / torch eager step: {ratio:.2f} (target <= 0.60)")
+    print(f"the custom op's own overhead without autograd: "
+          f"{steps['torch.ops.ge2jit.mlp, no autograd'] - steps['its implementation']:.1f} µs")
     if args.json:
         doc = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                "date": time.strftime("%Y-%m-%d"), "commit": commit(),
-               "host_us": results}
+               "host_us": results, "step_host_us": steps}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0
