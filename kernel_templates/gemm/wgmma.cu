@@ -30,6 +30,11 @@ if (Q * 16 == EPC * sizeof(*C) && c_vec && n + EPC <= N) {
 {%- endmacro %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
+{% include "common/sm90/mbarrier.cuh" %}
+{% include "common/sm90/tma.cuh" %}
+{% include "common/sm90/wgmma.cuh" %}
+{% include "common/sm90/warpgroup.cuh" %}
+{% include "common/sm90/scheduler.cuh" %}
 {% if glu_grad and spec.store16 %}
 {% include "common/cp_async.cuh" %}
 {% endif %}
@@ -92,9 +97,6 @@ constexpr int SA_PER = (BM + GROUP - 1) / GROUP;          // row scales per thre
 constexpr int SB_PER = (BN + GROUP - 1) / GROUP;          // column scales per thread
 {% endif %}
 
-// The driver's CUtensorMap: 128 opaque bytes, passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
 {{ ep.c_accessor(spec) }}
 {% if spec.c_tma %}
 // C (the gate's input, or beta's term) arrives by TMA through the ring: after a tile's k-tiles,
@@ -147,103 +149,6 @@ __device__ __forceinline__ void c_load(const char* ring, const int (&slot)[C_SLO
 {% else %}
 constexpr int C_SLOTS = 0;
 {% endif %}
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" :: "r"(bar), "r"(parity) : "memory");
-}
-// A 2-D box of the tensor `map` at coordinates (inner, outer) into shared memory; completion
-// is counted on `bar` in bytes.
-__device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int inner,
-                                         int outer, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, { %2, %3 }], [%4];\n"
-        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(inner), "r"(outer),
-           "r"(bar) : "memory");
-}
-
-// A 2-D box of shared memory (the map's box, 128-byte swizzled) to the tensor `map` at
-// (inner, outer); elements outside the tensor are skipped. Completion: bulk async-groups.
-__device__ __forceinline__ void tma_store(const TensorMap* map, unsigned src, int inner,
-                                          int outer) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, { %1, %2 }], [%3];\n"
-        :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(inner), "r"(outer), "r"(src)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Until at most N of this thread's bulk groups still read shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
-}
-// Makes this thread's shared-memory writes visible to the copy engine (the async proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Where tile `tile` of the persistent order starts. Tiles run down groups of GROUP_M tile rows,
-// then across: the tiles in flight at once (one per SM) share a few row blocks of A and column
-// blocks of B, which stay in L2 while they are used, instead of sweeping all of A per column.
-constexpr int GROUP_M = 16;
-__device__ __forceinline__ void tile_origin(int tile, int tiles_m, int tiles_n, int& m0,
-                                            int& n0) {
-    const int per_group = GROUP_M * tiles_n;
-    const int first = tile / per_group * GROUP_M;
-    const int rows = min(tiles_m - first, GROUP_M);
-    const int in_group = tile % per_group;
-    m0 = (first + in_group % rows) * BM;
-    n0 = in_group / rows * BN;
-}
-
-// wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
-// >> 4), 128-byte swizzle. The tiles start on 1024-byte boundaries (base offset 0).
-__device__ __forceinline__ unsigned long long descriptor(unsigned addr, unsigned lbo,
-                                                         unsigned sbo) {
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4)
-         | (static_cast<unsigned long long>(lbo >> 4) << 16)
-         | (static_cast<unsigned long long>(sbo >> 4) << 32)
-         | (1ull << 62);
-}
-
-// bar.sync on barrier `id` (1..15; 0 is __syncthreads) for `count` threads (whole warps).
-__device__ __forceinline__ void named_barrier(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
-}
 
 // D (+)= A @ B for one k-step: 64 x BN, the accumulators in the register layout of wgmma.
 __device__ __forceinline__ void wgmma(float (&d)[{{ n_acc }}], unsigned long long da,
@@ -323,19 +228,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         mbar_init(order, 4);
         mbar_init(order + 8, 4);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_fence_init();
     }
     __syncthreads();
 
     if (warpgroup == 0) {
         // Producer: one thread walks the same tiles as the consumers and keeps the ring full.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 {{ 40 if cfg.consumers <= 2 else 32 }};\n");
+        warpgroup_registers_down<{{ 40 if cfg.consumers <= 2 else 32 }}>();
         if (threadIdx.x == 0 && k_tiles > 0) {
             int it = 0;
             for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
                 const int tile = unit % tiles, kt0 = (unit / tiles) * per_split;
                 int m0, n0;
-                tile_origin(tile, tiles_m, tiles_n, m0, n0);
+                tile_origin<BM, BN>(tile, tiles_m, tiles_n, m0, n0);
                 for (int kt = kt0; kt < min(kt0 + per_split, k_tiles); ++kt, ++it) {
                     const int s = it % STAGES;
                     mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
@@ -383,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // consumer: its main loop starts when the other's has finished, so that each waits on ring
     // positions at most one phase ahead of the barriers, and one's epilogue overlaps the other's
     // main loop.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 {{ 232 if cfg.consumers <= 2 else 160 }};\n");
+    warpgroup_registers_up<{{ 232 if cfg.consumers <= 2 else 160 }}>();
     const int wg = warpgroup - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int g = lane >> 2, t = lane & 3;
@@ -444,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {% endif %}
         if (PINGPONG && (i & 1) != wg) continue;
         int m0, n0;
-        tile_origin(tile, tiles_m, tiles_n, m0, n0);
+        tile_origin<BM, BN>(tile, tiles_m, tiles_n, m0, n0);
 {% if bias_tile %}
         float bias_next[BIAS_PER];
 {% if spec.epilogue.bias.value == "colbias" %}
