@@ -116,14 +116,24 @@ def main(argv=None) -> int:
                 for side in ("base-src", "here-src")]
         with ProcessPoolExecutor(args.jobs) as pool:
             results = list(pool.map(_sass, jobs))
-    differ = 0
-    for i, (family, name, arch, _) in enumerate(here):
-        old, new = results[2 * i], results[2 * i + 1]
-        if old != new:
+        differ = unstable = 0
+        for i, (family, name, arch, options) in enumerate(here):
+            old, new = results[2 * i], results[2 * i + 1]
+            if old == new:
+                continue
+            # NVRTC has been seen to allocate registers differently for the same source from
+            # one compile to the next in a process: a difference counts if it holds again
+            again = [_sass((str(tmp / side / f"{i}.cu"), name, arch, options))
+                     for side in ("base-src", "here-src")]
+            if again[0] == again[1]:
+                unstable += 1
+                print(f"unstable: {family} {name} ({arch}): the same when compiled again")
+                continue
             differ += 1
-            print(f"differs: {family} {name} ({arch}): registers {old[1]} -> {new[1]}, "
-                  f"spilled bytes {old[2]} -> {new[2]}")
-    print(f"{len(here)} variants compared with {args.base}: {len(here) - differ} the same, "
+            print(f"differs: {family} {name} ({arch}): registers {again[0][1]} -> "
+                  f"{again[1][1]}, spilled bytes {again[0][2]} -> {again[1][2]}")
+    print(f"{len(here)} variants compared with {args.base}: {len(here) - differ} the same"
+          f"{f' ({unstable} only when compiled again)' if unstable else ''}, "
           f"{differ} different")
     return 1 if differ else 0
 

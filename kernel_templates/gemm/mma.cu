@@ -8,7 +8,8 @@
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
-{% include "common/cp_async.cuh" %}
+{% include "common/sm80/cp_async.cuh" %}
+{% include "common/sm80/ldmatrix.cuh" %}
 
 typedef {{ spec.in_ctype }} T_IN;
 constexpr int BM = {{ cfg.bm }};
@@ -108,14 +109,6 @@ __device__ __forceinline__ void load_tiles(char* __restrict__ As, char* __restri
         Bs, B, ldb, N, K, n0, k0, tid);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
 // 32-bit word `col` of row `row` of a SCALAR32 tile.
 template <int ROW_BYTES>
 __device__ __forceinline__ unsigned word_at(const char* tile, int row, int col) {

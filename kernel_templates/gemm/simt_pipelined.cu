@@ -10,7 +10,7 @@
 {% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
-{% include "common/cp_async.cuh" %}
+{% include "common/sm80/cp_async.cuh" %}
 
 constexpr int BM = {{ cfg.bm }};
 constexpr int BN = {{ cfg.bn }};

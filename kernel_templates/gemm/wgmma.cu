@@ -36,7 +36,7 @@ if (Q * 16 == EPC * sizeof(*C) && c_vec && n + EPC <= N) {
 {% include "common/sm90/warpgroup.cuh" %}
 {% include "common/sm90/scheduler.cuh" %}
 {% if glu_grad and spec.store16 %}
-{% include "common/cp_async.cuh" %}
+{% include "common/sm80/cp_async.cuh" %}
 {% endif %}
 
 constexpr int BM = {{ cfg.bm }};

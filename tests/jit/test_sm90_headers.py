@@ -66,9 +66,40 @@ def _source() -> str:
 
 
 def test_the_headers_are_plain_cpp():
-    for h in HEADERS:
-        text = (template_dir() / "common" / "sm90" / f"{h}.cuh").read_text()
-        assert "{%" not in text and "{{" not in text, h
+    headers = sorted((template_dir() / "common").glob("sm*/*.cuh"))
+    assert len(headers) >= len(HEADERS) + 2
+    for path in headers:
+        text = path.read_text()
+        assert "{%" not in text and "{{" not in text, path.name
+
+
+def test_the_sm80_primitives_compile_and_the_templates_take_them_by_include():
+    source = "\n".join((template_dir() / "common" / name).read_text() for name in (
+        "types.cuh", "sm80/cp_async.cuh", "sm80/ldmatrix.cuh")) + r"""
+extern "C" __global__ void every_sm80_wrapper(const float* in, unsigned* out)
+{
+    __shared__ __align__(16) char tile[4096];
+    cp_async_16(tile + threadIdx.x * 16, in + threadIdx.x * 4, 16);
+    cp_async_8(tile + 2048 + threadIdx.x * 8, in, 8);
+    cp_async_4(tile + 3072 + threadIdx.x * 4, in, 4);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    unsigned r[4], t[4];
+    ldmatrix_x4(r, tile + (threadIdx.x % 32) * 16);
+    ldmatrix_x4_trans(t, tile + (threadIdx.x % 32) * 16);
+    out[threadIdx.x] = r[0] + r[1] + r[2] + r[3] + t[0] + t[1] + t[2] + t[3];
+}
+"""
+    result = nvrtc.compile_to_cubin(source, "every_sm80_wrapper", "sm_80")
+    assert result.resources.spill_stores == 0
+    if find_cuobjdump() is not None:
+        sass = dump_sass(result.cubin)
+        assert "LDGSTS" in sass and "LDSM" in sass
+    for family in ("mma.cu", "simt_pipelined.cu", "wgmma.cu"):
+        text = (template_dir() / "gemm" / family).read_text()
+        assert '{% include "common/sm80/cp_async.cuh" %}' in text, family
+        assert '"cp.async.' not in text and '"ldmatrix' not in text, family
 
 
 def test_every_wrapper_compiles_for_sm90a():

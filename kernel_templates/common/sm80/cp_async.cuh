@@ -1,4 +1,5 @@
-// Asynchronous global -> shared copies (sm_80+). src_bytes < size fills the rest with zeros, so
+// Asynchronous global -> shared copies (sm_80+; `smem_u32` from common/types.cuh). PTX ISA:
+// "cp.async". src_bytes < size fills the rest with zeros, so
 // tiles at the matrix edges need no separate path: out-of-range elements read as 0.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
     const unsigned s = smem_u32(smem);
