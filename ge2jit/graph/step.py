@@ -346,7 +346,8 @@ def capture(fn, *example_args, warmup: int | None = None, inputs=None, backend=N
 
     Args:
         fn: the step, a callable.
-        *example_args, **example_kwargs: arguments of one call (the keywords ``warmup``,
+        *example_args: positional arguments of one call.
+        **example_kwargs: keyword arguments of one call (the keywords ``warmup``,
             ``inputs`` and ``backend`` are this function's own).
         warmup: eager runs before the capture (see above); 0 when everything is warm.
         inputs: None (every array argument is copied in on each call) or the names or

@@ -16,7 +16,7 @@ Why the wheel search is ge2jit's own and not ``cuda.pathfinder.load_nvidia_dynam
 pathfinder takes the first library it meets in ``site.getsitepackages()`` under fixed folders
 (``nvidia/cu13/lib``, ``nvidia/cuda_nvrtc/lib``) with the sonames it knows (12 and 13). It does
 not look in a ``pip install --target`` folder named in PYTHONPATH (how the GPU machines carry
-NVRTC 13.5 beside an image's 13.0, see the README), does not compare versions to take the
+NVRTC 13.5 beside an image's 13.0, see docs/cli-and-cache.md), does not compare versions to take the
 newest of several wheels, and would load a system NVRTC before a newer wheel outside
 site-packages. It does the rest of the search (conda, the system, CUDA_PATH), so that part is
 its: ``_load_by_pathfinder``. The CUDA headers are found by pathfinder too

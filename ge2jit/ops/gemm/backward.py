@@ -125,10 +125,19 @@ def gemm_bias_act_backward(gy, a, b, bias=None, *, act: str = "none", z=None, y=
 
     Args:
         gy: (M, N) gradient of Y, in the inputs' dtype or float32.
-        a, b, bias, c, alpha, beta, leaky_slope, act, precision: as given to the forward;
-            ``bias`` and ``c`` give the shapes and types of their gradients (and their values
-            when Z is recomputed).
-        z, y: (M, N) pre-activation or output of the forward (see above).
+        a: A, as given to the forward.
+        b: B, as given to the forward.
+        bias: as given to the forward: it gives the shape and type of its gradient (and its
+            values when Z is recomputed).
+        c: as given to the forward: it gives the shape and type of its gradient (and its
+            values when Z is recomputed).
+        alpha: as given to the forward.
+        beta: as given to the forward.
+        leaky_slope: as given to the forward.
+        act: as given to the forward.
+        precision: as given to the forward.
+        z: (M, N) pre-activation of the forward (see above).
+        y: (M, N) output of the forward (see above).
         needs: the gradients to compute, of "a", "b", "bias", "c".
         a_act: None, or the activation that produced A (any of the forward's): dA becomes
             ``alpha * (dZ @ B.T) * a_act'(a_z)``.

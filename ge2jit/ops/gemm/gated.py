@@ -25,8 +25,8 @@ def interleave_gate_up(gate, up, out=None):
     ``out[..., 1::2] = up``.
 
     Args:
-        gate, up: two (K, N) weights (or two (N,) biases) of one dtype and framework (CuPy
-            arrays or PyTorch tensors).
+        gate: a (K, N) weight (or an (N,) bias), CuPy array or PyTorch tensor.
+        up: a (K, N) weight (or an (N,) bias) of gate's dtype and framework.
         out: optional (K, 2N) (or (2N,)) array to write; default a new C-contiguous one.
 
     Returns:
@@ -107,9 +107,13 @@ def gemm_gated(a, b, bias=None, *, act: str = "silu", alpha: float = 1.0,
         leaky_slope: slope of "leaky_relu".
         save_preact: also return Z, the (M, 2N) pre-activations (interleaved as ``b``), for
             the backward.
-        out, preact_out: optional (M, N) Y and (M, 2N) Z to write, row-major, of Y's dtype.
-        out_dtype, precision, config, autotune: as ``gemm_bias_act``'s (the configs are the
-            GEMM's, for a GEMM of (M, 2N, K)).
+        out: optional (M, N) Y to write, row-major, of Y's dtype.
+        preact_out: optional (M, 2N) Z to write, row-major, of Y's dtype.
+        out_dtype: as ``gemm_bias_act``'s.
+        precision: as ``gemm_bias_act``'s.
+        config: as ``gemm_bias_act``'s (the configs are the GEMM's, for a GEMM of
+            (M, 2N, K)).
+        autotune: as ``gemm_bias_act``'s.
 
     Returns:
         ``Y`` (M, N), or ``(Y, Z)`` with ``save_preact``.
@@ -146,12 +150,21 @@ def gemm_gated_backward(gy, a, b, bias=None, *, act: str = "silu", z=None, alpha
 
     Args:
         gy: (M, N) gradient of Y, in the inputs' dtype or float32.
-        a, b, bias, act, alpha, leaky_slope, precision: as given to the forward.
+        a: as given to the forward.
+        b: as given to the forward.
+        bias: as given to the forward.
+        act: as given to the forward.
+        alpha: as given to the forward.
+        leaky_slope: as given to the forward.
+        precision: as given to the forward.
         z: the forward's (M, 2N) pre-activations (``save_preact=True``); without it Z is
             recomputed by a GEMM (float32, one more GEMM's time, no memory kept).
         needs: the gradients to compute, of "a", "b", "bias".
-        a_act, a_z, a_leaky_slope, a_bias: as ``gemm_bias_act_backward``'s: dA formed as the
-            gradient of the pre-activation of the layer that produced A.
+        a_act: as ``gemm_bias_act_backward``'s: dA formed as the gradient of the
+            pre-activation of the layer that produced A.
+        a_z: as ``gemm_bias_act_backward``'s.
+        a_leaky_slope: as ``gemm_bias_act_backward``'s.
+        a_bias: as ``gemm_bias_act_backward``'s.
         db_dtype: dB's dtype, None (the inputs') or float32, as ``gemm_bias_act_backward``'s.
 
     Returns:

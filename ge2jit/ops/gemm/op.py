@@ -265,8 +265,8 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
           ``GE2JIT_FLOAT32_PRECISION=tf32`` makes it the default.
         - float32 inputs, ``precision="tf32x3"``: float32 accuracy from the tf32 tensor cores.
           Each input x is split into hi = x rounded to tf32 and lo = (x - hi) rounded to tf32,
-          and the GEMM sums hi*hi + hi*lo + lo*hi in float32 (what is dropped, lo*lo, is about
-          2^-22 of a product): errors of the order of float32 summation's (about 1e-6
+          and the GEMM sums ``hi*hi + hi*lo + lo*hi`` in float32 (what is dropped, ``lo*lo``, is
+          about 2^-22 of a product): errors of the order of float32 summation's (about 1e-6
           relative), at three tf32 GEMMs' cost plus one pass over A and B, which are split
           into a workspace of 3 x (M + N) x K float32 values (scratch, as split-K's). On an
           H100/H200 that is several times faster than the exact float32 path for large

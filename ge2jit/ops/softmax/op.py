@@ -115,8 +115,8 @@ def softmax(x, axis: int = -1, *, out=None, config=None):
             default x's), written and returned. It may be x itself (in place: every kernel
             reads each vector whole before writing it); any other overlap with x is refused.
         config: pin the kernel variant by name (see ``ge2jit.ops.softmax.spec``):
-            ``"warp{G}_v{V}_r{R}"`` (rows of up to G*V elements, G lanes per row),
-            ``"block_{T}_v{V}"`` (rows of up to T*V elements, a block per row),
+            ``"warp{G}_v{V}_r{R}"`` (rows of up to ``G*V`` elements, G lanes per row),
+            ``"block_{T}_v{V}"`` (rows of up to ``T*V`` elements, a block per row),
             ``"loop_{T}"`` (any row length, input read twice) or ``"strided_{T}"`` (any
             layout). The first three need rows along a unit-stride last axis.
 
