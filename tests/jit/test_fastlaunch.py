@@ -322,3 +322,35 @@ def test_a_program_called_directly_reads_its_frameworks_arrays_only(compiled):
     if fl._state["module"].driver() is not None:   # no GPU driver here: up to the launch
         with pytest.raises(RuntimeError, match="CUDA driver could not be loaded"):
             program(Array(0x1000), Array(0x3000), "x", 2.0)
+
+
+def test_a_stack_without_a_program_is_not_tried_again(compiled, monkeypatch):
+    """A stack whose layers give no program (split K, staged operands) is remembered by its
+    signature: its later calls do not rebuild anything, until the prepared calls are
+    cleared."""
+    from types import SimpleNamespace
+
+    from ge2jit.ops.gemm import chain
+    from ge2jit.runtime import prepared
+
+    tried = []
+    monkeypatch.setattr(chain, "framework_of_type", lambda t: SimpleNamespace(name="cupy"))
+    monkeypatch.setattr(chain.op, "prepared_call", lambda *a, **k: tried.append(1))
+    from collections import namedtuple
+
+    pattern = namedtuple("Pattern", "names kinds bias_at leaky_slope")(
+        ("gelu", "none"), ("z", "none"), (-1, -1), 0.01)   # as torch_ops._Chain
+    class Weight(Array):
+        T = property(lambda self: self)   # (only pointers and the signature matter here)
+
+    x, w1, w2 = Array(0x1000, (8, 4)), Weight(0x2000, (6, 4)), Weight(0x3000, (4, 6))
+    fl.register(Array, "cupy")
+    fl.register(Weight, "cupy")
+    prepared.clear_all()
+    args = (x, [w1, w2], [], pattern, None, True, [x, None], [True, False])
+    assert chain.store(*args) is False and tried == [1]
+    assert chain.store(*args) is False and tried == [1]           # remembered
+    other = Array(0x1000, (16, 4))                                 # another signature
+    assert chain.store(other, *args[1:]) is False and tried == [1, 1]
+    prepared.clear_all()
+    assert chain.store(*args) is False and tried == [1, 1, 1]     # cleared: tried again

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from ...jit import fastlaunch
 from ...runtime.arrays import framework_of_type
+from ...runtime.prepared import PreparedCalls
 from . import op
 
 #: the most layers a program holds (its outputs: Y, the hidden layers' H and every Z)
 MAX_LAYERS = fastlaunch.MAX_RETURNS // 2
 
 _tables: dict = {}
+#: the signatures of stacks that have no program (a layer that splits K, stages operands, or
+#: has no prepared call): their calls do not try again until the prepared calls are cleared
+_refused = PreparedCalls("gemm_stack_refused")
 
 
 def _table(layers: int, present: int) -> fastlaunch.Table:
@@ -54,8 +58,22 @@ def store(x, weights, biases, pattern, precision, save: bool, inputs, keep_z) ->
     fw = framework_of_type(type(x))
     if fw is None:
         return False
-    names, bias_at, slope = pattern.names, pattern.bias_at, pattern.leaky_slope
     nb = len(biases)
+    args = (x, *weights, *biases, pattern, precision, save)
+    key = _table(layers, nb).key(*args)
+    if key is None or _refused.get(key):
+        return False
+    program = _program(x, weights, biases, pattern, precision, inputs, keep_z, fw)
+    if program is None:
+        _refused.put(key, True)
+        return False
+    return _table(layers, nb).put(args, program, fw.name)
+
+
+def _program(x, weights, biases, pattern, precision, inputs, keep_z, fw):
+    """The program of ``store``'s stack, or None where a layer has none."""
+    layers, nb = len(weights), len(biases)
+    names, bias_at, slope = pattern.names, pattern.bias_at, pattern.leaky_slope
     first_h = 1 + layers + nb + 3
     h_slot = [first_h + i for i in range(layers)]
     z_slot = [first_h + layers + i for i in range(layers)]
@@ -64,11 +82,11 @@ def store(x, weights, biases, pattern, precision, save: bool, inputs, keep_z) ->
     for i in range(layers):
         at = bias_at[i]
         bias = None if at < 0 else biases[at]
-        prepared = op.prepared_call(inputs[i], weights[i].t(), bias, act=names[i],
+        prepared = op.prepared_call(inputs[i], weights[i].T, bias, act=names[i],
                                     leaky_slope=slope, save_preact=keep_z[i],
                                     precision=precision)
         if prepared is None or prepared.steps is None:
-            return False
+            return None
         stream = prepared.stream
         found = prepared.steps({
             "a": 0 if i == 0 else h_slot[i - 1], "b": 1 + i,
@@ -76,19 +94,15 @@ def store(x, weights, biases, pattern, precision, save: bool, inputs, keep_z) ->
             "preact_out": z_slot[i] if keep_z[i] else none, "alpha": 1.0, "beta": 0.0,
             "leaky_slope": slope})
         if found is None:
-            return False
+            return None
         steps += found
         rows, cols = x.shape[0], weights[i].shape[0]
         allocs.append((h_slot[i], prepared.new, (rows, cols)))
         if keep_z[i]:
             allocs.append((z_slot[i], prepared.new, (rows, cols)))
     if len(steps) > fastlaunch.MAX_STEPS:
-        return False
-    program = fastlaunch.program(
+        return None
+    return fastlaunch.program(
         fw.name, steps, allocs, stream=stream, failed=fastlaunch.launch_failed("a stack's GEMM"),
         returns=(h_slot[-1], *h_slot[:-1], *(z if k else none for z, k in zip(z_slot, keep_z))),
         slots=none + 1)
-    if program is None:
-        return False
-    return _table(layers, nb).put((x, *weights, *biases, pattern, precision, save), program,
-                                  fw.name)
