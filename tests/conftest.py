@@ -14,6 +14,14 @@ from ge2jit.jit.device import gpu_count  # noqa: E402
 
 HAVE_GPU = gpu_count() > 0
 
+if os.environ.get("GE2JIT_LAYOUT_NO_POOL") and HAVE_GPU:
+    # each array its own cudaMalloc, so that compute-sanitizer's memcheck sees an access past
+    # its end (in a pool's block it would land in a neighbour's memory, unseen); PyTorch's
+    # tensors likewise with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (bench/sanitize.sh sets both)
+    import cupy
+
+    cupy.cuda.set_allocator(None)
+
 
 def pytest_collection_modifyitems(config, items):
     if HAVE_GPU:

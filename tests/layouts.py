@@ -14,10 +14,6 @@ from ge2jit.runtime.cases import Case
 
 cp = pytest.importorskip("cupy")
 
-if os.environ.get("GE2JIT_LAYOUT_NO_POOL"):
-    # each array its own cudaMalloc, so that compute-sanitizer's memcheck sees an access past
-    # its end (in a pool's block it would land in a neighbour's memory, unseen)
-    cp.cuda.set_allocator(None)
 #: only the all-contiguous and the most awkward layout of each case (racecheck, synccheck)
 QUICK = bool(os.environ.get("GE2JIT_LAYOUT_QUICK"))
 

@@ -41,10 +41,12 @@ typedef CUresult (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, un
                               unsigned, unsigned, void *, void **, void **);
 typedef CUresult (*replace_fn)(void *, void *);
 typedef CUresult (*ctx_device_fn)(int *);
+typedef CUresult (*ctx_current_fn)(void **);
 
 static launch_fn cu_launch;
 static replace_fn cu_replace_address;
 static ctx_device_fn cu_ctx_get_device;
+static ctx_current_fn cu_ctx_get_current;
 static int driver_state; /* 0: not tried, 1: loaded, -1: failed */
 static char driver_error[256];
 
@@ -66,9 +68,10 @@ static int load_driver(void) {
     cu_launch = (launch_fn)dlsym(lib, "cuLaunchKernel");
     cu_replace_address = (replace_fn)dlsym(lib, "cuTensorMapReplaceAddress");
     cu_ctx_get_device = (ctx_device_fn)dlsym(lib, "cuCtxGetDevice");
-    if (!cu_launch || !cu_ctx_get_device) {
-        snprintf(driver_error, sizeof driver_error, "libcuda.so.1 lacks cuLaunchKernel or "
-                 "cuCtxGetDevice");
+    cu_ctx_get_current = (ctx_current_fn)dlsym(lib, "cuCtxGetCurrent");
+    if (!cu_launch || !cu_ctx_get_device || !cu_ctx_get_current) {
+        snprintf(driver_error, sizeof driver_error, "libcuda.so.1 lacks cuLaunchKernel, "
+                 "cuCtxGetCurrent or cuCtxGetDevice");
         driver_state = -1;
         return 0;
     }
@@ -261,7 +264,11 @@ static PyObject *signature(Table *t, PyObject *const *args, Py_ssize_t nargs, ui
     if (fw == KIND_NONE)
         goto none;
     int device = -1;
-    if (!load_driver() || cu_ctx_get_device(&device) != 0) {
+    void *ctx = NULL;
+    /* a thread without a current context (an autograd worker's first call): asked first, so
+       that no driver call fails (cuCtxGetDevice would, and compute-sanitizer reports it) */
+    if (!load_driver() || cu_ctx_get_current(&ctx) != 0 || !ctx ||
+        cu_ctx_get_device(&device) != 0) {
         if (need_device)
             goto none;   /* no current context: the Python path makes one current */
         device = -1;
