@@ -1,7 +1,13 @@
-"""Checks of one warm-up table (a TOML ``[[op]]`` entry), shared by every op's warm-up module:
-each raises one line naming the key, what was expected and what came."""
+"""Warm-up tables (TOML ``[[op]]`` entries): the checks every op's table shares (each raises
+one line naming the key, what was expected and what came), and ``Table``, a table declared by
+its keys and the function that gives the kernels of one combination of their values."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 from ..errors import ArgumentValueError
 
@@ -49,3 +55,83 @@ def check_configs(entry: dict, keys: dict, parse) -> str | list[str]:
     if configs not in ("heuristic", "all"):
         raise ArgumentValueError(f"configs: expected {keys['configs'][0]}, got {configs!r}")
     return configs
+
+
+# --- a warm-up table declared by its keys ----------------------------------------------------
+
+#: a key's default that says the key must be given
+REQUIRED = None
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a warm-up table: what it accepts (said in its error), its default
+    (``REQUIRED``: none) and either the values a list of it may hold (a sequence, or a
+    mapping whose keys are taken) or ``sizes`` (a list of integers in [1, ``sizes``])."""
+
+    doc: str
+    default: object = REQUIRED
+    values: object = None
+    sizes: int = 0
+
+
+class Table:
+    """A warm-up table (the ``registry.WarmupTable`` interface) declared by its keys and one
+    function: ``kernels(values, config, *, arch, sms) -> [spec]``, the kernels of one
+    combination of the list keys' values (``values``: their names as attributes, one value
+    each) and one config (None: the op's heuristic). With ``configs`` (the op's
+    ``parse_config`` and ``all_configs``) the table also takes a ``configs`` key:
+    "heuristic" (the default), "all", or a list of names, each checked by ``parse``.
+    ``min_arch``: architectures below it compile nothing (an entry is still checked)."""
+
+    def __init__(self, keys: dict[str, Key], kernels: Callable, *,
+                 configs: tuple[Callable, Callable] | None = None, config_example: str = "",
+                 min_arch: int = 0):
+        self.keys = dict(keys)
+        self.kernels = kernels
+        self.configs = configs
+        self.min_arch = min_arch
+        self._described = {name: (k.doc, k.default) for name, k in self.keys.items()}
+        if configs is not None:
+            self._described["configs"] = (
+                "'heuristic', 'all' or a list of config names"
+                + (f" such as {config_example!r}" if config_example else ""), "heuristic")
+
+    def validate_entry(self, entry: dict) -> dict:
+        """The table checked, with its defaults; ArgumentValueError naming the key."""
+        check_keys(entry, self._described)
+        out = {}
+        for name, k in self.keys.items():
+            if k.sizes:
+                out[name] = check_sizes(entry, name, self._described, k.sizes)
+            else:
+                out[name] = check_list(entry, name, k.values, self._described)
+        if self.configs is not None:
+            parse = self.configs[0]
+            out["configs"] = check_configs(entry, self._described, parse)
+        return out
+
+    def expand(self, entry: dict, arch: str, *, sms=None, tuned=()) -> list:
+        """The kernels of a checked table for ``arch``, each once."""
+        from ..jit.nvrtc import arch_number
+
+        if arch_number(arch) < self.min_arch:
+            return []
+        if self.configs is None or entry["configs"] == "heuristic":
+            chosen = [None]
+        elif entry["configs"] == "all":
+            chosen = list(self.configs[1]())
+        else:
+            chosen = [self.configs[0](c) for c in entry["configs"]]
+        names = list(self.keys)
+        specs = []
+        for combo in itertools.product(*(entry[n] for n in names)):
+            values = SimpleNamespace(**dict(zip(names, combo)))
+            for config in chosen:
+                specs += self.kernels(values, config, arch=arch, sms=sms or 132)
+        return list(dict.fromkeys(specs))
+
+    def tuned_entries(self, records, arch: str) -> list:
+        """Nothing from the tuning database (an op whose warm-up takes its records has a
+        table class of its own)."""
+        return []

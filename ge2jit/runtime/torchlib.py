@@ -6,6 +6,8 @@ torch."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..errors import ArgumentTypeError, ArgumentValueError
@@ -297,3 +299,68 @@ def needs_grad(*tensors) -> bool:
     """Whether autograd records a call on these tensors (None: absent)."""
     return torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+class Differentiable:
+    """A differentiable PyTorch op made once from its parts, for every op:
+
+    - ``forward(*inputs)``: the implementation (annotated: the custom op's schema comes from
+      it), ``fake(*inputs)`` its outputs' shapes and types;
+    - ``backward(*args)`` and ``backward_fake``: the backward op's implementation and fake
+      (``torch.ops.ge2jit.<name>_backward``);
+    - ``setup(ctx, inputs, output)``: what the backward needs, saved on ``ctx``;
+    - ``grads(ctx, *grad_outputs, backward=...)``: the inputs' gradients, computed by calling
+      ``backward`` (the backward op when the call is traced, its implementation in eager mode).
+
+    It defines both custom ops with their fakes and the forward's autograd
+    (``register_autograd``), and the eager ``autograd.Function`` over the same
+    implementations (``eager_function``). Calling it dispatches a call: traced
+    (``torch.compile``, fake or meta tensors) → the custom op; a gradient to record → the
+    eager Function (``fast_apply``); else the implementation itself. ``op``,
+    ``backward_op`` and ``function`` are the three. ``device``/``library``: as
+    ``define_op``'s (tests define CPU ops)."""
+
+    def __init__(self, name: str, forward, *, fake, setup, grads, backward, backward_fake,
+                 device: str = "CUDA", library=None):
+        self.forward = forward
+        self.op = define_op(name, forward, device, library)
+        register_fake(self.op)(fake)
+        self.backward_op = define_op(name + "_backward", backward, device, library)
+        register_fake(self.backward_op)(backward_fake)
+        op_backward = self.backward_op
+
+        def traced_grads(ctx, *grad_outputs):
+            return grads(ctx, *grad_outputs, backward=op_backward)
+
+        register_autograd(self.op, traced_grads, setup_context=setup)
+        camel = "".join(part.title() for part in name.split("_"))
+        self.function = eager_function(
+            f"_{camel}Function", forward, setup,
+            lambda ctx, *grad_outputs: grads(ctx, *grad_outputs, backward=backward))
+        self._apply = self.function.fast_apply
+        params = list(inspect.signature(forward).parameters.values())
+        self._positions = tuple(i for i, p in enumerate(params) if _is_tensor(p.annotation))
+        self._names = tuple(params[i].name for i in self._positions)
+        self._cuda = device == "CUDA"
+
+    def __call__(self, *args):
+        tensors = [args[i] for i in self._positions]
+        if (traced(*tensors, names=self._names) if self._cuda
+                else torch.compiler.is_compiling() or any(
+                    isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta)
+                    for t in tensors)):
+            return self.op(*args)
+        if needs_grad(*tensors):
+            return self._apply(*args)
+        return self.forward(*args)
+
+    def __repr__(self) -> str:
+        return f"Differentiable({self.op})"
+
+
+def _is_tensor(annotation) -> bool:
+    """Whether a parameter's annotation is one tensor (``Tensor`` or ``Tensor | None``; lists
+    of tensors are not looked into)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
+                                                                  str(annotation))
+    return "Tensor" in text and "[" not in text

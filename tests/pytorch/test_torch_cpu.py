@@ -348,3 +348,64 @@ def test_the_fast_autograd_kernel_passes_opcheck_and_compiles():
     x.grad = w.grad = None
     f(x, w).backward()
     assert torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+
+
+_CUBE = {}
+
+
+def _cube():
+    """``cube(x, k) = k * x**3`` as a CPU ``Differentiable`` (its backward op ``3 k x**2 gy``),
+    in a library of its own; ``ran`` records which of its three paths each call took."""
+    if "op" in _CUBE:
+        return _CUBE
+    from ge2jit.runtime.torchlib import Differentiable
+
+    ran = _CUBE.setdefault("ran", [])
+
+    def cube(x: torch.Tensor, k: float) -> torch.Tensor:
+        ran.append("impl")
+        return x * x * x * k
+
+    def cube_backward(gy: torch.Tensor, x: torch.Tensor, k: float) -> torch.Tensor:
+        return 3.0 * k * x * x * gy
+
+    def setup(ctx, inputs, output):
+        ctx.k = inputs[1]
+        ctx.save_for_backward(inputs[0])
+
+    def grads(ctx, gy, *, backward):
+        return backward(gy, ctx.saved_tensors[0], ctx.k), None
+
+    lib = torch.library.Library("ge2jit_toy_diff", "FRAGMENT")
+    _CUBE.update(lib=lib, op=Differentiable(
+        "cube", cube, fake=lambda x, k: torch.empty_like(x), setup=setup, grads=grads,
+        backward=cube_backward, backward_fake=lambda gy, x, k: torch.empty_like(x),
+        device="CPU", library=lib))
+    return _CUBE
+
+
+def test_a_differentiable_op_takes_the_path_each_call_needs():
+    toy = _cube()
+    cube, ran = toy["op"], toy["ran"]
+    assert cube.op._name == "ge2jit_toy_diff::cube"
+    assert cube.backward_op._name == "ge2jit_toy_diff::cube_backward"
+    x = torch.randn(6, dtype=torch.float64)
+    ran.clear()
+    y = cube(x, 2.0)                                      # nothing to record: the impl
+    assert ran == ["impl"] and torch.allclose(y, 2 * x**3) and y.grad_fn is None
+    xg = x.clone().requires_grad_(True)
+    y = cube(xg, 2.0)                                      # the eager Function
+    assert type(y.grad_fn).__name__ == "_CubeFunctionBackward"
+    y.sum().backward()
+    assert torch.allclose(xg.grad, 6 * x**2)
+    assert torch.autograd.gradcheck(lambda t: cube(t, 0.5), (xg.detach().requires_grad_(),))
+
+    def f(t):
+        return cube(t, 2.0).sum()
+
+    xc = x.clone().requires_grad_(True)
+    torch.compile(f, fullgraph=True, backend="aot_eager")(xc).backward()   # the custom op
+    assert torch.allclose(xc.grad, 6 * x**2)
+    torch.library.opcheck(cube.op, (x.clone().requires_grad_(True), 2.0))
+    with pytest.raises(TypeError):
+        cube(x)

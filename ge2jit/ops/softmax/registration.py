@@ -1,14 +1,13 @@
-"""softmax and softmax_backward as the tools see them (``runtime.registry.Op``): what a call
-runs, its candidates, its tuning key and the kernels of a config."""
+"""softmax and softmax_backward as the tools see them, declared by how a call is checked and
+how its kernel is chosen (``runtime.adapter.declare`` derives the rest)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ...errors import ArgumentValueError
-from ...jit.loader import get_kernel
-from ...jit.nvrtc import normalize_arch
-from ...runtime.arrays import call_arguments, views
-from ...runtime.dtypes import as_dtype
-from ...runtime.registry import ConfigChoice, Explanation, Op, bind
+from ...runtime.adapter import Configs, Planned, declare
+from ...runtime.dtypes import DType, as_dtype
 from . import cases, warmup
 from .op import BACKWARD, FORWARD, Kind, checked, decide, softmax, softmax_backward, tuning_key
 from .spec import SoftmaxConfig, candidates, make_spec, parse_config
@@ -18,58 +17,53 @@ from .spec import SoftmaxConfig, candidates, make_spec, parse_config
 FLOPS = {False: 5.0, True: 4.0}
 
 
-def _op(kind: Kind, function) -> Op:
-    def call(args, kwargs, config=None):
-        """The checked arguments of a call (CuPy views) and the device; ``config`` replaces
-        the call's own."""
-        b = bind(function, args, kwargs)
-        arrays = {name: b[name] for name in kind.inputs} | {"out": b["out"]}
-        fw, device_id, native = call_arguments(arrays)
-        v = views(fw, native)
-        cfg = b["config"] if config is None else config
-        return checked(kind, [v[n] for n in kind.inputs], b["axis"], v["out"], cfg), device_id
+class Call(NamedTuple):
+    """A checked call (CuPy views; ``axis`` normalized; ``out`` None: a new output)."""
 
-    def plan(*args, **kwargs) -> Explanation:
-        (ins, out, ax, in_dtype, out_dtype, cfg), device_id = call(args, kwargs)
-        choice, _, reason = decide(kind, ins, out, ax, in_dtype, out_dtype, cfg, device_id)
-        return Explanation(ConfigChoice(choice.spec.config.name, reason, choice.spec.kernel_name),
-                           (get_kernel(choice.spec, device_id),), choice.grid, choice.block, 0,
-                           flops=FLOPS[kind.backward] * ins[0].size)
+    inputs: list
+    out: object
+    axis: int
+    in_dtype: DType
+    out_dtype: DType
+    config: SoftmaxConfig | None
 
-    def candidate_names(*args, **kwargs) -> list[str]:
-        (ins, out, ax, in_dtype, out_dtype, _), _ = call(args, kwargs)
-        n = (ins[0].shape or (1,))[ax]
-        strided = not tuning_key(ins[0], ax, out=out)["rows_along_last_axis"]
-        return [c.name for c in candidates(n, in_dtype, out_dtype, strided=strided,
-                                           backward=kind.backward)]
 
-    def key(*args, **kwargs) -> dict:
-        (ins, out, ax, *_), _ = call(args, kwargs)
-        return tuning_key(ins[0], ax, out=out)
+def _declare(kind: Kind, function):
+    def check(args) -> Call:
+        return Call(*checked(kind, [args[n] for n in kind.inputs], args["axis"], args["out"],
+                             args["config"]))
 
-    def call_specs(config, *args, **kwargs) -> list:
-        (ins, out, ax, in_dtype, out_dtype, cfg), device_id = call(args, kwargs, config)
-        return [decide(kind, ins, out, ax, in_dtype, out_dtype, cfg, device_id)[0].spec]
+    def choose(call: Call, device_id: int) -> Planned:
+        choice, _, reason = decide(kind, *call, device_id)
+        return Planned((choice.spec,), choice.spec.config.name, reason, choice.grid,
+                       choice.block, flops=FLOPS[kind.backward] * call.inputs[0].size,
+                       detail=choice.spec.kernel_name)
 
-    def specs_for_config(config, arch: str, *, dtype="float32", out_dtype=None, vec: int = 8
-                         ) -> list:
-        """The kernel of ``config`` (a name or SoftmaxConfig) for these types on ``arch``,
-        with accesses of up to ``vec`` elements (what aligned rows allow)."""
-        normalize_arch(arch)
+    def key(call: Call) -> dict:
+        return tuning_key(call.inputs[0], call.axis, out=call.out)
+
+    def tried(call: Call) -> list:
+        n = (call.inputs[0].shape or (1,))[call.axis]
+        return candidates(n, call.in_dtype, call.out_dtype, backward=kind.backward,
+                          strided=not key(call)["rows_along_last_axis"])
+
+    def specs(config, arch: str, *, dtype="float32", out_dtype=None, vec: int = 8) -> list:
+        """The kernel of ``config`` for these types, with accesses of up to ``vec``
+        elements (what aligned rows allow)."""
         if config is None:
             raise ArgumentValueError(f"config: {kind.name}'s kernels are named by config, e.g. "
                                      "'block_1024_v16'; got None")
-        return [make_spec(parse_config(config), as_dtype(dtype),
+        return [make_spec(config, as_dtype(dtype),
                           None if out_dtype is None else as_dtype(out_dtype), vec,
                           backward=kind.backward)]
 
-    return Op(name=kind.name, function=function,
-              warmup={kind.name: warmup.TABLES[kind.backward]}, plan=plan,
-              candidates=candidate_names, tuning_key=key, call_specs=call_specs,
-              specs_for_config=specs_for_config, config_types=(SoftmaxConfig,),
-              kernel_prefixes=(f"{kind.name}_",),
-              layout_cases=cases.backward_cases if kind.backward else cases.forward_cases)
+    return declare(kind.name, function, arrays=(*kind.inputs, "out"), check=check,
+                   choose=choose, key=key,
+                   configs=Configs(specs, parse_config, tried, (SoftmaxConfig,)),
+                   warmup={kind.name: warmup.TABLES[kind.backward]},
+                   kernel_prefixes=(f"{kind.name}_",),
+                   layout_cases=cases.backward_cases if kind.backward else cases.forward_cases)
 
 
-SOFTMAX = _op(FORWARD, softmax)
-SOFTMAX_BACKWARD = _op(BACKWARD, softmax_backward)
+SOFTMAX = _declare(FORWARD, softmax)
+SOFTMAX_BACKWARD = _declare(BACKWARD, softmax_backward)

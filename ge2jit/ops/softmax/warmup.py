@@ -15,90 +15,56 @@ rows-per-group counts the heuristic may take for that length.
 
 from __future__ import annotations
 
-import itertools
-
 from ...runtime.dtypes import SUPPORTED_DTYPES
-from ...runtime.tables import check_configs, check_keys, check_list, check_sizes
-from .spec import (
-    WARP_ROWS,
-    SoftmaxConfig,
-    all_configs,
-    check_held,
-    heuristic,
-    make_spec,
-    parse_config,
-)
+from ...runtime.tables import Key, Table
+from .spec import WARP_ROWS, SoftmaxConfig, all_configs, check_held, heuristic, make_spec
+from .spec import parse_config as _parse
 
 OUTS = {"same": None, **SUPPORTED_DTYPES}
 MAX_LENGTH = 2**62
 
 KEYS = {
-    "dtypes": (f"a list of {sorted(SUPPORTED_DTYPES)} (the input's type)", ["float32"]),
-    "out_dtypes": (f"a list of {sorted(OUTS)} (the output's type; 'same': the input's)",
-                   ["same"]),
-    "lengths": ("a non-empty list of row lengths (integers >= 1)", None),
-    "configs": ("'heuristic', 'all' or a list of config names such as 'block_1024_v16'",
-                "heuristic"),
-    "strided": ("a list of booleans", [False]),
+    "dtypes": Key(f"a list of {sorted(SUPPORTED_DTYPES)} (the input's type)", ["float32"],
+                  SUPPORTED_DTYPES),
+    "out_dtypes": Key(f"a list of {sorted(OUTS)} (the output's type; 'same': the input's)",
+                      ["same"], OUTS),
+    "lengths": Key("a non-empty list of row lengths (integers >= 1)", sizes=MAX_LENGTH),
+    "strided": Key("a list of booleans", [False], (False, True)),
 }
 
 
-class Table:
+def _table(backward: bool) -> Table:
     """The warm-up table of the forward (``backward`` False) or of the backward."""
 
-    def __init__(self, backward: bool):
-        self.backward = backward
+    def parse(name) -> SoftmaxConfig:
+        c = _parse(name)
+        check_held(c, backward)
+        return c
 
-    def validate_entry(self, entry: dict) -> dict:
-        """Check one table; raise ArgumentValueError naming the key."""
-        check_keys(entry, KEYS)
-        lengths = check_sizes(entry, "lengths", KEYS, MAX_LENGTH)
-
-        def parse(name):
-            c = parse_config(name)
-            check_held(c, self.backward)
-            return c
-
-        configs = check_configs(entry, KEYS, parse)
-        return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
-                "out_dtypes": check_list(entry, "out_dtypes", OUTS, KEYS),
-                "lengths": lengths, "configs": configs,
-                "strided": check_list(entry, "strided", [False, True], KEYS)}
-
-    def _heuristic_configs(self, n: int, dtype, out_dtype, sms: int) -> list[SoftmaxConfig]:
-        most = heuristic(2**62, n, dtype, out_dtype, sms, backward=self.backward)
-        if most.variant != "warp":
-            return [most]
-        return [SoftmaxConfig("warp", most.threads, vpt=most.vpt, lanes=most.lanes, rows=r)
+    def kernels(v, config, *, arch: str, sms: int) -> list:
+        """The kernels of one type pair, row length and strided flag (the same for every
+        architecture): the config's if it fits, else the heuristic's for that length."""
+        in_dt = SUPPORTED_DTYPES[v.dtypes]
+        out_dt = OUTS[v.out_dtypes] or in_dt
+        if config is None:
+            most = heuristic(2**62, v.lengths, in_dt, out_dt, sms, backward=backward)
+            configs = [most] if most.variant != "warp" else [
+                SoftmaxConfig("warp", most.threads, vpt=most.vpt, lanes=most.lanes, rows=r)
                 for r in WARP_ROWS if r <= most.rows]
+        else:
+            configs = [config] if config.fits(v.lengths, False, backward) else []
+        specs = [make_spec(c, in_dt, out_dt, backward=backward) for c in configs]
+        if v.strided:
+            specs.append(make_spec(heuristic(1, v.lengths, in_dt, out_dt, sms, strided=True),
+                                   in_dt, out_dt, backward=backward))
+        return specs
 
-    def expand(self, entry: dict, arch: str, *, sms=None, tuned=()) -> list:
-        """The kernels of the entry (the same for every architecture)."""
-        sms, bw = sms or 132, self.backward
-        specs = []
-        for d, o in itertools.product(entry["dtypes"], entry["out_dtypes"]):
-            in_dt = SUPPORTED_DTYPES[d]
-            out_dt = OUTS[o] or in_dt
-            for n in entry["lengths"]:
-                if entry["configs"] == "heuristic":
-                    configs = self._heuristic_configs(n, in_dt, out_dt, sms)
-                elif entry["configs"] == "all":
-                    configs = [c for c in all_configs(bw) if c.fits(n, False, bw)]
-                else:
-                    configs = [c for c in map(parse_config, entry["configs"])
-                               if c.fits(n, False, bw)]
-                specs += [make_spec(c, in_dt, out_dt, backward=bw) for c in configs]
-                if True in entry["strided"]:
-                    specs.append(make_spec(heuristic(1, n, in_dt, out_dt, sms, strided=True),
-                                           in_dt, out_dt, backward=bw))
-        return list(dict.fromkeys(specs))
-
-    def tuned_entries(self, records, arch: str) -> list:
-        return []
+    return Table(KEYS, kernels, configs=(parse, lambda: all_configs(backward)),
+                 config_example="block_1024_v16")
 
 
-FORWARD = Table(False)
-BACKWARD = Table(True)
+FORWARD = _table(False)
+BACKWARD = _table(True)
 #: the table of each direction (by ``backward``)
 TABLES = {False: FORWARD, True: BACKWARD}
 
