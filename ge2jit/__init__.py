@@ -51,6 +51,7 @@ from .ops.norm import (
 )
 from .ops.optim import adam_update, sgd_update
 from .ops.quantize import quantize_fp8
+from .ops.rope import rope, rope_backward
 from .ops.softmax import softmax, softmax_backward
 from .precompile import warmup
 from .runtime.tools import explain, tune
@@ -84,6 +85,8 @@ __all__ = [
     "rms_norm_backward",
     "layer_norm_backward",
     "quantize_fp8",
+    "rope",
+    "rope_backward",
     "NormOutput",
     "NormGradients",
     "graph",

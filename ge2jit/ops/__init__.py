@@ -8,3 +8,4 @@ from . import softmax  # noqa: F401
 from . import cross_entropy  # noqa: F401
 from . import norm  # noqa: F401
 from . import quantize  # noqa: F401
+from . import rope  # noqa: F401

@@ -103,6 +103,8 @@ class Table:
         out = {}
         for name, k in self.keys.items():
             if k.sizes:
+                if name not in entry and k.default is not REQUIRED:
+                    entry = {**entry, name: k.default}
                 out[name] = check_sizes(entry, name, self._described, k.sizes)
             else:
                 out[name] = check_list(entry, name, k.values, self._described)

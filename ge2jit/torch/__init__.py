@@ -11,6 +11,7 @@ in ge2jit does.
     h = gt.gemm_gated(x, w_gate_up.t(), act="silu")     # silu(x @ W_gate.T) * (x @ W_up.T)
     y = gt.gemm_bias_act(a, b, bias, act="relu")        # differentiable
     p = gt.softmax(y, dim=-1)                           # differentiable
+    q, k = gt.rope(q, k, cos, sin)                      # rotary embedding, q and k at once
     loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
     norm = gt.RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)
     y, h = norm(x, residual)                            # h = x + residual, y = rms_norm(h)
@@ -31,11 +32,13 @@ from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
 from ..ops.quantize.torch_ops import quantize_fp8
+from ..ops.rope.torch_ops import apply_rotary_pos_emb, rope
 from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
 from .fp8 import linear_fp8
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
            "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
-           "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8",
+           "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8", "rope",
+           "apply_rotary_pos_emb",
            "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]

@@ -28,6 +28,9 @@ def _functions(gt) -> dict:
         "rms_norm": (lambda: gt.rms_norm(X), "x"),
         "layer_norm": (lambda: gt.layer_norm(X), "x"),
         "quantize_fp8": (lambda: gt.quantize_fp8(X), "x"),
+        "rope": (lambda: gt.rope(X[None, None], X[None, None], X, X), "q"),
+        "apply_rotary_pos_emb": (lambda: gt.apply_rotary_pos_emb(
+            X[None, None], X[None, None], X[None], X[None]), "q"),
     }
 
 
@@ -40,7 +43,8 @@ def test_the_cpu_calls_cover_every_function(gt):
 
 @pytest.mark.parametrize("name", ["gemm_bias_act", "gemm_gated", "gated_mlp", "mlp",
                                   "linear_fp8", "softmax", "cross_entropy", "rms_norm",
-                                  "layer_norm", "quantize_fp8"])
+                                  "layer_norm", "quantize_fp8", "rope",
+                                  "apply_rotary_pos_emb"])
 def test_functions_refuse_cpu_tensors_in_one_line(gt, name):
     call, arg = _functions(gt)[name]
     for _ in range(2):
@@ -409,3 +413,12 @@ def test_a_differentiable_op_takes_the_path_each_call_needs():
     torch.library.opcheck(cube.op, (x.clone().requires_grad_(True), 2.0))
     with pytest.raises(TypeError):
         cube(x)
+
+
+def test_the_hugging_face_drop_in_refuses_other_shapes_in_one_line(gt):
+    with pytest.raises(ArgumentValueError, match=r"^q: expected 4 dimensions, got shape \(4, 8\)"):
+        gt.apply_rotary_pos_emb(X, X, X, X)
+    with pytest.raises(ArgumentTypeError, match="^cos: expected a torch.Tensor"):
+        gt.apply_rotary_pos_emb(X[None, None], X[None, None], 1.0, X)
+    with pytest.raises(ArgumentValueError, match="^unsqueeze_dim: expected 1"):
+        gt.apply_rotary_pos_emb(X[None, None], X[None, None], X, X, unsqueeze_dim=0)

@@ -133,6 +133,8 @@ def _op_calls(x) -> dict:
         "rms_norm_backward": lambda: ge2jit.rms_norm_backward(x, x, x, x),
         "layer_norm_backward": lambda: ge2jit.layer_norm_backward(x, x, x, x, x),
         "quantize_fp8": lambda: ge2jit.quantize_fp8(x),
+        "rope": lambda: ge2jit.rope(x, x, x, x),
+        "rope_backward": lambda: ge2jit.rope_backward(x, x, x, x),
     }
 
 
@@ -210,4 +212,4 @@ def test_every_op_refuses_cpu_arrays_in_one_line_without_a_device(kind):
     for line in lines:
         name, msg = line.split(" ", 1)
         assert where in msg and msg.split(":")[0] in ("a", "gy", "x", "dy", "logits",
-                                                      "param"), line
+                                                      "param", "q"), line

@@ -1,0 +1,113 @@
+"""rope as PyTorch custom ops (``torch.ops.ge2jit.rope`` and ``rope_backward``), made by
+``runtime.torchlib.Differentiable``, and a drop-in for Hugging Face's
+``apply_rotary_pos_emb``. Imported by ``ge2jit.torch``."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ...errors import ArgumentValueError
+from ...runtime.torchlib import Differentiable, absent, needs_grad, not_a_cuda_tensor
+from .op import rope as _rope_core
+from .op import rope_backward as _rope_backward_core
+
+
+def _like(x: Tensor) -> Tensor:
+    """A new output for ``x`` as the op makes it (``op.swapped``): the transposed view of a
+    contiguous (batch, heads, seq, head_dim) tensor gets one laid out so, anything else a
+    contiguous one."""
+    if (x.dim() >= 3 and x.shape[-3] > 1 and x.shape[-2] > 1 and x.numel()
+            and x.transpose(-3, -2).is_contiguous()):
+        return x.new_empty(x.transpose(-3, -2).shape).transpose(-3, -2)
+    return x.new_empty(x.shape)
+
+
+def _run(core, q, k, cos, sin, interleaved, positions):
+    qo, ko = core(q, k, cos, sin, interleaved=interleaved, positions=positions)
+    return qo, absent(qo) if ko is None else ko
+
+
+def _rope(q: Tensor, k: Tensor | None, cos: Tensor, sin: Tensor, interleaved: bool,
+          positions: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``ge2jit.rope`` into outputs laid out as q and k (k's empty when k is None)."""
+    return _run(_rope_core, q, k, cos, sin, interleaved, positions)
+
+
+def _rope_backward(gq: Tensor, gk: Tensor | None, cos: Tensor, sin: Tensor, interleaved: bool,
+                   positions: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``ge2jit.rope_backward``: the gradients of q and k (k's empty when gk is None)."""
+    return _run(_rope_backward_core, gq, gk, cos, sin, interleaved, positions)
+
+
+def _fake(q, k, cos, sin, interleaved, positions):
+    return _like(q), absent(q) if k is None else _like(k)
+
+
+def _setup(ctx, inputs, output):
+    q, k, cos, sin, interleaved, positions = inputs
+    ctx.interleaved, ctx.has_k, ctx.types = interleaved, k is not None, (
+        q.dtype, None if k is None else k.dtype)
+    ctx.save_for_backward(cos, sin, positions)
+
+
+def _dense(g: Tensor, dtype) -> Tensor:
+    """A gradient as the op takes it: its input's type, unit stride along head_dim (the
+    gradient of a sum comes as an expanded view)."""
+    g = g.to(dtype)
+    return g if g.stride(-1) == 1 or g.shape[-1] == 1 else g.contiguous()
+
+
+def _grads(ctx, gq, gk, *, backward):
+    cos, sin, positions = ctx.saved_tensors
+    gq = _dense(gq, ctx.types[0])
+    gk = _dense(gk, ctx.types[1]) if ctx.has_k else None
+    dq, dk = backward(gq, gk, cos, sin, ctx.interleaved, positions)
+    return dq, dk if ctx.has_k else None, None, None, None, None
+
+
+_ROPE = Differentiable("rope", _rope, fake=_fake, setup=_setup, grads=_grads,
+                       backward=_rope_backward, backward_fake=_fake)
+
+
+def rope(q: Tensor, k: Tensor | None, cos: Tensor, sin: Tensor, *, interleaved: bool = False,
+         positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """``ge2jit.rope`` on tensors, differentiable in q and k (the backward rotates the
+    gradients back, in one launch for both): ``(q_rotated, k_rotated)``, laid out as q and k
+    (``k_rotated`` None when k is None). q, k: (batch, seq, heads, head_dim) with unit stride
+    along head_dim (a (batch, heads, seq, head_dim) tensor as its ``transpose(1, 2)``); cos
+    and sin: (rows, half) or (batch or 1, rows, half) tables, which get no gradient;
+    positions: None or int32/int64 (batch, seq) or (seq,). As custom ops under
+    ``torch.compile`` (``torch.ops.ge2jit.rope``), an autograd.Function eagerly."""
+    if needs_grad(cos, sin):
+        raise ArgumentValueError("cos, sin: expected tables without gradient (none flows to "
+                                 "them); pass cos.detach() and sin.detach()")
+    qo, ko = _ROPE(q, k, cos, sin, bool(interleaved), positions)
+    return qo, None if k is None else ko
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids=None,
+                         unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """Hugging Face's ``apply_rotary_pos_emb`` (LLaMA, Mistral, Qwen2) on ge2jit's kernel:
+    q (batch, heads, seq, head_dim) with ``unsqueeze_dim=1`` or (batch, seq, heads,
+    head_dim) with 2, k likewise, cos and sin (batch or 1, seq, head_dim) holding each
+    angle twice (``cat((freqs, freqs), -1)``, as the rotary embedding modules make them).
+    ``position_ids`` is ignored, as by Hugging Face's. Returns (q_embed, k_embed) of q's and
+    k's shapes and memory orders."""
+    if unsqueeze_dim not in (1, 2):
+        raise ArgumentValueError(f"unsqueeze_dim: expected 1 (q as batch, heads, seq, "
+                                 f"head_dim) or 2 (batch, seq, heads, head_dim), got "
+                                 f"{unsqueeze_dim!r}")
+    for name, x, dims in (("q", q, (4,)), ("k", k, (4,)), ("cos", cos, (2, 3)),
+                          ("sin", sin, (2, 3))):
+        if not isinstance(x, Tensor):
+            raise not_a_cuda_tensor(x, name)
+        if x.dim() not in dims:
+            raise ArgumentValueError(f"{name}: expected {' or '.join(map(str, dims))} "
+                                     f"dimensions, got shape {tuple(x.shape)}")
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    half = q.shape[-1] // 2
+    swap = unsqueeze_dim == 1
+    qo, ko = rope(q.transpose(1, 2) if swap else q, k.transpose(1, 2) if swap else k,
+                  cos[..., :half], sin[..., :half])
+    return (qo.transpose(1, 2), ko.transpose(1, 2)) if swap else (qo, ko)
