@@ -68,9 +68,11 @@ class Configs:
 
 class Arguments(dict):
     """A call's arguments by name (defaults filled in), each array a CuPy view (None where
-    absent), and ``device``, the id of the device they are on."""
+    absent); ``device``, the id of the device they are on, and ``fw``, their framework
+    (``fw.view(x, name)`` views an argument that is an array only in some calls)."""
 
     device: int = 0
+    fw = None
 
 
 def declare(name: str, function: Callable, *, arrays: Sequence[str],
@@ -95,7 +97,7 @@ def declare(name: str, function: Callable, *, arrays: Sequence[str],
             bound["config"] = config
         fw, device_id, native = call_arguments({n: bound.get(n) for n in arrays})
         bound.update(views(fw, native))
-        bound.device = device_id
+        bound.device, bound.fw = device_id, fw
         with fw.context(device_id):
             return check(bound), device_id
 

@@ -17,62 +17,37 @@ nothing for older architectures.
 
 from __future__ import annotations
 
-import itertools
-
-from ...jit.nvrtc import arch_number
 from ...runtime.dtypes import FP8_SHORT, SUPPORTED_DTYPES
-from ...runtime.tables import check_configs, check_keys, check_list, check_sizes
+from ...runtime.tables import Key, Table
 from .spec import SCALE_KINDS, all_configs, heuristic, kernels, parse_config, source_of
 
 KEYS = {
-    "dtypes": (f"a list of {sorted(SUPPORTED_DTYPES)} (x's type)", ["bfloat16"]),
-    "formats": (f"a list of {sorted(FP8_SHORT)}", ["e4m3"]),
-    "scales": (f"a list of {list(SCALE_KINDS)}", ["dynamic"]),
-    "per_row": ("a list of booleans", [False]),
-    "amax": ("a list of booleans (amax_out given)", [False]),
-    "lengths": ("a non-empty list of row lengths (integers >= 1)", None),
-    "configs": ("'heuristic', 'all' or a list of config names such as 'block_512_v16'",
-                "heuristic"),
+    "dtypes": Key(f"a list of {sorted(SUPPORTED_DTYPES)} (x's type)", ["bfloat16"],
+                  SUPPORTED_DTYPES),
+    "formats": Key(f"a list of {sorted(FP8_SHORT)}", ["e4m3"], FP8_SHORT),
+    "scales": Key(f"a list of {list(SCALE_KINDS)}", ["dynamic"], SCALE_KINDS),
+    "per_row": Key("a list of booleans", [False], (False, True)),
+    "amax": Key("a list of booleans (amax_out given)", [False], (False, True)),
+    "lengths": Key("a non-empty list of row lengths (integers >= 1)", sizes=2**62),
 }
 
 
-def validate_entry(entry: dict) -> dict:
-    """Check one table; raise ArgumentValueError naming the key."""
-    check_keys(entry, KEYS)
-    lengths = check_sizes(entry, "lengths", KEYS)
-    configs = check_configs(entry, KEYS, parse_config)
-    return {"dtypes": check_list(entry, "dtypes", SUPPORTED_DTYPES, KEYS),
-            "formats": check_list(entry, "formats", FP8_SHORT, KEYS),
-            "scales": check_list(entry, "scales", SCALE_KINDS, KEYS),
-            "per_row": check_list(entry, "per_row", [False, True], KEYS),
-            "amax": check_list(entry, "amax", [False, True], KEYS),
-            "lengths": lengths, "configs": configs}
-
-
-def expand(entry: dict, arch: str, *, sms=None, tuned=()) -> list:
-    """The kernels of the entry on ``arch`` (none before sm_89)."""
-    if arch_number(arch) < 89:
+def _kernels(v, config, *, arch: str, sms: int) -> list:
+    """The kernels of one combination: the config's where it takes rows of that length and
+    scale kind, else the heuristic's; none for a scale kind that does not exist so."""
+    source = source_of(v.scales, v.per_row)
+    flat = not v.per_row
+    if source is None or (config is not None and (
+            (not flat and config.flat)
+            or (config.capacity is not None and v.lengths > config.capacity))):
         return []
-    specs = []
-    for d, f, scale, per_row, amax, n in itertools.product(
-            entry["dtypes"], entry["formats"], entry["scales"], entry["per_row"],
-            entry["amax"], entry["lengths"]):
-        source = source_of(scale, per_row)
-        if source is None:
-            continue
-        flat = not per_row
-        if entry["configs"] == "heuristic":
-            configs = [heuristic(2**20, n, d, flat)]
-        else:
-            named = (all_configs() if entry["configs"] == "all"
-                     else [parse_config(c) for c in entry["configs"]])
-            configs = [c for c in named if (flat or not c.flat)
-                       and (c.capacity is None or n <= c.capacity)]
-        for c in configs:
-            specs += kernels(c, 1, n, SUPPORTED_DTYPES[d], FP8_SHORT[f], source,
-                             amax=amax).specs
-    return list(dict.fromkeys(specs))
+    config = config or heuristic(2**20, v.lengths, v.dtypes, flat)
+    return list(kernels(config, 1, v.lengths, SUPPORTED_DTYPES[v.dtypes], FP8_SHORT[v.formats],
+                        source, amax=v.amax).specs)
 
 
-def tuned_entries(records, arch: str) -> list:
-    return []
+TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
+              config_example="block_512_v16", min_arch=89)
+validate_entry = TABLE.validate_entry
+expand = TABLE.expand
+tuned_entries = TABLE.tuned_entries

@@ -187,15 +187,16 @@ def test_bad_warmup_entries_are_refused(entry, match):
 
 
 def test_inspect_a_config_without_gpu():
-    specs = registration.specs_for_config("loop_512", "sm_90", dtype="float32", fmt="e5m2",
-                                          scale="dynamic", per_row=True, amax=True)
+    op = registration.QUANTIZE_FP8
+    specs = op.specs_for_config("loop_512", "sm_90", dtype="float32", fmt="e5m2",
+                                scale="dynamic", per_row=True, amax=True)
     assert [s.kernel_name for s in specs] == ["quantize_fp8_row_loop512_v16_x4_f32_e5m2_amax"]
-    specs = registration.specs_for_config(None, "sm_90a")
+    specs = op.specs_for_config(None, "sm_90a")
     assert [s.stage for s in specs] == [Stage.QUANTIZE, Stage.AMAX]
     with pytest.raises(ge2jit.ArgumentValueError, match="arch: 8-bit float conversions need"):
-        registration.specs_for_config(None, "sm_80")
+        op.specs_for_config(None, "sm_80")
     with pytest.raises(ge2jit.ArgumentValueError, match="scale: expected 'dynamic'"):
-        registration.specs_for_config(None, "sm_90", scale="host", per_row=True)
+        op.specs_for_config(None, "sm_90", scale="host", per_row=True)
 
 
 def test_registered_by_name_and_function():
