@@ -28,11 +28,10 @@ constexpr int THREADS = {{ spec.threads }};         // the most threads per bloc
 static_assert(VEC * sizeof(T) <= 16, "at most 16-byte accesses");
 static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
 
-// Heads whose chunks a thread loads before it writes any: two, as long as their raw bits and the
-// chunk's cosines and sines take at most 24 registers (bfloat16 with a bfloat16 table: 64 bytes in
-// flight per thread); one otherwise (16-bit values with a float32 table at VEC = 8), which 64
-// registers hold without spilling.
-constexpr int HEADS_AT_ONCE = 4 * VEC * sizeof(T) + 2 * VEC * sizeof(TT) <= 96 ? 2 : 1;
+// Heads whose chunks a thread loads before it writes any: with 16-byte accesses one (two accesses,
+// 32 bytes in flight, and the next head's lines prefetched into L2, which takes no registers; two
+// heads' values would spill at 64 registers), else two.
+constexpr int HEADS_AT_ONCE = VEC * sizeof(T) >= 16 ? 1 : 2;
 
 // The chunk's 2 VEC elements (first access [0, VEC), second [VEC, 2 VEC)) hold pair i at lo(i)
 // and hi(i).
@@ -116,6 +115,14 @@ __device__ __forceinline__ void rotate_heads(const Token& t, int heads, int h0, 
                                              int first, int second, const Raw<TT, VEC>& cs,
                                              const Raw<TT, VEC>& sn) {
     for (int h = h0; h < heads; h += HEADS_AT_ONCE * hstep) {
+        if constexpr (HEADS_AT_ONCE == 1) {
+            // the next head's lines on their way into L2 while this one is read and written
+            if (h + hstep < heads) {
+                const T* p = t.in(h + hstep);
+                prefetch_l2(p + first);
+                prefetch_l2(p + second);
+            }
+        }
         Raw<T, VEC> e[HEADS_AT_ONCE][2];
 #pragma unroll
         for (int u = 0; u < HEADS_AT_ONCE; ++u) {

@@ -13,13 +13,13 @@ elements ``R = 2 * half`` to ``D`` of each head pass through: copied by the kern
 Launch shape (``launch_geometry``): a 3-D block of (pair-chunk lanes, head lanes, token lanes),
 at most ``threads`` threads. A thread takes one chunk of ``vec`` pairs (two accesses of ``vec``
 elements: ``x1`` and ``x2`` of NeoX, the two halves of ``2 * vec`` adjacent elements of GPT-J)
-in each of its heads (``h = threadIdx.y + i * blockDim.y``, two heads loaded before either
-is written), reading that chunk's ``vec`` cosines and sines once per token. The head lanes
-split the heads evenly (40 heads on 32 lanes would leave half the lanes idle in the second
-round: 20 lanes of 2 heads instead), and blocks of few work items take several tokens; the
-blocks walk the tokens grid-stride past 2^31 - 1 blocks. Each warp reads and writes whole
-128-byte lines (8 lanes x 16 bytes per half-head at LLaMA's ``half`` = 64 and 16-bit types),
-no shared memory, no barriers.
+in each of its heads (``h = threadIdx.y + i * blockDim.y``; with accesses narrower than 16
+bytes, two heads loaded before either is written), reading that chunk's ``vec`` cosines and
+sines once per token. The head lanes split the heads evenly (40 heads on 32 lanes would leave
+most lanes idle in the second round: 20 lanes of 2 heads instead), and blocks of few work
+items take several tokens; the blocks walk the tokens grid-stride past 2^31 - 1 blocks. Each
+warp reads and writes whole 128-byte lines (8 lanes x 16 bytes per half-head at LLaMA's
+``half`` = 64 and 16-bit types), no shared memory, no barriers.
 
 What a spec supports: ``vec`` is 1, 2, 4 or 8 elements of at most 16 bytes of q's type (1, 2
 or 4 for float32); a call with head dimension ``D`` and ``half`` pairs runs on it when ``half
@@ -31,9 +31,10 @@ caller's: every q/k/output pointer aligned to ``vec`` elements, the tables' to `
 batch and row) a multiple of ``vec``; ``max_vec`` gives the widest ``vec`` a call allows.
 
 One fixed configuration, no tuning: blocks of at most ``DEFAULT_THREADS`` (256) threads, whose
-launch bounds ask for at most 64 registers. The kernel is memory-bound: each thread has two
-16-byte loads per head in flight (four with two heads), and at least 1024 threads per
-multiprocessor are resident, well past the bytes in flight that HBM3's bandwidth needs.
+launch bounds ask for at most 64 registers (every variant compiles to 40 to 64, no spills), so
+at least 1024 threads per multiprocessor are resident. The kernel is memory-bound: with 16-byte
+accesses each thread has two loads (32 bytes) in flight, about 32 KiB per multiprocessor, what
+a copy at full bandwidth keeps in flight.
 """
 
 from __future__ import annotations
