@@ -82,6 +82,13 @@ class Framework:
         """``empty(shape)``: a new array of ``dtype`` (a NumPy dtype) in this framework."""
         raise NotImplementedError
 
+    def shaped_allocator(self, dtype, device_id: int, shape: tuple, strides: tuple):
+        """``empty()``: a new array of ``dtype``, ``shape`` and element ``strides`` (a
+        permutation of a contiguous array's: an output laid out as its input), in this
+        framework; called with any arguments, which it ignores (a compiled program passes
+        the shape it was given)."""
+        raise NotImplementedError
+
     def zeros(self, shape, dtype, device_id: int):
         raise NotImplementedError
 
@@ -129,6 +136,15 @@ class CupyFramework(Framework):
 
         def empty(shape):
             return ndarray(shape, dt)
+
+        return empty
+
+    def shaped_allocator(self, dtype, device_id: int, shape: tuple, strides: tuple):
+        ndarray, dt = _cp().ndarray, np.dtype(dtype)
+        byte_strides = tuple(s * dt.itemsize for s in strides)
+
+        def empty(*_):
+            return ndarray(shape, dt, strides=byte_strides)
 
         return empty
 
@@ -248,6 +264,14 @@ class TorchFramework(Framework):
 
         def alloc(shape):
             return empty(shape, _contiguous(shape), dtype=td, device=dev)
+
+        return alloc
+
+    def shaped_allocator(self, dtype, device_id: int, shape: tuple, strides: tuple):
+        empty, td, dev = self.torch.empty_strided, self.torch_dtype(dtype), self._device(device_id)
+
+        def alloc(*_):
+            return empty(shape, strides, dtype=td, device=dev)
 
         return alloc
 

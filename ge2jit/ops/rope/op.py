@@ -304,22 +304,24 @@ def swapped(x) -> bool:
     return True
 
 
-def _maker(new, x):
-    """``make()``: a new output for ``x`` (None: none), laid out as ``x`` (``swapped``)."""
+def _maker(fw, device_id: int, x):
+    """``make()``: a new output for ``x`` (None: none), laid out as ``x`` (``swapped``) or
+    C-contiguous."""
     if x is None:
         return None
-    if not swapped(x):
-        shape = x.shape
-        return lambda *_: new(shape)
-    *lead, s, h, d = x.shape
-    shape = (*lead, h, s, d)
-    return lambda *_: new(shape).swapaxes(-3, -2)
+    order = list(range(x.ndim))
+    if swapped(x):
+        order[-3], order[-2] = order[-2], order[-3]
+    strides, acc = [0] * x.ndim, 1
+    for axis in reversed(order):   # contiguous in ``order``'s sequence of axes
+        strides[axis] = acc
+        acc *= x.shape[axis]
+    return fw.shaped_allocator(x.dtype, device_id, tuple(x.shape), tuple(strides))
 
 
 def _execute(fw, device_id: int, call: Call, native: dict):
     """Launch a checked call; (its result, its prepared call)."""
-    new = fw.allocator(call.q.dtype, device_id)
-    make_q, make_k = _maker(new, call.q), _maker(new, call.k)
+    make_q, make_k = _maker(fw, device_id, call.q), _maker(fw, device_id, call.k)
     outs = []
     for name, make in (("q_out", make_q), ("k_out", make_k)):
         outs.append(native[name] if native[name] is not None or make is None else make())
