@@ -14,9 +14,10 @@ sin``, written out here), ``torch.compile`` and ``torch.compile max-autotune`` t
 function compiled, ``copy`` PyTorch's ``copy_`` of q and k into preallocated tensors (the
 bandwidth reference: the same bytes read and written). Forward and backward
 (``fwd+bwd``): the forward on inputs that need gradients, then
-``torch.autograd.grad`` of both outputs. Times are medians of CUDA-event batches taken in turns
-(``common.interleaved_ms``); bandwidth counts q and k read and written once, and cos and sin
-read once. Writes JSON (device, date, commit, rows) and prints a markdown table.
+``torch.autograd.grad`` of both outputs. Times are medians of CUDA-event batches of about
+5 ms taken in turns (``common.interleaved_ms``); bandwidth counts q and k read and
+written once, and cos and sin read once. Writes JSON (device, date, commit, rows) and prints
+a markdown table.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ import time
 from common import add_quick, commit, device_meta, import_torch, interleaved_ms, quick_defaults
 
 SHAPES = "1x512,4x1024,8x2048"
+#: the length of a timed batch of back-to-back calls: each batch starts on an idle GPU, so its
+#: first call's host time is in it; 5 ms batches make that a small part of a call's time (at
+#: 1 ms it added up to 15 µs a call to the implementations with the most host time)
+BATCH_MS = 5.0
 QUICK_SHAPES = "1x128"
 
 
@@ -131,7 +136,7 @@ def main(argv=None) -> int:
                     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
                 cases = make(q, k, cos, sin, compiled)
                 ms = interleaved_ms([(fn, [()]) for fn in cases.values()],
-                                    rounds=args.rounds)
+                                    rounds=args.rounds, batch_ms=BATCH_MS)
                 row = {"batch": batch, "seq": seq, "heads": args.heads, "kv_heads": kv,
                        "head_dim": args.head_dim, "mode": mode,
                        "ms": dict(zip(cases, ms))}
