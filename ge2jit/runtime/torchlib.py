@@ -317,11 +317,12 @@ class Differentiable:
     implementations (``eager_function``). Calling it dispatches a call: traced
     (``torch.compile``, fake or meta tensors) → the custom op; a gradient to record → the
     eager Function (``fast_apply``); else the implementation itself. ``op``,
-    ``backward_op`` and ``function`` are the three. ``device``/``library``: as
+    ``backward_op`` and ``function`` are the three (``function_name``: the Function's class
+    name, by default ``_<Name>Function``). ``device``/``library``: as
     ``define_op``'s (tests define CPU ops)."""
 
     def __init__(self, name: str, forward, *, fake, setup, grads, backward, backward_fake,
-                 device: str = "CUDA", library=None):
+                 function_name: str | None = None, device: str = "CUDA", library=None):
         self.forward = forward
         self.op = define_op(name, forward, device, library)
         register_fake(self.op)(fake)
@@ -335,7 +336,7 @@ class Differentiable:
         register_autograd(self.op, traced_grads, setup_context=setup)
         camel = "".join(part.title() for part in name.split("_"))
         self.function = eager_function(
-            f"_{camel}Function", forward, setup,
+            function_name or f"_{camel}Function", forward, setup,
             lambda ctx, *grad_outputs: grads(ctx, *grad_outputs, backward=backward))
         self._apply = self.function.fast_apply
         params = list(inspect.signature(forward).parameters.values())

@@ -1,8 +1,8 @@
 """rms_norm and layer_norm as PyTorch custom ops (``torch.ops.ge2jit.*``): each forward (with
 the residual add of a pre-norm block fused in) and its backward, with fake implementations
-(shapes and types, for ``torch.compile`` and meta tensors); the forwards are differentiable
-through ``register_autograd``, their backwards being the backward ops. The functions users
-call (``rms_norm``, ``layer_norm``) run the same implementations through
+(shapes and types, for ``torch.compile`` and meta tensors), each pair made by
+``runtime.torchlib.Differentiable``: the forwards' gradients come from the backward ops, the
+functions users call (``rms_norm``, ``layer_norm``) run the same implementations through
 ``torch.autograd.Function`` classes in eager mode (less host time) and the custom ops where the
 call is traced. Imported by ``ge2jit.torch``.
 
@@ -15,15 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import (
-    absent,
-    define_op,
-    eager_function,
-    needs_grad,
-    register_autograd,
-    register_fake,
-    traced,
-)
+from ...runtime.torchlib import Differentiable, absent
 from .op import layer_norm as _layer_norm
 from .op import layer_norm_backward as _layer_norm_backward
 from .op import rms_norm as _rms_norm
@@ -80,11 +72,7 @@ def _rms(x: Tensor, weight: Tensor | None, residual: Tensor | None,
     return y, absent(y) if h is None else h, rstd
 
 
-rms_norm_op = define_op("rms_norm", _rms)
-
-
-@register_fake(rms_norm_op)
-def _(x, weight, residual, eps):
+def _rms_fake(x, weight, residual, eps):
     y = _like(x)
     return y, absent(y) if residual is None else _like(residual), _stats_like(x)
 
@@ -94,25 +82,16 @@ def _rms_setup(ctx, inputs, output):
     _setup(ctx, x, weight, None, residual, output)
 
 
-def _rms_grads(ctx, gy, gh, backward):
-    """The gradients of (x, weight, residual, eps)."""
+def _rms_grads(ctx, gy, gh, grstd, *, backward):
+    """The gradients of (x, weight, residual, eps), by ``backward`` (the backward op, or in
+    eager mode its implementation)."""
+    def run(dy, h, w, b, stats, dh):
+        dx, dw = backward(dy, h, w, stats[0], dh)
+        return dx, dw if w is not None else None, None
+
     n = ctx.needs_input_grad
-    gx, gw, _, gr = _grads(ctx, gy, gh, (n[0], n[1], False, n[2]),
-                           lambda dy, h, w, b, stats, dh: (*backward(dy, h, w, stats[0], dh),
-                                                           None))
+    gx, gw, _, gr = _grads(ctx, gy, gh, (n[0], n[1], False, n[2]), run)
     return gx, gw, gr, None
-
-
-def _rms_autograd(ctx, gy, gh, grstd):
-    return _rms_grads(ctx, gy, gh, _rms_backward_op_outputs)
-
-
-def _rms_backward_op_outputs(dy, h, weight, rstd, dh):
-    dx, dw = torch.ops.ge2jit.rms_norm_backward(dy, h, weight, rstd, dh)
-    return dx, dw if weight is not None else None
-
-
-register_autograd(rms_norm_op, _rms_autograd, setup_context=_rms_setup)
 
 
 def _rms_backward(dy: Tensor, h: Tensor, weight: Tensor | None, rstd: Tensor,
@@ -122,18 +101,15 @@ def _rms_backward(dy: Tensor, h: Tensor, weight: Tensor | None, rstd: Tensor,
     return g.dx, absent(g.dx) if g.dweight is None else g.dweight
 
 
-rms_norm_backward_op = define_op("rms_norm_backward", _rms_backward)
-
-
-@register_fake(rms_norm_backward_op)
-def _(dy, h, weight, rstd, dh):
+def _rms_backward_fake(dy, h, weight, rstd, dh):
     dx = _like(h)
     return dx, absent(dx) if weight is None else _like(weight)
 
 
-def _rms_backward_eager(dy, h, weight, rstd, dh):
-    dx, dw = _rms_backward(dy, h, weight, rstd, dh)
-    return dx, dw if weight is not None else None
+_RMS = Differentiable("rms_norm", _rms, fake=_rms_fake, setup=_rms_setup, grads=_rms_grads,
+                      backward=_rms_backward, backward_fake=_rms_backward_fake,
+                      function_name="_RMSNormFunction")
+rms_norm_op, rms_norm_backward_op = _RMS.op, _RMS.backward_op
 
 
 # --- LayerNorm -------------------------------------------------------------------------------
@@ -146,11 +122,7 @@ def _ln(x: Tensor, weight: Tensor | None, bias: Tensor | None, residual: Tensor 
     return y, absent(y) if h is None else h, mean, rstd
 
 
-layer_norm_op = define_op("layer_norm", _ln)
-
-
-@register_fake(layer_norm_op)
-def _(x, weight, bias, residual, eps):
+def _ln_fake(x, weight, bias, residual, eps):
     y = _like(x)
     return (y, absent(y) if residual is None else _like(residual), _stats_like(x),
             _stats_like(x))
@@ -161,23 +133,13 @@ def _ln_setup(ctx, inputs, output):
     _setup(ctx, x, weight, bias, residual, output)
 
 
-def _ln_grads(ctx, gy, gh, backward):
+def _ln_grads(ctx, gy, gh, gmean, grstd, *, backward):
     """The gradients of (x, weight, bias, residual, eps)."""
-    return (*_grads(ctx, gy, gh, ctx.needs_input_grad[:4],
-                    lambda dy, h, w, b, stats, dh: backward(dy, h, w, b, stats[0], stats[1],
-                                                            dh)), None)
+    def run(dy, h, w, b, stats, dh):
+        dx, dw, db = backward(dy, h, w, b, stats[0], stats[1], dh)
+        return dx, dw if w is not None else None, db if b is not None else None
 
-
-def _ln_autograd(ctx, gy, gh, gmean, grstd):
-    return _ln_grads(ctx, gy, gh, _ln_backward_op_outputs)
-
-
-def _ln_backward_op_outputs(dy, h, weight, bias, mean, rstd, dh):
-    dx, dw, db = torch.ops.ge2jit.layer_norm_backward(dy, h, weight, bias, mean, rstd, dh)
-    return dx, dw if weight is not None else None, db if bias is not None else None
-
-
-register_autograd(layer_norm_op, _ln_autograd, setup_context=_ln_setup)
+    return (*_grads(ctx, gy, gh, ctx.needs_input_grad[:4], run), None)
 
 
 def _ln_backward(dy: Tensor, h: Tensor, weight: Tensor | None, bias: Tensor | None,
@@ -189,34 +151,16 @@ def _ln_backward(dy: Tensor, h: Tensor, weight: Tensor | None, bias: Tensor | No
             absent(g.dx) if g.dbias is None else g.dbias)
 
 
-layer_norm_backward_op = define_op("layer_norm_backward", _ln_backward)
-
-
-@register_fake(layer_norm_backward_op)
-def _(dy, h, weight, bias, mean, rstd, dh):
+def _ln_backward_fake(dy, h, weight, bias, mean, rstd, dh):
     dx = _like(h)
     return (dx, absent(dx) if weight is None else _like(weight),
             absent(dx) if bias is None else _like(bias))
 
 
-def _ln_backward_eager(dy, h, weight, bias, mean, rstd, dh):
-    dx, dw, db = _ln_backward(dy, h, weight, bias, mean, rstd, dh)
-    return dx, dw if weight is not None else None, db if bias is not None else None
-
-
-# --- eager mode ------------------------------------------------------------------------------
-# The same implementations and autograd formulas as the custom ops, as torch.autograd.Function
-# classes: in eager mode a call pays for neither the dispatcher's custom-op layers nor the
-# generated autograd wrapper around them. Traced code (torch.compile, fake or other tensor
-# subclasses) takes the custom ops.
-
-_RMSNormFunction = eager_function(
-    "_RMSNormFunction", _rms, _rms_setup,
-    lambda ctx, gy, gh, grstd: _rms_grads(ctx, gy, gh, _rms_backward_eager))
-
-_LayerNormFunction = eager_function(
-    "_LayerNormFunction", _ln, _ln_setup,
-    lambda ctx, gy, gh, gmean, grstd: _ln_grads(ctx, gy, gh, _ln_backward_eager))
+_LN = Differentiable("layer_norm", _ln, fake=_ln_fake, setup=_ln_setup, grads=_ln_grads,
+                     backward=_ln_backward, backward_fake=_ln_backward_fake,
+                     function_name="_LayerNormFunction")
+layer_norm_op, layer_norm_backward_op = _LN.op, _LN.backward_op
 
 
 # --- the functions users call ----------------------------------------------------------------
@@ -233,13 +177,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6,
     (through an autograd.Function over the same implementation), under ``torch.compile``
     (the op, no graph break) and inside CUDA-graph capture. Statistics are float32; y has
     x's dtype."""
-    args = (x, weight, residual, float(eps))
-    if traced(x, weight, residual, names=("x", "weight", "residual")):
-        y, h, _ = rms_norm_op(*args)
-    elif needs_grad(x, weight, residual):
-        y, h, _ = _RMSNormFunction.fast_apply(*args)
-    else:
-        y, h, _ = _rms(*args)
+    y, h, _ = _RMS(x, weight, residual, float(eps))
     return y if residual is None else (y, h)
 
 
@@ -250,11 +188,5 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     over the last axis (the biased variance, as ``torch.nn.functional.layer_norm``), ``h`` as
     in ``rms_norm``. Returns y, or ``(y, h)`` with a residual; gradients as ``rms_norm``'s,
     with dbias."""
-    args = (x, weight, bias, residual, float(eps))
-    if traced(x, weight, bias, residual, names=("x", "weight", "bias", "residual")):
-        y, h, _, _ = layer_norm_op(*args)
-    elif needs_grad(x, weight, bias, residual):
-        y, h, _, _ = _LayerNormFunction.fast_apply(*args)
-    else:
-        y, h, _, _ = _ln(*args)
+    y, h, _, _ = _LN(x, weight, bias, residual, float(eps))
     return y if residual is None else (y, h)
