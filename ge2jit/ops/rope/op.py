@@ -68,10 +68,11 @@ def rope(q, k, cos, sin, *, interleaved: bool = False, positions=None, out=None)
             its ``transpose(1, 2)`` view, not copied).
         k: None, or an array of q's type, batch, seq and head_dim with its own head count
             (grouped-query attention) and strides.
-        cos, sin: the tables, (rows, half) or (batch or 1, rows, half), one floating type for
-            both (it may differ from q's), unit stride along half. ``half`` is the number of
-            rotated pairs: ``2 * half <= head_dim``. Hugging Face's cos and sin, which repeat
-            their ``half`` columns twice, pass as ``cos[..., :half]``.
+        cos: the cosines, (rows, half) or (batch or 1, rows, half), a floating type (it may
+            differ from q's), unit stride along half. ``half`` is the number of rotated
+            pairs: ``2 * half <= head_dim``. Hugging Face's cos and sin, which repeat their
+            ``half`` columns twice, pass as ``cos[..., :half]``.
+        sin: the sines, of cos's shape and type.
         interleaved: False for the half-split layout, True for the interleaved one.
         positions: None (token ``s`` of each sequence takes row ``s``: then ``rows >= seq``),
             or an int32 or int64 array of (batch, seq) or (seq,) giving each token's row. A
