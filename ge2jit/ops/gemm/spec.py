@@ -855,6 +855,49 @@ class WgmmaGemmSpec(GemmKernelSpec):
     def smem_bytes(self) -> int:
         return self.config.smem_bytes + (self._scale_bytes if self.scale_tile else 0)
 
+    # The template's preamble (gemm/wgmma.cu): the variant's constants and types.
+
+    @property
+    def scale_rows(self) -> bool:
+        """A's per-row scales are staged with the tile (``scale_tile``)."""
+        return self.scale_tile and self.epilogue.scale_a is Scale.ROW
+
+    @property
+    def scale_cols(self) -> bool:
+        """B's per-column scales are staged with the tile (``scale_tile``)."""
+        return self.scale_tile and self.epilogue.scale_b is Scale.COL
+
+    @property
+    def c_ctype(self) -> str:
+        """The element type of the kernel parameter C (the inputs' where there is no C)."""
+        return (self.epilogue.c_dtype or self.dtype).ctype
+
+    @property
+    def bias_ctype(self) -> str:
+        """The element type of the kernel parameter ``bias``, ``const`` where it is read:
+        ``bgrad`` writes float32 column sums in its place."""
+        ep = self.epilogue
+        return "float" if ep.bgrad else f"const {(ep.bias_dtype or self.dtype).ctype}"
+
+    @property
+    def wgmma_type(self) -> str:
+        """The inputs' type in the wgmma instruction: tf32 for float32 inputs."""
+        return "tf32" if self.dtype is DType.F32 else self.dtype.value
+
+    @property
+    def wgmma_k(self) -> int:
+        """K of one wgmma: 32 bytes of the inputs."""
+        return 32 // self.dtype.itemsize
+
+    @property
+    def wgmma_transposes(self) -> str:
+        """The wgmma operands that say whether A and B are transposed (M- or N-major): 16-bit
+        inputs only (``", 0, 1"``: K-major A, N-major B); empty for the others, K-major."""
+        if self.dtype.itemsize != 2:
+            return ""
+        return (f", {0 if self.layout_a is Layout.ROW else 1}, "
+                f"{0 if self.layout_b is Layout.COL else 1}")
+
 
 class StagingCopy:
     """The parameters of the copies ``gemm/stage.cu`` makes (``ctype`` elements)."""
