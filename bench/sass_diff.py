@@ -21,10 +21,13 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from common import ROOT
+
+_OPCODE = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
 
 #: no GPU work here (it compiles, on the CPU): no --quick (tests/test_bench_scripts.py)
 RUNS_ON_GPU = False
@@ -77,6 +80,19 @@ def _sass(args) -> tuple:
     return dump_sass(result.cubin), r.registers, r.spill_stores + r.spill_loads
 
 
+def _mix(sass: str) -> Counter:
+    """How many of each opcode (predicates and modifiers dropped: ``@P0 LDG.E.128`` is LDG)."""
+    ops = (_OPCODE.match(line) for line in sass.splitlines())
+    return Counter(m.group(1).split(".")[0] for m in ops if m)
+
+
+def _mix_change(old: str, new: str) -> str:
+    """The opcodes whose counts differ, as ``FFMA 812 -> 810``, or '' for the same mix."""
+    a, b = _mix(old), _mix(new)
+    return ", ".join(f"{op} {a[op]} -> {b[op]}" for op in sorted(a.keys() | b.keys())
+                     if a[op] != b[op])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD", help="the revision to compare with")
@@ -116,7 +132,7 @@ def main(argv=None) -> int:
                 for side in ("base-src", "here-src")]
         with ProcessPoolExecutor(args.jobs) as pool:
             results = list(pool.map(_sass, jobs))
-        differ = unstable = 0
+        differ = unstable = same_mix = 0
         for i, (family, name, arch, options) in enumerate(here):
             old, new = results[2 * i], results[2 * i + 1]
             if old == new:
@@ -130,11 +146,15 @@ def main(argv=None) -> int:
                 print(f"unstable: {family} {name} ({arch}): the same when compiled again")
                 continue
             differ += 1
+            mix = _mix_change(again[0][0], again[1][0])
+            same_mix += not mix
             print(f"differs: {family} {name} ({arch}): registers {again[0][1]} -> "
-                  f"{again[1][1]}, spilled bytes {again[0][2]} -> {again[1][2]}")
+                  f"{again[1][1]}, spilled bytes {again[0][2]} -> {again[1][2]}, "
+                  f"instructions {mix or 'the same mix (scheduling and register names only)'}")
     print(f"{len(here)} variants compared with {args.base}: {len(here) - differ} the same"
           f"{f' ({unstable} only when compiled again)' if unstable else ''}, "
-          f"{differ} different")
+          f"{differ} different" + (f" ({same_mix} of them with the same instruction mix)"
+                                   if differ else ""))
     return 1 if differ else 0
 
 
