@@ -32,7 +32,8 @@ from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
 from ..ops.quantize.torch_ops import quantize_fp8
-from ..ops.rope.torch_ops import apply_rotary_pos_emb, rope
+from ..ops.rope.hf import apply_rotary_pos_emb
+from ..ops.rope.torch_ops import rope
 from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
 from .fp8 import linear_fp8
