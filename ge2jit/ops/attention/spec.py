@@ -1,0 +1,245 @@
+"""The fused attention forward kernel for sm_80+ (``kernel_templates/attention/fwd_sm80.cu``,
+the mma.sync design of FlashAttention-2), its configs and its launch shape. Pure: no GPU.
+
+Semantics: ``o[i] = softmax(s[i, :]) v`` per query row ``i`` of each head, with ``s[i, j] =
+(q_i . k_j) * scale`` (``softcap * tanh(s / softcap)`` with ``softcap``), the softmax in
+float32 in the exp2 domain; ``lse[i] = log(sum_j exp(s[i, j]))`` (natural log, float32) with
+``write_lse``. GQA: query head ``h`` reads kv head ``h // (H // H_kv)``. Masks per sequence of
+lengths ``S_q``, ``S_k``, bottom-right aligned: key ``j`` is allowed for row ``i`` iff ``0 <=
+j < S_k`` and ``i + S_k - S_q - left <= j <= i + S_k - S_q + right``, each bound only where
+it is set (``causal``: right = 0; ``window``: ``window_left``, ``window_right``, -1 =
+unbounded). A row that allows no key gets ``o = 0`` and ``lse = -inf`` (no NaN).
+
+Layouts: dense q is (B, S_q, H, D) addressed by element strides (batch ``qb``, sequence
+``qs``, head ``qh``) and unit stride along D, so (B, H, S, D) tensors work by their strides;
+k, v (B, S_k, H_kv, D) and o (like q) the same; lse is (B, H, S_q) contiguous. ``varlen``:
+``cu_seqlens_q`` / ``cu_seqlens_k`` (int32, B + 1 entries) give each sequence's rows in
+packed q (total_q, H, D) and k/v (total_k, H_kv, D) (the batch strides unused), ``S_q`` /
+``S_k`` are the longest lengths (the grid's size), lse is (H, total_q) contiguous.
+Alignment is the caller's: q, k, v, o 16-byte aligned and every stride a multiple of 8
+elements (16-byte cp.async copies and stores); ``scale`` positive (the running max is taken on
+the unscaled scores); lengths below 2^31. Rows past a length are zero-filled by cp.async's
+src-size, never read.
+
+Launch shape (``grid``): grid = (ceil(S_q / block_m), H, B), block = (32 * warps,), dynamic
+shared memory ``smem_bytes`` (above 48 KiB the loader raises the kernel's limit; sm_80 allows
+163 KiB per block, sm_90 227 KiB). Work split: a block takes ``block_m`` query rows of one head
+of one sequence; each warp ``block_m / warps`` consecutive rows (``m_tiles`` m16 tiles: 16
+rows in every candidate config, the only tiling whose every variant fits 255 registers
+without spilling); the block walks the key blocks of ``block_n`` keys that meet its rows' allowed
+intervals (fully masked blocks skipped, element masks only in partly masked blocks), K and V
+tiles double-buffered (``stages`` buffers) by cp.async. Per warp and key block: S = Q K^T
+(mma.sync m16n8k16, float32), online softmax on the accumulators, O += P V with P packed to
+16-bit A fragments in registers and V read by ldmatrix.trans. Q stays in registers when
+``m_tiles * head_dim <= 128`` (``q_in_registers``), else its fragments are reloaded from
+shared memory at each k-step (D = 256: Q's 64 registers plus O's 128 accumulators would
+spill). Shared memory: Q (block_m x D, reused to stage O for 16-byte stores) + stages x (K, V)
+tiles of block_n x D, 16-bit.
+
+Configs (``CONFIGS[head_dim]``, the first the default), measured with NVRTC 13.5
+(this checkout's wheels): registers with every option off / every option on (causal, window,
+softcap, varlen, lse), all with 0 spill bytes and 0 stack on both architectures; every
+config is 16 rows a warp (``m_tiles`` 1), launch bounds (threads, 1):
+
+====  =================  =====  ========  ==========  ==============  ==============
+D     block_m x block_n  warps  smem      Q           sm_80 regs      sm_90 regs
+====  =================  =====  ========  ==========  ==============  ==============
+64    128 x 64           8      48 KiB    registers   153 / 166       149 / 168
+64    64 x 64            4      40 KiB    registers   163 / 168       160 / 179
+128   128 x 64           8      96 KiB    registers   222 / 232       208 / 240
+128   64 x 64            4      80 KiB    registers   234 / 248       230 / 247
+128   128 x 32           8      64 KiB    registers   194 / 204       190 / 208
+256   64 x 32            4      96 KiB    shared      248 / 255       245 / 253
+256   128 x 32           8      128 KiB   shared      243 / 244       241 / 248
+====  =================  =====  ========  ==========  ==============  ==============
+
+(2 stages each: smem = (block_m + 4 block_n) * D * 2 bytes.) Per thread the live state is O's
+accumulators (D / 2 floats), S's (block_n / 2), Q's fragments (D / 4 registers, when held),
+plus ptxas' own prefetch of ldmatrix fragments. Tried and dropped: 32 rows a warp (128 x 64 /
+4 warps at D = 64, 128 x 32 / 4 warps at D = 128) and 64 x 64 / 4 warps at D = 256 spill 12
+to 56 bytes in their every-option variants. The 8-warp configs hold one block a
+multiprocessor (by registers), the 4-warp ones two (by registers, and at D = 128 by shared
+memory: 2 x 80 KiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ArgumentValueError
+from ...jit.params import Param, double, int64, pointer
+from ...jit.spec import KernelSpec
+from ...runtime.dtypes import DType
+
+#: head dimensions the kernel is instantiated for
+HEAD_DIMS = (64, 128, 256)
+#: the 16-bit input types (the mma's A and B operands)
+DTYPES = (DType.F16, DType.BF16)
+#: shared memory one block may have: sm_80 (163 KiB); sm_90 allows 227 KiB
+MAX_SMEM_SM80 = 163 * 1024
+
+
+def _check_bool(owner: str, name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ArgumentValueError(f"{owner}.{name}: expected a bool, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One tiling of the forward kernel: ``block_m`` query rows and ``block_n`` keys per step,
+    ``warps`` warps (each ``block_m / warps`` rows: whole m16 tiles), ``stages`` K/V buffers,
+    ``min_blocks`` resident blocks per multiprocessor asked of the compiler (launch bounds)."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int = 2
+    min_blocks: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "warps", "stages", "min_blocks"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ArgumentValueError(f"AttentionConfig.{name}: expected a positive int, "
+                                         f"got {v!r}")
+        if self.warps not in (1, 2, 4, 8):
+            raise ArgumentValueError(f"AttentionConfig.warps: expected 1, 2, 4 or 8, got "
+                                     f"{self.warps}")
+        if self.block_m % (16 * self.warps) or self.block_m // (16 * self.warps) not in (1, 2):
+            raise ArgumentValueError(f"AttentionConfig.block_m: expected 16 or 32 rows per "
+                                     f"warp (16 * warps * 1 or 2 = {16 * self.warps} or "
+                                     f"{32 * self.warps}), got {self.block_m}")
+        if self.block_n not in (16, 32, 64, 128):
+            raise ArgumentValueError(f"AttentionConfig.block_n: expected 16, 32, 64 or 128, "
+                                     f"got {self.block_n}")
+        if self.stages not in (2, 3):
+            raise ArgumentValueError(f"AttentionConfig.stages: expected 2 or 3, got "
+                                     f"{self.stages}")
+        if self.min_blocks not in (1, 2):
+            raise ArgumentValueError(f"AttentionConfig.min_blocks: expected 1 or 2, got "
+                                     f"{self.min_blocks}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def m_tiles(self) -> int:
+        """m16 tiles (of 16 query rows) per warp."""
+        return self.block_m // (16 * self.warps)
+
+    def smem_bytes_for(self, head_dim: int) -> int:
+        """Q's tile and ``stages`` (K, V) tiles of 16-bit rows of ``head_dim``."""
+        return (self.block_m + 2 * self.stages * self.block_n) * head_dim * 2
+
+    @property
+    def name(self) -> str:
+        name = f"m{self.block_m}n{self.block_n}w{self.warps}s{self.stages}"
+        return name + (f"b{self.min_blocks}" if self.min_blocks != 1 else "")
+
+
+#: candidate configs per head dimension, the default first (all compile to 0 spills, 0 stack
+#: on sm_80 and sm_90; see the module's docstring for their registers)
+CONFIGS: dict[int, tuple[AttentionConfig, ...]] = {
+    64: (AttentionConfig(128, 64, 8), AttentionConfig(64, 64, 4)),
+    128: (AttentionConfig(128, 64, 8), AttentionConfig(64, 64, 4), AttentionConfig(128, 32, 8)),
+    256: (AttentionConfig(64, 32, 4), AttentionConfig(128, 32, 8)),
+}
+
+
+@dataclass(frozen=True)
+class AttentionFwdSpec(KernelSpec):
+    """One compiled attention forward kernel (sm_80+, mma.sync): inputs and output of
+    ``dtype`` (float16 or bfloat16), heads of ``head_dim`` (64, 128 or 256), the masks
+    (``causal``, ``window``: sliding window bounds as arguments), ``softcap``, ``varlen``
+    (packed sequences by cumulative lengths), ``write_lse``, and a tiling ``config``."""
+
+    dtype: DType
+    head_dim: int
+    config: AttentionConfig
+    causal: bool = False
+    window: bool = False
+    softcap: bool = False
+    varlen: bool = False
+    write_lse: bool = False
+
+    template = "attention/fwd_sm80.cu"
+
+    def __post_init__(self):
+        if not isinstance(self.dtype, DType):
+            raise TypeError(f"AttentionFwdSpec.dtype: expected a DType, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ArgumentValueError(f"AttentionFwdSpec.dtype: expected float16 or bfloat16, "
+                                     f"got {self.dtype.numpy_name}")
+        if (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
+                or self.head_dim not in HEAD_DIMS):
+            raise ArgumentValueError(f"AttentionFwdSpec.head_dim: expected 64, 128 or 256, "
+                                     f"got {self.head_dim!r}")
+        if not isinstance(self.config, AttentionConfig):
+            raise TypeError(f"AttentionFwdSpec.config: expected an AttentionConfig, got "
+                            f"{self.config!r}")
+        for name in ("causal", "window", "softcap", "varlen", "write_lse"):
+            _check_bool("AttentionFwdSpec", name, getattr(self, name))
+        if self.smem_bytes > MAX_SMEM_SM80:
+            raise ArgumentValueError(f"AttentionFwdSpec.config: {self.config.name} needs "
+                                     f"{self.smem_bytes} B of shared memory at head_dim "
+                                     f"{self.head_dim} ({MAX_SMEM_SM80} B allowed on sm_80)")
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.config.smem_bytes_for(self.head_dim)
+
+    @property
+    def q_in_registers(self) -> bool:
+        """Q's fragments held in registers through the key loop (else reloaded from shared
+        memory at each k-step): at most 32 registers of them."""
+        return self.config.m_tiles * self.head_dim <= 128
+
+    @property
+    def kernel_name(self) -> str:
+        flags = "".join(f"_{name}" for name, on in (
+            ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
+            ("varlen", self.varlen), ("lse", self.write_lse)) if on)
+        return (f"attn_fwd_sm80_{self.dtype.value}_d{self.head_dim}_{self.config.name}"
+                + flags)
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """q, k, v, o; lse (float32, unused without ``write_lse``); cu_seqlens_q,
+        cu_seqlens_k (int32, unused without ``varlen``); the element strides of q, k, v, o
+        along batch, sequence and head (``qb, qs, qh``, ``kb, ks, kh``, ``vb, vs, vh``,
+        ``ob, os, oh``); ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k`` (the longest lengths with
+        ``varlen``); ``scale`` and ``softcap`` (float64; ``softcap`` unused without it);
+        ``window_left``, ``window_right`` (-1 unbounded; unused without ``window``)."""
+        t = self.dtype.ctype
+        return (pointer("q", t, const=True), pointer("k", t, const=True),
+                pointer("v", t, const=True), pointer("o", t),
+                pointer("lse", "float"),
+                pointer("cu_seqlens_q", "int", const=True),
+                pointer("cu_seqlens_k", "int", const=True),
+                *int64("qb", "qs", "qh", "kb", "ks", "kh", "vb", "vs", "vh", "ob", "os", "oh",
+                       "B", "H", "H_kv", "S_q", "S_k"),
+                *double("scale", "softcap"),
+                *int64("window_left", "window_right"))
+
+    def grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+        """(ceil(S_q / block_m), H, B): one block per ``block_m`` query rows of a head of a
+        sequence (with ``varlen``, ``max_seqlen_q`` the longest; blocks past a sequence's
+        length exit)."""
+        bm = self.config.block_m
+        return (max(1, -(-max_seqlen_q // bm)), heads, batch)
+
+
+def make_spec(dtype: DType, head_dim: int, *, causal: bool = False, window: bool = False,
+              softcap: bool = False, varlen: bool = False, write_lse: bool = False,
+              config: AttentionConfig | None = None) -> AttentionFwdSpec:
+    """The forward kernel for these options, with ``config`` (default: the head dimension's
+    first candidate)."""
+    if head_dim not in CONFIGS:
+        raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
+    return AttentionFwdSpec(dtype, head_dim, CONFIGS[head_dim][0] if config is None else config,
+                            causal, window, softcap, varlen, write_lse)

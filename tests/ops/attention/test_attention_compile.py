@@ -1,0 +1,180 @@
+"""The attention forward kernel (sm_80+, mma.sync) compiles with NVRTC for sm_80 and sm_90
+without spilling, for every option (no GPU needed), and its spec refuses what it cannot be.
+
+CI compiles a pairwise covering set (every value of each field meets every value of every
+other field at least once) plus, for every config and architecture, the variants with every
+option off and every option on (the most registers). The full product runs with ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from allpairspy import AllPairs
+
+from ge2jit.errors import ArgumentValueError
+from ge2jit.jit.parallel import compile_many
+from ge2jit.jit.params import layout
+from ge2jit.jit.render import render
+from ge2jit.ops.attention.spec import (
+    CONFIGS,
+    MAX_SMEM_SM80,
+    AttentionConfig,
+    AttentionFwdSpec,
+    make_spec,
+)
+from ge2jit.runtime.dtypes import DType
+
+from ...compiled import check_compiled
+
+ARCHS = ["sm_80", "sm_90"]
+DTYPES = [DType.F16, DType.BF16]
+FLAGS = ("causal", "window", "softcap", "varlen", "write_lse")
+#: (head_dim, config): every candidate config of every head dimension
+TILINGS = [(d, cfg) for d, cfgs in CONFIGS.items() for cfg in cfgs]
+
+PARAMS = {"tiling": TILINGS, "dtype": DTYPES, **{f: [False, True] for f in FLAGS},
+          "arch": ARCHS}
+
+
+def _spec(p: dict) -> AttentionFwdSpec:
+    d, cfg = p["tiling"]
+    return AttentionFwdSpec(p["dtype"], d, cfg, **{f: p[f] for f in FLAGS})
+
+
+def covering_set(params: dict) -> list[dict]:
+    # the parameter with the most values first gives allpairspy its smallest sets
+    order = sorted(params, key=lambda k: -len(params[k]))
+    return [dict(zip(order, row)) for row in AllPairs([params[k] for k in order])]
+
+
+COVERING = covering_set(PARAMS)
+# every tiling and architecture with all options off and all on
+EXTREMES = [{"tiling": tiling, "dtype": dtype, **{f: on for f in FLAGS}, "arch": arch}
+            for tiling, arch in itertools.product(TILINGS, ARCHS)
+            for dtype, on in ((DType.F16, False), (DType.BF16, True))]
+
+
+def _cases(rows):
+    seen, cases = set(), []
+    for p in rows:
+        key = (_spec(p).kernel_name, p["arch"])
+        if key not in seen:
+            seen.add(key)
+            cases.append(pytest.param(p, id=f"{key[0]}-{key[1]}"))
+    return cases
+
+
+def test_covering_set_covers_every_pair():
+    for x, y in itertools.combinations(PARAMS, 2):
+        seen = {(row[x], row[y]) for row in COVERING}
+        for pair in itertools.product(PARAMS[x], PARAMS[y]):
+            assert pair in seen, (x, y, pair)
+
+
+def _compile_and_check(spec: AttentionFwdSpec, arch: str, cache) -> None:
+    check_compiled(spec, arch, cache)
+
+
+@pytest.mark.parametrize("params", _cases(COVERING + EXTREMES))
+def test_compiles_without_spills(params, compile_cache):
+    _compile_and_check(_spec(params), params["arch"], compile_cache)
+
+
+@pytest.mark.slow
+def test_full_product_compiles_without_spills(tmp_path):
+    """Every variant of every config for both architectures (896 compiles: about 10 minutes
+    on 2 cores)."""
+    jobs = [(_spec(dict(zip(PARAMS, row))), row[-1])
+            for row in itertools.product(*PARAMS.values())]
+    outcomes = compile_many(jobs, cache_root=tmp_path)
+    bad = [o for o in outcomes if o.status == "failed" or o.spill_bytes != 0 or o.stack_bytes]
+    assert not bad, [(o.kernel_name, o.arch, o.error or o.spill_bytes) for o in bad[:20]]
+
+
+def test_kernel_names_are_unique():
+    specs = {_spec(dict(zip(PARAMS, row))) for row in itertools.product(*PARAMS.values())}
+    names = {s.kernel_name for s in specs}
+    assert len(names) == len(specs)
+    assert all(n.isidentifier() for n in names)
+
+
+def test_kernel_name_reads_its_options():
+    cfg = AttentionConfig(128, 64, 8)
+    spec = AttentionFwdSpec(DType.BF16, 128, cfg, causal=True, window=True, softcap=True,
+                            varlen=True, write_lse=True)
+    assert spec.kernel_name == "attn_fwd_sm80_bf16_d128_m128n64w8s2_causal_win_cap_varlen_lse"
+    assert AttentionFwdSpec(DType.F16, 64, cfg).kernel_name == "attn_fwd_sm80_f16_d64_m128n64w8s2"
+
+
+@pytest.mark.parametrize("spec", [
+    AttentionFwdSpec(DType.F16, 64, CONFIGS[64][0]),
+    AttentionFwdSpec(DType.BF16, 256, CONFIGS[256][0], causal=True, window=True, softcap=True,
+                     varlen=True, write_lse=True),
+], ids=lambda s: s.kernel_name)
+def test_rendered_source_is_plain_cuda(spec):
+    source = render(spec)
+    assert "{{" not in source and "{%" not in source
+    assert f"{spec.kernel_name}(" in source
+    assert source.count("__global__") == 1
+
+
+def test_params_pack():
+    spec = make_spec(DType.F16, 128)
+    names = [p.name for p in spec.params]
+    assert names[:7] == ["q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"]
+    assert names[-4:] == ["scale", "softcap", "window_left", "window_right"]
+    offsets, size, fmt = layout(spec.params)
+    assert size == 8 * len(names) and fmt.count("d") == 2
+
+
+def test_launch_shape_and_budget():
+    for d, cfgs in CONFIGS.items():
+        for cfg in cfgs:
+            spec = AttentionFwdSpec(DType.F16, d, cfg)
+            assert spec.threads == 32 * cfg.warps
+            assert cfg.m_tiles == 1                       # 16 rows a warp: what compiles
+            assert spec.smem_bytes == (cfg.block_m + 4 * cfg.block_n) * d * 2
+            assert spec.smem_bytes <= MAX_SMEM_SM80
+            assert spec.q_in_registers == (d <= 128)
+            assert spec.target_arch("sm_90a") == "sm_90"
+            assert spec.grid(3, 16, 1000) == (-(-1000 // cfg.block_m), 16, 3)
+    assert make_spec(DType.BF16, 256).config == CONFIGS[256][0]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"dtype": DType.F32}, ArgumentValueError, "float16 or bfloat16"),
+    ({"dtype": "bf16"}, TypeError, "expected a DType"),
+    ({"head_dim": 96}, ArgumentValueError, "64, 128 or 256"),
+    ({"head_dim": True}, ArgumentValueError, "64, 128 or 256"),
+    ({"config": (128, 64, 8)}, TypeError, "AttentionConfig"),
+    ({"causal": 1}, ArgumentValueError, "causal: expected a bool"),
+    ({"write_lse": None}, ArgumentValueError, "write_lse: expected a bool"),
+    ({"head_dim": 256, "config": AttentionConfig(128, 64, 8)}, ArgumentValueError,
+     "shared memory"),
+])
+def test_spec_validation(kwargs, error, match):
+    fields = {"dtype": DType.F16, "head_dim": 128, "config": CONFIGS[128][0], **kwargs}
+    with pytest.raises(error, match=match):
+        AttentionFwdSpec(**fields)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((48, 64, 4), "block_m"),        # 12 rows a warp
+    ((256, 64, 4), None),            # 64 rows a warp: raises below
+    ((128, 24, 4), "block_n"),
+    ((128, 64, 3), "warps"),
+    ((128, 64, 8, 1), "stages"),
+    ((128, 64, 8, 2, 4), "min_blocks"),
+    ((0, 64, 4), "positive int"),
+    ((128.0, 64, 4), "positive int"),
+])
+def test_config_validation(args, match):
+    with pytest.raises(ArgumentValueError, match=match or "16 or 32 rows per warp"):
+        AttentionConfig(*args)
+
+
+def test_make_spec_refuses_an_unknown_head_dim():
+    with pytest.raises(ArgumentValueError, match="head_dim"):
+        make_spec(DType.F16, 80)
