@@ -33,7 +33,9 @@
 // stride, dense) a multiple of 8 elements, unit stride along D. Rows past a length are
 // zero-filled by cp.async's src-size (no NaN from stale shared memory reaches P V).
 {% include "common/types.cuh" %}
+{% include "common/activations.cuh" %}
 {% include "common/sm80/cp_async.cuh" %}
+{% include "common/sm80/ldmatrix.cuh" %}
 {% include "common/sm80/mma.cuh" %}
 
 using T = {{ spec.dtype.ctype }};                        // q, k, v, o
@@ -75,16 +77,6 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ float ex2(float x) {        // 2^x; ex2(-inf) = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float tanh_fast(float x) {  // max relative error about 2^-11
-    float y;
-    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // Rows [0, ROWS) of a tile from global rows src + r * ld (unit stride along D); rows >= valid
 // are zero-filled (src-size 0: nothing is read, src itself stays a valid address).
@@ -101,17 +93,6 @@ __device__ __forceinline__ void load_tile(char* S, const T* src, long long ld, i
             cp_async_16(S + swz(row, c), ok ? src + row * ld + c * 8 : src, ok ? 16 : 0);
         }
     }
-}
-
-// ldmatrix.x4 (.trans) from a 32-bit shared address: the address arithmetic stays in 32 bits
-// and the compile-time parts fold into the instruction's immediate offset.
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 // Every ldmatrix here reads rows whose (row & 7) is the lane's x = lane & 7 (its reads start at
@@ -232,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
         for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
             for (int kd = 0; kd < DK; ++kd)
-                ldsm_x4(qf[mi][kd], q_addr[kd & 3] + mi * 16 * ROW_BYTES + (kd >> 2) * 128);
+                ldmatrix_x4(qf[mi][kd], q_addr[kd & 3] + mi * 16 * ROW_BYTES + (kd >> 2) * 128);
     }
 
     // O accumulators: o[mi][dt][r] = row g (+8 for r >= 2), column dt * 8 + 2t (+1 odd r).
@@ -293,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 #pragma unroll
                     for (int r = 0; r < 4; ++r) qa[mi][r] = qf[mi][kd][r];
                 } else {
-                    ldsm_x4(qa[mi], q_addr[kd & 3] + mi * 16 * ROW_BYTES + (kd >> 2) * 128);
+                    ldmatrix_x4(qa[mi], q_addr[kd & 3] + mi * 16 * ROW_BYTES + (kd >> 2) * 128);
                 }
             }
 #pragma unroll
@@ -302,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
                 // 8i..: keys +8 if i & 2, d chunk +1 if i & 1; a lane gets (key g, d 2t, 2t+1)
                 // = B's (n g, k 2t) -> kf[0], kf[1] = b[0], b[1] of tile 2p; kf[2..3] of 2p+1.
                 unsigned kf[4];
-                ldsm_x4(kf, k_addr[kd & 3] + p * 16 * ROW_BYTES + (kd >> 2) * 128);
+                ldmatrix_x4(kf, k_addr[kd & 3] + p * 16 * ROW_BYTES + (kd >> 2) * 128);
                 const unsigned b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
 #pragma unroll
                 for (int mi = 0; mi < MW; ++mi) {
@@ -319,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int r = 0; r < 4; ++r)
-                        s[mi][nt][r] = cap_out * tanh_fast(s[mi][nt][r] * cap_in);
+                        s[mi][nt][r] = cap_out * tanh_approx(s[mi][nt][r] * cap_in);
         }
 
         // Mask, in the blocks that some row does not allow whole (block-uniform branch).
@@ -350,14 +331,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 // no allowed key yet: subtract 0, not -inf (-inf - -inf is NaN); P stays 0
                 const float base = mx == neg_inf() ? 0.0f : mx * SL;
-                const float corr = ex2(row_max[mi][hh] * SL - base);   // 0 from -inf
+                const float corr = exp2_approx(row_max[mi][hh] * SL - base);   // 0 from -inf
                 row_max[mi][hh] = mx;
                 float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        const float pv = ex2(fmaf(s[mi][nt][2 * hh + c], SL, -base));
+                        const float pv = exp2_approx(fmaf(s[mi][nt][2 * hh + c], SL, -base));
                         s[mi][nt][2 * hh + c] = pv;
                         sum += pv;
                     }
@@ -392,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
                 // i & 2; transposed, a lane gets (keys 2t, 2t+1, d g) = B's (k 2t, n g):
                 // vf[0], vf[1] = b[0], b[1] of tile 2p; vf[2], vf[3] of tile 2p + 1.
                 unsigned vf[4];
-                ldsm_x4_t(vf, v_addr[p & 3] + kk * 16 * ROW_BYTES + (p >> 2) * 128);
+                ldmatrix_x4_trans(vf, v_addr[p & 3] + kk * 16 * ROW_BYTES + (p >> 2) * 128);
                 const unsigned b0[2] = {vf[0], vf[1]}, b1[2] = {vf[2], vf[3]};
 #pragma unroll
                 for (int mi = 0; mi < MW; ++mi) {

@@ -27,10 +27,13 @@ __device__ __forceinline__ float tanh_approx(float x) {
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-__device__ __forceinline__ float exp_approx(float x) {   // e^x, ex2.approx (flushes to 0)
+__device__ __forceinline__ float exp2_approx(float x) {   // 2^x, ex2.approx (2^-inf = 0; flushes to 0)
     float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+__device__ __forceinline__ float exp_approx(float x) {   // e^x
+    return exp2_approx(x * 1.44269504088896341f);
 }
 __device__ __forceinline__ float rcp_approx(float x) {
     float y;
