@@ -160,6 +160,21 @@ def check_out(out, inputs: dict, name: str = "out") -> None:
                 f"{name}={x_name} to write in place, or a separate array")
 
 
+def check_apart(out, name: str, others: dict, hint=lambda other: "") -> None:
+    """Refuse an output ``out`` that shares a byte range with any of ``others`` (``{name:
+    array}``, None: absent), for a kernel that does not write in place; ``hint(other)``: text
+    added to the message of an overlap with ``other``."""
+    if out.size == 0:
+        return
+    lo, hi = byte_span(out)
+    for other, x in others.items():
+        if x is not None and x.size:
+            xlo, xhi = byte_span(x)
+            if lo < xhi and xlo < hi:
+                raise ArgumentValueError(f"{name}: overlaps {other}; pass a separate array"
+                                         + hint(other))
+
+
 def byte_span(x) -> tuple[int, int]:
     """[first byte, one past the last byte] an array can touch."""
     lo = hi = x.data.ptr

@@ -12,8 +12,8 @@ from ...jit import fastlaunch
 from ...jit.fastlaunch import Ptr
 from ...jit.loader import launcher_for
 from ...runtime.checks import (
-    byte_span,
     check_aligned,
+    check_apart,
     check_array,
     check_dtype,
     check_out,
@@ -233,16 +233,8 @@ def checked(v: dict, interleaved: bool, backward: bool) -> Call:
 
 def _check_apart(o, name: str, others: dict) -> None:
     """Refuse an output that meets any of ``others`` (arrays by name, None: absent)."""
-    if o.size == 0:
-        return
-    lo, hi = byte_span(o)
-    for other, x in others.items():
-        if x is not None and x.size:
-            xlo, xhi = byte_span(x)
-            if lo < xhi and xlo < hi:
-                raise ArgumentValueError(f"{name}: overlaps {other}; pass a separate array"
-                                         + (" (in place: out=(q, k))" if other in ("q", "k")
-                                            else ""))
+    check_apart(o, name, others, lambda other: " (in place: out=(q, k))"
+                if other in ("q", "k") else "")
 
 
 def _used_strides(a) -> tuple[int, ...]:

@@ -1,0 +1,474 @@
+"""attention: the checking half of the call (not registered yet). Every argument of
+``ge2jit.attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
+cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False,
+out=None, layout=None, config=None)`` is checked here before anything is launched, and a
+checked call (:class:`Call`) holds what the forward kernel (``spec.py``) is launched with:
+its spec, the sizes, the element strides, the scalars (:func:`launch_params`,
+:func:`pointers`).
+
+Layouts (FlashAttention's): dense q (B, S_q, H, D), k and v (B, S_k, H_kv, D) (``layout``
+None or "bshd"), or q (B, H, S_q, D), k and v (B, H_kv, S_k, D) (``layout="bhsd"``: read by
+its strides, never copied); packed (varlen) q (total_q, H, D), k and v (total_k, H_kv, D) with
+``cu_seqlens_q`` and ``cu_seqlens_k`` (int32, B + 1 entries each) and ``max_seqlen_q``,
+``max_seqlen_k`` (the longest lengths: the grid's size). The output has q's shape and type.
+
+The contents of ``cu_seqlens_q`` and ``cu_seqlens_k`` are the caller's contract: they live on
+the GPU and reading them would synchronize, so only their type, shape, device and layout are
+checked. They must start at 0, not decrease and stay within the packed rows (``cu[-1] <=
+total``), and no sequence may be longer than ``max_seqlen_q`` / ``max_seqlen_k``; otherwise
+the kernel reads and writes out of bounds or skips rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral
+
+from ...errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
+from ...runtime.arrays import call_arguments, views
+from ...runtime.checks import (
+    check_aligned,
+    check_apart,
+    check_array,
+    check_bool,
+    check_host_scale,
+    check_out,
+    check_same_device,
+    check_scalar,
+)
+from ...runtime.dtypes import SUPPORTED_DTYPES, DType
+from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, AttentionFwdSpec, make_spec
+
+#: the array arguments, in the order of the signature
+ARRAYS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out")
+#: every argument but q, k, v, with its default
+DEFAULTS = {"causal": False, "scale": None, "window": None, "softcap": None,
+            "cu_seqlens_q": None, "cu_seqlens_k": None, "max_seqlen_q": None,
+            "max_seqlen_k": None, "return_lse": False, "out": None, "layout": None,
+            "config": None}
+LAYOUTS = ("bshd", "bhsd")
+#: the kernel's lengths are 32-bit (and so are cu_seqlens' entries)
+MAX_LEN = 2**31 - 1
+#: the grid's y (heads) and z (batch) dimensions
+MAX_GRID_YZ = 65535
+#: the kernel's 16-byte cp.async copies and stores: pointers aligned to 16 bytes, strides
+#: multiples of 8 (16-bit) elements
+ALIGN_BYTES = 16
+ALIGN_ELEMENTS = 8
+_DTYPE_TEXT = " or ".join(d.numpy_name for d in DTYPES)
+_DIMS_TEXT = ", ".join(map(str, HEAD_DIMS[:-1])) + f" or {HEAD_DIMS[-1]}"
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """A checked attention call: the arrays (CuPy views; ``out``, ``cu_seqlens_q``,
+    ``cu_seqlens_k`` None when not given), the problem's sizes, the element strides the
+    kernel takes and the spec it runs.
+
+    Sizes: ``batch`` B (varlen: the number of sequences), ``heads`` H, ``kv_heads`` H_kv,
+    ``seqlen_q`` S_q and ``seqlen_k`` S_k (varlen: ``max_seqlen_q`` / ``max_seqlen_k``, the
+    longest), ``head_dim`` D, ``total_q`` and ``total_k`` (the rows of q and of k and v in
+    token-major order: B * S dense, the packed rows varlen). Strides: (batch, seq, head) in
+    elements of q, k, v and of the output (the given ``out``'s, else those of a new output
+    contiguous in the caller's layout, which the op allocates), the batch stride 0 with
+    varlen (unused). ``window``: (left, right), -1 for an unbounded side, right 0 with
+    ``causal``. ``scale``: the scores' factor (1 / sqrt(D) by default); ``softcap``: 0 for
+    none. ``out_shape``: the output's (q's) shape; ``lse_shape``: (B, H, S_q) dense,
+    (H, total_q) varlen, float32 contiguous. ``empty``: the output has no element (B, H,
+    S_q or total_q 0): nothing to launch. ``no_keys``: the output has elements but no row
+    sees a key (S_k or total_k 0): the output is 0 and lse -inf, which a fill gives without
+    the kernel."""
+
+    q: object
+    k: object
+    v: object
+    out: object
+    cu_seqlens_q: object
+    cu_seqlens_k: object
+    dtype: DType
+    layout: str
+    varlen: bool
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    total_q: int
+    total_k: int
+    q_strides: tuple[int, int, int]
+    k_strides: tuple[int, int, int]
+    v_strides: tuple[int, int, int]
+    out_strides: tuple[int, int, int]
+    causal: bool
+    window: tuple[int, int]
+    scale: float
+    softcap: float
+    return_lse: bool
+    out_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...]
+    empty: bool
+    no_keys: bool
+    spec: AttentionFwdSpec
+
+    @property
+    def config(self) -> AttentionConfig:
+        return self.spec.config
+
+
+def check_arguments(q, k, v, **kwargs):
+    """(framework, device, the arrays as the framework reads them, the checked :class:`Call`)
+    of a call's arguments as ``ge2jit.attention`` takes them (keywords as its own, defaults
+    as :data:`DEFAULTS`): the first call of an argument pattern."""
+    unknown = sorted(set(kwargs) - set(DEFAULTS))
+    if unknown:
+        raise ArgumentTypeError(f"{unknown[0]}: not an argument of attention (it takes "
+                                f"{', '.join(DEFAULTS)})")
+    args = {**DEFAULTS, **kwargs, "q": q, "k": k, "v": v}
+    fw, device_id, native = call_arguments({name: args[name] for name in ARRAYS})
+    call = checked({**args, **views(fw, native)}, device_id)
+    return fw, device_id, native, call
+
+
+def checked(args: dict, device_id: int | None = None) -> Call:
+    """A call's arguments by name (arrays as CuPy views; absent keys take :data:`DEFAULTS`)
+    checked as the call checks them, each refusal one line naming the argument; with the
+    spec it runs. ``device_id``: the device the call runs on (None: q's); every array must
+    be on it."""
+    a = {**DEFAULTS, **args}
+    causal = check_bool(a["causal"], "causal")
+    return_lse = check_bool(a["return_lse"], "return_lse")
+    q, k, v = a["q"], a["k"], a["v"]
+    cu_q, cu_k = a["cu_seqlens_q"], a["cu_seqlens_k"]
+    varlen = cu_q is not None or cu_k is not None
+    for name, x, other in (("cu_seqlens_q", cu_q, "cu_seqlens_k"),
+                           ("cu_seqlens_k", cu_k, "cu_seqlens_q")):
+        if varlen and x is None:
+            raise ArgumentValueError(f"{name}: expected an int32 array with {other} (packed "
+                                     f"sequences take both), got None")
+    layout = _layout(a["layout"], varlen)
+
+    # the inputs: types, dimensions, sizes
+    b, s_q, h, d, q_axes = _dims(q, "q", layout, varlen)
+    dtype = _dtype(q, "q")
+    b_k, s_k, h_kv, d_k, k_axes = _dims(k, "k", layout, varlen)
+    _same_dtype(k, "k", q)
+    b_v, s_v, h_v, d_v, v_axes = _dims(v, "v", layout, varlen)
+    _same_dtype(v, "v", q)
+    _check_shapes(q, k, v, (b, h, d), (b_k, h_kv, d_k), d_v, varlen)
+
+    b, s_q, s_k, total_q, total_k = _lengths(a, varlen, b, s_q, s_k)
+
+    # the inputs' layouts in memory
+    q_strides = _strides(q, "q", q_axes)
+    k_strides = _strides(k, "k", k_axes)
+    v_strides = _strides(v, "v", v_axes)
+
+    # the output
+    out = a["out"]
+    if out is None:
+        out_strides = _new_strides(q.shape, q_axes)
+    else:
+        out_strides = _check_output(out, q, q_axes, {"q": q, "k": k, "v": v,
+                                                     "cu_seqlens_q": cu_q,
+                                                     "cu_seqlens_k": cu_k})
+    arrays = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "out": out}
+    _check_devices(arrays, device_id)
+
+    # the scalars
+    window = _window(a["window"], causal)
+    scale = 1.0 / math.sqrt(d) if a["scale"] is None else _scale(a["scale"])
+    softcap = _softcap(a["softcap"])
+    config = _config(a["config"], d)
+    has_window = window[0] >= 0 or (not causal and window[1] >= 0)
+    spec = make_spec(dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
+                     varlen=varlen, write_lse=return_lse, config=config)
+    lse_shape = (h, total_q) if varlen else (b, h, s_q)
+    empty = b == 0 or h == 0 or s_q == 0 or total_q == 0
+    no_keys = not empty and (s_k == 0 or total_k == 0)
+    return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
+                total_q, total_k, q_strides, k_strides, v_strides, out_strides, causal, window,
+                scale, softcap, return_lse, tuple(q.shape), lse_shape, empty, no_keys, spec)
+
+
+def _check_shapes(q, k, v, q_dims: tuple, k_dims: tuple, d_v: int, varlen: bool) -> None:
+    """q's (batch, heads, head_dim) and k's against each other, v's shape against k's."""
+    (b, h, d), (b_k, h_kv, d_k) = q_dims, k_dims
+    if d not in HEAD_DIMS:
+        raise ArgumentValueError(f"q: expected head_dim {_DIMS_TEXT} (the kernel's), got {d} "
+                                 f"(shape {q.shape})")
+    for name, x, dx in (("k", k, d_k), ("v", v, d_v)):
+        if dx != d:
+            raise ArgumentValueError(f"{name}: expected q's head_dim {d} (one head_dim for q, "
+                                     f"k and v), got {dx} (shape {x.shape})")
+    if v.shape != k.shape:
+        raise ArgumentValueError(f"v: expected k's shape {k.shape}, got {v.shape}")
+    if not varlen and b_k != b:
+        raise ArgumentValueError(f"k: expected q's batch {b}, got {b_k} (shape {k.shape})")
+    if (h_kv == 0 and h != 0) or (h_kv and h % h_kv):
+        raise ArgumentValueError(f"k: expected a number of heads that divides q's {h} "
+                                 f"(grouped-query attention), got {h_kv} (shape {k.shape})")
+    if h > MAX_GRID_YZ:
+        raise ArgumentValueError(f"q: expected at most {MAX_GRID_YZ} heads (the grid's y), got "
+                                 f"{h}")
+
+
+def _lengths(a: dict, varlen: bool, b: int, s_q: int, s_k: int) -> tuple:
+    """(batch, S_q, S_k, total_q, total_k): dense from the shapes (``s_q``, ``s_k``), varlen
+    from cu_seqlens (``s_q``, ``s_k``: the packed rows) and max_seqlen_q / max_seqlen_k."""
+    if varlen:
+        b = _check_cu_seqlens(a["cu_seqlens_q"], a["cu_seqlens_k"])
+        for name, n in (("q", s_q), ("k", s_k)):
+            if n > MAX_LEN:
+                raise ArgumentValueError(f"{name}: expected at most {MAX_LEN} packed rows "
+                                         f"(int32 cu_seqlens), got {n}")
+        return (b, _max_seqlen(a["max_seqlen_q"], "max_seqlen_q"),
+                _max_seqlen(a["max_seqlen_k"], "max_seqlen_k"), s_q, s_k)
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        if a[name] is not None:
+            raise ArgumentValueError(f"{name}: expected None without cu_seqlens_q and "
+                                     f"cu_seqlens_k (dense inputs' lengths are their shapes), "
+                                     f"got {a[name]!r}")
+    for name, n in (("q", s_q), ("k", s_k)):
+        if n > MAX_LEN:
+            raise ArgumentValueError(f"{name}: expected a sequence of at most {MAX_LEN} rows, "
+                                     f"got {n}")
+    if b > MAX_GRID_YZ:
+        raise ArgumentValueError(f"q: expected a batch of at most {MAX_GRID_YZ} (the grid's "
+                                 f"z), got {b}")
+    return b, s_q, s_k, b * s_q, b * s_k
+
+
+def _layout(layout, varlen: bool) -> str:
+    if layout is None:
+        return "bshd"
+    if not isinstance(layout, str):
+        raise ArgumentTypeError(f"layout: expected None, 'bshd' or 'bhsd', got "
+                                f"{type(layout).__name__}")
+    if layout not in LAYOUTS:
+        raise ArgumentValueError(f"layout: expected None, 'bshd' or 'bhsd', got {layout!r}")
+    if varlen and layout != "bshd":
+        raise ArgumentValueError(f"layout: expected None or 'bshd' with cu_seqlens (packed "
+                                 f"(total, heads, head_dim) inputs), got {layout!r}")
+    return layout
+
+
+_SHAPES = {"bshd": "(batch, seq, heads, head_dim)", "bhsd": "(batch, heads, seq, head_dim)"}
+
+
+def _dims(x, name: str, layout: str, varlen: bool):
+    """(batch, seq, heads, head_dim, the axes of batch, seq and heads) of q, k, v or out in
+    ``layout`` (varlen: batch None, seq the packed rows, axis of batch None)."""
+    check_array(x, name)
+    if varlen:
+        if x.ndim != 3:
+            raise ArgumentValueError(f"{name}: expected 3 dimensions (total, heads, head_dim) "
+                                     f"with cu_seqlens, got shape {x.shape}")
+        t, h, d = x.shape
+        return None, t, h, d, (None, 0, 1)
+    if x.ndim != 4:
+        raise ArgumentValueError(f"{name}: expected 4 dimensions {_SHAPES[layout]} "
+                                 f"(layout {layout!r}), got shape {x.shape}"
+                                 + ("; packed inputs take cu_seqlens_q and cu_seqlens_k"
+                                    if x.ndim == 3 else ""))
+    if layout == "bhsd":
+        b, h, s, d = x.shape
+        return b, s, h, d, (0, 2, 1)
+    b, s, h, d = x.shape
+    return b, s, h, d, (0, 1, 2)
+
+
+def _dtype(x, name: str) -> DType:
+    dt = SUPPORTED_DTYPES.get(x.dtype.name)
+    if dt not in DTYPES:
+        raise ArgumentValueError(f"{name}: expected dtype {_DTYPE_TEXT} (the kernel's 16-bit "
+                                 f"inputs), got {x.dtype}")
+    return dt
+
+
+def _same_dtype(x, name: str, q) -> None:
+    if x.dtype != q.dtype:
+        raise ArgumentValueError(f"{name}: expected q's dtype {q.dtype}, got {x.dtype}")
+
+
+def _strides(x, name: str, axes) -> tuple[int, int, int]:
+    """The (batch, seq, head) element strides of ``x`` (0 for no batch axis), after checking
+    what the kernel's 16-byte copies need: unit stride along head_dim, a 16-byte aligned
+    pointer, strides of 8-element multiples (of the dimensions longer than 1). An empty array
+    is read nowhere: nothing checked."""
+    item = x.itemsize
+    if x.size:
+        if x.strides[-1] != item:
+            raise ArgumentValueError(f"{name}: expected unit stride along head_dim, got strides "
+                                     f"{x.strides} (bytes); pass {name}.contiguous() (a copy)")
+        if x.data.ptr % ALIGN_BYTES:
+            raise ArgumentValueError(
+                f"{name}: expected a {ALIGN_BYTES}-byte aligned pointer (the kernel's 16-byte "
+                f"copies), got one {x.data.ptr % ALIGN_BYTES} bytes past that; pass a copy "
+                f"({name}.clone() or cupy.array({name}): new memory is aligned)")
+        for axis in axes:
+            if axis is not None and x.shape[axis] > 1 and x.strides[axis] % (ALIGN_ELEMENTS
+                                                                             * item):
+                raise ArgumentValueError(
+                    f"{name}: expected strides that are multiples of {ALIGN_ELEMENTS} elements "
+                    f"({ALIGN_BYTES} bytes: the kernel's 16-byte copies) but along head_dim, "
+                    f"got strides {x.strides} (bytes); pass {name}.contiguous() (a copy)")
+    return tuple(0 if axis is None else x.strides[axis] // item for axis in axes)
+
+
+def _new_strides(shape: tuple, axes) -> tuple[int, int, int]:
+    """(batch, seq, head) element strides of a new C-contiguous array of ``shape``."""
+    st, acc = [0] * len(shape), 1
+    for i in reversed(range(len(shape))):
+        st[i], acc = acc, acc * max(shape[i], 1)
+    return tuple(0 if axis is None else st[axis] for axis in axes)
+
+
+def _check_output(out, q, axes, inputs: dict) -> tuple[int, int, int]:
+    """``out``'s (batch, seq, head) element strides, after checking it: q's shape and dtype,
+    the kernel's layout rules, each element once and apart from every input (the kernel
+    does not write in place: other blocks read k and v while o is written)."""
+    check_array(out, "out")
+    if out.shape != q.shape:
+        raise ArgumentValueError(f"out: expected shape {q.shape} (q's), got {out.shape}")
+    if out.dtype != q.dtype:
+        raise ArgumentValueError(f"out: expected q's dtype {q.dtype}, got {out.dtype}")
+    strides = _strides(out, "out", axes)
+    check_out(out, {}, "out")   # each element once (no broadcast view)
+    check_apart(out, "out", inputs, lambda other: " (attention does not write in place)")
+    return strides
+
+
+def _check_cu_seqlens(cu_q, cu_k) -> int:
+    """B, the number of sequences, of the two cu_seqlens arrays (int32, 1-D contiguous, of
+    equal length B + 1 >= 1, aligned). Their values are not read."""
+    for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        check_array(x, name)
+        if x.dtype.name != "int32":
+            raise ArgumentValueError(f"{name}: expected dtype int32, got {x.dtype}")
+        if x.ndim != 1 or x.shape[0] < 1:
+            raise ArgumentValueError(f"{name}: expected a 1-D array of B + 1 >= 1 entries, got "
+                                     f"shape {x.shape}")
+        if x.shape[0] > 1 and x.strides[0] != x.itemsize:
+            raise ArgumentValueError(f"{name}: expected a contiguous array, got strides "
+                                     f"{x.strides} (bytes); pass {name}.contiguous()")
+        check_aligned(x, name)
+    if cu_k.shape != cu_q.shape:
+        raise ArgumentValueError(f"cu_seqlens_k: expected cu_seqlens_q's length "
+                                 f"{cu_q.shape[0]} (B + 1), got {cu_k.shape[0]}")
+    b = cu_q.shape[0] - 1
+    if b > MAX_GRID_YZ:
+        raise ArgumentValueError(f"cu_seqlens_q: expected at most {MAX_GRID_YZ} sequences (the "
+                                 f"grid's z), got {b}")
+    return b
+
+
+def _max_seqlen(x, name: str) -> int:
+    if x is None:
+        raise ArgumentValueError(f"{name}: expected an int with cu_seqlens (the longest "
+                                 f"sequence: the grid's size), got None")
+    if isinstance(x, bool) or not isinstance(x, Integral):
+        raise ArgumentTypeError(f"{name}: expected an int, got {x!r}")
+    if not 0 <= x <= MAX_LEN:
+        raise ArgumentValueError(f"{name}: expected an int from 0 to {MAX_LEN} (the longest "
+                                 f"sequence), got {x}")
+    return int(x)
+
+
+def _check_devices(arrays: dict, device_id: int | None) -> None:
+    if device_id is not None:
+        check_same_device(arrays, device_id)
+        return
+    device = arrays["q"].data.device_id
+    for name, x in arrays.items():
+        if x is not None and x.data.device_id != device:
+            raise DeviceMismatchError(f"{name}: expected an array on q's device (GPU "
+                                      f"{device}), got one on GPU {x.data.device_id}; move it "
+                                      f"there")
+
+
+def _window(window, causal: bool) -> tuple[int, int]:
+    """(left, right), -1 for an unbounded side; ``causal`` makes right 0. A side of 2^31 or
+    more bounds nothing (lengths are below 2^31): it becomes -1."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        if not isinstance(window, tuple | list) or len(window) != 2:
+            raise ArgumentTypeError(f"window: expected None or a (left, right) pair of ints, "
+                                    f"got {window!r}")
+        for side in window:
+            if isinstance(side, bool) or not isinstance(side, Integral):
+                raise ArgumentTypeError(f"window: expected a (left, right) pair of ints, got "
+                                        f"{tuple(window)!r}")
+            if side < -1:
+                raise ArgumentValueError(f"window: expected sides >= -1 (-1: unbounded), got "
+                                         f"{tuple(window)!r}")
+        left, right = (-1 if side > MAX_LEN else int(side) for side in window)
+    return left, 0 if causal else right
+
+
+def _scale(x) -> float:
+    check_host_scale(x, "scale")   # a real number, positive and finite
+    return float(x)
+
+
+def _softcap(x) -> float:
+    if x is None:
+        return 0.0
+    value = check_scalar(x, "softcap")
+    if not 0 <= value < math.inf:
+        raise ArgumentValueError(f"softcap: expected None or a finite number >= 0 (0: none), "
+                                 f"got {x!r}")
+    return value
+
+
+def _config(config, d: int) -> AttentionConfig:
+    """The config for head_dim ``d``: None (its default), or one of its candidates by name or
+    as an AttentionConfig."""
+    candidates = CONFIGS[d]
+    if config is None:
+        return candidates[0]
+    if isinstance(config, AttentionConfig):
+        found = config if config in candidates else None
+    elif isinstance(config, str):
+        found = next((c for c in candidates if c.name == config), None)
+    else:
+        raise ArgumentTypeError(f"config: expected None, a config name or an AttentionConfig, "
+                                f"got {type(config).__name__}")
+    if found is None:
+        names = ", ".join(repr(c.name) for c in candidates)
+        got = config.name if isinstance(config, AttentionConfig) else config
+        raise ArgumentValueError(f"config: expected one of {names} (head_dim {d}'s "
+                                 f"candidates), got {got!r}")
+    return found
+
+
+def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:
+    """(grid, block, dynamic shared memory bytes, the kernel's scalar parameters by name) of
+    a checked call that is not ``empty``: the strides (``qb`` .. ``oh``), ``B``, ``H``,
+    ``H_kv``, ``S_q``, ``S_k``, ``scale``, ``softcap``, ``window_left``, ``window_right``.
+    The output's strides are ``call.out_strides``: the given ``out``'s, or those of a new
+    output of ``call.out_shape`` contiguous (what the op allocates). :func:`pointers` gives
+    the pointer parameters."""
+    spec = call.spec
+    grid = spec.grid(call.batch, call.heads, call.seqlen_q)
+    params = {}
+    for letter, strides in (("q", call.q_strides), ("k", call.k_strides),
+                            ("v", call.v_strides), ("o", call.out_strides)):
+        params.update(zip((letter + "b", letter + "s", letter + "h"), strides))
+    params.update(B=call.batch, H=call.heads, H_kv=call.kv_heads, S_q=call.seqlen_q,
+                  S_k=call.seqlen_k, scale=call.scale, softcap=call.softcap,
+                  window_left=call.window[0], window_right=call.window[1])
+    return grid, (spec.threads, 1, 1), spec.smem_bytes, params
+
+
+def pointers(call: Call, o, lse=None) -> dict:
+    """The kernel's pointer parameters of a checked call whose output is ``o`` (a CuPy view:
+    ``call.out`` or a new array laid out as ``call.out_strides``) and lse ``lse`` (float32
+    contiguous of ``call.lse_shape``; None without ``return_lse``): 0 for those absent."""
+    def p(x):
+        return 0 if x is None else x.data.ptr
+
+    return dict(q=p(call.q), k=p(call.k), v=p(call.v), o=p(o), lse=p(lse),
+                cu_seqlens_q=p(call.cu_seqlens_q), cu_seqlens_k=p(call.cu_seqlens_k))
