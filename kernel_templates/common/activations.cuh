@@ -153,3 +153,65 @@ __device__ __forceinline__ float dact_y_sigmoid_fast(float y, float s) {
     return dact_y_sigmoid(y, s);
 }
 __device__ __forceinline__ float dact_y_tanh_fast(float y, float s) { return dact_y_tanh(y, s); }
+
+// The activations above, named by a constant (a kernel variant's, from its template's
+// preamble) rather than by their functions' names.
+enum class Act { none, relu, leaky_relu, gelu, gelu_tanh, sigmoid, tanh, silu };
+
+// act(x) (the fast form with FAST; `slope` the leaky ReLU's).
+template <Act A, bool FAST>
+__device__ __forceinline__ float activation(float x, float slope) {
+    if constexpr (A == Act::none) {
+        return FAST ? act_none_fast(x, slope) : act_none(x, slope);
+    } else if constexpr (A == Act::relu) {
+        return FAST ? act_relu_fast(x, slope) : act_relu(x, slope);
+    } else if constexpr (A == Act::leaky_relu) {
+        return FAST ? act_leaky_relu_fast(x, slope) : act_leaky_relu(x, slope);
+    } else if constexpr (A == Act::gelu) {
+        return FAST ? act_gelu_fast(x, slope) : act_gelu(x, slope);
+    } else if constexpr (A == Act::gelu_tanh) {
+        return FAST ? act_gelu_tanh_fast(x, slope) : act_gelu_tanh(x, slope);
+    } else if constexpr (A == Act::sigmoid) {
+        return FAST ? act_sigmoid_fast(x, slope) : act_sigmoid(x, slope);
+    } else if constexpr (A == Act::tanh) {
+        return FAST ? act_tanh_fast(x, slope) : act_tanh(x, slope);
+    } else {
+        return FAST ? act_silu_fast(x, slope) : act_silu(x, slope);
+    }
+}
+
+// act'(x), from the pre-activation z, or from the output y = act(z) with FROM_Y (only the
+// activations whose derivative is a function of their output have that form).
+template <Act A, bool FROM_Y, bool FAST>
+__device__ __forceinline__ float derivative(float x, float slope) {
+    if constexpr (FROM_Y) {
+        if constexpr (A == Act::none) {
+            return FAST ? dact_y_none_fast(x, slope) : dact_y_none(x, slope);
+        } else if constexpr (A == Act::relu) {
+            return FAST ? dact_y_relu_fast(x, slope) : dact_y_relu(x, slope);
+        } else if constexpr (A == Act::leaky_relu) {
+            return FAST ? dact_y_leaky_relu_fast(x, slope) : dact_y_leaky_relu(x, slope);
+        } else if constexpr (A == Act::sigmoid) {
+            return FAST ? dact_y_sigmoid_fast(x, slope) : dact_y_sigmoid(x, slope);
+        } else {
+            static_assert(A == Act::tanh, "no derivative of this activation from its output");
+            return FAST ? dact_y_tanh_fast(x, slope) : dact_y_tanh(x, slope);
+        }
+    } else if constexpr (A == Act::none) {
+        return FAST ? dact_none_fast(x, slope) : dact_none(x, slope);
+    } else if constexpr (A == Act::relu) {
+        return FAST ? dact_relu_fast(x, slope) : dact_relu(x, slope);
+    } else if constexpr (A == Act::leaky_relu) {
+        return FAST ? dact_leaky_relu_fast(x, slope) : dact_leaky_relu(x, slope);
+    } else if constexpr (A == Act::gelu) {
+        return FAST ? dact_gelu_fast(x, slope) : dact_gelu(x, slope);
+    } else if constexpr (A == Act::gelu_tanh) {
+        return FAST ? dact_gelu_tanh_fast(x, slope) : dact_gelu_tanh(x, slope);
+    } else if constexpr (A == Act::sigmoid) {
+        return FAST ? dact_sigmoid_fast(x, slope) : dact_sigmoid(x, slope);
+    } else if constexpr (A == Act::tanh) {
+        return FAST ? dact_tanh_fast(x, slope) : dact_tanh(x, slope);
+    } else {
+        return FAST ? dact_silu_fast(x, slope) : dact_silu(x, slope);
+    }
+}

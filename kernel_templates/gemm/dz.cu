@@ -11,9 +11,12 @@
 // adjacent columns 2j, 2j + 1: dZ[2j] = gY[j] * Z[2j + 1] * act'(Z[2j]), dZ[2j + 1] =
 // gY[j] * act(Z[2j]). A thread's columns are whole pairs.
 {% endif %}
-{% import "common/epilogue.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
+
+constexpr Act ACT = Act::{{ spec.act.value }};
+constexpr bool FROM_Y = {{ "true" if spec.from_y else "false" }};   // act' from the output Y
+constexpr bool FAST_ACT = {{ "true" if spec.fast_act else "false" }};
 {% if spec.glu %}
 {% include "common/rows.cuh" %}
 {% endif %}
@@ -63,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const float gate = z8[2 * j], lin = z8[2 * j + 1];
-                    d[2 * j] = g4[j] * lin * {{ ep.dact(spec.act, "gate", "slope", False, spec.fast_act) }};
+                    d[2 * j] = g4[j] * lin * derivative<ACT, false, FAST_ACT>(gate, slope);
                     d[2 * j + 1] = g4[j] * act_{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(gate, slope);
                 }
             }
@@ -74,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(256)
             float src8[8];
             load_vec(&src[m * src_r + n0], src8);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) d[j] *= {{ ep.dact(spec.act, "src8[j]", "slope", spec.from_y, spec.fast_act) }};
+            for (int j = 0; j < 8; ++j) d[j] *= derivative<ACT, FROM_Y, FAST_ACT>(src8[j], slope);
 {% endif %}
 {% if spec.write_dz %}
             store8(&dz[m * dz_r + n0], d);
@@ -106,11 +109,11 @@ extern "C" __global__ void __launch_bounds__(256)
                 const float g = to_f32(gy[m * gy_r + (n / 2) * gy_c]);
                 const float gate = to_f32(src[m * src_r + (n & ~1) * src_c]);
                 const float d = j % 2 == 0
-                    ? g * to_f32(src[m * src_r + (n + 1) * src_c]) * {{ ep.dact(spec.act, "gate", "slope", False, spec.fast_act) }}
+                    ? g * to_f32(src[m * src_r + (n + 1) * src_c]) * derivative<ACT, false, FAST_ACT>(gate, slope)
                     : g * act_{{ spec.act.value }}{{ "_fast" if spec.fast_act }}(gate, slope);
 {% elif spec.reads_src %}
                 const float s = to_f32(src[m * src_r + n * src_c]);
-                const float d = to_f32(gy[m * gy_r + n * gy_c]) * {{ ep.dact(spec.act, "s", "slope", spec.from_y, spec.fast_act) }};
+                const float d = to_f32(gy[m * gy_r + n * gy_c]) * derivative<ACT, FROM_Y, FAST_ACT>(s, slope);
 {% else %}
                 const float d = to_f32(gy[m * gy_r + n * gy_c]);
 {% endif %}

@@ -2,12 +2,15 @@
 {% set tf32 = spec.dtype.value == "f32" %}
 {% set a_kcont = spec.layout_a.value == "r" %}
 {% set b_kcont = spec.layout_b.value == "c" %}
+{% set mma_type = "tf32" if tf32 else spec.dtype.value %}
 // {{ spec.kernel_name }}
 // Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on the tensor cores: {{ "tf32 m16n8k8" if tf32 else spec.dtype.numpy_name + " m16n8k16" }} mma.sync, float32 accumulators, fused epilogue.
 // A {{ "row" if a_kcont else "column" }}-major ({{ spec.copy_a }}-byte copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ spec.copy_b }}-byte copies); {{ cfg.stages }}-stage cp.async pipeline; Y{% if spec.epilogue.save_z %}, Z{% endif %} {{ spec.epilogue.out_dtype.numpy_name }}.
-{% import "common/epilogue.cuh" as ep %}
+{% import "common/epilogue_constants.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
+{{ ep.constants(spec) }}
+{% include "common/epilogue.cuh" %}
 {% include "common/sm80/cp_async.cuh" %}
 {% include "common/sm80/ldmatrix.cuh" %}
 
@@ -26,6 +29,10 @@ constexpr int MI = WM / 16;             // m16 fragments per warp tile
 constexpr int NI = WN / 8;              // n8 fragments per warp tile
 constexpr int COPY_A = {{ spec.copy_a }};
 constexpr int COPY_B = {{ spec.copy_b }};
+constexpr bool TF32 = {{ "true" if tf32 else "false" }};   // tf32 inputs (float32 bits), else 16-bit
+constexpr bool A_KCONT = {{ "true" if a_kcont else "false" }};   // A row-major (K-contiguous)
+constexpr bool B_KCONT = {{ "true" if b_kcont else "false" }};   // B column-major (K-contiguous)
+constexpr bool PROMOTE = {{ "true" if spec.promote else "false" }};   // rounded float32 sums of each product block
 static_assert(NI % 2 == 0, "B fragments are read two n8 tiles at a time");
 static_assert(BK % KSTEP == 0, "BK must hold whole mma k-steps");
 
@@ -34,8 +41,8 @@ static_assert(BK % KSTEP == 0, "BK must hold whole mma k-steps");
 // bytes; an MN-contiguous tile has BK rows of BM * ES (BN * ES) bytes. Rows are made of 16-byte
 // chunks whose index is XORed with a function of the row (swizzle), so that the 8 rows an
 // ldmatrix phase reads fall in 8 distinct bank groups.
-constexpr int A_ROW_BYTES = {{ "BK * ES" if a_kcont else "BM * ES" }};
-constexpr int B_ROW_BYTES = {{ "BK * ES" if b_kcont else "BN * ES" }};
+constexpr int A_ROW_BYTES = A_KCONT ? BK * ES : BM * ES;
+constexpr int B_ROW_BYTES = B_KCONT ? BK * ES : BN * ES;
 constexpr int A_TILE_BYTES = BM * BK * ES;
 constexpr int B_TILE_BYTES = BN * BK * ES;
 constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;
@@ -49,10 +56,8 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
     const int x = SCALAR32 ? (row & 3) << 1 : (CPR == 4 ? (row >> 1) & 3 : row & 7);
     return row * ROW_BYTES + ((chunk ^ x) << 4);
 }
-constexpr bool A_SCALAR = {{ "true" if (tf32 and not a_kcont) else "false" }};
-constexpr bool B_SCALAR = {{ "true" if (tf32 and not b_kcont) else "false" }};
-
-{{ ep.c_accessor(spec) }}
+constexpr bool A_SCALAR = TF32 && !A_KCONT;
+constexpr bool B_SCALAR = TF32 && !B_KCONT;
 
 // One 16-byte chunk from global memory (`valid` bytes of it; the rest is zero-filled) in
 // copies of COPY bytes, which the operand's pointer and leading dimension allow.
@@ -103,9 +108,9 @@ __device__ __forceinline__ void load_tiles(char* __restrict__ As, char* __restri
                                            const T_IN* __restrict__ B, long long ldb,
                                            int M, int N, int K, int m0, int n0, int k0, int tid)
 {
-    load_operand<{{ "true" if a_kcont else "false" }}, A_ROW_BYTES, A_SCALAR, COPY_A, A_TILE_BYTES>(
+    load_operand<A_KCONT, A_ROW_BYTES, A_SCALAR, COPY_A, A_TILE_BYTES>(
         As, A, lda, M, K, m0, k0, tid);
-    load_operand<{{ "true" if b_kcont else "false" }}, B_ROW_BYTES, B_SCALAR, COPY_B, B_TILE_BYTES>(
+    load_operand<B_KCONT, B_ROW_BYTES, B_SCALAR, COPY_B, B_TILE_BYTES>(
         Bs, B, ldb, N, K, n0, k0, tid);
 }
 
@@ -118,11 +123,7 @@ __device__ __forceinline__ unsigned word_at(const char* tile, int row, int col) 
 
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
     asm volatile(
-{% if tf32 %}
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-{% else %}
-        "mma.sync.aligned.m16n8k16.row.col.f32.{{ spec.dtype.value }}.{{ spec.dtype.value }}.f32 "
-{% endif %}
+        "mma.sync.aligned.m16n8k{{ 8 if tf32 else 16 }}.row.col.f32.{{ mma_type }}.{{ mma_type }}.f32 "
         "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -139,44 +140,45 @@ __device__ __forceinline__ void load_fragments(unsigned (&af)[MI][4], unsigned (
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
-{% if a_kcont %}
-        // 4 8x8 matrices: rows +0/+8 x k-chunks +0/+1 (one chunk is 8 halves or 4 floats).
-        ldmatrix_x4(af[mi], As + swizzle<A_ROW_BYTES, false>(wm0 + mi * 16 + (lane & 15),
-                                                               ks * 2 + (lane >> 4)));
-{% elif not tf32 %}
-        // Transposed reads of the k-major tile: k-rows +0/+8 x m-chunks +0/+1.
-        ldmatrix_x4_trans(af[mi], As + swizzle<A_ROW_BYTES, false>(
-            ks * 16 + ((lane >> 4) << 3) + (lane & 7), (wm0 + mi * 16) / 8 + ((lane >> 3) & 1)));
-{% else %}
-        const int m = wm0 + mi * 16 + g, k = ks * 8 + t;
-        af[mi][0] = word_at<A_ROW_BYTES>(As, k, m);
-        af[mi][1] = word_at<A_ROW_BYTES>(As, k, m + 8);
-        af[mi][2] = word_at<A_ROW_BYTES>(As, k + 4, m);
-        af[mi][3] = word_at<A_ROW_BYTES>(As, k + 4, m + 8);
-{% endif %}
+        if constexpr (A_KCONT) {
+            // 4 8x8 matrices: rows +0/+8 x k-chunks +0/+1 (one chunk is 8 halves or 4 floats).
+            ldmatrix_x4(af[mi], As + swizzle<A_ROW_BYTES, false>(wm0 + mi * 16 + (lane & 15),
+                                                                   ks * 2 + (lane >> 4)));
+        } else if constexpr (!TF32) {
+            // Transposed reads of the k-major tile: k-rows +0/+8 x m-chunks +0/+1.
+            ldmatrix_x4_trans(af[mi], As + swizzle<A_ROW_BYTES, false>(
+                ks * 16 + ((lane >> 4) << 3) + (lane & 7),
+                (wm0 + mi * 16) / 8 + ((lane >> 3) & 1)));
+        } else {
+            const int m = wm0 + mi * 16 + g, k = ks * 8 + t;
+            af[mi][0] = word_at<A_ROW_BYTES>(As, k, m);
+            af[mi][1] = word_at<A_ROW_BYTES>(As, k, m + 8);
+            af[mi][2] = word_at<A_ROW_BYTES>(As, k + 4, m);
+            af[mi][3] = word_at<A_ROW_BYTES>(As, k + 4, m + 8);
+        }
     }
 #pragma unroll
     for (int p = 0; p < NI / 2; ++p) {
-{% if b_kcont %}
-        unsigned r[4];
-        ldmatrix_x4(r, Bs + swizzle<B_ROW_BYTES, false>(
-            wn0 + p * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
-        bf[2 * p][0] = r[0]; bf[2 * p][1] = r[1];
-        bf[2 * p + 1][0] = r[2]; bf[2 * p + 1][1] = r[3];
-{% elif not tf32 %}
-        unsigned r[4];
-        ldmatrix_x4_trans(r, Bs + swizzle<B_ROW_BYTES, false>(
-            ks * 16 + (((lane >> 3) & 1) << 3) + (lane & 7), (wn0 + p * 16) / 8 + (lane >> 4)));
-        bf[2 * p][0] = r[0]; bf[2 * p][1] = r[1];
-        bf[2 * p + 1][0] = r[2]; bf[2 * p + 1][1] = r[3];
-{% else %}
+        if constexpr (B_KCONT || !TF32) {
+            unsigned r[4];
+            if constexpr (B_KCONT) {
+                ldmatrix_x4(r, Bs + swizzle<B_ROW_BYTES, false>(
+                    wn0 + p * 16 + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
+            } else {
+                ldmatrix_x4_trans(r, Bs + swizzle<B_ROW_BYTES, false>(
+                    ks * 16 + (((lane >> 3) & 1) << 3) + (lane & 7),
+                    (wn0 + p * 16) / 8 + (lane >> 4)));
+            }
+            bf[2 * p][0] = r[0]; bf[2 * p][1] = r[1];
+            bf[2 * p + 1][0] = r[2]; bf[2 * p + 1][1] = r[3];
+        } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int n = wn0 + (2 * p + h) * 8 + g, k = ks * 8 + t;
-            bf[2 * p + h][0] = word_at<B_ROW_BYTES>(Bs, k, n);
-            bf[2 * p + h][1] = word_at<B_ROW_BYTES>(Bs, k + 4, n);
+            for (int h = 0; h < 2; ++h) {
+                const int n = wn0 + (2 * p + h) * 8 + g, k = ks * 8 + t;
+                bf[2 * p + h][0] = word_at<B_ROW_BYTES>(Bs, k, n);
+                bf[2 * p + h][1] = word_at<B_ROW_BYTES>(Bs, k + 4, n);
+            }
         }
-{% endif %}
     }
 }
 
@@ -184,7 +186,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ __align__(128) char smem[];
-    {{ ep.scalars() | indent(4) }}
+    auto ep = epilogue(C, ldc, bias, bias_stride, Y, ldy, Z, ldz, M_, N_, alpha_, beta_,
+                       leaky_slope_, scale_a, scale_a_stride, scale_b, scale_b_stride, scale_y,
+                       amax, y_scale_);
+    const int M = ep.M, N = ep.N, K = static_cast<int>(K_);
 
     const int tid = threadIdx.x;
     const int lane = tid % 32, warp = tid / 32;
@@ -229,17 +234,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
                 for (int ni = 0; ni < NI; ++ni) {
-{% if spec.promote %}
-                    // Each product block into fresh registers, then a rounded float32 add:
-                    // the tensor cores' own accumulation truncates, which over a long K
-                    // drifts past float32's rounding (3xTF32 is after float32 accuracy).
-                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma(d, af[mi], bf[ni]);
+                    if constexpr (PROMOTE) {
+                        // Each product block into fresh registers, then a rounded float32
+                        // add: the tensor cores' own accumulation truncates, which over a
+                        // long K drifts past float32's rounding (3xTF32 is after float32
+                        // accuracy).
+                        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma(d, af[mi], bf[ni]);
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[mi][ni][r] += d[r];
-{% else %}
-                    mma(acc[mi][ni], af[mi], bf[ni]);
-{% endif %}
+                        for (int r = 0; r < 4; ++r) acc[mi][ni][r] += d[r];
+                    } else {
+                        mma(acc[mi][ni], af[mi], bf[ni]);
+                    }
                 }
         }
     }
@@ -248,32 +254,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // Fused epilogue on the accumulator fragments: element r of acc[mi][ni] is row
     // wm0 + mi * 16 + g (+ 8 for r >= 2), column wn0 + ni * 8 + 2 * t (+ 1 for odd r).
     const int g = lane >> 2, t = lane & 3;
-{% if spec.epilogue.bias.value == "scalarbias" %}
-    const float bias_value = to_f32(bias[0]);
-{% elif spec.epilogue.bias.value == "colbias" %}
+    ep.load_scalar_bias();
     float col_bias[NI][2];
+    if constexpr (COL_BIAS) {
 #pragma unroll
-    for (int ni = 0; ni < NI; ++ni)
+        for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int n = n0 + wn0 + ni * 8 + 2 * t + c;
-            col_bias[ni][c] = n < N ? to_f32(bias[static_cast<long long>(n) * bias_stride]) : 0.0f;
-        }
-{% endif %}
+            for (int c = 0; c < 2; ++c) {
+                const int n = n0 + wn0 + ni * 8 + 2 * t + c;
+                col_bias[ni][c] =
+                    n < N ? to_f32(bias[static_cast<long long>(n) * bias_stride]) : 0.0f;
+            }
+    }
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int m = m0 + wm0 + mi * 16 + g + 8 * h;
             if (m >= M) continue;
-{% if spec.epilogue.bias.value == "rowbias" %}
-            const float row_bias = to_f32(bias[static_cast<long long>(m) * bias_stride]);
-{% endif %}
+            const float row_bias =
+                ROW_BIAS ? to_f32(bias[static_cast<long long>(m) * bias_stride]) : 0.0f;
 #pragma unroll
             for (int ni = 0; ni < NI; ++ni) {
                 const int nb = n0 + wn0 + ni * 8 + 2 * t;
                 if (nb >= N) continue;
-                {{ ep.finish(spec, 2, "acc[mi][ni][2 * h + c]", "col_bias[ni][c]", "nb + 1 < N") | indent(16) }}
+                ep.finish<2>(Y, m, nb, nb + 1 < N, [&](int c) { return acc[mi][ni][2 * h + c]; },
+                             [&](int c, int) { return col_bias[ni][c]; }, row_bias);
             }
         }
     }

@@ -7,9 +7,11 @@
 // Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}), float32 on the CUDA cores, fused epilogue.
 {% endif %}
 // A {{ "row" if spec.layout_a.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_a else "4-byte" }} copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ "16-byte" if spec.vec_b else "4-byte" }} copies); {{ cfg.stages }}-stage cp.async pipeline.
-{% import "common/epilogue.cuh" as ep %}
+{% import "common/epilogue_constants.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
+{{ ep.constants(spec) }}
+{% include "common/epilogue.cuh" %}
 {% include "common/sm80/cp_async.cuh" %}
 
 constexpr int BM = {{ cfg.bm }};
@@ -32,82 +34,86 @@ constexpr int STAGE_FLOATS = BK * AS_LD + BK * BS_LD;
 static_assert(TM % 4 == 0 && TN % 4 == 0, "thread tile must be made of 4 x 4 sub-tiles");
 static_assert(BK % 8 == 0, "BK must be a multiple of 8");
 
-{{ ep.accessors(spec) }}
+constexpr bool A_ROW = {{ "true" if spec.layout_a.value == "r" else "false" }};   // A row-major, else column-major
+constexpr bool B_ROW = {{ "true" if spec.layout_b.value == "r" else "false" }};
+#define A_AT(m, k) A[A_ROW ? (long long)(m) * lda + (k) : (long long)(k) * lda + (m)]
+constexpr bool A_VEC = !A_ROW && {{ "true" if spec.vec_a else "false" }};   // 16-byte copies of A along m
+constexpr bool B_VEC = B_ROW && {{ "true" if spec.vec_b else "false" }};    // ... of B along n
+constexpr bool SPLIT_K = {{ "true" if spec.split_k else "false" }};   // raw partial sums of a slice of K
+#define B_AT(k, n) B[B_ROW ? (long long)(k) * ldb + (n) : (long long)(n) * ldb + (k)]
 
 __device__ __forceinline__ void load_tiles(float* __restrict__ As, float* __restrict__ Bs,
                                            const float* __restrict__ A, long long lda,
                                            const float* __restrict__ B, long long ldb,
                                            int M, int N, int K, int m0, int n0, int k0, int tid)
 {
-{% if spec.layout_a.value == "c" and spec.vec_a %}
-    // A: 16-byte copies along m (column-major, aligned).
-    constexpr int A_UNITS = BM * BK / 4;
+    if constexpr (A_VEC) {
+        // A: 16-byte copies along m (column-major, aligned).
+        constexpr int A_UNITS = BM * BK / 4;
 #pragma unroll
-    for (int i = 0; i < (A_UNITS + THREADS - 1) / THREADS; ++i) {
-        const int u = tid + i * THREADS;
-        if (A_UNITS % THREADS == 0 || u < A_UNITS) {
-            const int kk = u / (BM / 4), mm = (u % (BM / 4)) * 4;
-            const int m = m0 + mm, k = k0 + kk;
-            const int valid = k < K ? min(max(M - m, 0), 4) : 0;
-            cp_async_16(&As[kk * AS_LD + mm], valid ? &A_AT(m, k) : A, valid * 4);
+        for (int i = 0; i < (A_UNITS + THREADS - 1) / THREADS; ++i) {
+            const int u = tid + i * THREADS;
+            if (A_UNITS % THREADS == 0 || u < A_UNITS) {
+                const int kk = u / (BM / 4), mm = (u % (BM / 4)) * 4;
+                const int m = m0 + mm, k = k0 + kk;
+                const int valid = k < K ? min(max(M - m, 0), 4) : 0;
+                cp_async_16(&As[kk * AS_LD + mm], valid ? &A_AT(m, k) : A, valid * 4);
+            }
+        }
+    } else {
+        // A: 4-byte copies, transposed into k-major shared memory (row-major A: 8 k per row,
+        // 32 bytes).
+        constexpr int A_UNITS = BM * BK;
+#pragma unroll
+        for (int i = 0; i < (A_UNITS + THREADS - 1) / THREADS; ++i) {
+            const int u = tid + i * THREADS;
+            if (A_UNITS % THREADS == 0 || u < A_UNITS) {
+                const int kk = A_ROW ? u % 8 + 8 * (u / (8 * BM)) : u / BM;
+                const int mm = A_ROW ? (u / 8) % BM : u % BM;
+                const int m = m0 + mm, k = k0 + kk;
+                const bool valid = m < M && k < K;
+                cp_async_4(&As[kk * AS_LD + mm], valid ? &A_AT(m, k) : A, valid ? 4 : 0);
+            }
         }
     }
-{% else %}
-    // A: 4-byte copies, transposed into k-major shared memory.
-    constexpr int A_UNITS = BM * BK;
+    if constexpr (B_VEC) {
+        // B: 16-byte copies along n (row-major, aligned).
+        constexpr int B_UNITS = BN * BK / 4;
 #pragma unroll
-    for (int i = 0; i < (A_UNITS + THREADS - 1) / THREADS; ++i) {
-        const int u = tid + i * THREADS;
-        if (A_UNITS % THREADS == 0 || u < A_UNITS) {
-{% if spec.layout_a.value == "r" %}
-            const int kk = u % 8 + 8 * (u / (8 * BM)), mm = (u / 8) % BM;   // 8 k per row: 32 B
-{% else %}
-            const int mm = u % BM, kk = u / BM;
-{% endif %}
-            const int m = m0 + mm, k = k0 + kk;
-            const bool valid = m < M && k < K;
-            cp_async_4(&As[kk * AS_LD + mm], valid ? &A_AT(m, k) : A, valid ? 4 : 0);
+        for (int i = 0; i < (B_UNITS + THREADS - 1) / THREADS; ++i) {
+            const int u = tid + i * THREADS;
+            if (B_UNITS % THREADS == 0 || u < B_UNITS) {
+                const int kk = u / (BN / 4), nn = (u % (BN / 4)) * 4;
+                const int n = n0 + nn, k = k0 + kk;
+                const int valid = k < K ? min(max(N - n, 0), 4) : 0;
+                cp_async_16(&Bs[kk * BS_LD + nn], valid ? &B_AT(k, n) : B, valid * 4);
+            }
+        }
+    } else {
+        // B: 4-byte copies (column-major B: 8 k per column).
+        constexpr int B_UNITS = BN * BK;
+#pragma unroll
+        for (int i = 0; i < (B_UNITS + THREADS - 1) / THREADS; ++i) {
+            const int u = tid + i * THREADS;
+            if (B_UNITS % THREADS == 0 || u < B_UNITS) {
+                const int kk = B_ROW ? u / BN : u % 8 + 8 * (u / (8 * BN));
+                const int nn = B_ROW ? u % BN : (u / 8) % BN;
+                const int n = n0 + nn, k = k0 + kk;
+                const bool valid = n < N && k < K;
+                cp_async_4(&Bs[kk * BS_LD + nn], valid ? &B_AT(k, n) : B, valid ? 4 : 0);
+            }
         }
     }
-{% endif %}
-{% if spec.layout_b.value == "r" and spec.vec_b %}
-    // B: 16-byte copies along n (row-major, aligned).
-    constexpr int B_UNITS = BN * BK / 4;
-#pragma unroll
-    for (int i = 0; i < (B_UNITS + THREADS - 1) / THREADS; ++i) {
-        const int u = tid + i * THREADS;
-        if (B_UNITS % THREADS == 0 || u < B_UNITS) {
-            const int kk = u / (BN / 4), nn = (u % (BN / 4)) * 4;
-            const int n = n0 + nn, k = k0 + kk;
-            const int valid = k < K ? min(max(N - n, 0), 4) : 0;
-            cp_async_16(&Bs[kk * BS_LD + nn], valid ? &B_AT(k, n) : B, valid * 4);
-        }
-    }
-{% else %}
-    // B: 4-byte copies.
-    constexpr int B_UNITS = BN * BK;
-#pragma unroll
-    for (int i = 0; i < (B_UNITS + THREADS - 1) / THREADS; ++i) {
-        const int u = tid + i * THREADS;
-        if (B_UNITS % THREADS == 0 || u < B_UNITS) {
-{% if spec.layout_b.value == "c" %}
-            const int kk = u % 8 + 8 * (u / (8 * BN)), nn = (u / 8) % BN;   // 8 k per column
-{% else %}
-            const int nn = u % BN, kk = u / BN;
-{% endif %}
-            const int n = n0 + nn, k = k0 + kk;
-            const bool valid = n < N && k < K;
-            cp_async_4(&Bs[kk * BS_LD + nn], valid ? &B_AT(k, n) : B, valid ? 4 : 0);
-        }
-    }
-{% endif %}
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
 {{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ __align__(16) float smem[];
-    {{ ep.scalars() | indent(4) }}
+    auto ep = epilogue(C, ldc, bias, bias_stride, Y, ldy, Z, ldz, M_, N_, alpha_, beta_,
+                       leaky_slope_, scale_a, scale_a_stride, scale_b, scale_b_stride, scale_y,
+                       amax, y_scale_);
+    const int M = ep.M, N = ep.N, K = static_cast<int>(K_);
 
     const int tid = threadIdx.x;
     const int lane = tid % 32, warp = tid / 32;
@@ -175,47 +181,47 @@ extern "C" __global__ void __launch_bounds__(THREADS, {{ cfg.min_blocks }})
     // Element (i, j) of the thread tile is row m0 + ROW(i), column n0 + COL(j).
 #define ROW(i) (wm0 + ((i) / 4) * LANES_M * 4 + lm * 4 + (i) % 4)
 #define COL(j) (wn0 + ((j) / 4) * LANES_N * 4 + ln * 4 + (j) % 4)
-{% if spec.split_k %}
-    // Raw partial sums into workspace slice blockIdx.z (ld a multiple of 4, 16-byte aligned).
-    float* W = Y + static_cast<long long>(blockIdx.z) * M * ldy;
+    if constexpr (SPLIT_K) {
+        // Raw partial sums into workspace slice blockIdx.z (ld a multiple of 4, 16-byte
+        // aligned; Y is float32 here).
+        auto* const W = Y + static_cast<long long>(blockIdx.z) * M * ldy;
 #pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        const int m = m0 + ROW(i);
-        if (m >= M) continue;
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + ROW(i);
+            if (m >= M) continue;
 #pragma unroll
-        for (int j4 = 0; j4 < TN / 4; ++j4) {
-            const int n = n0 + COL(j4 * 4);
-            if (n < N)
-                *reinterpret_cast<float4*>(&W[static_cast<long long>(m) * ldy + n]) =
-                    make_float4(acc[i][j4 * 4], acc[i][j4 * 4 + 1], acc[i][j4 * 4 + 2],
-                                acc[i][j4 * 4 + 3]);
+            for (int j4 = 0; j4 < TN / 4; ++j4) {
+                const int n = n0 + COL(j4 * 4);
+                if (n < N)
+                    *reinterpret_cast<float4*>(&W[static_cast<long long>(m) * ldy + n]) =
+                        make_float4(acc[i][j4 * 4], acc[i][j4 * 4 + 1], acc[i][j4 * 4 + 2],
+                                    acc[i][j4 * 4 + 3]);
+            }
+        }
+        return;
+    }
+    ep.load_scalar_bias();
+    float col_bias[TN];
+    if constexpr (COL_BIAS) {
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int n = n0 + COL(j);
+            col_bias[j] = n < N ? bias[static_cast<long long>(n) * bias_stride] : 0.0f;
         }
     }
-{% else %}
-{% if spec.epilogue.bias.value == "scalarbias" %}
-    const float bias_value = bias[0];
-{% elif spec.epilogue.bias.value == "colbias" %}
-    float col_bias[TN];
-#pragma unroll
-    for (int j = 0; j < TN; ++j) {
-        const int n = n0 + COL(j);
-        col_bias[j] = n < N ? bias[static_cast<long long>(n) * bias_stride] : 0.0f;
-    }
-{% endif %}
     const bool full_tile = M - m0 >= BM && N - n0 >= BN;   // (m0 + BM can wrap near 2^31)
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + ROW(i);
         if (m >= M) continue;
-{% if spec.epilogue.bias.value == "rowbias" %}
-        const float row_bias = bias[static_cast<long long>(m) * bias_stride];
-{% endif %}
+        const float row_bias = ROW_BIAS ? bias[static_cast<long long>(m) * bias_stride] : 0.0f;
 #pragma unroll
         for (int j4 = 0; j4 < TN / 4; ++j4) {
             const int nb = n0 + COL(j4 * 4);
             if (nb >= N) continue;
-            {{ ep.finish(spec, 4, "acc[i][j4 * 4 + c]", "col_bias[j4 * 4 + c]", "full_tile || nb + 3 < N") | indent(12) }}
+            ep.finish<4>(Y, m, nb, full_tile || nb + 3 < N,
+                         [&](int c) { return acc[i][j4 * 4 + c]; },
+                         [&](int c, int) { return col_bias[j4 * 4 + c]; }, row_bias);
         }
     }
-{% endif %}
 }

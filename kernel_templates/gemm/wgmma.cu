@@ -3,10 +3,10 @@
 // Tiles of A ({{ "K" if spec.layout_a.value == "r" else "M" }}-major) and B ({{ "K" if spec.layout_b.value == "c" else "N" }}-major) arrive by TMA (128-byte swizzle) into a {{ spec.config.stages }}-stage ring of mbarrier-guarded buffers; one producer warpgroup issues the copies, {{ spec.config.consumers }} consumer warpgroups run wgmma and the epilogue {{ "on alternate tiles (one's epilogue overlaps the other's main loop)" if spec.config.pingpong else "on %d-row slices of each tile" % spec.config.wg_m }}; the grid is persistent over the output tiles.
 //
 // The template's Jinja is the preamble below (the variant's constants and types from the
-// spec, and the register list of its wgmma instruction), the kernel's signature and the
-// shared epilogue's formulas (common/epilogue.cuh's macros); the rest is C++ that picks the
-// variant's code with `if constexpr` on those constants.
-{% import "common/epilogue.cuh" as ep %}
+// spec: its own and the shared epilogue's, and the register list of its wgmma instruction)
+// and the kernel's signature; the rest is C++ that picks the variant's code with
+// `if constexpr` on those constants.
+{% import "common/epilogue_constants.cuh" as ep %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 {% include "common/sm90/mbarrier.cuh" %}
@@ -17,12 +17,13 @@
 {% include "common/sm80/cp_async.cuh" %}
 {% include "gemm/sm90_gemm.cuh" %}
 
-// The variant (gemm/sm90_gemm.cuh has the stand-ins of the parameters it may lack; a
-// constant that only the code of other variants reads is never referenced).
+{{ ep.constants(spec) }}
+{% include "common/epilogue.cuh" %}
+
+// The variant (gemm/sm90_gemm.cuh and common/epilogue.cuh have the stand-ins of the
+// parameters it may lack; a constant that only the code of other variants reads is never
+// referenced).
 #pragma nv_diag_suppress 177
-using YType = {{ spec.epilogue.y_ctype }};            // Y, Z and the staging blocks
-using CType = {{ spec.c_ctype }};            // C (beta's term, a gate's input, a gated linear unit's Z)
-using BiasType = {{ spec.bias_ctype }};      // the bias (bgrad: the float32 column sums written in its place)
 constexpr int BM = {{ spec.config.bm }};
 constexpr int BN = {{ spec.config.bn }};
 constexpr int ES = {{ spec.dtype.itemsize }};                  // bytes of an input element
@@ -35,21 +36,6 @@ constexpr bool SPLIT_K = {{ "true" if spec.split_k else "false" }};    // work u
 constexpr bool STORE16 = {{ "true" if spec.store16 else "false" }};    // the epilogue stages its results in shared memory
 constexpr bool TMA_STORE = {{ "true" if spec.tma_store else "false" }};  // Y, Z leave by TMA stores
 constexpr bool C_TMA = {{ "true" if spec.c_tma else "false" }};      // C arrives by TMA through the ring
-// The epilogue (the Epilogue's fields)
-constexpr bool C_ROW = {{ "true" if spec.epilogue.layout_c and spec.epilogue.layout_c.value == "r" else "false" }};      // C row-major, else column-major
-constexpr Act ACT = Act::{{ spec.epilogue.act.value }};
-constexpr bool FAST_ACT = {{ "true" if spec.fast_act else "false" }};   // the fast activations (16-bit outputs)
-constexpr bool SCALAR_BIAS = {{ "true" if spec.epilogue.bias.value == "scalarbias" else "false" }};
-constexpr bool COL_BIAS = {{ "true" if spec.epilogue.bias.value == "colbias" else "false" }};
-constexpr bool ROW_BIAS = {{ "true" if spec.epilogue.bias.value == "rowbias" else "false" }};
-constexpr bool SAVE_Z = {{ "true" if spec.epilogue.save_z else "false" }};
-constexpr bool GLU = {{ "true" if spec.epilogue.glu else "false" }};        // a gated linear unit: Y = act(Z[:, 0::2]) * Z[:, 1::2]
-constexpr bool GATE = {{ "true" if spec.epilogue.gate else "false" }};       // Y = alpha * A @ B * act'(C)
-constexpr Act GATE_ACT = Act::{{ spec.epilogue.gate.value if spec.epilogue.gate else "none" }};
-constexpr bool GATE_FROM_Y = {{ "true" if spec.epilogue.gate_from_y else "false" }};   // act' from its output
-constexpr bool BGRAD = {{ "true" if spec.epilogue.bgrad else "false" }};      // column sums of the gated Y
-constexpr bool GLU_GRAD = {{ "true" if spec.epilogue.glu_grad else "false" }};   // a gated linear unit's backward (Y: dZ, C: Z)
-constexpr Act GLU_GRAD_ACT = Act::{{ spec.epilogue.glu_grad.value if spec.epilogue.glu_grad else "none" }};
 constexpr bool SCALE_TILE = {{ "true" if spec.scale_tile else "false" }};   // a tile's scales staged in shared memory
 constexpr bool SCALE_ROWS = {{ "true" if spec.scale_rows else "false" }};   // ... A's per row
 constexpr bool SCALE_COLS = {{ "true" if spec.scale_cols else "false" }};   // ... B's per column
@@ -102,7 +88,6 @@ __device__ __forceinline__ void tile_vector_store(float* dst, const float (&in)[
         if (member + p * GROUP < LEN) dst[member + p * GROUP] = in[p];
 }
 
-{{ ep.c_accessor(spec) }}
 // C (the gate's input, or beta's term) arrives by TMA through the ring (C_TMA): after a
 // tile's k-tiles, C_SLOTS more ring positions hold its C tile in units of 64 rows x 128 bytes
 // (128-byte swizzle, as the A and B tiles), the first UNITS_A of a position in its A buffer,
@@ -177,34 +162,19 @@ __device__ __forceinline__ void wgmma(float (&d)[N_ACC], unsigned long long da,
 // (How values reach the member functions is chosen for the machine code to stay the one the
 // kernel had as a single function: the layout and a consumer thread's place as members set
 // once, the work units as values; the consumer's own code reads its warpgroup from a local.)
+// The epilogue's parameters and scalars are those of its base, common/epilogue.cuh's
+// Epilogue (of the variant's types: YT, CT, BT are those).
 template <typename YT, typename CT, typename BT>
-struct Gemm {
-    // The kernel's parameters (null or zero where a variant has not the parameter: the
+struct Gemm : Epilogue<YType, CType, BiasType> {
+    // The kernel's other parameters (null or zero where a variant has not the parameter: the
     // stand-ins of sm90_gemm.cuh).
     const TensorMap* tma_a;
     const TensorMap* tma_b;
     const TensorMap* tma_y;                   // (TMA_STORE)
     const TensorMap* tma_z;                   // (TMA_STORE)
     const TensorMap* tma_c;                   // (C_TMA)
-    const CT* C;
-    long long ldc;
-    BT* bias;
-    long long bias_stride;
-    YT* Y;
-    long long ldy;
-    YT* Z;
-    long long ldz;
-    const float* scale_a;                     // (8-bit inputs)
-    long long scale_a_stride;
-    const float* scale_b;
-    long long scale_b_stride;
-    unsigned* amax;
     long long k_tiles_per_split;              // (SPLIT_K)
-    // The epilogue's scalars (common/epilogue.cuh's `scalars`).
-    int M, N, K;
-    float alpha, beta, leaky_slope;
-    float y_scale;                            // (8-bit outputs)
-    unsigned amax_bits;                       // (the amax)
+    int K;
 
     // Shared memory (setup): the stages' A and B tiles, the barriers: a stage's `full` (the
     // producer's copies have landed) and `empty` (the consumers are done with it) and the
@@ -225,7 +195,6 @@ struct Gemm {
     float* tile_bias;                         // this consumer's tile's bias (BIAS_TILE) ...
     float* tile_scale_a;                      // ... and scales (SCALE_TILE)
     float* tile_scale_b;
-    float bias_value;                         // (SCALAR_BIAS)
     bool c_vec;                               // C's rows 16-byte aligned (a gate's loads)
 
     // The output tile a consumer works on (one unit).
@@ -307,6 +276,20 @@ struct Gemm {
         }
     }
 
+    // One operand's k-tile into a stage: one box when K is its contiguous dimension, else one
+    // 64-wide box (128 bytes of the swizzle) per 64 rows of the tile.
+    template <bool KCONT, int ROWS>
+    __device__ __forceinline__ static void load_operand(unsigned dst, const TensorMap* map,
+                                                        int k0, int row0, unsigned bar) {
+        if constexpr (KCONT) {
+            tma_load(dst, map, k0, row0, bar);
+        } else {
+#pragma unroll
+            for (int j = 0; j < ROWS / 64; ++j)
+                tma_load(dst + j * (BK * 128), map, row0 + 64 * j, k0, bar);
+        }
+    }
+
     // Producer: one thread walks the same tiles as the consumers and keeps the ring full.
     __device__ __forceinline__ void producer(const Units w) {
         const auto [tiles_m, tiles_n, tiles, k_tiles, per_split, units] = w;
@@ -322,22 +305,8 @@ struct Gemm {
                     mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
                     mbar_expect_tx(full + 8 * s, TX_BYTES);
                     const int k0 = kt * BK;
-                    if constexpr (A_KCONT) {
-                        tma_load(sA + s * A_STAGE, tma_a, k0, m0, full + 8 * s);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < BM / 64; ++j)
-                            tma_load(sA + s * A_STAGE + j * (BK * 128), tma_a, m0 + 64 * j, k0,
-                                     full + 8 * s);
-                    }
-                    if constexpr (B_KCONT) {
-                        tma_load(sB + s * B_STAGE, tma_b, k0, n0, full + 8 * s);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < BN / 64; ++j)
-                            tma_load(sB + s * B_STAGE + j * (BK * 128), tma_b, n0 + 64 * j, k0,
-                                     full + 8 * s);
-                    }
+                    load_operand<A_KCONT, BM>(sA + s * A_STAGE, tma_a, k0, m0, full + 8 * s);
+                    load_operand<B_KCONT, BN>(sB + s * B_STAGE, tma_b, k0, n0, full + 8 * s);
                 }
                 if constexpr (C_TMA) {
                     for (int c = 0; c < C_SLOTS; ++c, ++it) {   // the tile's C, after its k-tiles
@@ -394,7 +363,7 @@ struct Gemm {
 #pragma unroll
                 for (int i = 0; i < N_ACC; ++i) total[mi][i] = 0.0f;
         }
-        if constexpr (SCALAR_BIAS) bias_value = to_f32(bias[0]);
+        load_scalar_bias();
 
         int turn = 0;
         int sbuf = 0;   // TMA_STORE: which of the warp's two staging blocks the next 16 x 64 block fills
@@ -496,12 +465,6 @@ struct Gemm {
         }
     }
 
-    // C(m, n) (C_AT of common/epilogue.cuh, which a variant without C has not).
-    __device__ __forceinline__ const CT& c_at(int m, int n) const {
-        return C_ROW ? C[static_cast<long long>(m) * ldc + n]
-                     : C[static_cast<long long>(n) * ldc + m];
-    }
-
     // The main loop of a unit: its k-tiles kt0..kt_end, in ring positions first.., into acc.
     // PROMOTE: the tensor cores add into their accumulators with truncation (for 8-bit inputs
     // with fewer bits than float32's), which over a long K drifts well past float32's
@@ -581,8 +544,8 @@ struct Gemm {
     __device__ __forceinline__ float staged_z(float acc, int m, int n, float col_bias,
                                               float row_bias, CT c, float row_scale,
                                               float col_scale) {
-        {{ ep.compute_z(spec, "z", "acc", "m", "n", "col_bias", "row_bias", gate=False, c_value="c" if spec.c_tma else None, row_scale="row_scale" if spec.scale_rows else None, col_scale="col_scale" if spec.scale_cols else None) | indent(8) }}
-        return z;
+        return z<false>(acc, m, n, col_bias, row_bias, held_if<SCALE_ROWS>(row_scale),
+                        held_if<SCALE_COLS>(col_scale), held_if<C_TMA>(c));
     }
 
     // Fused epilogue through shared memory: each warp computes Z (or Y) for its 16 rows, 64
@@ -733,14 +696,13 @@ struct Gemm {
                     if constexpr (IS_Z || GLU_Y) {
                         v[c] = z;
                     } else {
-                        v[c] = activation<ACT, FAST_ACT>(z, leaky_slope);
-                        {{ ep.y_finish(spec, "v[c]", "mw + r < M && nb + c < N") | indent(24) }}
+                        v[c] = y_of(z, mw + r < M && nb + c < N);
                     }
                 }
                 if constexpr (GLU_Y) {
                     const int col = j8 * 4 + t;
                     store(&st[r * 64 + ((col / EPC) ^ swz(r)) * EPC + col % EPC],
-                          {{ ep.glu_value(spec, "v[0]", "v[1]") }});
+                          glu_value(v[0], v[1]));
                 } else {
                     const int col = j8 * 8 + 2 * t;
                     store_vec(&st[r * 64 + ((col / EPC) ^ swz(r)) * EPC + col % EPC], v);
@@ -829,7 +791,7 @@ struct Gemm {
 #pragma unroll
                 for (int e = 0; e < EPC; ++e) bsum[e] += __shfl_xor_sync(0xffffffffu, bsum[e], o);
             if (lane < GATE_SEGS && mw < M) {
-                float* const out = bias + static_cast<long long>(mw / 16) * bias_stride;
+                BT* const out = bias + static_cast<long long>(mw / 16) * bias_stride;   // (float)
 #pragma unroll
                 for (int e = 0; e < EPC; ++e)
                     if (nc + lane * EPC + e < N) out[nc + lane * EPC + e] = bsum[e];
@@ -927,14 +889,18 @@ struct Gemm {
                 if (m >= M) continue;
                 // (the shared epilogue's formula reads the row bias where there is one)
                 [[maybe_unused]] const float row_bias = ROW_BIAS ? tile_bias[m - m0] : 0.0f;
-                {{ ep.finish(spec, 2, "acc[mi][4 * j + 2 * h + c]", "col_bias[c]", "nb + 1 < N", row_scale="row_scale[r]" if spec.scale_rows else None, col_scale="col_scale[c]" if spec.scale_cols else None) | indent(16) }}
+                finish<2>(
+                    Y, m, nb, nb + 1 < N, [&](int c) { return acc[mi][4 * j + 2 * h + c]; },
+                    [&](int c, int) { return col_bias[c]; }, row_bias,
+                    held_if<SCALE_ROWS>(row_scale[r]),
+                    held_if<SCALE_COLS>([&](int c) { return col_scale[c]; }));
             }
         }
     }
 
     // A consumer's end: the warp's largest |Y| to the amax, and its stores' completion.
-    __device__ __forceinline__ void finish() {
-        {{ ep.amax_store(spec) | indent(8) }}
+    __device__ __forceinline__ void consumer_end() {
+        amax_store();
         if constexpr (TMA_STORE) {
             if (lane == 0) bulk_wait<0>();   // the stores have read shared memory and written Y
         }
@@ -945,14 +911,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ spec.kernel_name }}({{ spec.param_list() }})
 {
     extern __shared__ char smem_raw[];
-    {{ ep.scalars(spec=spec) | indent(4) }}
     // The parameters and scalars (a stand-in where this variant has not the name), the layout
     // of shared memory, the ring's barriers and the work units; then the warpgroups' roles.
     Gemm<YType, CType, BiasType> gemm{
+        epilogue(C, ldc, bias, bias_stride, Y, ldy, Z, ldz, M_, N_, alpha_, beta_, leaky_slope_,
+                 scale_a, scale_a_stride, scale_b, scale_b_stride, scale_y, amax, y_scale_),
         map_address(tma_a), map_address(tma_b), map_address(tma_y), map_address(tma_z),
-        map_address(tma_c), C, ldc, bias, bias_stride, Y, ldy, Z, ldz,
-        scale_a, scale_a_stride, scale_b, scale_b_stride, amax, k_tiles_per_split,
-        M, N, K, alpha, beta, leaky_slope, y_scale, amax_bits};
+        map_address(tma_c), k_tiles_per_split, static_cast<int>(K_)};
     gemm.setup(smem_raw);
     const auto w = gemm.work();
     const int warpgroup = threadIdx.x / 128;
@@ -963,5 +928,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
     gemm.consumer(w, warpgroup);
-    gemm.finish();
+    gemm.consumer_end();
 }
