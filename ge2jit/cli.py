@@ -252,7 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ge2jit", description="ge2jit kernel cache tools")
     parser.add_argument("--version", action="version", version=f"ge2jit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{warmup,cache}")
+    _add_warmup(sub)
+    c = _add(sub, "cache", help="inspect and manage the kernel cache",
+             description="Inspect and manage the kernel cache (GE2JIT_CACHE_DIR).")
+    actions = c.add_subparsers(dest="action", required=True,
+                               metavar="{info,list,clear,prune,export,import}")
+    _add_cache_views(actions)
+    _add_cache_removals(actions)
+    _add_cache_bundles(actions)
+    return parser
 
+
+def _add_warmup(sub) -> None:
+    """``ge2jit warmup``."""
     w = _add(sub, "warmup", _cmd_warmup,
              help="compile the kernels a TOML file lists into the cache",
              description="Compile every kernel a warm-up file lists into the kernel cache, in "
@@ -280,10 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress (a bar on a terminal, else a line at every tenth of the "
                         "kernels)")
 
-    c = _add(sub, "cache", help="inspect and manage the kernel cache",
-             description="Inspect and manage the kernel cache (GE2JIT_CACHE_DIR).")
-    actions = c.add_subparsers(dest="action", required=True,
-                               metavar="{info,list,clear,prune,export,import}")
+
+def _add_cache_views(actions) -> None:
+    """``ge2jit cache info`` and ``ge2jit cache list``."""
     a = _add(actions, "info", _cache_info,
              help="location, writable or not, entries, size, cap, NVRTC in use",
              description="Where the cache is, whether new kernels can be stored there (and if "
@@ -305,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "spill_bytes, last_used, path) for scripts; null for unreadable entries")
     a.add_argument("--op", metavar="OP", default=None,
                    help="only the kernels of this op (" + ", ".join(_op_names()) + ")")
+
+
+def _add_cache_removals(actions) -> None:
+    """``ge2jit cache clear`` and ``ge2jit cache prune``."""
     removal = ("Exit status: 0 done; 1 a file could not be removed or the directory is not "
                "usable (the first is named); 2 a mistake in the command line.")
     _add(actions, "clear", _cache_clear, help="remove every kernel from the cache",
@@ -320,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "2**30; KiB, MiB, GiB, TiB powers of 1024) or plain bytes")
     a.add_argument("--older-than", type=parse_age, default=None, metavar="AGE",
                    help="remove entries not used for this long (30d)")
+
+
+def _add_cache_bundles(actions) -> None:
+    """``ge2jit cache export`` and ``ge2jit cache import``."""
     a = _add(actions, "export", _cache_export,
              help="write the cache's kernels and tuning records into a bundle",
              description="Write every kernel of this ge2jit and NVRTC build, and the tuning "
@@ -335,7 +354,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "too large, another build's: nothing is imported); 1 the cache could not "
                     "store it.")
     a.add_argument("file", metavar="FILE", help="the bundle to read (a zip file)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,36 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
         raise WarmupConfigError(f"sms: expected a positive integer (the GPU's multiprocessor "
                                 f"count), got {sms!r}")
     archs = None if archs is None else _arch_list(archs)
+    file = _parse(path)
+    tables = _check_top_keys(file)
+    arch_list = _archs_of(file, archs)
+    if sms is None and _present_archs():
+        from .jit.device import sm_count
+
+        sms = sm_count(0)
+    records = None
+    if from_tuning_db:
+        from .tune.db import default_db
+
+        records = list(default_db().records())
+    jobs = []
+    for op, module in tables.items():
+        jobs += _jobs_of(file, op, module, arch_list, sms, records)
+    return WarmupPlan(tuple(dict.fromkeys(jobs)), tuple(arch_list))
+
+
+@dataclass(frozen=True, slots=True)
+class _File:
+    """A warm-up file as read: its name in messages ("<stdin>" for standard input), its text
+    and its TOML data."""
+
+    path: str
+    text: str
+    data: dict
+
+
+def _parse(path: str) -> _File:
+    """The warm-up file ``path`` ("-": standard input), read and parsed as TOML."""
     raw = _read(path)
     if path == "-":
         path = "<stdin>"
@@ -142,6 +172,13 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"line (\d+)", str(e))
         raise _error(path, int(m.group(1)) if m else None, f"not valid TOML: {e}") from None
+    return _File(path, text, data)
+
+
+def _check_top_keys(file: _File) -> dict:
+    """The registered warm-up tables (name -> module), once the file's top-level keys are
+    known ones and at least one of them is a table."""
+    path, text, data = file.path, file.text, file.data
     tables, keys = warmup_tables(), top_keys()
     for key in data:
         if key not in keys:
@@ -155,6 +192,13 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
             f"{path}: the warm-up file lists no kernels: expected at least one table such as "
             f"[[{next(iter(tables))}]] (accepted: {', '.join(tables)}), got {got}; `ge2jit "
             "warmup --example` prints one")
+    return tables
+
+
+def _archs_of(file: _File, archs: list | None) -> list[str]:
+    """The architectures to compile for, checked: ``archs`` (given as an argument), else the
+    file's, else the GPUs present."""
+    path, text, data = file.path, file.text, file.data
     if archs:
         arch_list = archs
     elif "archs" in data:
@@ -168,42 +212,39 @@ def load(path: str | Path, *, archs=None, from_tuning_db: bool = False,
             raise _error(path, None, "archs: no GPU here and no architecture given; set "
                          "archs = [...] in the file or pass --arch sm_90a")
     try:
-        arch_list = list(check_archs(arch_list))
+        return list(check_archs(arch_list))
     except ArgumentValueError as e:
         if archs:  # given as an argument, not by the file
             raise WarmupConfigError(str(e)) from None
         raise _error(path, _line_of(text, "archs", None, 0), str(e)) from None
-    if sms is None and _present_archs():
-        from .jit.device import sm_count
 
-        sms = sm_count(0)
-    records = []
-    if from_tuning_db:
-        from .tune.db import default_db
 
-        records = list(default_db().records())
+def _jobs_of(file: _File, op: str, module, arch_list: list[str], sms: int | None,
+             records: list | None) -> list:
+    """The (spec, arch) jobs of the file's [[op]] tables (``module``: the table's), for each
+    architecture; ``records``: the tuning database's, whose configs are added (None: none)."""
+    path, text = file.path, file.text
+    entries = file.data.get(op, [])
+    if isinstance(entries, dict) or not isinstance(entries, list):
+        raise _error(path, _line_of(text, op, None, 0),
+                     f"{op}: expected an array of tables, written [[{op}]]")
     jobs = []
-    for op, module in tables.items():
-        entries = data.get(op, [])
-        if isinstance(entries, dict) or not isinstance(entries, list):
-            raise _error(path, _line_of(text, op, None, 0),
-                         f"{op}: expected an array of tables, written [[{op}]]")
-        for i, raw in enumerate(entries):
+    for i, raw in enumerate(entries):
+        try:
+            entry = module.validate_entry(raw)
+        except ArgumentValueError as e:
+            key = str(e).split(":", 1)[0]
+            raise _error(path, _line_of(text, key, op, i), f"[[{op}]] #{i + 1}: {e}") from None
+        for arch in arch_list:
+            tuned = module.tuned_entries(records, arch) if records is not None else []
             try:
-                entry = module.validate_entry(raw)
+                specs = module.expand(entry, arch, sms=entry.get("sms") or sms, tuned=tuned)
             except ArgumentValueError as e:
                 key = str(e).split(":", 1)[0]
-                raise _error(path, _line_of(text, key, op, i), f"[[{op}]] #{i + 1}: {e}") from None
-            for arch in arch_list:
-                tuned = module.tuned_entries(records, arch) if from_tuning_db else []
-                try:
-                    specs = module.expand(entry, arch, sms=entry.get("sms") or sms, tuned=tuned)
-                except ArgumentValueError as e:
-                    key = str(e).split(":", 1)[0]
-                    raise _error(path, _line_of(text, key, op, i),
-                                 f"[[{op}]] #{i + 1}: {e}") from None
-                jobs.extend((spec, spec.target_arch(arch)) for spec in specs)
-    return WarmupPlan(tuple(dict.fromkeys(jobs)), tuple(arch_list))
+                raise _error(path, _line_of(text, key, op, i),
+                             f"[[{op}]] #{i + 1}: {e}") from None
+            jobs.extend((spec, spec.target_arch(arch)) for spec in specs)
+    return jobs
 
 
 def example() -> str:

@@ -21,7 +21,7 @@ from ...runtime.arrays import (
 from ...runtime.prepared import OverlapGuard, PreparedCalls
 from ...runtime.registry import Explanation
 from . import problem
-from .plans import Plan, clear_plans, ld_of, plan_for
+from .plans import LaunchArgs, Plan, clear_plans, launch_args, plan_for
 from .problem import (
     Problem,
     check_host_scale,
@@ -106,12 +106,11 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     choice. Everything the signature fixes is bound here, once. ``views``: the first call's
     (a, b, c, bias, out, preact_out) as CuPy arrays. 8-bit inputs' calls take their scales
     and amax after those (``call(..., preact_out, scale_a, scale_b, scale_y, amax_out)``)."""
-    m, n, k = p.m, p.n, p.k
+    m, n = p.m, p.n
     shape, y_shape = (m, n), (m, p.epilogue.y_cols(n))
     use_c = p.c is not None
-    launch = plan.bind(p.lda, p.ldb, p.ldc, p.bias_stride, ld_of(y, m, p.epilogue.y_cols(n)),
-                       ld_of(z, m, n) if z is not None else 0, m, n, k,
-                       fw.scratch(p.device_id))
+    fixed = launch_args(p, y, z, fw.scratch(p.device_id))
+    launch = plan.bind(fixed)
     guard = OverlapGuard(_SPAN_NAMES, views, (4, 5)) or None   # only outputs passed in
     ptr, new = fw.ptr, fw.allocator(p.y_numpy_dtype, p.device_id)
     stream = fw.stream_getter(p.device_id)
@@ -145,10 +144,11 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
         call.program = call.steps = None
     else:
         compiled = fastlaunch.available()
-        call.program = (_program(plan, p, save_z, y, z, guard, fw, new, stream)
+        steps = _steps(plan, p, fixed, save_z, y, z) if compiled else None
+        call.program = (_program(plan, p, save_z, steps, guard, fw, new, stream)
                         if compiled else None)
         # for a program of several launches that makes this call's (another op's backward)
-        call.steps = _steps(plan, p, save_z, y, z) if compiled else None
+        call.steps = steps
     call.plan, call.new, call.stream = plan, new, stream
     return call
 
@@ -169,29 +169,29 @@ def prepared_call(a, b, bias=None, *, act: str = "none", leaky_slope: float = 0.
     return _fast.get(sig)
 
 
-def _steps(plan: Plan, p: Problem, save_z: bool, y, z):
+def _steps(plan: Plan, p: Problem, fixed: LaunchArgs, save_z: bool, y, z):
     """``steps(args)``: the launches of ``_prepare``'s call as steps of a program
     (``Plan.program_steps``) whose arguments ``args`` index, or None where the plan has no
-    program; made for the first call's arrays (``p``, ``y``, ``z``)."""
-    m, n, k = p.m, p.n, p.k
-    y_cols = p.epilogue.y_cols(n)
+    program; made for the first call's arrays (``p``, ``y``, ``z``) and their sizes and
+    leading dimensions (``fixed``)."""
     ptrs = {"a": p.a.data.ptr, "b": p.b.data.ptr, "c": 0 if p.c is None else p.c.data.ptr,
             "out": y.data.ptr, "preact_out": 0 if z is None else z.data.ptr}
-    lds = (p.lda, p.ldb, p.ldc, p.bias_stride, ld_of(y, m, y_cols),
-           ld_of(z, m, n) if z is not None else 0, m, n, k, p.c is not None, save_z)
+    use_c = p.c is not None
 
     def steps(args: dict):
-        return plan.program_steps(args, ptrs, *lds)
+        return plan.program_steps(args, ptrs, fixed, use_c, save_z)
 
     return steps
 
 
-def _program(plan: Plan, p: Problem, save_z: bool, y, z, guard, fw: Framework, new, stream):
+def _program(plan: Plan, p: Problem, save_z: bool, steps_of, guard, fw: Framework, new,
+             stream):
     """The compiled launch path's program of ``_prepare``'s call (None where the plan has
-    none): its launches on the arguments of ``_compiled``'s calls."""
+    none): its launches (``steps_of``: ``_steps``') on the arguments of ``_compiled``'s
+    calls."""
     m, n = p.m, p.n
     y_cols = p.epilogue.y_cols(n)
-    steps = _steps(plan, p, save_z, y, z)(_ARGS)
+    steps = steps_of(_ARGS)
     if steps is None:
         return None
     allocs = [(_ARGS["out"], new, (m, y_cols))]

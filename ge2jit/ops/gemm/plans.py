@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from ..._version import __version__
 from ...errors import ArgumentValueError, KernelCompileError, KernelLaunchError
@@ -51,6 +52,33 @@ def _arch_number(device_id: int) -> int:
     return arch_number(device_arch(device_id))
 
 
+@dataclass(frozen=True, slots=True)
+class LaunchArgs:
+    """What one pattern of calls fixes of a plan's launches, made once (by ``Plan.launch`` for
+    a first call, by the prepared call for the next ones): the problem's sizes, the operands'
+    leading dimensions in elements (0 for an absent C or Z), and the scratch allocator of the
+    workspaces (``Framework.scratch``; None where nothing is launched)."""
+
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    bias_stride: int
+    ldy: int
+    ldz: int
+    alloc: Any = None
+
+
+def launch_args(p: Problem, y, z, alloc=None) -> LaunchArgs:
+    """The ``LaunchArgs`` of a validated problem writing Y (and Z) to ``y`` (``z``)."""
+    m, n = p.m, p.n
+    return LaunchArgs(m, n, p.k, p.lda, p.ldb, p.ldc, p.bias_stride,
+                      ld_of(y, m, p.epilogue.y_cols(n)), ld_of(z, m, n) if z is not None else 0,
+                      alloc)
+
+
 class _Staging:
     """Copies the operands a plan's GEMM kernel cannot read as they are into the K-major
     layout it reads (``TransposeSpec``), or splits them for 3xTF32 (``Tf32SplitSpec``, rows
@@ -68,17 +96,18 @@ class _Staging:
         self.parts = max(k.spec.parts for k in (prep_a, prep_b) if k is not None)
         self.itemsize = itemsize
 
-    def __call__(self, a_ptr, lda, b_ptr, ldb, m, n, k, stream_ptr, alloc):
-        """(workspace, a_ptr, lda, b_ptr, ldb, k) as the GEMM kernel reads them; ``alloc``:
-        ``Framework.scratch``'s. The workspace must live until the GEMM is queued (the pool
+    def __call__(self, fixed: LaunchArgs, a_ptr, b_ptr, stream_ptr):
+        """(workspace, a_ptr, lda, b_ptr, ldb, k) as the GEMM kernel reads them (the workspace
+        from ``fixed.alloc``). The workspace must live until the GEMM is queued (the pool
         reuses it in stream order)."""
+        m, n, k, lda, ldb = fixed.m, fixed.n, fixed.k, fixed.lda, fixed.ldb
         kk = k * self.parts
         per16 = 16 // self.itemsize
         ld = -(-kk // per16) * per16                    # 16-byte rows, for TMA and cp.async
         row_bytes = ld * self.itemsize
         size_a = -(-m * row_bytes // 256) * 256 if self.a is not None else 0
         size_b = n * row_bytes if self.b is not None else 0
-        ws = alloc(max(size_a + size_b, 16))
+        ws = fixed.alloc(max(size_a + size_b, 16))
         if self.a is not None:   # A (M x K): row-major, or K rows of M
             fn, transpose = self.a
             rows, cols = (k, m) if transpose else (m, k)
@@ -138,52 +167,53 @@ class Plan:
                 out.append(k)
         return tuple(out)
 
-    def run(self, a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-            z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc, fp8=None) -> None:
-        """Launch on raw device pointers (0 for an absent C, bias or Z); ``alloc``: the
-        scratch allocator (``Framework.scratch``) of the workspaces; ``fp8``: the kernel's
-        ``fp8_params`` (8-bit inputs), whose amax is zeroed first where the kernel keeps one."""
+    def run(self, fixed: LaunchArgs, a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta,
+            slope, stream_ptr, fp8=None) -> None:
+        """Launch on raw device pointers (0 for an absent C, bias or Z) with the sizes, leading
+        dimensions and scratch allocator of ``fixed``; ``fp8``: the kernel's ``fp8_params``
+        (8-bit inputs), whose amax is zeroed first where the kernel keeps one."""
+        m, n, lda, ldb, k = fixed.m, fixed.n, fixed.lda, fixed.ldb, fixed.k
         if self._staging is not None:
-            _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(a_ptr, lda, b_ptr, ldb, m, n, k,
-                                                           stream_ptr, alloc)
+            _ws, a_ptr, lda, b_ptr, ldb, k = self._staging(fixed, a_ptr, b_ptr, stream_ptr)
         if fp8 is None:
             fp8 = {}
         elif self._amax is not None:
             self._amax(fp8["amax"], 0, 4, stream_ptr)   # (8-bit inputs take no split of K)
         if self._reduce is None:
-            self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=ldc,
-                       bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr,
-                       ldz=ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta, leaky_slope_=slope,
-                       k_tiles_per_split=self.k_tiles_per_split, **fp8)
+            self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=c_ptr, ldc=fixed.ldc,
+                       bias=bias_ptr, bias_stride=fixed.bias_stride, Y=y_ptr, ldy=fixed.ldy,
+                       Z=z_ptr, ldz=fixed.ldz, M_=m, N_=n, K_=k, alpha_=alpha, beta_=beta,
+                       leaky_slope_=slope, k_tiles_per_split=self.k_tiles_per_split, **fp8)
             return
         ldw = (n + 3) // 4 * 4
-        w = alloc(self.splits * m * ldw * 4)   # float32 partial sums
+        w = fixed.alloc(self.splits * m * ldw * 4)   # float32 partial sums
         w_ptr = w.ptr
         self._gemm(stream_ptr, A=a_ptr, lda=lda, B=b_ptr, ldb=ldb, C=0, ldc=0, bias=0,
                    bias_stride=0, Y=w_ptr, ldy=ldw, Z=0, ldz=0, M_=m, N_=n, K_=k, alpha_=1.0,
                    beta_=0.0, leaky_slope_=0.0, k_tiles_per_split=self.k_tiles_per_split)
-        self._reduce(stream_ptr, W=w_ptr, ldw=ldw, splits=self.splits, C=c_ptr, ldc=ldc,
-                     bias=bias_ptr, bias_stride=bias_stride, Y=y_ptr, ldy=ldy, Z=z_ptr, ldz=ldz,
-                     M=m, N=n, alpha_=alpha, beta_=beta, leaky_slope_=slope)
+        self._reduce(stream_ptr, W=w_ptr, ldw=ldw, splits=self.splits, C=c_ptr, ldc=fixed.ldc,
+                     bias=bias_ptr, bias_stride=fixed.bias_stride, Y=y_ptr, ldy=fixed.ldy,
+                     Z=z_ptr, ldz=fixed.ldz, M=m, N=n, alpha_=alpha, beta_=beta,
+                     leaky_slope_=slope)
 
-    def bind(self, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, alloc):
+    def bind(self, fixed: LaunchArgs):
         """``launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
-        stream_ptr)`` for one problem's sizes and leading dimensions: the cached path. A plan
-        of one kernel launches it directly. ``alloc``: the scratch allocator of the
-        workspaces (``Framework.scratch``)."""
+        stream_ptr)`` for one pattern's sizes, leading dimensions and scratch allocator
+        (``fixed``): the cached path. A plan of one kernel launches it directly."""
         if self._reduce is not None and self._staging is None and type(self) is Plan:
-            return self._bind_split(ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k, alloc)
+            return self._bind_split(fixed)
         if self._staging is not None or self._reduce is not None or type(self) is not Plan:
             run = self.run
 
             def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
                        stream_ptr, fp8=None):
-                run(a_ptr, lda, b_ptr, ldb, c_ptr, ldc, bias_ptr, bias_stride, y_ptr, ldy,
-                    z_ptr, ldz, m, n, k, alpha, beta, slope, stream_ptr, alloc, fp8)
+                run(fixed, a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
+                    stream_ptr, fp8)
 
             return launch
-        kernel = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, ldc=ldc,
-                                 bias_stride=bias_stride, ldy=ldy, ldz=ldz, M_=m, N_=n, K_=k,
+        kernel = self._main.bind(self.grid, self.block, self.smem, lda=fixed.lda, ldb=fixed.ldb,
+                                 ldc=fixed.ldc, bias_stride=fixed.bias_stride, ldy=fixed.ldy,
+                                 ldz=fixed.ldz, M_=fixed.m, N_=fixed.n, K_=fixed.k,
                                  k_tiles_per_split=self.k_tiles_per_split)
 
         def launch(a_ptr, b_ptr, c_ptr, bias_ptr, y_ptr, z_ptr, alpha, beta, slope,
@@ -193,18 +223,17 @@ class Plan:
 
         return launch
 
-    def program_steps(self, args: dict, ptrs: dict, lda, ldb, ldc, bias_stride, ldy, ldz, m,
-                      n, k, use_c: bool, save_z: bool):
+    def program_steps(self, args: dict, ptrs: dict, fixed: LaunchArgs, use_c: bool,
+                      save_z: bool):
         """The compiled launch path's steps (``ge2jit.jit.fastlaunch.step``) of ``bind``'s
         launch, or None for a plan that stages its operands, splits K, or is of another kind
         than these. ``args``: the call's argument index of each of a, b, c, bias, out,
         preact_out, alpha, beta and leaky_slope (a scalar's may be a float instead: a
         constant); ``ptrs``: the first call's pointers by the same names (what tensor maps
-        are encoded for)."""
+        are encoded for); ``fixed``: the sizes and leading dimensions of ``bind``'s."""
         if not self._one_launch():
             return None
-        values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
-                              save_z)
+        values = self._values(args, fixed, use_c, save_z)
         return [step(self._main, self.grid, self.block, self.smem, values)]
 
     def _one_launch(self) -> bool:
@@ -213,18 +242,21 @@ class Plan:
         return (self._staging is None and self._reduce is None and self._amax is None
                 and not self.main.spec.dtype.is_fp8)
 
-    def _values(self, args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c, save_z):
+    def _values(self, args: dict, fixed: LaunchArgs, use_c: bool, save_z: bool) -> dict:
         return {"A": Ptr(args["a"]), "B": Ptr(args["b"]), "C": Ptr(args["c"]) if use_c else 0,
                 "bias": Ptr(args["bias"]), "Y": Ptr(args["out"]),
-                "Z": Ptr(args["preact_out"]) if save_z else 0, "lda": lda, "ldb": ldb,
-                "ldc": ldc, "bias_stride": bias_stride, "ldy": ldy, "ldz": ldz, "M_": m,
-                "N_": n, "K_": k, "alpha_": _scalar(args["alpha"]),
+                "Z": Ptr(args["preact_out"]) if save_z else 0, "lda": fixed.lda,
+                "ldb": fixed.ldb, "ldc": fixed.ldc, "bias_stride": fixed.bias_stride,
+                "ldy": fixed.ldy, "ldz": fixed.ldz, "M_": fixed.m, "N_": fixed.n,
+                "K_": fixed.k, "alpha_": _scalar(args["alpha"]),
                 "beta_": _scalar(args["beta"]), "leaky_slope_": _scalar(args["leaky_slope"]),
                 "k_tiles_per_split": self.k_tiles_per_split}
 
-    def _bind_split(self, ldc, bias_stride, ldy, ldz, lda, ldb, m, n, k, alloc):
+    def _bind_split(self, fixed: LaunchArgs):
         """``bind`` of a split-K plan: both kernels with the sizes bound, one workspace
         allocation per call."""
+        m, n, k, lda, ldb, alloc = fixed.m, fixed.n, fixed.k, fixed.lda, fixed.ldb, fixed.alloc
+        ldc, bias_stride, ldy, ldz = fixed.ldc, fixed.bias_stride, fixed.ldy, fixed.ldz
         ldw = (n + 3) // 4 * 4
         nbytes = self.splits * m * ldw * 4
         gemm = self._main.bind(self.grid, self.block, self.smem, lda=lda, ldb=ldb, C=0, ldc=0,
@@ -244,15 +276,12 @@ class Plan:
         return launch
 
     def launch(self, p: Problem, y, z, stream_ptr: int, alloc) -> None:
-        m, n = p.m, p.n
-        ldy = ld_of(y, m, p.epilogue.y_cols(n))
-        ldz = ld_of(z, m, n) if z is not None else 0
         alpha, fp8 = p.alpha, None
         if p.fp8 is not None:
             alpha, fp8 = p.fp8.launch_args(alpha)
-        self.run(p.a.data.ptr, p.lda, p.b.data.ptr, p.ldb, _ptr(p.c), p.ldc, _ptr(p.bias),
-                 p.bias_stride, y.data.ptr, ldy, _ptr(z), ldz, m, n, p.k, alpha, p.beta,
-                 p.leaky_slope, stream_ptr, alloc, fp8)
+        self.run(launch_args(p, y, z, alloc), p.a.data.ptr, p.b.data.ptr, _ptr(p.c),
+                 _ptr(p.bias), y.data.ptr, _ptr(z), alpha, p.beta, p.leaky_slope, stream_ptr,
+                 fp8)
 
 
 @dataclass
@@ -277,7 +306,9 @@ class TmaPlan(Plan):
                        if spec.c_tma else None)
 
     def _map_blobs(self, *, A, lda, B, ldb, C, ldc, Y, ldy, Z, ldz, M_, N_, K_) -> dict:
-        """The tensor maps of one call's operands, by parameter name."""
+        """The tensor maps of one call's operands, by parameter name. (Keywords, as the
+        kernel's parameters: ``_with_maps`` passes them on the cached path, where one dict of
+        them costs more.)"""
         dt, a_kmajor, b_kmajor, bm, bn, bk, es = self._maps
         if a_kmajor:
             maps = {"tma_a": tensor_map_2d(dt, A, K_, M_, lda * es, bk, bm)}
@@ -304,7 +335,9 @@ class TmaPlan(Plan):
                    ldz, M_, N_, K_, alpha_, beta_, leaky_slope_, k_tiles_per_split,
                    **fp8) -> None:
         """The GEMM launch (``_gemm``): the tensor maps of this call's operands, then the
-        kernel (``fp8``: the ``fp8_params`` of 8-bit inputs)."""
+        kernel (``fp8``: the ``fp8_params`` of 8-bit inputs). Its parameters are the
+        kernel's, by name, as ``Plan.run`` passes them: on the cached path (each call of a
+        Hopper plan) keywords cost less than one dict of them (measured)."""
         maps = self._map_blobs(A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, Y=Y, ldy=ldy, Z=Z,
                                ldz=ldz, M_=M_, N_=N_, K_=K_)
         self._kernel(stream_ptr, **maps, A=A, lda=lda, B=B, ldb=ldb, C=C, ldc=ldc, bias=bias,
@@ -312,18 +345,18 @@ class TmaPlan(Plan):
                      alpha_=alpha_, beta_=beta_, leaky_slope_=leaky_slope_,
                      k_tiles_per_split=k_tiles_per_split, **fp8)
 
-    def program_steps(self, args: dict, ptrs: dict, lda, ldb, ldc, bias_stride, ldy, ldz, m,
-                      n, k, use_c: bool, save_z: bool):
+    def program_steps(self, args: dict, ptrs: dict, fixed: LaunchArgs, use_c: bool,
+                      save_z: bool):
         if not self._one_launch():
             return None
-        c = ptrs["c"] if use_c else 0
         z = ptrs["preact_out"] if save_z else 0
-        blobs = self._map_blobs(A=ptrs["a"], lda=lda, B=ptrs["b"], ldb=ldb, C=c, ldc=ldc,
-                                Y=ptrs["out"], ldy=ldy, Z=z, ldz=ldz, M_=m, N_=n, K_=k)
+        blobs = self._map_blobs(A=ptrs["a"], lda=fixed.lda, B=ptrs["b"], ldb=fixed.ldb,
+                                C=ptrs["c"] if use_c else 0, ldc=fixed.ldc, Y=ptrs["out"],
+                                ldy=fixed.ldy, Z=z, ldz=fixed.ldz, M_=fixed.m, N_=fixed.n,
+                                K_=fixed.k)
         sources = {"tma_a": "a", "tma_b": "b", "tma_c": "c", "tma_y": "out",
                    "tma_z": "preact_out" if z else "out"}
-        values = self._values(args, lda, ldb, ldc, bias_stride, ldy, ldz, m, n, k, use_c,
-                              save_z)
+        values = self._values(args, fixed, use_c, save_z)
         for name, blob in blobs.items():
             source = sources[name]
             values[name] = (blob if source == "c" and not use_c

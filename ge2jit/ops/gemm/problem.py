@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ...errors import ArgumentValueError
@@ -340,6 +342,60 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
     launched. ``dtype`` reads uint8 inputs as an 8-bit format; the scales and ``amax_out``
     are 8-bit inputs' (``check_fp8_args``)."""
     cp = _cupy()
+    dtype, a, b = _check_operands(a, b, dtype, glu)
+    (m, k), n = a.shape, b.shape[1]
+    act_e = check_act(act)
+    alpha = check_scalar(alpha, "alpha")
+    beta = check_scalar(beta, "beta")
+    slope = check_scalar(leaky_slope, "leaky_slope")
+    kind, bias_stride = bias_kind(bias, m, n, glu)
+    if glu and kind not in (BiasKind.NONE, BiasKind.COL):
+        raise ArgumentValueError(
+            f"bias: expected None or shape ({n},) (2N: the gate's and the linear half's biases "
+            f"interleaved as b's columns), got shape {bias.shape}")
+    bias_dtype = None if bias is None else _input_or_f32(bias, "bias", dtype)
+    c_dtype = _check_c(c, beta, m, n, dtype)
+    if out is not None:
+        check_array(out, "out")
+        if out.dtype.name == "uint8" and dtype_name(out_dtype) in FP8_DTYPES:
+            out = out.view(FP8_DTYPES[dtype_name(out_dtype)].numpy_dtype)
+    y_dtype = check_out_dtype(out_dtype, dtype, out)
+    np_y = y_dtype.numpy_dtype
+    if dtype.is_fp8:
+        _check_fp8_call(dtype, y_dtype, k, glu, save_preact)
+    fp8 = check_fp8_args(dtype, y_dtype, m, n, scale_a, scale_b, scale_y, amax_out)
+    if out is not None:
+        check_output(out, "out", m, n // 2 if glu else n, np_y)
+    if preact_out is not None:
+        if not save_preact:
+            raise ArgumentValueError("preact_out: given, but save_preact is False")
+        check_output(preact_out, "preact_out", m, n, np_y)
+    prec = check_precision(precision, dtype)
+    device_id = cp.cuda.runtime.getDevice()
+    scales = {} if fp8 is None else {name: getattr(fp8, name) for name in
+                                     ("scale_a", "scale_b", "scale_y")}
+    check_same_device({"a": a, "b": b, "bias": bias, "c": c, "out": out,
+                       "preact_out": preact_out, "amax_out": amax_out,
+                       **{k: v for k, v in scales.items() if not host_scale(v)}}, device_id)
+    check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
+    read = _read_operands(a, b, c if c is not None and beta != 0.0 else None, m, n)
+    epilogue = Epilogue(out_dtype=y_dtype, act=act_e, bias=kind, bias_dtype=bias_dtype,
+                        layout_c=read.layout_c,
+                        c_dtype=c_dtype if read.layout_c is not None else None,
+                        save_z=bool(save_preact), glu=glu,
+                        **({} if fp8 is None else fp8.fields))
+    return Problem(m=m, n=n, k=k, dtype=dtype, y_numpy_dtype=np_y, precision=prec, fp8=fp8,
+                   epilogue=epilogue, bias_stride=bias_stride, alpha=alpha, beta=beta,
+                   leaky_slope=slope, device_id=device_id, a=read.a, b=read.b, bias=bias,
+                   out=out, preact_out=preact_out, c=read.c, copied=read.copied,
+                   layout_a=read.layout_a, lda=read.lda, layout_b=read.layout_b, ldb=read.ldb,
+                   ldc=read.ldc)
+
+
+def _check_operands(a, b, dtype, glu: bool) -> tuple[DType, object, object]:
+    """``validate``'s A and B: 2-D arrays of one input type (``input_dtype``: ``dtype`` reads
+    uint8 as an 8-bit format), of matching K (``glu``: B of an even number of columns), within
+    the kernels' sizes, aligned; (the inputs' DType, a, b)."""
     a = check_array(a, "a")
     b = check_array(b, "b")
     if a.ndim != 2:
@@ -365,76 +421,62 @@ def validate(a, b, bias, act, c, alpha, beta, leaky_slope, out, preact_out=None,
             raise ArgumentValueError(f"{name} = {size}: at most {limit} ({text}) is supported")
     check_aligned(a, "a")
     check_aligned(b, "b")
-    act_e = check_act(act)
-    alpha = check_scalar(alpha, "alpha")
-    beta = check_scalar(beta, "beta")
-    slope = check_scalar(leaky_slope, "leaky_slope")
-    kind, bias_stride = bias_kind(bias, m, n, glu)
-    if glu and kind not in (BiasKind.NONE, BiasKind.COL):
-        raise ArgumentValueError(
-            f"bias: expected None or shape ({n},) (2N: the gate's and the linear half's biases "
-            f"interleaved as b's columns), got shape {bias.shape}")
-    bias_dtype = None if bias is None else _input_or_f32(bias, "bias", dtype)
-    c_dtype = None
-    if c is not None:
-        check_array(c, "c")
-        if c.ndim != 2 or c.shape != (m, n):
-            raise ArgumentValueError(f"c: expected shape ({m}, {n}) (M, N), got {c.shape}")
-        check_aligned(c, "c")
-        c_dtype = _input_or_f32(c, "c", dtype)
-    elif beta != 0.0:
-        raise ArgumentValueError(f"beta: is {beta}, which needs c, but c is None; pass c= or "
-                                 "beta=0")
-    if out is not None:
-        check_array(out, "out")
-        if out.dtype.name == "uint8" and dtype_name(out_dtype) in FP8_DTYPES:
-            out = out.view(FP8_DTYPES[dtype_name(out_dtype)].numpy_dtype)
-    y_dtype = check_out_dtype(out_dtype, dtype, out)
-    np_y = y_dtype.numpy_dtype
-    if dtype.is_fp8:
-        if glu:
-            raise ArgumentValueError(f"a: gemm_gated takes float32, float16 or bfloat16 "
-                                     f"inputs, got {dtype.numpy_name}")
-        if k == 0:
-            raise ArgumentValueError(f"a: K = 0: a GEMM of {dtype.numpy_name} inputs needs K "
-                                     f">= 1")
-        if save_preact and y_dtype.is_fp8:
-            raise ArgumentValueError(f"save_preact: Z is not stored for an 8-bit output "
-                                     f"({y_dtype.numpy_name}); use a 16-bit out_dtype to keep "
-                                     f"it")
-    fp8 = check_fp8_args(dtype, y_dtype, m, n, scale_a, scale_b, scale_y, amax_out)
-    if out is not None:
-        check_output(out, "out", m, n // 2 if glu else n, np_y)
-    if preact_out is not None:
-        if not save_preact:
-            raise ArgumentValueError("preact_out: given, but save_preact is False")
-        check_output(preact_out, "preact_out", m, n, np_y)
-    prec = check_precision(precision, dtype)
-    device_id = cp.cuda.runtime.getDevice()
-    scales = {} if fp8 is None else {name: getattr(fp8, name) for name in
-                                     ("scale_a", "scale_b", "scale_y")}
-    check_same_device({"a": a, "b": b, "bias": bias, "c": c, "out": out,
-                       "preact_out": preact_out, "amax_out": amax_out,
-                       **{k: v for k, v in scales.items() if not host_scale(v)}}, device_id)
-    check_outputs_do_not_overlap(a, b, c, bias, out, preact_out)
-    use_c = c is not None and beta != 0.0
-    layouts = dict(layout_a=None, lda=0, layout_b=None, ldb=0, ldc=0)
-    layout_c = None
-    copied = False
-    if m and n:
-        layouts["layout_a"], layouts["lda"], a_read = layout_of(a, "a")
-        layouts["layout_b"], layouts["ldb"], b_read = layout_of(b, "b")
-        c_read = c
-        if use_c:
-            layout_c, layouts["ldc"], c_read = layout_of(c, "c")
-        copied = a_read is not a or b_read is not b or (use_c and c_read is not c)
-        a, b, c = a_read, b_read, c_read
-    epilogue = Epilogue(out_dtype=y_dtype, act=act_e, bias=kind, bias_dtype=bias_dtype,
-                        layout_c=layout_c, c_dtype=c_dtype if layout_c is not None else None,
-                        save_z=bool(save_preact), glu=glu,
-                        **({} if fp8 is None else fp8.fields))
-    return Problem(m=m, n=n, k=k, dtype=dtype, y_numpy_dtype=np_y, precision=prec, fp8=fp8,
-                   epilogue=epilogue, bias_stride=bias_stride, alpha=alpha, beta=beta,
-                   leaky_slope=slope, device_id=device_id, a=a, b=b, bias=bias, out=out,
-                   preact_out=preact_out, c=c if use_c else None, copied=copied, **layouts)
+    return dtype, a, b
 
+
+def _check_c(c, beta: float, m: int, n: int, dtype: DType) -> DType | None:
+    """C's type (None without C): an (M, N) array, of the inputs' type or float32; a nonzero
+    ``beta`` needs one."""
+    if c is None:
+        if beta != 0.0:
+            raise ArgumentValueError(f"beta: is {beta}, which needs c, but c is None; pass c= "
+                                     "or beta=0")
+        return None
+    check_array(c, "c")
+    if c.ndim != 2 or c.shape != (m, n):
+        raise ArgumentValueError(f"c: expected shape ({m}, {n}) (M, N), got {c.shape}")
+    check_aligned(c, "c")
+    return _input_or_f32(c, "c", dtype)
+
+
+def _check_fp8_call(dtype: DType, y_dtype: DType, k: int, glu: bool, save_preact) -> None:
+    """What a call of 8-bit inputs cannot ask for: gemm_gated, K = 0, Z of an 8-bit Y."""
+    if glu:
+        raise ArgumentValueError(f"a: gemm_gated takes float32, float16 or bfloat16 "
+                                 f"inputs, got {dtype.numpy_name}")
+    if k == 0:
+        raise ArgumentValueError(f"a: K = 0: a GEMM of {dtype.numpy_name} inputs needs K "
+                                 f">= 1")
+    if save_preact and y_dtype.is_fp8:
+        raise ArgumentValueError(f"save_preact: Z is not stored for an 8-bit output "
+                                 f"({y_dtype.numpy_name}); use a 16-bit out_dtype to keep "
+                                 f"it")
+
+
+class _Read(NamedTuple):
+    """A problem's operands as its kernel reads them (``layout_of``), with their layouts and
+    leading dimensions in elements (None and 0 for an empty problem, and for C where the
+    problem takes none); ``copied``: whether any had to be copied."""
+
+    a: object
+    layout_a: Layout | None
+    lda: int
+    b: object
+    layout_b: Layout | None
+    ldb: int
+    c: object
+    layout_c: Layout | None
+    ldc: int
+    copied: bool
+
+
+def _read_operands(a, b, c, m: int, n: int) -> _Read:
+    """``_Read`` of A, B and C (None where the problem takes no C: none given, or beta 0) of
+    an (m, n) output: as they are for an empty one."""
+    if not (m and n):
+        return _Read(a, None, 0, b, None, 0, c, None, 0, False)
+    layout_a, lda, a_read = layout_of(a, "a")
+    layout_b, ldb, b_read = layout_of(b, "b")
+    layout_c, ldc, c_read = (None, 0, None) if c is None else layout_of(c, "c")
+    copied = a_read is not a or b_read is not b or (c is not None and c_read is not c)
+    return _Read(a_read, layout_a, lda, b_read, layout_b, ldb, c_read, layout_c, ldc, copied)

@@ -482,14 +482,55 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
     asks for the column sums: the Hopper kernel makes them where it can
     (``WgmmaGemmSpec.can_bgrad``), no other kernel does; the caller reads
     ``main.epilogue.bgrad`` to know."""
-    align_a, align_b, align_y, align_c = aligns
-    y_item = epilogue.out_dtype.itemsize
     sums = epilogue.bgrad
     epilogue = replace(epilogue, bgrad=False)
     if precision is Precision.TF32X3 and dtype is not DType.F32:
         raise ArgumentValueError(f"precision: 'tf32x3' applies to float32 inputs, not "
                                  f"{dtype.numpy_name}")
-    layouts = layout_a.value + layout_b.value
+    stage = _stage(dtype, layout_a.value + layout_b.value, config, k, aligns, precision)
+    r = _SetRequest(dtype, layout_a, layout_b, epilogue, config, split_k, k, aligns, precision,
+                    sums, stage, _preps(dtype, layout_a, layout_b, stage, precision))
+    if isinstance(config, WgmmaConfig):
+        return _wgmma_set(r)
+    if isinstance(config, MmaConfig) and mma_fits(aligns, precision):
+        return _mma_set(r)
+    if isinstance(config, PipelineConfig):
+        return _pipelined_set(r)
+    tile = config if isinstance(config, TileConfig) else FALLBACK_TILE
+    return KernelSet(TiledGemmSpec(dtype, layout_a, layout_b, epilogue, tile), None, 1, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _SetRequest:
+    """``kernel_set``'s arguments (``epilogue`` without ``bgrad``; ``sums``: whether it was
+    asked for), with which operands the GEMM reads through a K-major copy (``stage``) and the
+    copy kernels of those (``preps``: A's, B's)."""
+
+    dtype: DType
+    layout_a: Layout
+    layout_b: Layout
+    epilogue: Epilogue
+    config: object
+    split_k: int
+    k: int
+    aligns: Aligns
+    precision: Precision
+    sums: bool
+    stage: tuple[bool, bool]
+    preps: tuple
+
+    @property
+    def read_layouts(self) -> tuple[Layout, Layout]:
+        """The layouts the GEMM reads A and B in: a staged copy's is K-major."""
+        return (Layout.ROW if self.stage[0] else self.layout_a,
+                Layout.COL if self.stage[1] else self.layout_b)
+
+
+def _stage(dtype: DType, layouts: str, config, k: int, aligns: Aligns,
+           precision: Precision) -> tuple[bool, bool]:
+    """Which operands ``config``'s GEMM reads through a K-major copy (``staged``): a
+    tensor-core config's with 3xTF32 (whose 3K must fit the kernels' 32-bit counts), the
+    Hopper kernel's otherwise as its types and alignments need, no other's."""
     x3 = precision is Precision.TF32X3
     if isinstance(config, (WgmmaConfig, MmaConfig)) and k > 0 and x3:
         if 3 * k > X3_MAX_3K:
@@ -497,73 +538,84 @@ def kernel_set(dtype: DType, layout_a: Layout, layout_b: Layout, epilogue: Epilo
                 f"config: {config.name} with precision='tf32x3' runs one GEMM over 3K = "
                 f"{3 * k}, more than the {X3_MAX_3K} the kernels count; K up to "
                 f"{X3_MAX_3K // 3} (or an exact float32 config, or no config)")
-        stage = staged(dtype, layouts, precision)
-    elif isinstance(config, WgmmaConfig):
-        stage = staged(dtype, layouts, aligns=aligns)
-    else:
-        stage = (False, False)
-    la = Layout.ROW if stage[0] else layout_a
-    lb = Layout.COL if stage[1] else layout_b
-    prep_a, prep_b = _preps(dtype, layout_a, layout_b, stage, precision)
+        return staged(dtype, layouts, precision)
     if isinstance(config, WgmmaConfig):
-        why = tma_fits(aligns, dtype, layouts, k, precision)
-        if why is not None:
-            raise ArgumentValueError(f"config: {config.name}: {why}")
-        k_tiles = -(-k * k_parts(precision) // (128 // dtype.itemsize))
-        per_split = max(-(-k_tiles // split_k), 1)
-        splits = -(-k_tiles // per_split) if split_k > 1 else 1
-        if splits > 1 and dtype.is_fp8:
-            raise ArgumentValueError(f"config: {config.name}_k{split_k}: {dtype.numpy_name} "
-                                     f"inputs take no split of K; pin {config.name}")
-        main_epilogue = PARTIAL_SUMS if splits > 1 else epilogue
-        # a row-major C whose rows TMA can copy arrives through the ring; else reading C with
-        # the accumulators leaves too few registers for the staging (a gate reads it after
-        # staging, from whole rows)
-        c_tma = (align_y >= 16 and main_epilogue.layout_c is Layout.ROW and align_c >= 16
-                 and WgmmaGemmSpec.c_tma_unfit(config, main_epilogue) is None)
-        staging = (align_y >= 16
-                   and WgmmaGemmSpec.staging_spills(config, main_epilogue, c_tma) is None)
-        c_tma = c_tma and staging
-        # (a gated linear unit's backward copies its Z into the staging blocks in 16-byte
-        # segments, and forms dZ there)
-        store16 = staging and (main_epilogue.layout_c is None or main_epilogue.gate is not None
-                               or c_tma or (main_epilogue.glu_grad is not None
-                                            and align_c >= 16))
-        main = WgmmaGemmSpec(dtype, la, lb, main_epilogue, config,
-                             store16 or align_y >= 2 * y_item, store16,
-                             promote=promotes(dtype, precision),
-                             split_k=splits > 1, c_tma=c_tma)
-        if sums and main.can_bgrad:
-            main = replace(main, epilogue=replace(main_epilogue, bgrad=True))
-        reduce = None
-        if splits > 1:   # 4 outputs per thread: 4-element stores need that alignment
-            reduce = SplitKReduceSpec(dtype, epilogue, align_y >= 4 * y_item)
-        return KernelSet(main, reduce, splits, per_split if splits > 1 else 0, prep_a, prep_b)
-    if isinstance(config, MmaConfig) and mma_fits(aligns, precision):
-        copy_a = 16 if stage[0] else min(align_a, 16)
-        copy_b = 16 if stage[1] else min(align_b, 16)
-        main = MmaGemmSpec(dtype, la, lb, epilogue, config, copy_a, copy_b,
-                           align_y >= 2 * y_item, promote=x3)
-        return KernelSet(main, None, 1, 0, prep_a, prep_b)
-    if isinstance(config, PipelineConfig):
-        if dtype is not DType.F32:
-            raise ArgumentValueError(
-                f"config: {config.name} is a float32 CUDA-core config; {dtype.numpy_name} "
-                f"inputs run on 'mma_' configs (or a tiled config such as "
-                f"{FALLBACK_TILE.name!r})")
-        k_tiles = -(-k // config.bk) if k else 0
-        per_split = max(-(-k_tiles // split_k), 1)
-        splits = max(-(-k_tiles // per_split), 1) if split_k > 1 else 1
-        split = splits > 1
-        # 16-byte copies of an operand whose contiguous dimension is the shared tile's (m of
-        # column-major A, n of row-major B); the slices of a split K go to a workspace of
-        # 16-byte rows
-        main = PipelinedGemmSpec(dtype, layout_a, layout_b,
-                                 PARTIAL_SUMS if split else epilogue, config,
-                                 align_a >= 16 and layout_a is Layout.COL,
-                                 align_b >= 16 and layout_b is Layout.ROW,
-                                 align_y >= 16 or split, split)
-        reduce = SplitKReduceSpec(dtype, epilogue, align_y >= 16) if split else None
-        return KernelSet(main, reduce, splits, per_split)
-    tile = config if isinstance(config, TileConfig) else FALLBACK_TILE
-    return KernelSet(TiledGemmSpec(dtype, layout_a, layout_b, epilogue, tile), None, 1, 0)
+        return staged(dtype, layouts, aligns=aligns)
+    return False, False
+
+
+def _wgmma_set(r: _SetRequest) -> KernelSet:
+    """``kernel_set`` of a Hopper config: its K split in whole 128-byte tiles, C through the
+    TMA ring and the staged 16-byte stores where the alignments and registers allow."""
+    dtype, config, split_k, precision = r.dtype, r.config, r.split_k, r.precision
+    _, _, align_y, align_c = r.aligns
+    why = tma_fits(r.aligns, dtype, r.layout_a.value + r.layout_b.value, r.k, precision)
+    if why is not None:
+        raise ArgumentValueError(f"config: {config.name}: {why}")
+    k_tiles = -(-r.k * k_parts(precision) // (128 // dtype.itemsize))
+    per_split = max(-(-k_tiles // split_k), 1)
+    splits = -(-k_tiles // per_split) if split_k > 1 else 1
+    if splits > 1 and dtype.is_fp8:
+        raise ArgumentValueError(f"config: {config.name}_k{split_k}: {dtype.numpy_name} "
+                                 f"inputs take no split of K; pin {config.name}")
+    main_epilogue = PARTIAL_SUMS if splits > 1 else r.epilogue
+    # a row-major C whose rows TMA can copy arrives through the ring; else reading C with
+    # the accumulators leaves too few registers for the staging (a gate reads it after
+    # staging, from whole rows)
+    c_tma = (align_y >= 16 and main_epilogue.layout_c is Layout.ROW and align_c >= 16
+             and WgmmaGemmSpec.c_tma_unfit(config, main_epilogue) is None)
+    staging = (align_y >= 16
+               and WgmmaGemmSpec.staging_spills(config, main_epilogue, c_tma) is None)
+    c_tma = c_tma and staging
+    # (a gated linear unit's backward copies its Z into the staging blocks in 16-byte
+    # segments, and forms dZ there)
+    store16 = staging and (main_epilogue.layout_c is None or main_epilogue.gate is not None
+                           or c_tma or (main_epilogue.glu_grad is not None
+                                        and align_c >= 16))
+    y_item = r.epilogue.out_dtype.itemsize
+    main = WgmmaGemmSpec(dtype, *r.read_layouts, main_epilogue, config,
+                         store16 or align_y >= 2 * y_item, store16,
+                         promote=promotes(dtype, precision),
+                         split_k=splits > 1, c_tma=c_tma)
+    if r.sums and main.can_bgrad:
+        main = replace(main, epilogue=replace(main_epilogue, bgrad=True))
+    reduce = None
+    if splits > 1:   # 4 outputs per thread: 4-element stores need that alignment
+        reduce = SplitKReduceSpec(dtype, r.epilogue, align_y >= 4 * y_item)
+    return KernelSet(main, reduce, splits, per_split if splits > 1 else 0, *r.preps)
+
+
+def _mma_set(r: _SetRequest) -> KernelSet:
+    """``kernel_set`` of an mma.sync config whose operands cp.async can copy."""
+    align_a, align_b, align_y, _ = r.aligns
+    copy_a = 16 if r.stage[0] else min(align_a, 16)
+    copy_b = 16 if r.stage[1] else min(align_b, 16)
+    main = MmaGemmSpec(r.dtype, *r.read_layouts, r.epilogue, r.config, copy_a, copy_b,
+                       align_y >= 2 * r.epilogue.out_dtype.itemsize,
+                       promote=r.precision is Precision.TF32X3)
+    return KernelSet(main, None, 1, 0, *r.preps)
+
+
+def _pipelined_set(r: _SetRequest) -> KernelSet:
+    """``kernel_set`` of a float32 CUDA-core pipelined config, its K split where asked."""
+    dtype, config, split_k, k = r.dtype, r.config, r.split_k, r.k
+    align_a, align_b, align_y, _ = r.aligns
+    if dtype is not DType.F32:
+        raise ArgumentValueError(
+            f"config: {config.name} is a float32 CUDA-core config; {dtype.numpy_name} "
+            f"inputs run on 'mma_' configs (or a tiled config such as "
+            f"{FALLBACK_TILE.name!r})")
+    k_tiles = -(-k // config.bk) if k else 0
+    per_split = max(-(-k_tiles // split_k), 1)
+    splits = max(-(-k_tiles // per_split), 1) if split_k > 1 else 1
+    split = splits > 1
+    # 16-byte copies of an operand whose contiguous dimension is the shared tile's (m of
+    # column-major A, n of row-major B); the slices of a split K go to a workspace of
+    # 16-byte rows
+    main = PipelinedGemmSpec(dtype, r.layout_a, r.layout_b,
+                             PARTIAL_SUMS if split else r.epilogue, config,
+                             align_a >= 16 and r.layout_a is Layout.COL,
+                             align_b >= 16 and r.layout_b is Layout.ROW,
+                             align_y >= 16 or split, split)
+    reduce = SplitKReduceSpec(dtype, r.epilogue, align_y >= 16) if split else None
+    return KernelSet(main, reduce, splits, per_split)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
 from ...runtime.tables import MAX_SMS, check_keys, check_list
-from .epilogue import ACT_NAMES, BiasKind, Epilogue, Layout
+from .epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout
 from .problem import MAX_K, MAX_MN, PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
@@ -126,15 +127,62 @@ def validate_entry(entry: dict) -> dict:
     return out
 
 
-def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layouts: str,
-                  item: int, y_item: int, c_item: int | None, c_layout: str | None,
-                  y_cols: int | None = None):
+@dataclass(frozen=True, slots=True)
+class GemmKind:
+    """The GEMMs a forward entry expands to (``expand``'s keywords, ``Epilogue`` fields): the
+    backward's gated GEMMs (``gate``, ``gate_from_y``, ``bgrad``), ``gemm_gated``'s
+    (``glu``), the next layer's dA GEMMs that write a gated unit's dZ (``glu_grad``), or by
+    default ``gemm_bias_act``'s."""
+
+    gate: Act | None = None
+    gate_from_y: bool = False
+    bgrad: bool = False
+    glu: bool = False
+    glu_grad: Act | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Variant:
+    """One combination of an entry's lists: the inputs' type and math mode, A's and B's
+    layouts ("rr", ...), the epilogue, and C's item size and layout ("r", "c"; both None
+    without C)."""
+
+    dtype: DType
+    precision: Precision
+    layouts: str
+    epilogue: Epilogue
+    c_item: int | None
+    c_layout: str | None
+
+
+def _variant(combo: tuple, kind: GemmKind) -> _Variant:
+    """The ``_Variant`` of one item of ``expand``'s grid of an entry's lists."""
+    dname, oname, bname, cname, act, bias, layouts, c, save_z = combo
+    dtype = DTYPES[dname]
+    precision = PRECISIONS.get(dname, Precision.IEEE)
+    out_dtype, bias_dtype, c_dtype = (dtype if x == "input" else DType.F32
+                                      for x in (oname, bname, cname))
+    layout_c = C_LAYOUTS[c]
+    epilogue = Epilogue(out_dtype=out_dtype, act=ACT_NAMES[act], bias=BIAS[bias],
+                        bias_dtype=None if BIAS[bias] is BiasKind.NONE else bias_dtype,
+                        layout_c=layout_c, c_dtype=None if layout_c is None else c_dtype,
+                        save_z=save_z, gate=kind.gate, gate_from_y=kind.gate_from_y,
+                        bgrad=kind.bgrad, glu=kind.glu, glu_grad=kind.glu_grad)
+    return _Variant(dtype, precision, layouts, epilogue,
+                    None if layout_c is None else c_dtype.itemsize,
+                    None if layout_c is None else layout_c.value)
+
+
+def _vec_variants(entry: dict, v: _Variant, kind: GemmKind, m: int | None, n: int | None,
+                  k: int | None):
     """Alignment variants (bytes: A, B, Y, C) to compile: the least aligned one the types
     allow always, the aligned one when asked (for a shape: what contiguous operands of that
-    shape have). ``c_item``, ``c_layout``: C's item size and layout, None without C;
-    ``y_cols``: Y's columns where they are not N (a gated linear unit's)."""
+    shape have; Y's columns are not N for a gated linear unit's GEMMs)."""
     from .select import alignment
 
+    item, y_item, c_item, layouts = (v.dtype.itemsize, v.epilogue.out_dtype.itemsize,
+                                     v.c_item, v.layouts)
+    y_cols = (n // 2 if kind.glu else 2 * n if kind.glu_grad else None) if n else None
     out = [(item, item, y_item, c_item or 16)]
     if entry["aligned"]:
         if m is None:
@@ -142,7 +190,7 @@ def _vec_variants(entry: dict, m: int | None, n: int | None, k: int | None, layo
         else:
             lda = k if layouts[0] == "r" else m
             ldb = n if layouts[1] == "r" else k
-            ldc = n if c_layout == "r" else m
+            ldc = n if v.c_layout == "r" else m
             out.append((alignment(256, lda * item), alignment(256, ldb * item),
                         alignment(256, (y_cols or n) * y_item),
                         alignment(256, ldc * c_item) if c_item else 16))
@@ -160,81 +208,82 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
     ``glu_grad``: the next layer's dA GEMMs that write a gated unit's dZ (2N wide).
     """
     number = arch_number(arch)
+    kind = GemmKind(gate, gate_from_y, bgrad, glu, glu_grad)
     specs = []
     grid = itertools.product(entry["dtypes"], entry["out_dtypes"], entry["bias_dtypes"],
                              entry["c_dtypes"], entry["acts"], entry["bias"], entry["layouts"],
                              entry["c"], entry["save_preact"])
-    for dname, oname, bname, cname, act, bias, layouts, c, save_z in grid:
-        dtype = DTYPES[dname]
-        precision = PRECISIONS.get(dname, Precision.IEEE)
-        out_dtype, bias_dtype, c_dtype = (dtype if x == "input" else DType.F32
-                                          for x in (oname, bname, cname))
-        layout_c = C_LAYOUTS[c]
-        epilogue = Epilogue(out_dtype=out_dtype, act=ACT_NAMES[act], bias=BIAS[bias],
-                            bias_dtype=None if BIAS[bias] is BiasKind.NONE else bias_dtype,
-                            layout_c=layout_c, c_dtype=None if layout_c is None else c_dtype,
-                            save_z=save_z, gate=gate, gate_from_y=gate_from_y, bgrad=bgrad,
-                            glu=glu, glu_grad=glu_grad)
-        operands = (dtype, Layout(layouts[0]), Layout(layouts[1]))
-        tc = uses_tensor_cores(dtype, precision)
-
-        c_item = None if layout_c is None else c_dtype.itemsize
-        c_layout = None if layout_c is None else layout_c.value
-
-        def variants(m, n, k, layouts=layouts, dtype=dtype, out_dtype=out_dtype, c_item=c_item,
-                     c_layout=c_layout):
-            return _vec_variants(entry, m, n, k, layouts, dtype.itemsize, out_dtype.itemsize,
-                                 c_item, c_layout,
-                                 (n // 2 if glu else 2 * n if glu_grad else None) if n else None)
-
-        shapes = [(m, 2 * n, k) for m, n, k in entry["shapes"]] if glu else entry["shapes"]
-
-        choices = []  # (config, split, (m, n, k), alignment variants, from the heuristic)
-        if entry["configs"] == "heuristic":
-            if sms is None:
-                raise ArgumentValueError(
-                    "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
-                    "the GPU, set sms = <count> in the entry, or pass --sms <count>")
-            for m, n, k in shapes:
-                ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
-                               gated=gate is not None,
-                               glu=("yz" if save_z else "y") if glu else None)
-                choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
-        else:
-            if entry["configs"] == "all":
-                if number < 80:
-                    named = [(cfg, 1) for cfg in TILED_CONFIGS]
-                elif tc:
-                    hopper = wgmma_configs(precision) if number == 90 else ()
-                    named = [(cfg, 1) for cfg in (*hopper, *mma_configs(dtype, precision))]
-                else:
-                    named = [(cfg, s) for cfg in PIPELINED_F32_CONFIGS for s in (1, 2)]
-            else:
-                named = [parse_config(name) for name in entry["configs"]]
-            for cfg, split in named:
-                for m, n, k in shapes or [(None, None, 1 << 20)]:
-                    choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
-        for t_layouts, (m, n, k), name, *t_glu in tuned:
-            if t_layouts == layouts and bool(t_glu and t_glu[0]) == glu:
-                cfg, split = parse_config(name)
-                choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
-        for cfg, split, (m, n, k), aligns, chosen in choices:
-            if number < 80 and cfg not in TILED_CONFIGS:
-                continue  # pipelined and tensor-core kernels need sm_80+
-            if isinstance(cfg, WgmmaConfig) and number != 90:
-                continue
-            if not chosen and (isinstance(cfg, (MmaConfig, WgmmaConfig)) != tc or (
-                    isinstance(cfg, PipelineConfig) and dtype is not DType.F32)):
-                continue  # a named config of another family than this dtype's
-            if isinstance(cfg, MmaConfig) and not cfg.supports(dtype):
+    for combo in grid:
+        v = _variant(combo, kind)
+        operands = (v.dtype, Layout(v.layouts[0]), Layout(v.layouts[1]))
+        for cfg, split, (m, n, k), aligns, chosen in _choices(entry, v, kind, number, sms,
+                                                              tuned):
+            if not _runs_here(cfg, chosen, number, v):
                 continue
             for al in aligns:
                 # the family below when this alignment rules the config out (as at run time)
-                ch = resolve(Choice(cfg, split), dtype, layouts, al, m or 4096, n or 4096, k,
-                             sms or 132, precision)
-                specs.extend(kernel_set(*operands, epilogue, ch.config, ch.split_k, k, al,
-                                        precision).specs)
+                ch = resolve(Choice(cfg, split), v.dtype, v.layouts, al, m or 4096, n or 4096,
+                             k, sms or 132, v.precision)
+                specs.extend(kernel_set(*operands, v.epilogue, ch.config, ch.split_k, k, al,
+                                        v.precision).specs)
     return list(dict.fromkeys(specs))
+
+
+def _choices(entry: dict, v: _Variant, kind: GemmKind, number: int, sms: int | None,
+             tuned) -> list[tuple]:
+    """(config, split, (M, N, K), alignment variants, from the heuristic) of one variant:
+    the heuristic's for each shape, or the named configs (``all``: the arch's candidates)
+    for each shape or none, and the tuned ones of its layouts."""
+    dtype, precision, layouts = v.dtype, v.precision, v.layouts
+
+    def variants(m, n, k):
+        return _vec_variants(entry, v, kind, m, n, k)
+
+    shapes = [(m, 2 * n, k) for m, n, k in entry["shapes"]] if kind.glu else entry["shapes"]
+    choices = []
+    if entry["configs"] == "heuristic":
+        if sms is None:
+            raise ArgumentValueError(
+                "sms: configs = 'heuristic' needs the GPU's multiprocessor count; run on "
+                "the GPU, set sms = <count> in the entry, or pass --sms <count>")
+        for m, n, k in shapes:
+            ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
+                           gated=kind.gate is not None,
+                           glu=("yz" if v.epilogue.save_z else "y") if kind.glu else None)
+            choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
+    else:
+        if entry["configs"] == "all":
+            if number < 80:
+                named = [(cfg, 1) for cfg in TILED_CONFIGS]
+            elif uses_tensor_cores(dtype, precision):
+                hopper = wgmma_configs(precision) if number == 90 else ()
+                named = [(cfg, 1) for cfg in (*hopper, *mma_configs(dtype, precision))]
+            else:
+                named = [(cfg, s) for cfg in PIPELINED_F32_CONFIGS for s in (1, 2)]
+        else:
+            named = [parse_config(name) for name in entry["configs"]]
+        for cfg, split in named:
+            for m, n, k in shapes or [(None, None, 1 << 20)]:
+                choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
+    for t_layouts, (m, n, k), name, *t_glu in tuned:
+        if t_layouts == layouts and bool(t_glu and t_glu[0]) == kind.glu:
+            cfg, split = parse_config(name)
+            choices.append((cfg, split, (m, n, k), variants(m, n, k), False))
+    return choices
+
+
+def _runs_here(cfg, chosen: bool, number: int, v: _Variant) -> bool:
+    """Whether ``cfg`` runs on an sm_``number`` GPU for this variant's inputs (a named config
+    of another family than the inputs' is skipped; the heuristic's, ``chosen``, is not)."""
+    if number < 80 and cfg not in TILED_CONFIGS:
+        return False  # pipelined and tensor-core kernels need sm_80+
+    if isinstance(cfg, WgmmaConfig) and number != 90:
+        return False
+    tc = uses_tensor_cores(v.dtype, v.precision)
+    if not chosen and (isinstance(cfg, (MmaConfig, WgmmaConfig)) != tc or (
+            isinstance(cfg, PipelineConfig) and v.dtype is not DType.F32)):
+        return False  # a named config of another family than this dtype's
+    return not (isinstance(cfg, MmaConfig) and not cfg.supports(v.dtype))
 
 
 def tuned_entries(records, arch: str) -> list[tuple]:

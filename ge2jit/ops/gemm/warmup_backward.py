@@ -5,6 +5,7 @@ configs the heuristic picks for the layer's shapes)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from ...errors import ArgumentValueError
 from ...runtime.tables import check_keys, check_list
@@ -66,15 +67,38 @@ def validate_entry(entry: dict) -> dict:
     return warmup.check_shapes_and_machine(entry, out, KEYS, required=True)
 
 
-def _gemms(entry, arch, sms, dname, layouts, shape, **kw) -> list:
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One combination of a validated entry's lists, expanded for one architecture (``sms``
+    multiprocessors): the inputs' type (its entry name ``dname``), the layer's activation,
+    where act' comes from (``source``), gY's type, the bias and its type's entry names, the
+    forward's shape (``n``: the GEMMs' 2N for a gated linear unit's, ``glu``)."""
+
+    entry: dict
+    arch: str
+    sms: int
+    dname: str
+    dtype: DType
+    act: Act
+    source: str
+    grad: DType
+    bias_name: str
+    bname: str
+    m: int
+    n: int
+    k: int
+    glu: bool
+
+
+def _gemms(layer: _Layer, layouts: str, shape, **kw) -> list:
     """The forward warm-up's expansion of one GEMM (no bias, act none) with the heuristic's
     config for this shape: what the backward's GEMM calls choose."""
-    fwd = warmup.validate_entry({"dtypes": [dname], "acts": ["none"], "bias": ["none"],
+    fwd = warmup.validate_entry({"dtypes": [layer.dname], "acts": ["none"], "bias": ["none"],
                                  "layouts": [layouts], "configs": "heuristic",
-                                 "shapes": [list(shape)], "aligned": entry["aligned"],
+                                 "shapes": [list(shape)], "aligned": layer.entry["aligned"],
                                  **{k: v for k, v in kw.items() if k in warmup.KEYS}})
     gate = {k: v for k, v in kw.items() if k in ("gate", "gate_from_y", "bgrad", "glu_grad")}
-    return warmup.expand(fwd, arch, sms=sms, **gate)
+    return warmup.expand(fwd, layer.arch, sms=layer.sms, **gate)
 
 
 def _sums(dtype: DType, rows: int) -> list:
@@ -104,71 +128,100 @@ def expand(entry: dict, arch: str, *, sms: int | None, tuned: list[tuple] = (),
             continue   # refused at run time: act' needs Z
         if glu and bias_name in ("scalar", "row"):
             continue   # refused: a gated GEMM's bias is per column
-        n = 2 * n if glu else n
-        grad = dtype if gname == "input" else DType.F32
-        bias_kind = warmup.BIAS[bias_name]
-        bias_dtype = dtype if bname == "input" else DType.F32
-        src_dtype = DType.F32 if source == "recompute" else dtype
-        write_dz = glu or not (act is Act.NONE and grad is dtype)
-        if source == "recompute" and (act is not Act.NONE or glu):   # Z by a GEMM, float32
-            specs += _gemms(entry, arch, sms, dname, "rr", (m, n, k), bias=[bias_name],
-                            bias_dtypes=[bname], out_dtypes=["float32"])
-        if write_dz or bias_kind is not BiasKind.NONE:
-            reads_src = act is not Act.NONE or glu   # act' of "none" is 1: nothing read
-            vecs = [False, True] if entry["aligned"] and n % 8 == 0 else [False]
-            for vec in vecs:
-                spec = DzSpec(act, source == "y" and reads_src, bias_kind, grad,
-                              src_dtype if reads_src else grad, dtype, write_dz=write_dz,
-                              vec=vec, glu=glu)
-                specs.append(spec)
-                tm, pass_grid = _pass_shape(m, n, spec.cols)
-                if bias_kind is BiasKind.SCALAR:
-                    specs.append(DbiasSpec(bias_dtype, True))
-                elif bias_kind is not BiasKind.NONE:
-                    rows = pass_grid[1] if bias_kind is BiasKind.COL else pass_grid[0]
-                    specs += _sums(bias_dtype, rows)
+        layer = _Layer(entry, arch, sms, dname, dtype, act, source,
+                       dtype if gname == "input" else DType.F32, bias_name, bname, m,
+                       2 * n if glu else n, k, glu)
+        specs += _dz_specs(layer)
         # dB = A.T @ dZ (column-major A.T, row-major dZ), and dA = dZ @ B.T, gated or not
-        specs += _gemms(entry, arch, sms, dname, "cr", (k, n, m))
-        for unit, zname, a_bias, abname in itertools.product(
-                entry["a_glus"], entry["a_z_dtypes"], entry["a_bias"], entry["a_bias_dtypes"]):
-            if unit == "none":
-                continue
-            # A made by a gated linear unit: dA's GEMM writes its dZ (2K wide), the unit's bias
-            # gradient by a pass over it
-            specs += _gemms(entry, arch, sms, dname, "rc", (m, k, n), c=["r"], c_dtypes=[zname],
-                            glu_grad=ACT_NAMES[unit])
-            if a_bias:
+        specs += _gemms(layer, "cr", (k, layer.n, m))
+        specs += _glu_grad_specs(layer)
+        specs += _grad_a_specs(layer)
+    return list(dict.fromkeys(specs))
+
+
+def _dz_specs(layer: _Layer) -> list:
+    """The GEMM that recomputes Z (where neither Z nor Y is kept), the dZ pass and dBias's
+    sums of one layer."""
+    dtype, act, grad, glu, m, n, k = (layer.dtype, layer.act, layer.grad, layer.glu, layer.m,
+                                      layer.n, layer.k)
+    bias_kind = warmup.BIAS[layer.bias_name]
+    bias_dtype = dtype if layer.bname == "input" else DType.F32
+    src_dtype = DType.F32 if layer.source == "recompute" else dtype
+    write_dz = glu or not (act is Act.NONE and grad is dtype)
+    specs = []
+    if layer.source == "recompute" and (act is not Act.NONE or glu):   # Z by a GEMM, float32
+        specs += _gemms(layer, "rr", (m, n, k), bias=[layer.bias_name],
+                        bias_dtypes=[layer.bname], out_dtypes=["float32"])
+    if write_dz or bias_kind is not BiasKind.NONE:
+        reads_src = act is not Act.NONE or glu   # act' of "none" is 1: nothing read
+        vecs = [False, True] if layer.entry["aligned"] and n % 8 == 0 else [False]
+        for vec in vecs:
+            spec = DzSpec(act, layer.source == "y" and reads_src, bias_kind, grad,
+                          src_dtype if reads_src else grad, dtype, write_dz=write_dz,
+                          vec=vec, glu=glu)
+            specs.append(spec)
+            tm, pass_grid = _pass_shape(m, n, spec.cols)
+            if bias_kind is BiasKind.SCALAR:
+                specs.append(DbiasSpec(bias_dtype, True))
+            elif bias_kind is not BiasKind.NONE:
+                rows = pass_grid[1] if bias_kind is BiasKind.COL else pass_grid[0]
+                specs += _sums(bias_dtype, rows)
+    return specs
+
+
+def _glu_grad_specs(layer: _Layer) -> list:
+    """dA's GEMMs where a gated linear unit made A (``a_glus``), with that unit's bias
+    gradient."""
+    entry, dtype, m, n, k = layer.entry, layer.dtype, layer.m, layer.n, layer.k
+    specs = []
+    for unit, zname, a_bias, abname in itertools.product(
+            entry["a_glus"], entry["a_z_dtypes"], entry["a_bias"], entry["a_bias_dtypes"]):
+        if unit == "none":
+            continue
+        # A made by a gated linear unit: dA's GEMM writes its dZ (2K wide), the unit's bias
+        # gradient by a pass over it
+        specs += _gemms(layer, "rc", (m, k, n), c=["r"], c_dtypes=[zname],
+                        glu_grad=ACT_NAMES[unit])
+        if a_bias:
+            spec = DzSpec(Act.NONE, False, BiasKind.COL, dtype, dtype, dtype,
+                          write_dz=False, vec=False)
+            specs.append(spec)
+            specs += _sums(dtype if abname == "input" else DType.F32,
+                           _pass_shape(m, 2 * k, spec.cols)[1][1])
+    return specs
+
+
+def _grad_a_specs(layer: _Layer) -> list:
+    """dA's GEMMs, plain or gated by the previous layer's act' (``a_acts``), with that
+    layer's bias gradient (from the epilogue's sums, or a pass over dA)."""
+    entry, dtype, m, n, k = layer.entry, layer.dtype, layer.m, layer.n, layer.k
+    specs = []
+    for a_name, a_source, zname, a_bias, abname in itertools.product(
+            entry["a_acts"], entry["a_sources"], entry["a_z_dtypes"], entry["a_bias"],
+            entry["a_bias_dtypes"]):
+        if a_name == "none":
+            specs += _gemms(layer, "rc", (m, k, n))
+            continue
+        gate = ACT_NAMES[a_name]
+        from_y = a_source == "y"
+        if from_y and gate not in ACTS_FROM_Y:
+            continue   # refused at run time: a_act' needs a_z
+        gated = _gemms(layer, "rc", (m, k, n), c=["r"],
+                       c_dtypes=["input" if from_y else zname], gate=gate,
+                       gate_from_y=from_y, bgrad=a_bias)
+        specs += gated
+        if a_bias:
+            a_bias_dtype = dtype if abname == "input" else DType.F32
+            epilogues = [s.epilogue for s in gated if hasattr(s, "epilogue")]
+            if any(e.bgrad for e in epilogues):   # sums from the epilogue
+                specs += _sums(a_bias_dtype, -(-m // 16))
+            if not all(e.bgrad for e in epilogues if e.gate is not None):
+                # a pass over dA where the kernel makes no sums
                 spec = DzSpec(Act.NONE, False, BiasKind.COL, dtype, dtype, dtype,
                               write_dz=False, vec=False)
                 specs.append(spec)
-                specs += _sums(dtype if abname == "input" else DType.F32,
-                               _pass_shape(m, 2 * k, spec.cols)[1][1])
-        for a_name, a_source, zname, a_bias, abname in itertools.product(
-                entry["a_acts"], entry["a_sources"], entry["a_z_dtypes"], entry["a_bias"],
-                entry["a_bias_dtypes"]):
-            if a_name == "none":
-                specs += _gemms(entry, arch, sms, dname, "rc", (m, k, n))
-                continue
-            gate = ACT_NAMES[a_name]
-            from_y = a_source == "y"
-            if from_y and gate not in ACTS_FROM_Y:
-                continue   # refused at run time: a_act' needs a_z
-            gated = _gemms(entry, arch, sms, dname, "rc", (m, k, n), c=["r"],
-                           c_dtypes=["input" if from_y else zname], gate=gate,
-                           gate_from_y=from_y, bgrad=a_bias)
-            specs += gated
-            if a_bias:
-                a_bias_dtype = dtype if abname == "input" else DType.F32
-                epilogues = [s.epilogue for s in gated if hasattr(s, "epilogue")]
-                if any(e.bgrad for e in epilogues):   # sums from the epilogue
-                    specs += _sums(a_bias_dtype, -(-m // 16))
-                if not all(e.bgrad for e in epilogues if e.gate is not None):
-                    # a pass over dA where the kernel makes no sums
-                    spec = DzSpec(Act.NONE, False, BiasKind.COL, dtype, dtype, dtype,
-                                  write_dz=False, vec=False)
-                    specs.append(spec)
-                    specs += _sums(a_bias_dtype, _pass_shape(m, k, spec.cols)[1][1])
-    return list(dict.fromkeys(specs))
+                specs += _sums(a_bias_dtype, _pass_shape(m, k, spec.cols)[1][1])
+    return specs
 
 
 def tuned_entries(records, arch: str) -> list[tuple]:

@@ -58,12 +58,19 @@ def launches(monkeypatch):
     return calls, kernel
 
 
+FIXED = plans.LaunchArgs(**{n: RUN[n] for n in ("m", "n", "k", "lda", "ldb", "ldc",
+                                                 "bias_stride", "ldy", "ldz", "alloc")})
+PER_CALL = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "y_ptr", "z_ptr", "alpha", "beta", "slope",
+            "stream_ptr")
+
+
+def _run(plan, fp8=None):
+    plan.run(FIXED, *(RUN[n] for n in PER_CALL), fp8=fp8)
+
+
 def _run_and_bind(plan):
-    plan.run(**RUN)
-    sizes = ("lda", "ldb", "ldc", "bias_stride", "ldy", "ldz", "m", "n", "k", "alloc")
-    per_call = ("a_ptr", "b_ptr", "c_ptr", "bias_ptr", "y_ptr", "z_ptr", "alpha", "beta", "slope",
-                "stream_ptr")
-    plan.bind(*(RUN[n] for n in sizes))(*(RUN[n] for n in per_call))
+    _run(plan)
+    plan.bind(FIXED)(*(RUN[n] for n in PER_CALL))
 
 
 def test_plan_run_and_bind_pass_each_parameter(launches):
@@ -90,8 +97,8 @@ def test_tma_plan_makes_maps_of_the_named_operands(launches, dtype, out):
     if dtype.is_fp8:   # (run() alone: prepared calls of 8-bit inputs bind their scales)
         fp8 = dict(scale_a=0x7000, scale_a_stride=0, scale_b=0x8000, scale_b_stride=0,
                    scale_y=0, amax=0, y_scale_=0.5)
-        plan.run(**RUN, fp8=fp8)
-        plan.run(**RUN, fp8=fp8)
+        _run(plan, fp8)
+        _run(plan, fp8)
     else:
         _run_and_bind(plan)
     name, es = dtype.value, dtype.itemsize
