@@ -32,6 +32,13 @@ ALL_SPECS = [
 ]
 
 
+def _flag(src: str, name: str) -> bool:
+    """The value of the preamble's ``constexpr bool NAME`` (exactly one such line)."""
+    found = re.findall(rf"^constexpr bool {name} = (true|false);", src, re.M)
+    assert len(found) == 1, (name, found)
+    return found[0] == "true"
+
+
 def test_template_dir_exists():
     assert (template_dir() / "gemm" / "tiled.cu").is_file()
 
@@ -46,16 +53,18 @@ def test_every_combination_renders():
                          + r"\(", src), name
         assert "{{" not in src and "{%" not in src
         ep = spec.epilogue
-        assert f"act_{ep.act.value}(z, leaky_slope)" in src
+        # the variant is the preamble's constants (the body is the same C++ for all)
+        assert f"constexpr Act ACT = Act::{ep.act.value};" in src
         assert f"constexpr int BM = {spec.tile.bm};" in src
         assert f"constexpr int TN = {spec.tile.tn};" in src
-        assert ("store(&Z[(long long)m * ldz + n], z);" in src) == ep.save_z
-        assert ("C_AT(m, n)" in src) == ep.has_c
-        assert ("bias[" in src) == (ep.bias is not BiasKind.NONE)
-        a_row = "#define A_AT(m, k) A[(long long)(m) * lda + (k)]" in src
-        assert a_row == (spec.layout_a is Layout.ROW)
-        b_row = "#define B_AT(k, n) B[(long long)(k) * ldb + (n)]" in src
-        assert b_row == (spec.layout_b is Layout.ROW)
+        assert _flag(src, "SAVE_Z") == ep.save_z
+        assert _flag(src, "HAS_C") == ep.has_c
+        assert _flag(src, "C_ROW") == (ep.layout_c is Layout.ROW)
+        for kind, name in ((BiasKind.SCALAR, "SCALAR_BIAS"), (BiasKind.COL, "COL_BIAS"),
+                           (BiasKind.ROW, "ROW_BIAS")):
+            assert _flag(src, name) == (ep.bias is kind)
+        assert _flag(src, "A_ROW") == (spec.layout_a is Layout.ROW)
+        assert _flag(src, "B_ROW") == (spec.layout_b is Layout.ROW)
     assert len(names) == len(ALL_SPECS), "kernel names must be unique per spec"
 
 
@@ -105,9 +114,10 @@ def test_mma_specs_render(dtype):
         assert "constexpr int COPY_A = 8;" in src and "constexpr int COPY_B = 16;" in src
         assert "float* __restrict__ Y" in src
         # 16-bit operands stored MN-contiguous are read transposed by ldmatrix; tf32 ones
-        # word by word.
-        trans = "ldmatrix_x4_trans(af[mi]" in src
-        assert trans == (la is Layout.COL and dtype is not DType.F32)
+        # word by word: the preamble's constants pick the branch.
+        assert _flag(src, "A_KCONT") == (la is Layout.ROW)
+        assert _flag(src, "B_KCONT") == (lb is Layout.COL)
+        assert _flag(src, "TF32") == (dtype is DType.F32)
     with pytest.raises(ValueError, match="BK = .* does not fit"):
         MmaGemmSpec(dtype, la, lb, Epilogue(out_dtype=dtype),
                     MmaConfig(64, 64, 64 if dtype is DType.F32 else 16, 32, 32, 4))
