@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from ..errors import ArgumentTypeError
 from .params import Param, param_list
+
+
+def check_field(obj, name: str, typ: type, optional: bool = False) -> None:
+    """ArgumentTypeError (a TypeError) unless field ``name`` of the spec ``obj`` is a ``typ``
+    (or None, when ``optional``); a bool is no int. One line naming the field."""
+    value = getattr(obj, name)
+    if optional and value is None:
+        return
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ArgumentTypeError(f"{type(obj).__name__}.{name}: expected {typ.__name__}"
+                                f"{' or None' if optional else ''}, got {value!r}")
 
 
 class KernelSpec:

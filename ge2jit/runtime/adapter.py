@@ -5,6 +5,9 @@ and everything the tools ask of an ``Op`` (``plan``, ``candidates``, ``tuning_ke
 An op gives:
 
 - ``arrays``: the names of its array arguments (inputs and outputs given with ``out=``);
+- optionally ``parts``: an argument that holds several arrays (``out=(q_out, k_out)``) by
+  name, with the function that checks it and returns its arrays, and their names: ``{"out":
+  (outputs, ("q_out", "k_out"))}``; each is then an array argument of its own name;
 - ``check(args) -> call``: the call's arguments checked as the call checks them, as one
   frozen object of the op's own (a ``NamedTuple`` or a frozen dataclass) with named fields.
   ``args`` is a ``Arguments`` mapping: the function's arguments by name, defaults filled in,
@@ -81,11 +84,14 @@ def declare(name: str, function: Callable, *, arrays: Sequence[str],
             key: Callable[[object], dict] | None = None,
             configs: Configs | None = None, warmup: Mapping | None = None,
             layout_cases: Callable | None = None, kernel_prefixes: Sequence[str] = (),
+            parts: Mapping[str, tuple[Callable, Sequence[str]]] | None = None,
             **fields) -> Op:
     """The ``registry.Op`` of an op that states how to check a call and how to choose its
     kernels (see the module's docstring); ``fields`` are further ``Op`` fields (``tune``,
     ``clear_plans``) passed as they are."""
-    arrays = tuple(arrays)
+    parts = dict(parts or {})
+    arrays = (*(a for a in arrays if a not in parts),
+              *(n for _, names in parts.values() for n in names))
 
     def checked(args: tuple, kwargs: dict, config=None, pin: bool = False):
         """(the op's call object, the device id) of ``function(*args, **kwargs)``; with
@@ -95,6 +101,8 @@ def declare(name: str, function: Callable, *, arrays: Sequence[str],
         bound = Arguments(bind(function, args, kwargs))
         if pin:
             bound["config"] = config
+        for argument, (split, names) in parts.items():
+            bound.update(zip(names, split(bound[argument]), strict=True))
         fw, device_id, native = call_arguments({n: bound.get(n) for n in arrays})
         bound.update(views(fw, native))
         bound.device, bound.fw = device_id, fw

@@ -101,6 +101,26 @@ def test_a_bad_call_is_refused_by_the_ops_own_check(fake_arrays):
         op.tuning_key(FakeArray((4, 8), np.float32), 1.0, 2.0)
 
 
+def test_an_argument_of_several_arrays_is_split_into_named_array_arguments(fake_arrays):
+    def pair(out):
+        if out is None:
+            return None, None
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ArgumentValueError(f"out: expected None or a pair, got {out!r}")
+        return out
+
+    op, seen = toy_op(parts={"out": (pair, ("y", "z"))})
+    x, y, z = (FakeArray((4, 8), np.float32) for _ in range(3))
+    op.tuning_key(x, out=(y, z))
+    args = seen[-1]
+    # the parts as array arguments of their own (viewed like x), the argument kept as it came
+    assert args["y"].shape == (4, 8) and args["z"].shape == (4, 8) and args["out"] == (y, z)
+    op.tuning_key(x)
+    assert seen[-1]["y"] is None and seen[-1]["z"] is None
+    with pytest.raises(ArgumentValueError, match="out: expected None or a pair"):
+        op.tuning_key(x, out=y)
+
+
 def test_specs_for_config_parses_and_normalizes_the_arch():
     op, _ = toy_op()
     assert op.specs_for_config("large", "sm_90a", width=4) == [

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 from ...errors import ArgumentValueError
 from ...jit.params import Param, double, int64, pointer
-from ...jit.spec import KernelSpec
+from ...jit.spec import KernelSpec, check_field
 from ...runtime.dtypes import DType
 
 #: head dimensions the kernel is instantiated for
@@ -77,11 +77,6 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = (DType.F16, DType.BF16)
 #: shared memory one block may have: sm_80 (163 KiB); sm_90 allows 227 KiB
 MAX_SMEM_SM80 = 163 * 1024
-
-
-def _check_bool(owner: str, name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ArgumentValueError(f"{owner}.{name}: expected a bool, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -175,11 +170,9 @@ class AttentionFwdSpec(KernelSpec):
                 or self.head_dim not in HEAD_DIMS):
             raise ArgumentValueError(f"AttentionFwdSpec.head_dim: expected 64, 128 or 256, "
                                      f"got {self.head_dim!r}")
-        if not isinstance(self.config, AttentionConfig):
-            raise TypeError(f"AttentionFwdSpec.config: expected an AttentionConfig, got "
-                            f"{self.config!r}")
+        check_field(self, "config", AttentionConfig)
         for name in ("causal", "window", "softcap", "varlen", "write_lse"):
-            _check_bool("AttentionFwdSpec", name, getattr(self, name))
+            check_field(self, name, bool)
         if self.smem_bytes > MAX_SMEM_SM80:
             raise ArgumentValueError(f"AttentionFwdSpec.config: {self.config.name} needs "
                                      f"{self.smem_bytes} B of shared memory at head_dim "

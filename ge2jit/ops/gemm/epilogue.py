@@ -9,6 +9,7 @@ from enum import Enum
 
 from ...errors import ArgumentValueError
 from ...jit.params import Param, array, double, pointer
+from ...jit.spec import check_field
 from ...runtime.dtypes import DType
 
 
@@ -53,17 +54,6 @@ ACT_NAMES: dict[str, Act] = {a.value: a for a in Act}
 
 #: Activations whose derivative is a function of their output (the backward can start from Y).
 ACTS_FROM_Y = (Act.NONE, Act.RELU, Act.LEAKY_RELU, Act.SIGMOID, Act.TANH)
-
-
-def check_field(obj, name: str, typ: type, optional: bool = False) -> None:
-    """TypeError unless field ``name`` of ``obj`` is a ``typ`` (or None, when ``optional``);
-    a bool is no int."""
-    value = getattr(obj, name)
-    if optional and value is None:
-        return
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise TypeError(f"{type(obj).__name__}.{name}: expected {typ.__name__}"
-                        f"{' or None' if optional else ''}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

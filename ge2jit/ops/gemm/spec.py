@@ -8,9 +8,9 @@ from enum import Enum
 from ...errors import ArgumentValueError
 from ...jit.nvrtc import arch_number
 from ...jit.params import Param, array, double, int64, pointer, tensor_maps
-from ...jit.spec import KernelSpec
+from ...jit.spec import KernelSpec, check_field
 from ...runtime.dtypes import DType
-from .epilogue import ACTS_FROM_Y, PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout, Scale, check_field
+from .epilogue import ACTS_FROM_Y, PARTIAL_SUMS, Act, BiasKind, Epilogue, Layout, Scale
 
 
 class Precision(Enum):

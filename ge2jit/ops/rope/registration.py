@@ -4,7 +4,6 @@ call, no configs to choose among."""
 from __future__ import annotations
 
 from ...runtime.adapter import Configs, Planned, declare
-from ...runtime.arrays import call_arguments, views
 from . import cases
 from .op import Call, checked, launch_params, outputs, rope, rope_backward
 from .spec import make_spec
@@ -16,12 +15,7 @@ FLOPS = 6.0
 
 def _declare(name: str, function, backward: bool):
     def check(args) -> Call:
-        v = {**args, "q_out": None, "k_out": None}
-        q_out, k_out = outputs(args["out"])
-        if q_out is not None:
-            fw, _, native = call_arguments({"q_out": q_out, "k_out": k_out})
-            v.update(views(fw, native))
-        return checked(v, bool(args["interleaved"]), backward)
+        return checked(args, bool(args["interleaved"]), backward)
 
     def choose(call: Call, device_id: int) -> Planned:
         grid, block, _ = launch_params(call, call.q_out, call.k_out)
@@ -37,6 +31,7 @@ def _declare(name: str, function, backward: bool):
                           backward=backward, copy_rest=partial, vec=vec)]
 
     return declare(name, function, arrays=("q", "k", "cos", "sin", "positions"), check=check,
+                   parts={"out": (outputs, ("q_out", "k_out"))},
                    choose=choose, configs=Configs(specs), warmup={name: TABLES[backward]},
                    kernel_prefixes=(f"rope_{'bwd' if backward else 'fwd'}_",),
                    layout_cases=cases.backward_cases if backward else cases.forward_cases)

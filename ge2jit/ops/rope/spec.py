@@ -45,7 +45,7 @@ import numpy as np
 
 from ...errors import ArgumentValueError
 from ...jit.params import Param, int64, pointer
-from ...jit.spec import KernelSpec
+from ...jit.spec import KernelSpec, check_field
 from ...runtime.dtypes import DType, as_dtype
 from ...runtime.rows import GRID_MAX, access_width, check_accesses, vector_width
 
@@ -92,9 +92,7 @@ class RopeSpec(KernelSpec):
             raise ArgumentValueError(f"RopeSpec.positions: expected None, 'int32' or 'int64', "
                                      f"got {self.positions!r}")
         for name in ("interleaved", "backward", "copy_rest"):
-            if not isinstance(getattr(self, name), bool):
-                raise ArgumentValueError(f"RopeSpec.{name}: expected a bool, got "
-                                         f"{getattr(self, name)!r}")
+            check_field(self, name, bool)
         check_accesses("RopeSpec", self.vec, access_width(self.dtype))
         if self.threads not in THREAD_COUNTS:
             raise ArgumentValueError(f"RopeSpec.threads: expected one of "

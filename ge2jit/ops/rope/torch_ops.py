@@ -7,8 +7,7 @@ from torch import Tensor
 
 from ...errors import ArgumentValueError
 from ...runtime.torchlib import Differentiable, absent, needs_grad
-from .op import rope as _rope_core
-from .op import rope_backward as _rope_backward_core
+from . import op
 
 
 def _like(x: Tensor) -> Tensor:
@@ -29,13 +28,13 @@ def _run(core, q, k, cos, sin, interleaved, positions):
 def _rope(q: Tensor, k: Tensor | None, cos: Tensor, sin: Tensor, interleaved: bool,
           positions: Tensor | None) -> tuple[Tensor, Tensor]:
     """``ge2jit.rope`` into outputs laid out as q and k (k's empty when k is None)."""
-    return _run(_rope_core, q, k, cos, sin, interleaved, positions)
+    return _run(op.rope, q, k, cos, sin, interleaved, positions)
 
 
 def _rope_backward(gq: Tensor, gk: Tensor | None, cos: Tensor, sin: Tensor, interleaved: bool,
                    positions: Tensor | None) -> tuple[Tensor, Tensor]:
     """``ge2jit.rope_backward``: the gradients of q and k (k's empty when gk is None)."""
-    return _run(_rope_backward_core, gq, gk, cos, sin, interleaved, positions)
+    return _run(op.rope_backward, gq, gk, cos, sin, interleaved, positions)
 
 
 def _fake(q, k, cos, sin, interleaved, positions):

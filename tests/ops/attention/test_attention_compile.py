@@ -13,7 +13,7 @@ import itertools
 import pytest
 from allpairspy import AllPairs
 
-from ge2jit.errors import ArgumentValueError
+from ge2jit.errors import ArgumentTypeError, ArgumentValueError
 from ge2jit.jit.parallel import compile_many
 from ge2jit.jit.params import layout
 from ge2jit.jit.render import render
@@ -149,8 +149,8 @@ def test_launch_shape_and_budget():
     ({"head_dim": 96}, ArgumentValueError, "64, 128 or 256"),
     ({"head_dim": True}, ArgumentValueError, "64, 128 or 256"),
     ({"config": (128, 64, 8)}, TypeError, "AttentionConfig"),
-    ({"causal": 1}, ArgumentValueError, "causal: expected a bool"),
-    ({"write_lse": None}, ArgumentValueError, "write_lse: expected a bool"),
+    ({"causal": 1}, ArgumentTypeError, "AttentionFwdSpec.causal: expected bool, got 1"),
+    ({"write_lse": None}, ArgumentTypeError, "write_lse: expected bool, got None"),
     ({"head_dim": 256, "config": AttentionConfig(128, 64, 8)}, ArgumentValueError,
      "shared memory"),
 ])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from allpairspy import AllPairs
 
-from ge2jit.errors import ArgumentValueError
+from ge2jit.errors import ArgumentTypeError, ArgumentValueError
 from ge2jit.jit.render import render
 from ge2jit.ops.rope.reference import rope_reference
 from ge2jit.ops.rope.spec import (
@@ -170,7 +170,7 @@ def test_spec_itself_refuses_what_the_kernel_cannot_take():
         RopeSpec(DType.F32, DType.F32, positions="int8")
     with pytest.raises(ArgumentValueError, match=r"RopeSpec.threads"):
         RopeSpec(DType.F32, DType.F32, threads=96)
-    with pytest.raises(ArgumentValueError, match=r"RopeSpec.interleaved: expected a bool"):
+    with pytest.raises(ArgumentTypeError, match=r"RopeSpec.interleaved: expected bool, got 1"):
         RopeSpec(DType.F32, DType.F32, interleaved=1)
 
 
