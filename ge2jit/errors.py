@@ -55,6 +55,10 @@ class KernelCompileError(Ge2jitError):
             "Call .dump() on this exception to print the rendered source with line numbers."
         )
 
+    def __reduce__(self):
+        # picklable (a process pool hands it back to its caller) with its own arguments
+        return type(self), (self.kernel_name, self.log, self.source, self.options)
+
     def numbered_source(self) -> str:
         lines = self.source.splitlines()
         width = len(str(len(lines)))

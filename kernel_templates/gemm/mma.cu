@@ -2,7 +2,6 @@
 {% set tf32 = spec.dtype.value == "f32" %}
 {% set a_kcont = spec.layout_a.value == "r" %}
 {% set b_kcont = spec.layout_b.value == "c" %}
-{% set mma_type = "tf32" if tf32 else spec.dtype.value %}
 // {{ spec.kernel_name }}
 // Y = act(alpha * A @ B{% if spec.epilogue.has_c %} + beta * C{% endif %}{% if spec.epilogue.bias.value != "nobias" %} + bias{% endif %}) on the tensor cores: {{ "tf32 m16n8k8" if tf32 else spec.dtype.numpy_name + " m16n8k16" }} mma.sync, float32 accumulators, fused epilogue.
 // A {{ "row" if a_kcont else "column" }}-major ({{ spec.copy_a }}-byte copies), B {{ "row" if spec.layout_b.value == "r" else "column" }}-major ({{ spec.copy_b }}-byte copies); {{ cfg.stages }}-stage cp.async pipeline; Y{% if spec.epilogue.save_z %}, Z{% endif %} {{ spec.epilogue.out_dtype.numpy_name }}.
@@ -13,6 +12,7 @@
 {% include "common/epilogue.cuh" %}
 {% include "common/sm80/cp_async.cuh" %}
 {% include "common/sm80/ldmatrix.cuh" %}
+{% include "common/sm80/mma.cuh" %}
 
 typedef {{ spec.in_ctype }} T_IN;
 constexpr int BM = {{ cfg.bm }};
@@ -121,12 +121,11 @@ __device__ __forceinline__ unsigned word_at(const char* tile, int row, int col) 
         tile + swizzle<ROW_BYTES, true>(row, col >> 2) + (col & 3) * 4);
 }
 
+// (a template, so that the 16-bit call, dependent on T, is not instantiated for tf32)
+template <typename T = T_IN>
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k{{ 8 if tf32 else 16 }}.row.col.f32.{{ mma_type }}.{{ mma_type }}.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    if constexpr (TF32) mma_m16n8k8_tf32(d, a, b);
+    else mma_m16n8k16<T>(d, a, b);
 }
 
 // tf32: the fragments hold the float32 bits as they are; the tensor cores read the top 19

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import os
 import subprocess
 import sys
@@ -89,6 +90,10 @@ def test_compile_error_carries_name_log_and_source():
     err.dump(buf)
     assert "3 |   if (i < n) y[i] = a * undefined_thing[i] + y[i];" in buf.getvalue()
     assert isinstance(err, ge2jit.Ge2jitError)
+    # it crosses a process boundary whole (a process pool's worker hands it back)
+    again = pickle.loads(pickle.dumps(err))
+    assert (type(again), str(again), again.log, again.source, again.options) == \
+        (type(err), str(err), err.log, err.source, err.options)
 
 
 def test_resource_parse():
