@@ -189,6 +189,7 @@ def host_time_us(calls: int = 20000, rounds: int = 50) -> dict:
     out = cp.empty((64, 64), dtype=cp.float32)
     noop = cp.RawKernel('extern "C" __global__ void noop(float* x) {}', "noop")
     from ge2jit.ops.gemm import op
+    from ge2jit.ops.gemm.plans import LaunchArgs
     from ge2jit.runtime.arrays import CUPY
 
     dev = cp.cuda.runtime.getDevice()
@@ -216,8 +217,10 @@ def host_time_us(calls: int = 20000, rounds: int = 50) -> dict:
     stream_ptr = cp.cuda.get_current_stream().ptr
     # Plan.run's scratch allocator (for a plan with workspaces; this one has none) is the
     # framework's, as the op passes it
-    args = (a.data.ptr, 64, b.data.ptr, 64, 0, 0, bias.data.ptr, 1, out.data.ptr, 64, 0, 0,
-            64, 64, 64, 1.0, 0.0, 0.01, stream_ptr, CUPY.scratch(dev))
+    fixed = LaunchArgs(m=64, n=64, k=64, lda=64, ldb=64, ldc=0, bias_stride=1, ldy=64, ldz=0,
+                       alloc=CUPY.scratch(dev))
+    args = (fixed, a.data.ptr, b.data.ptr, 0, bias.data.ptr, out.data.ptr, 0, 1.0, 0.0, 0.01,
+            stream_ptr)
     cases["  part: Plan.run (pack + cuLaunchKernel)"] = lambda: plan.run(*args)
     times = {name: per_call_us(fn, calls) for name, fn in cases.items()}
     for name in ("ge2jit.gemm_bias_act", "ge2jit.gemm_bias_act (new output)", "cupy.matmul",

@@ -5,6 +5,14 @@ from __future__ import annotations
 import os
 import tempfile
 
+# GE2JIT_TEST_GPUS=n spreads pytest-xdist's workers over n GPUs (worker i sees GPU i % n alone,
+# set before CUDA starts): a machine of several GPUs runs the one-GPU suite on all of them.
+# The tests of several GPUs run without it.
+if os.environ.get("GE2JIT_TEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER", "").startswith(
+        "gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(os.environ["PYTEST_XDIST_WORKER"][2:])
+                                             % int(os.environ["GE2JIT_TEST_GPUS"]))
+
 # Tests never touch the user's own cache; the GPU suite shares one cache for the whole session.
 os.environ.setdefault("GE2JIT_CACHE_DIR", tempfile.mkdtemp(prefix="ge2jit-test-cache-"))
 
