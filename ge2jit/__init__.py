@@ -27,6 +27,7 @@ from .jit.fastlaunch import launch_path
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
+from .ops.attention import attention
 from .ops.cross_entropy import cross_entropy
 from .ops.gemm import (
     Gradients,
@@ -87,6 +88,7 @@ __all__ = [
     "quantize_fp8",
     "rope",
     "rope_backward",
+    "attention",
     "NormOutput",
     "NormGradients",
     "graph",

@@ -9,3 +9,4 @@ from . import cross_entropy  # noqa: F401
 from . import norm  # noqa: F401
 from . import quantize  # noqa: F401
 from . import rope  # noqa: F401
+from . import attention  # noqa: F401

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import pickle
 import os
+import pickle
 import subprocess
 import sys
 

@@ -135,6 +135,7 @@ def _op_calls(x) -> dict:
         "quantize_fp8": lambda: ge2jit.quantize_fp8(x),
         "rope": lambda: ge2jit.rope(x, x, x, x),
         "rope_backward": lambda: ge2jit.rope_backward(x, x, x, x),
+        "attention": lambda: ge2jit.attention(x, x, x),
     }
 
 

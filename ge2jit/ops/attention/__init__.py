@@ -1,5 +1,17 @@
-"""Fused attention, softmax(Q Kᵀ · scale [masked, soft-capped]) V without the S × S matrix
-(FlashAttention's conventions: causal aligned bottom-right, sliding windows, GQA, packed
-variable-length sequences, the log-sum-exp for the backward). Being built: the float64
-reference (``reference.py``) and the sm_80+ forward kernel's spec (``spec.py``,
-``kernel_templates/attention/fwd_sm80.cu``); the op is not registered yet."""
+"""Fused attention (FlashAttention's semantics and conventions): ``attention(q, k, v, *,
+causal=False, scale=None, window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None,
+max_seqlen_q=None, max_seqlen_k=None, return_lse=False, out=None, layout=None, config=None)``.
+The float64 reference is in ``reference.py``, the kernel's spec and tilings in ``spec.py``,
+the call in ``op.py``."""
+
+from __future__ import annotations
+
+from .op import attention
+from .spec import CONFIGS, AttentionConfig, AttentionFwdSpec, make_spec
+
+__all__ = ["attention", "AttentionConfig", "AttentionFwdSpec", "CONFIGS", "make_spec"]
+
+from ...runtime.registry import register  # noqa: E402 - the op above is what it registers
+from .registration import ATTENTION  # noqa: E402
+
+register(ATTENTION)

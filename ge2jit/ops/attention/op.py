@@ -1,10 +1,7 @@
-"""attention: the checking half of the call (not registered yet). Every argument of
-``ge2jit.attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
-cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False,
-out=None, layout=None, config=None)`` is checked here before anything is launched, and a
-checked call (:class:`Call`) holds what the forward kernel (``spec.py``) is launched with:
-its spec, the sizes, the element strides, the scalars (:func:`launch_params`,
-:func:`pointers`).
+"""attention: the call. :func:`attention` checks every argument before anything is launched
+(:func:`checked` gives a :class:`Call`: the spec, the sizes, the element strides, the scalars),
+launches the forward kernel (``spec.py``) and stores the call's launch as a prepared call and a
+compiled-path program for the next call of its signature.
 
 Layouts (FlashAttention's): dense q (B, S_q, H, D), k and v (B, S_k, H_kv, D) (``layout``
 None or "bshd"), or q (B, H, S_q, D), k and v (B, H_kv, S_k, D) (``layout="bhsd"``: read by
@@ -26,6 +23,9 @@ from dataclasses import dataclass
 from numbers import Integral
 
 from ...errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
+from ...jit import fastlaunch
+from ...jit.fastlaunch import Ptr
+from ...jit.loader import launcher_for
 from ...runtime.arrays import call_arguments, views
 from ...runtime.checks import (
     check_aligned,
@@ -38,10 +38,26 @@ from ...runtime.checks import (
     check_scalar,
 )
 from ...runtime.dtypes import SUPPORTED_DTYPES, DType
+from ...runtime.prepared import OverlapGuard, PreparedCalls
 from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, AttentionFwdSpec, make_spec
 
 #: the array arguments, in the order of the signature
 ARRAYS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out")
+#: the other arguments, in the order of the signature
+OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k",
+           "return_lse", "layout", "config")
+#: a prepared call's and a program's arguments: the arrays, then lse (an output slot that no
+#: caller fills: the program allocates it with ``return_lse``)
+_SLOTS = (*ARRAYS, "lse")
+_OUT, _LSE = 5, 6
+_PREPARED = PreparedCalls("attention")
+#: the compiled launch path's programs (``jit.fastlaunch``): the arrays and lse's slot, then
+#: the options by value
+_COMPILED = fastlaunch.Table("attention", "A" * len(_SLOTS) + "V" * len(OPTIONS))
+#: float32's largest value: the kernel's scalars (scale log2(e), scale / softcap, softcap
+#: log2(e)) are float32
+FLT_MAX = 3.4028234663852886e38
+LOG2E = 1.4426950408889634
 #: every argument but q, k, v, with its default
 DEFAULTS = {"causal": False, "scale": None, "window": None, "softcap": None,
             "cu_seqlens_q": None, "cu_seqlens_k": None, "max_seqlen_q": None,
@@ -77,8 +93,9 @@ class Call:
     none. ``out_shape``: the output's (q's) shape; ``lse_shape``: (B, H, S_q) dense,
     (H, total_q) varlen, float32 contiguous. ``empty``: the output has no element (B, H,
     S_q or total_q 0): nothing to launch. ``no_keys``: the output has elements but no row
-    sees a key (S_k or total_k 0): the output is 0 and lse -inf, which a fill gives without
-    the kernel."""
+    sees a key (S_k or total_k 0): the output is 0 and lse -inf (the kernel writes them
+    without reading k or v). ``key``: the tuning database's key of the call; ``reason``: why
+    its config ("pinned", "tuned", "default")."""
 
     q: object
     k: object
@@ -111,10 +128,147 @@ class Call:
     empty: bool
     no_keys: bool
     spec: AttentionFwdSpec
+    key: dict
+    reason: str
 
     @property
     def config(self) -> AttentionConfig:
         return self.spec.config
+
+
+def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
+              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+              return_lse=False, out=None, layout=None, config=None):
+    """Fused attention, ``softmax(q k^T * scale [masked] [soft-capped]) v`` per head, in one
+    launch, never holding the (S_q x S_k) scores in memory: float32 scores and softmax
+    statistics, 16-bit P and output.
+
+    Args:
+        q: a GPU array (``cupy.ndarray``, ``torch.Tensor`` on a CUDA device, or an object
+            with ``__cuda_array_interface__``), float16 or bfloat16, of shape (batch, seq_q,
+            heads, head_dim) (``layout`` None or "bshd"), (batch, heads, seq_q, head_dim)
+            (``layout="bhsd"``), or (total_q, heads, head_dim) with ``cu_seqlens_q`` (packed
+            sequences); head_dim 64, 128 or 256. Read by its strides, never copied: unit
+            stride along head_dim, a 16-byte aligned pointer, the other strides multiples of
+            8 elements.
+        k: of q's type and head_dim, in q's layout, with ``seq_k`` keys and ``kv_heads``
+            heads dividing q's (grouped-query attention: query head ``h`` reads kv head ``h
+            // (heads // kv_heads)``; 1: multi-query).
+        v: of k's shape and q's type.
+        causal: key ``j`` allowed for row ``i`` only up to ``i + seq_k - seq_q``: the causal
+            mask aligned to the bottom right, as FlashAttention aligns it when ``seq_q !=
+            seq_k``.
+        scale: the scores' factor (None: ``1 / sqrt(head_dim)``); positive and finite.
+        window: None, or ``(left, right)``: key ``j`` allowed for row ``i`` only from ``i +
+            seq_k - seq_q - left`` to ``i + seq_k - seq_q + right`` (-1: that side unbounded;
+            ``causal`` makes ``right`` 0): sliding-window (local) attention.
+        softcap: None or 0 (none), or a positive number: the scores become ``softcap *
+            tanh(scores / softcap)`` (Gemma 2, Grok).
+        cu_seqlens_q: packed (variable-length) sequences: an int32 array of B + 1 cumulative
+            lengths (FlashAttention's ``cu_seqlens``); sequence ``b`` is rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q. Its contents are the caller's
+            contract (reading them would wait for the GPU): they must start at 0, never
+            decrease, stay within the rows, and no sequence may be longer than
+            ``max_seqlen_q``.
+        cu_seqlens_k: with cu_seqlens_q, the same for k and v (``max_seqlen_k``).
+        max_seqlen_q: with cu_seqlens, the longest sequence of q.
+        max_seqlen_k: with cu_seqlens, the longest sequence of k and v.
+        return_lse: also return the rows' log-sum-exp of the scaled (and capped) scores, in
+            float32: (batch, heads, seq_q), or (heads, total_q) with cu_seqlens (what the
+            backward takes). A row that allows no key has ``lse = -inf`` and output 0.
+        out: None (a new array of q's shape, C-contiguous), or an array of q's shape and type
+            with the same layout rules as q, apart from q, k and v.
+        layout: None or "bshd" (sequence before heads), or "bhsd" (heads before sequence).
+        config: None (the head dimension's default tiling), or a config name or an
+            ``AttentionConfig`` among ``CONFIGS[head_dim]``.
+
+    Returns:
+        The output, in q's framework (with ``return_lse``, ``(out, lse)``), on PyTorch's
+        current stream for tensors.
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong kind.
+        ArgumentValueError: a shape, type, stride, alignment or option the kernel cannot
+            take, named in one line, before anything is launched.
+    """
+    options = (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k, return_lse, layout,
+               config)
+    done = _COMPILED.call(q, k, v, cu_seqlens_q, cu_seqlens_k, out, None, *options)
+    if done is not fastlaunch.MISS:
+        return done
+    arrays = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
+              "cu_seqlens_k": cu_seqlens_k, "out": out}
+    try:
+        hash(options)
+    except TypeError:   # a window given as a list, say: checked and run, not kept
+        options = None
+
+    def first(fw, device_id, v_, native):
+        given = dict(zip(OPTIONS, (causal, scale, window, softcap, max_seqlen_q,
+                                   max_seqlen_k, return_lse, layout, config)))
+        call = checked({**given, **v_}, device_id)
+        result, prepared = _execute(fw, device_id, call, native)
+        if prepared is not None and options is not None:
+            _COMPILED.put((q, k, v, cu_seqlens_q, cu_seqlens_k, out, None, *options),
+                          prepared.program, fw.name)
+        return result, prepared if options is not None else None
+
+    return _PREPARED.run(arrays, options if options is not None else (object(),), first)
+
+
+def clear_plans() -> None:
+    """Forget the stored launches (after ``tune`` stored a config: the next call chooses
+    again)."""
+    _PREPARED.clear()
+    _COMPILED.clear()
+
+
+def _execute(fw, device_id: int, call: Call, native: dict):
+    """Launch a checked call; (its result, its prepared call: None for an empty one)."""
+    make_out = fw.allocator(call.q.dtype, device_id)
+    make_lse = fw.allocator("float32", device_id) if call.return_lse else None
+    o = native["out"] if native["out"] is not None else make_out(call.out_shape)
+    lse = make_lse(call.lse_shape) if make_lse is not None else None
+    result = (o, lse) if call.return_lse else o
+    if call.empty:
+        return result, None
+    grid, block, smem, params = launch_params(call)
+    kernel = launcher_for(call.spec, device_id)
+    launch = kernel.bind(grid, block, smem, **params)
+    stream, ptr = fw.stream_getter(device_id), fw.ptr
+    launch(stream(), **pointers(call, fw.view(o, "out"),
+                                None if lse is None else fw.view(lse, "lse")))
+    given = native["out"] is not None
+    guard = None
+    if given:
+        arrays = (call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.out)
+        guard = OverlapGuard(ARRAYS, arrays, (_OUT,)) or None
+    return_lse = call.return_lse
+
+    def prepared(q, k, v, cu_q, cu_k, out):
+        ptrs = (ptr(q), ptr(k), ptr(v), 0 if cu_q is None else ptr(cu_q),
+                0 if cu_k is None else ptr(cu_k))
+        if out is None:
+            out = make_out(call.out_shape)
+        elif guard is not None:
+            guard((*ptrs, ptr(out)))
+        lse_ = make_lse(call.lse_shape) if return_lse else None
+        launch(stream(), q=ptrs[0], k=ptrs[1], v=ptrs[2], o=ptr(out),
+               lse=0 if lse_ is None else ptr(lse_), cu_seqlens_q=ptrs[3],
+               cu_seqlens_k=ptrs[4])
+        return (out, lse_) if return_lse else out
+
+    allocs = [] if given else [(_OUT, make_out, call.out_shape)]
+    if return_lse:
+        allocs.append((_LSE, make_lse, call.lse_shape))
+    prepared.program = fastlaunch.program(
+        fw.name, [fastlaunch.step(kernel, grid, block, smem, {
+            **params, "q": Ptr(0), "k": Ptr(1), "v": Ptr(2), "cu_seqlens_q": Ptr(3),
+            "cu_seqlens_k": Ptr(4), "o": Ptr(_OUT), "lse": Ptr(_LSE)})],
+        allocs, guard.pairs if guard is not None else (), guard, stream,
+        fastlaunch.launch_failed(call.spec.kernel_name),
+        returns=(_OUT, _LSE) if return_lse else (_OUT,))
+    return result, prepared
 
 
 def check_arguments(q, k, v, **kwargs):
@@ -180,8 +334,15 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     window = _window(a["window"], causal)
     scale = 1.0 / math.sqrt(d) if a["scale"] is None else _scale(a["scale"])
     softcap = _softcap(a["softcap"])
-    config = _config(a["config"], d)
+    if softcap and scale / softcap > FLT_MAX:
+        raise ArgumentValueError(f"softcap: expected at least scale / {FLT_MAX:.4g} = "
+                                 f"{scale / FLT_MAX:.4g} (the kernel takes scale / softcap as a "
+                                 f"float32), got {a['softcap']!r}")
     has_window = window[0] >= 0 or (not causal and window[1] >= 0)
+    key = {"dtype": dtype.value, "head_dim": d, "causal": causal, "window": has_window,
+           "softcap": softcap > 0, "varlen": varlen, "lse": return_lse,
+           "seqlen_q": _bucket(s_q), "seqlen_k": _bucket(s_k), "rows": _bucket(b * h)}
+    config, reason = _config(a["config"], d, key)
     spec = make_spec(dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
                      varlen=varlen, write_lse=return_lse, config=config)
     lse_shape = (h, total_q) if varlen else (b, h, s_q)
@@ -189,7 +350,13 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     no_keys = not empty and (s_k == 0 or total_k == 0)
     return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
                 total_q, total_k, q_strides, k_strides, v_strides, out_strides, causal, window,
-                scale, softcap, return_lse, tuple(q.shape), lse_shape, empty, no_keys, spec)
+                scale, softcap, return_lse, tuple(q.shape), lse_shape, empty, no_keys, spec,
+                key, reason)
+
+
+def _bucket(n: int) -> int:
+    """``n`` rounded up to a power of two (a tuning key's size)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _check_shapes(q, k, v, q_dims: tuple, k_dims: tuple, d_v: int, varlen: bool) -> None:
@@ -410,6 +577,9 @@ def _window(window, causal: bool) -> tuple[int, int]:
 
 def _scale(x) -> float:
     check_host_scale(x, "scale")   # a real number, positive and finite
+    if float(x) * LOG2E > FLT_MAX:
+        raise ArgumentValueError(f"scale: expected at most {FLT_MAX / LOG2E:.4g} (the kernel "
+                                 f"takes scale * log2(e) as a float32), got {x!r}")
     return float(x)
 
 
@@ -420,15 +590,23 @@ def _softcap(x) -> float:
     if not 0 <= value < math.inf:
         raise ArgumentValueError(f"softcap: expected None or a finite number >= 0 (0: none), "
                                  f"got {x!r}")
+    if value * LOG2E > FLT_MAX:
+        raise ArgumentValueError(f"softcap: expected at most {FLT_MAX / LOG2E:.4g} (the kernel "
+                                 f"takes softcap * log2(e) as a float32), got {x!r}")
     return value
 
 
-def _config(config, d: int) -> AttentionConfig:
-    """The config for head_dim ``d``: None (its default), or one of its candidates by name or
-    as an AttentionConfig."""
+def _config(config, d: int, key: dict) -> tuple[AttentionConfig, str]:
+    """(the config, why) for head_dim ``d``: ``config`` ("pinned": one of the head
+    dimension's candidates, by name or as an AttentionConfig), else the one ``tune`` stored
+    for ``key`` ("tuned"), else the head dimension's default ("default")."""
     candidates = CONFIGS[d]
     if config is None:
-        return candidates[0]
+        from ...runtime.tools import tuned_config
+
+        tuned = tuned_config("attention", key)
+        found = next((c for c in candidates if c.name == tuned), None)
+        return (candidates[0], "default") if found is None else (found, "tuned")
     if isinstance(config, AttentionConfig):
         found = config if config in candidates else None
     elif isinstance(config, str):
@@ -441,7 +619,7 @@ def _config(config, d: int) -> AttentionConfig:
         got = config.name if isinstance(config, AttentionConfig) else config
         raise ArgumentValueError(f"config: expected one of {names} (head_dim {d}'s "
                                  f"candidates), got {got!r}")
-    return found
+    return found, "pinned"
 
 
 def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:

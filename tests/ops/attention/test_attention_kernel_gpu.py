@@ -30,27 +30,21 @@ where the reference has -inf."""
 from __future__ import annotations
 
 import math
-import zlib
 
 import numpy as np
 import pytest
 
 from ge2jit.jit.loader import launcher_for
-from ge2jit.ops.attention.reference import attention_ref
 from ge2jit.ops.attention.spec import CONFIGS, make_spec
 from ge2jit.runtime.dtypes import SUPPORTED_DTYPES
 
-from ...gpu_arrays import DT, cp, same_bits
+from ...gpu_arrays import cp, same_bits
+from .helpers import check, inputs, randn, rng_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory")]
 
 TYPES = ["float16", "bfloat16"]
 SENTINEL = -7.25                  # around the outputs (exact in every type)
-#: unit roundoff and (mantissa bits, smallest normal exponent) of the 16-bit types
-UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-FORMAT = {"float16": (10, -14), "bfloat16": (7, -126)}
-TANH_APPROX = 2.0 ** -11          # tanh.approx.f32's relative error
-LSE_RTOL = 1e-4
 
 #: paddings (before, after) of the buffers around each array, token-major (B, S, H, D): outer
 #: axes any amount (offsets stay multiples of the padded row, a multiple of 8 elements), D by
@@ -64,15 +58,6 @@ LSE_PAD = (5, 7)
 #: (head_dim, config): every candidate config of every head dimension
 TILINGS = [pytest.param(d, cfg, id=f"d{d}-{cfg.name}") for d, cfgs in CONFIGS.items()
            for cfg in cfgs]
-
-
-def _rng(*key) -> np.random.Generator:
-    """A generator seeded by the case's arguments (each case reproducible by itself)."""
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def _randn(rng, shape, dtype: str, sigma: float = 1.0) -> np.ndarray:
-    return (rng.standard_normal(shape) * sigma).astype(np.float32).astype(DT[dtype])
 
 
 def _placed(host: np.ndarray, pad, fill, out_fill=None):
@@ -179,77 +164,6 @@ def attend(dtype: str, q, k, v, *, causal=False, window=None, softcap=None, scal
     return (cp.asnumpy(o.view).astype(np.float64), lse_host if write_lse else None), spec
 
 
-def _ulp(x: np.ndarray, dtype: str) -> np.ndarray:
-    """One unit in the last place of |x| in ``dtype`` (the subnormals' spacing below)."""
-    mant, emin = FORMAT[dtype]
-    _, e = np.frexp(np.abs(x))                    # |x| = f 2^e, f in [0.5, 1)
-    return np.exp2(np.where(x == 0, emin, np.maximum(e - 1, emin)) - mant)
-
-
-def _rows(bad_rows: np.ndarray, cu_q, block_m: int) -> str:
-    """Where the bad rows are: (b, s, h) (varlen: (seq, s, h)) of the first ones and the query
-    blocks they fall in."""
-    idx = np.argwhere(bad_rows)
-    if cu_q is not None:     # (token, h) -> (seq, s, h)
-        cu = np.asarray(cu_q)
-        seq = np.searchsorted(cu, idx[:, 0], side="right") - 1
-        idx = np.stack([seq, idx[:, 0] - cu[seq], idx[:, 1]], axis=1)
-    blocks = sorted({(int(b), int(s) // block_m) for b, s, _ in idx})
-    heads = sorted({int(x) for x in idx[:, 2]})
-    return (f"{len(idx)} rows (b|seq, s, h), first {[tuple(map(int, r)) for r in idx[:8]]}; "
-            f"(b|seq, query block) {blocks[:12]}; heads {heads[:16]}")
-
-
-def check(dtype, q, k, v, o, lse, spec, *, causal=False, window=None, softcap=None,
-          scale=None, cu_q=None, cu_k=None):
-    """o and lse (None: not written) against the reference, with diagnostics on failure."""
-    kw = dict(causal=causal, window=window, softcap=softcap or None, scale=scale,
-              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    o_ref, lse_ref = attention_ref(q, k, v, **kw)
-    pv_abs, _ = attention_ref(q, k, np.abs(v.astype(np.float64)), **kw)   # sum_j p_j |v_j|
-    s_k = k.shape[0] if cu_k is not None else k.shape[1]
-    delta = (softcap or 0.0) * TANH_APPROX
-    tol = _ulp(o_ref, dtype) + (2 * UNIT[dtype] + 2 * delta) * pv_abs
-    if dtype == "float16":
-        tol += 2.0 ** -25 * s_k * float(np.abs(v.astype(np.float64)).max(initial=0.0))
-    block_m = spec.config.block_m
-    nan = np.isnan(o)
-    assert not nan.any(), \
-        f"o: NaN (read outside, or not written) in {_rows(nan.any(-1), cu_q, block_m)}"
-    empty = np.isneginf(lse_ref)                       # rows that see no key
-    if cu_q is None:
-        empty = empty.transpose(0, 2, 1)               # (B, S_q, H) as o's rows
-    else:
-        empty = empty.T
-    nonzero = empty & (o != 0).any(-1)
-    assert not nonzero.any(), f"o: rows that see no key are not 0: {_rows(nonzero, cu_q, block_m)}"
-    err = np.abs(o - o_ref)
-    bad = err > tol
-    if bad.any():
-        w = np.unravel_index(np.argmax(err - tol), err.shape)
-        pytest.fail(f"o: {int(bad.sum())} of {bad.size} elements beyond the tolerance; worst "
-                    f"at {tuple(map(int, w))}: {o[w]!r} vs {o_ref[w]!r} (tol {tol[w]:.3g}; max "
-                    f"|o_ref| {np.abs(o_ref).max():.3g}); {_rows(bad.any(-1), cu_q, block_m)}")
-    if lse is None:
-        return o_ref, lse_ref
-    lse_rows = (lambda m: m.transpose(0, 2, 1)) if cu_q is None else (lambda m: m.T)
-    assert not np.isnan(lse).any(), \
-        f"lse: NaN (not written) in {_rows(lse_rows(np.isnan(lse)), cu_q, block_m)}"
-    inf_bad = np.isneginf(lse) != np.isneginf(lse_ref)
-    assert not inf_bad.any(), f"lse: -inf mismatch in {_rows(lse_rows(inf_bad), cu_q, block_m)}"
-    fin = np.isfinite(lse_ref)
-    assert np.isfinite(lse[fin]).all(), "lse: +inf where the reference is finite"
-    err = np.where(fin, np.abs(lse - np.where(fin, lse_ref, 0.0)), 0.0)
-    tol = LSE_RTOL * np.maximum(1.0, np.abs(np.where(fin, lse_ref, 0.0))) + delta
-    bad = err > tol
-    if bad.any():
-        w = np.unravel_index(np.argmax(err - tol), err.shape)
-        pytest.fail(f"lse: {int(bad.sum())} of {bad.size} beyond the tolerance; worst at "
-                    f"{tuple(map(int, w))}: {lse[w]!r} vs {lse_ref[w]!r} (tol {tol[w]:.3g}); "
-                    f"{_rows(lse_rows(bad), cu_q, block_m)}")
-    return o_ref, lse_ref
-
-
 def run_case(dtype, d, s_q, s_k, *, b=1, h=1, h_kv=None, causal=False, window=None,
              softcap=None, scale=None, write_lse=False, config=None, bhsd=False, sigma=1.0,
              seqlens=None):
@@ -257,17 +171,9 @@ def run_case(dtype, d, s_q, s_k, *, b=1, h=1, h_kv=None, causal=False, window=No
     ``seqlens`` = (lengths of q, lengths of k): packed varlen inputs (then b, s_q, s_k are
     unused). Returns (o, lse, o_ref, lse_ref) on the host, float64."""
     h_kv = h if h_kv is None else h_kv
-    rng = _rng(dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, scale, write_lse,
-               config, bhsd, sigma, seqlens)
-    cu_q = cu_k = None
-    if seqlens is None:
-        shapes = ((b, s_q, h, d), (b, s_k, h_kv, d))
-    else:
-        cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in seqlens)
-        shapes = ((int(cu_q[-1]), h, d), (int(cu_k[-1]), h_kv, d))
-    q = _randn(rng, shapes[0], dtype, sigma)
-    k = _randn(rng, shapes[1], dtype, sigma)
-    v = _randn(rng, shapes[1], dtype)
+    rng = rng_for(dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, scale, write_lse,
+                  config, bhsd, sigma, seqlens)
+    q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens, sigma)
     opts = dict(causal=causal, window=window, softcap=softcap, scale=scale)
     (o, lse), spec = attend(dtype, q, k, v, write_lse=write_lse, config=config, cu_q=cu_q,
                             cu_k=cu_k, bhsd=bhsd, **opts)
@@ -450,14 +356,14 @@ def test_every_config_every_option(dtype, d, config, varlen):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_deterministic(dtype, d, varlen):
-    rng = _rng("deterministic", dtype, d, varlen)
+    rng = rng_for("deterministic", dtype, d, varlen)
     if varlen:
         cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in SEQLENS[0])
         shapes = ((int(cu_q[-1]), 4, d), (int(cu_k[-1]), 2, d))
     else:
         cu_q = cu_k = None
         shapes = ((2, 257, 4, d), (2, 190, 2, d))
-    q, k, v = (_randn(rng, s, dtype) for s in (shapes[0], shapes[1], shapes[1]))
+    q, k, v = (randn(rng, s, dtype) for s in (shapes[0], shapes[1], shapes[1]))
     opts = dict(causal=True, write_lse=True, cu_q=cu_q, cu_k=cu_k)
     (o1, lse1), _ = attend(dtype, q, k, v, **opts)
     (o2, lse2), spec = attend(dtype, q, k, v, **opts)

@@ -14,7 +14,7 @@ import pytest
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from ge2jit.ops.attention import op
 from ge2jit.ops.attention.spec import CONFIGS, AttentionConfig
-from ge2jit.runtime import arrays, checks
+from ge2jit.runtime import arrays, checks, tools
 from ge2jit.runtime.dtypes import DType
 
 from ...fake_cupy import FakeArray, make_module
@@ -25,11 +25,13 @@ B, SQ, SK, H, HKV, D = 2, 5, 7, 4, 2, 64
 
 @pytest.fixture(autouse=True)
 def fake(monkeypatch):
-    """CuPy replaced by the stand-in module (device 0 current)."""
+    """CuPy replaced by the stand-in module (device 0 current); the tuning database holds
+    nothing (its key names a device)."""
     module = make_module(0)
     monkeypatch.setattr(checks, "_cupy", lambda: module)
     monkeypatch.setattr(arrays, "_cupy_mod", module)
     monkeypatch.setattr(arrays, "current_device", lambda: 0)
+    monkeypatch.setattr(tools, "tuned_config", lambda name, key: None)
 
 
 def arr(shape, dtype=F16, **kw):
@@ -199,6 +201,29 @@ def test_a_config_by_name_or_object(d, config):
     assert check(*qkv(d=d), config=config.name).config == config
     assert check(*qkv(d=d), config=AttentionConfig(config.block_m, config.block_n,
                                                    config.warps)).config == config
+
+
+def test_the_config_is_pinned_tuned_or_the_default(monkeypatch):
+    keys = []
+
+    def tuned(name, key):
+        keys.append((name, key))
+        return CONFIGS[128][1].name
+
+    assert check(*qkv(d=128)).reason == "default"
+    monkeypatch.setattr(tools, "tuned_config", tuned)
+    call = check(*qkv(d=128), causal=True)
+    assert (call.config, call.reason) == (CONFIGS[128][1], "tuned")
+    assert keys == [("attention", call.key)]
+    assert call.key == {"dtype": "f16", "head_dim": 128, "causal": True, "window": False,
+                        "softcap": False, "varlen": False, "lse": False,
+                        "seqlen_q": 8, "seqlen_k": 8, "rows": 8}
+    call = check(*qkv(d=128), config=CONFIGS[128][2].name)
+    assert (call.config, call.reason) == (CONFIGS[128][2], "pinned")
+    # a stored name that is not a candidate (another version's) is the default
+    monkeypatch.setattr(tools, "tuned_config", lambda name, key: "m8n8w1s2")
+    assert (check(*qkv(d=128)).config, check(*qkv(d=128)).reason) == (CONFIGS[128][0],
+                                                                      "default")
 
 
 def test_launch_parameters_are_the_kernels():
@@ -381,6 +406,11 @@ REFUSALS = [
     ("scale", ArgumentValueError, "positive finite", _dense(scale=float("inf"))),
     ("scale", ArgumentValueError, "positive finite", _dense(scale=float("nan"))),
     ("scale", ArgumentTypeError, "expected a real number", _dense(scale=True)),
+    # the kernel's float32 scalars: scale log2(e), softcap log2(e), scale / softcap
+    ("scale", ArgumentValueError, "as a float32", _dense(scale=3e38)),
+    ("softcap", ArgumentValueError, "as a float32", _dense(softcap=3e38)),
+    ("softcap", ArgumentValueError, "scale / softcap as a float32",
+     _dense(scale=1.0, softcap=1e-39)),
     ("layout", ArgumentValueError, "expected None, 'bshd' or 'bhsd', got 'sbhd'",
      _dense(layout="sbhd")),
     ("layout", ArgumentTypeError, "expected None, 'bshd' or 'bhsd'", _dense(layout=2)),

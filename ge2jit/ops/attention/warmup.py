@@ -1,0 +1,73 @@
+"""What a warm-up entry for attention compiles: ``[[attention]]`` tables
+(``runtime.tables.Table``)::
+
+    [[attention]]
+    dtypes = ["bfloat16"]          # q's, k's and v's type: "float16" or "bfloat16"
+    head_dims = [128]              # 64, 128, 256
+    causal = [true]                # the causal mask
+    window = [false]               # sliding-window bounds
+    softcap = [false]              # soft-capped scores
+    varlen = [false]               # packed sequences (cu_seqlens)
+    lse = [false]                  # the log-sum-exp returned (return_lse; training takes it)
+    configs = "heuristic"          # or "all" (every tiling of the head dim), or names
+
+Each combination compiles the forward kernel of the head dimension's default tiling, or of each
+tiling named (a name another head dimension has compiles nothing for this one).
+"""
+
+from __future__ import annotations
+
+from ...runtime.dtypes import SUPPORTED_DTYPES
+from ...runtime.tables import Key, Table
+from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, make_spec
+
+TYPES = {d.numpy_name: SUPPORTED_DTYPES[d.numpy_name] for d in DTYPES}
+FLAG = (False, True)
+
+KEYS = {
+    "dtypes": Key(f"a list of {sorted(TYPES)} (q's, k's and v's type)", ["bfloat16"], TYPES),
+    "head_dims": Key(f"a list of {list(HEAD_DIMS)}", [128], HEAD_DIMS),
+    "causal": Key("a list of booleans", [False], FLAG),
+    "window": Key("a list of booleans (sliding-window bounds)", [False], FLAG),
+    "softcap": Key("a list of booleans (soft-capped scores)", [False], FLAG),
+    "varlen": Key("a list of booleans (packed sequences)", [False], FLAG),
+    "lse": Key("a list of booleans (the log-sum-exp returned)", [False], FLAG),
+}
+
+
+def all_configs() -> list[AttentionConfig]:
+    """Every head dimension's tilings, each once."""
+    return list(dict.fromkeys(c for cs in CONFIGS.values() for c in cs))
+
+
+def parse_config(config) -> AttentionConfig:
+    """A tiling by name (``m128n64w8s2``) or as an AttentionConfig, among every head
+    dimension's; one line naming the argument otherwise."""
+    from ...errors import ArgumentTypeError, ArgumentValueError
+
+    known = all_configs()
+    if isinstance(config, AttentionConfig):
+        if config in known:
+            return config
+        got = config.name
+    elif isinstance(config, str):
+        found = next((c for c in known if c.name == config), None)
+        if found is not None:
+            return found
+        got = config
+    else:
+        raise ArgumentTypeError(f"config: expected a config name or an AttentionConfig, got "
+                                f"{type(config).__name__}")
+    raise ArgumentValueError(f"config: expected one of {', '.join(c.name for c in known)}, "
+                             f"got {got!r}")
+
+
+def _kernels(v, config, *, arch: str, sms: int) -> list:
+    if config is not None and config not in CONFIGS[v.head_dims]:
+        return []
+    return [make_spec(TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
+                      softcap=v.softcap, varlen=v.varlen, write_lse=v.lse, config=config)]
+
+
+TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
+              config_example=CONFIGS[128][0].name)

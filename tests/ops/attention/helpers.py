@@ -1,0 +1,121 @@
+"""What the attention GPU tests share: fresh inputs seeded by a case's arguments, and the check
+of an output and its lse against the float64 reference with the kernel's error bounds (see
+test_attention_kernel_gpu.py's docstring for the tolerances), failures naming where the bad
+rows are."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from ge2jit.ops.attention.reference import attention_ref
+
+from ...gpu_arrays import DT
+
+#: unit roundoff and (mantissa bits, smallest normal exponent) of the 16-bit types
+UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+FORMAT = {"float16": (10, -14), "bfloat16": (7, -126)}
+TANH_APPROX = 2.0 ** -11          # tanh.approx.f32's relative error
+LSE_RTOL = 1e-4
+
+
+def rng_for(*key) -> np.random.Generator:
+    """A generator seeded by the case's arguments (each case reproducible by itself)."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def randn(rng, shape, dtype: str, sigma: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * sigma).astype(np.float32).astype(DT[dtype])
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """One unit in the last place of |x| in ``dtype`` (the subnormals' spacing below)."""
+    mant, emin = FORMAT[dtype]
+    _, e = np.frexp(np.abs(x))                    # |x| = f 2^e, f in [0.5, 1)
+    return np.exp2(np.where(x == 0, emin, np.maximum(e - 1, emin)) - mant)
+
+
+def rows_at(bad_rows: np.ndarray, cu_q, block_m: int) -> str:
+    """Where the bad rows are: (b, s, h) (varlen: (seq, s, h)) of the first ones and the query
+    blocks they fall in."""
+    idx = np.argwhere(bad_rows)
+    if cu_q is not None:     # (token, h) -> (seq, s, h)
+        cu = np.asarray(cu_q)
+        seq = np.searchsorted(cu, idx[:, 0], side="right") - 1
+        idx = np.stack([seq, idx[:, 0] - cu[seq], idx[:, 1]], axis=1)
+    blocks = sorted({(int(b), int(s) // block_m) for b, s, _ in idx})
+    heads = sorted({int(x) for x in idx[:, 2]})
+    return (f"{len(idx)} rows (b|seq, s, h), first {[tuple(map(int, r)) for r in idx[:8]]}; "
+            f"(b|seq, query block) {blocks[:12]}; heads {heads[:16]}")
+
+
+def check(dtype, q, k, v, o, lse, spec, *, causal=False, window=None, softcap=None,
+          scale=None, cu_q=None, cu_k=None):
+    """o and lse (None: not written) against the reference, with diagnostics on failure."""
+    kw = dict(causal=causal, window=window, softcap=softcap or None, scale=scale,
+              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    o_ref, lse_ref = attention_ref(q, k, v, **kw)
+    pv_abs, _ = attention_ref(q, k, np.abs(v.astype(np.float64)), **kw)   # sum_j p_j |v_j|
+    s_k = k.shape[0] if cu_k is not None else k.shape[1]
+    delta = (softcap or 0.0) * TANH_APPROX
+    tol = ulp(o_ref, dtype) + (2 * UNIT[dtype] + 2 * delta) * pv_abs
+    if dtype == "float16":
+        tol += 2.0 ** -25 * s_k * float(np.abs(v.astype(np.float64)).max(initial=0.0))
+    block_m = spec.config.block_m
+    nan = np.isnan(o)
+    assert not nan.any(), \
+        f"o: NaN (read outside, or not written) in {rows_at(nan.any(-1), cu_q, block_m)}"
+    empty = np.isneginf(lse_ref)                       # rows that see no key
+    if cu_q is None:
+        empty = empty.transpose(0, 2, 1)               # (B, S_q, H) as o's rows
+    else:
+        empty = empty.T
+    nonzero = empty & (o != 0).any(-1)
+    assert not nonzero.any(), \
+        f"o: rows that see no key are not 0: {rows_at(nonzero, cu_q, block_m)}"
+    _within("o", o, o_ref, tol, lambda bad: rows_at(bad.any(-1), cu_q, block_m),
+            f"; max |o_ref| {np.abs(o_ref).max():.3g}")
+    if lse is None:
+        return o_ref, lse_ref
+    lse_rows = (lambda m: m.transpose(0, 2, 1)) if cu_q is None else (lambda m: m.T)
+    assert not np.isnan(lse).any(), \
+        f"lse: NaN (not written) in {rows_at(lse_rows(np.isnan(lse)), cu_q, block_m)}"
+    inf_bad = np.isneginf(lse) != np.isneginf(lse_ref)
+    assert not inf_bad.any(), \
+        f"lse: -inf mismatch in {rows_at(lse_rows(inf_bad), cu_q, block_m)}"
+    fin = np.isfinite(lse_ref)
+    assert np.isfinite(lse[fin]).all(), "lse: +inf where the reference is finite"
+    finite_ref = np.where(fin, lse_ref, 0.0)
+    _within("lse", np.where(fin, lse, 0.0), finite_ref,
+            LSE_RTOL * np.maximum(1.0, np.abs(finite_ref)) + delta,
+            lambda bad: rows_at(lse_rows(bad), cu_q, block_m))
+    return o_ref, lse_ref
+
+
+def _within(name: str, got, ref, tol, where, more: str = "") -> None:
+    """Fails naming the worst element and where the bad rows are (``where(bad)``) unless
+    ``|got - ref| <= tol`` everywhere."""
+    err = np.abs(got - ref)
+    bad = err > tol
+    if bad.any():
+        w = np.unravel_index(np.argmax(err - tol), err.shape)
+        pytest.fail(f"{name}: {int(bad.sum())} of {bad.size} elements beyond the tolerance; "
+                    f"worst at {tuple(map(int, w))}: {got[w]!r} vs {ref[w]!r} (tol "
+                    f"{tol[w]:.3g}{more}); {where(bad)}")
+
+
+def inputs(rng, dtype: str, b: int, s_q: int, s_k: int, h: int, h_kv: int, d: int,
+           seqlens=None, sigma: float = 1.0):
+    """Fresh host q, k (N(0, sigma^2)) and v (N(0, 1)): (B, S, H, D), or packed (T, H, D)
+    with ``seqlens`` = (lengths of q, lengths of k); and cu_seqlens_q, cu_seqlens_k (int32;
+    None dense)."""
+    cu_q = cu_k = None
+    if seqlens is None:
+        shapes = ((b, s_q, h, d), (b, s_k, h_kv, d))
+    else:
+        cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in seqlens)
+        shapes = ((int(cu_q[-1]), h, d), (int(cu_k[-1]), h_kv, d))
+    return (randn(rng, shapes[0], dtype, sigma), randn(rng, shapes[1], dtype, sigma),
+            randn(rng, shapes[1], dtype), cu_q, cu_k)

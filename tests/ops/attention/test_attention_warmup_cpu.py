@@ -1,0 +1,60 @@
+"""attention's warm-up table and configs without a GPU: an entry checked with its defaults,
+expanded to the kernels it names, every bad key one line; the tools' kernels of a config."""
+
+from __future__ import annotations
+
+import pytest
+
+import ge2jit
+from ge2jit.errors import ArgumentTypeError, ArgumentValueError
+from ge2jit.ops.attention.spec import CONFIGS, make_spec
+from ge2jit.ops.attention.warmup import TABLE, all_configs, parse_config
+from ge2jit.runtime.dtypes import DType
+from ge2jit.runtime.registry import get
+
+
+def test_an_entry_takes_its_defaults_and_expands_to_the_default_tiling():
+    entry = TABLE.validate_entry({})
+    assert entry["dtypes"] == ["bfloat16"] and entry["head_dims"] == [128]
+    assert TABLE.expand(entry, "sm_90") == [make_spec(DType.BF16, 128)]
+
+
+def test_every_combination_and_named_config_once():
+    entry = TABLE.validate_entry({"dtypes": ["float16", "bfloat16"], "head_dims": [64, 256],
+                                  "causal": [False, True], "lse": [True],
+                                  "configs": [CONFIGS[64][1].name, CONFIGS[256][1].name]})
+    specs = TABLE.expand(entry, "sm_80")
+    # each tiling only for its own head dimension
+    assert len(specs) == 2 * 2 * 2 and len(set(specs)) == len(specs)
+    assert {(s.head_dim, s.config) for s in specs} == {(64, CONFIGS[64][1]),
+                                                       (256, CONFIGS[256][1])}
+    assert all(s.write_lse for s in specs)
+    every = TABLE.expand(TABLE.validate_entry({"head_dims": [128], "configs": "all"}), "sm_90")
+    assert [s.config for s in every] == list(CONFIGS[128])
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"dtypes": ["float32"]}, "dtypes: expected a list of ['bfloat16', 'float16']"),
+    ({"head_dims": [96]}, "head_dims: expected a list of [64, 128, 256]"),
+    ({"causal": [1]}, "causal: expected a list of booleans"),
+    ({"configs": ["m1n1"]}, "config: expected one of"),
+    ({"heads": [8]}, "heads: unknown key"),
+])
+def test_a_bad_entry_is_one_line_naming_its_key(entry, message):
+    with pytest.raises(ArgumentValueError) as e:
+        TABLE.validate_entry(entry)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_configs_by_name_or_object_and_the_tools_kernels():
+    assert parse_config(CONFIGS[128][0].name) == CONFIGS[128][0]
+    assert parse_config(CONFIGS[256][1]) == CONFIGS[256][1]
+    assert len(all_configs()) == len(set(all_configs()))
+    with pytest.raises(ArgumentTypeError, match="^config: expected a config name"):
+        parse_config(3)
+    op = get("attention")
+    assert op.function is ge2jit.attention
+    assert op.specs_for_config(CONFIGS[64][1].name, "sm_80", dtype="float16", head_dim=64,
+                               causal=True) == [make_spec(DType.F16, 64, causal=True,
+                                                          config=CONFIGS[64][1])]
+    assert op.specs_for_config(None, "sm_90") == [make_spec(DType.BF16, 128)]
