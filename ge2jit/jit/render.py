@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,19 +46,63 @@ _RENDER_SOURCES = ("ops", "jit/spec.py", "jit/render.py", "jit/params.py", "jit/
                    "runtime/rows.py", "_version.py")
 
 
+def files_under(root: Path, suffix: str = "") -> list[tuple[str, str]]:
+    """(name relative to ``root``, '/'-separated; path) of every file under ``root`` whose name
+    ends with ``suffix``, in the order of their names' parts (``sorted(root.rglob(...))``'s),
+    by ``os.scandir``: a process's first kernel pays for this walk, and pathlib's is several
+    times slower."""
+    found = []
+
+    def walk(directory: str, prefix: tuple[str, ...]) -> None:
+        with os.scandir(directory) as entries:
+            for e in entries:
+                if e.is_dir():
+                    walk(e.path, (*prefix, e.name))
+                elif e.name.endswith(suffix) and e.is_file():
+                    found.append(((*prefix, e.name), e.path))
+
+    walk(str(root), ())
+    found.sort()
+    return [("/".join(parts), path) for parts, path in found]
+
+
+def tree_digest(seed: bytes, templates: Path, package: Path, sources, prefix: str = "") -> str:
+    """A sha256 (hex) of ``seed``, then every file under ``templates`` (named
+    ``kernel_templates/...``) and every Python file of ``sources`` (folders and files under
+    ``package``, named ``prefix`` + their path there), each name with its bytes' sha256."""
+    files = [(f"kernel_templates/{name}", path) for name, path in files_under(templates)]
+    for source in sources:
+        where = package / source
+        if where.is_dir():
+            files += [(f"{prefix}{source}/{name}", path)
+                      for name, path in files_under(where, ".py")]
+        elif where.is_file():
+            files.append((f"{prefix}{source}", str(where)))
+    h = hashlib.sha256(seed)
+    for name, path in files:
+        h.update(name.encode() + b"\0" + _file_digest(path))
+    return h.hexdigest()
+
+
+#: the sha256 of each file read, by (path, modification time, size): the fingerprints share
+#: their files' digests within a process (a file edited since is read again)
+_digests: dict[tuple[str, int, int], bytes] = {}
+
+
+def _file_digest(path: str) -> bytes:
+    st = os.stat(path)
+    key = (path, st.st_mtime_ns, st.st_size)
+    digest = _digests.get(key)
+    if digest is None:
+        with open(path, "rb") as f:
+            digest = _digests[key] = hashlib.sha256(f.read()).digest()
+    return digest
+
+
 @lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """A sha256 of every file under the templates and of the Python files that rendering and
     the compile options read (``_RENDER_SOURCES``), with their names, computed once per
     process: the same on every machine with the same ge2jit."""
-    package = Path(__file__).resolve().parent.parent
-    files = [(f"kernel_templates/{p.relative_to(template_dir()).as_posix()}", p)
-             for p in sorted(template_dir().rglob("*")) if p.is_file()]
-    for name in _RENDER_SOURCES:
-        where = package / name
-        paths = sorted(where.rglob("*.py")) if where.is_dir() else [where]
-        files += [(p.relative_to(package).as_posix(), p) for p in paths if p.is_file()]
-    h = hashlib.sha256(b"ge2jit-source-v1")
-    for name, path in files:
-        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
+    return tree_digest(b"ge2jit-source-v1", template_dir(),
+                       Path(__file__).resolve().parent.parent, _RENDER_SOURCES)

@@ -59,17 +59,10 @@ _CODE_SOURCES = ("ops", "jit/spec.py", "jit/render.py", "runtime/rows.py")
 def fingerprint_of(templates: Path, package: Path) -> str:
     """A hash (16 hex digits) of every file under ``templates`` and of ``_CODE_SOURCES``'s
     Python files under ``package``, with their relative names."""
-    files = [(f"kernel_templates/{p.relative_to(templates).as_posix()}", p)
-             for p in sorted(templates.rglob("*")) if p.is_file()]
-    for name in _CODE_SOURCES:
-        where = package / name
-        paths = sorted(where.rglob("*.py")) if where.is_dir() else [where]
-        files += [(f"ge2jit/{p.relative_to(package).as_posix()}", p)
-                  for p in paths if p.is_file()]
-    h = hashlib.sha256(b"ge2jit-tuning-code-v1")
-    for name, path in files:
-        h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()[:16]
+    from ..jit.render import tree_digest
+
+    return tree_digest(b"ge2jit-tuning-code-v1", templates, package, _CODE_SOURCES,
+                       prefix="ge2jit/")[:16]
 
 
 @lru_cache(maxsize=1)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import re
+from pathlib import Path
 
 import pytest
 
-from ge2jit.jit.render import render, template_dir
+from ge2jit.jit.render import files_under, render, template_dir, tree_digest
 from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
 from ge2jit.ops.gemm.spec import (
     MMA_16BIT_CONFIGS,
@@ -41,6 +42,21 @@ def _flag(src: str, name: str) -> bool:
 
 def test_template_dir_exists():
     assert (template_dir() / "gemm" / "tiled.cu").is_file()
+
+
+def test_the_fingerprints_walk_is_rglobs_and_a_file_edited_changes_the_digest(tmp_path):
+    for root, suffix in ((template_dir(), ""), (Path(__file__).parents[2] / "ge2jit", ".py")):
+        assert files_under(root, suffix) == [
+            (p.relative_to(root).as_posix(), str(p)) for p in sorted(root.rglob(f"*{suffix}"))
+            if p.is_file()]
+    (tmp_path / "t" / "a").mkdir(parents=True)
+    (tmp_path / "t" / "a" / "x.cuh").write_text("one")
+    (tmp_path / "pkg" / "ops").mkdir(parents=True)
+    (tmp_path / "pkg" / "ops" / "m.py").write_text("two")
+    first = tree_digest(b"seed", tmp_path / "t", tmp_path / "pkg", ("ops",))
+    assert first == tree_digest(b"seed", tmp_path / "t", tmp_path / "pkg", ("ops",))
+    (tmp_path / "pkg" / "ops" / "m.py").write_text("three")   # another size: read again
+    assert tree_digest(b"seed", tmp_path / "t", tmp_path / "pkg", ("ops",)) != first
 
 
 def test_every_combination_renders():
