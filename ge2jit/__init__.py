@@ -27,7 +27,7 @@ from .jit.fastlaunch import launch_path
 from .jit.nvrtc import nvrtc_info
 from .notebook import benchmark_configs
 from .notebook import inspect as inspect  # public, not in __all__ (see below)
-from .ops.attention import attention
+from .ops.attention import attention, attention_backward
 from .ops.cross_entropy import cross_entropy
 from .ops.gemm import (
     Gradients,
@@ -89,6 +89,7 @@ __all__ = [
     "rope",
     "rope_backward",
     "attention",
+    "attention_backward",
     "NormOutput",
     "NormGradients",
     "graph",

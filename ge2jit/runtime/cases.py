@@ -110,3 +110,15 @@ def host_dtype(name: str) -> np.dtype:
     import ml_dtypes
 
     return np.dtype(getattr(ml_dtypes, name))
+
+
+def new_like(like, shape):
+    """An uninitialized array of ``like``'s framework (CuPy or PyTorch), type and device: an
+    output a case's ``run`` makes where the test gives only some of them."""
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    import cupy
+
+    return cupy.empty(shape, like.dtype)

@@ -71,41 +71,7 @@ static_assert(BM == 16 * MW * WARPS && MW >= 1, "whole m16 tiles per warp");
 static_assert(BN % 16 == 0 && D % 16 == 0 && CPR % 8 == 0, "whole k-steps, 128-byte rows");
 static_assert(STAGES >= 2, "double buffering at least");
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of ROW_BYTES-byte rows.
-__device__ __forceinline__ int swz(int row, int chunk) {
-    return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
-}
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-// Rows [0, ROWS) of a tile from global rows src + r * ld (unit stride along D); rows >= valid
-// are zero-filled (src-size 0: nothing is read, src itself stays a valid address).
-template <int ROWS>
-__device__ __forceinline__ void load_tile(char* S, const T* src, long long ld, int valid,
-                                          int tid) {
-    constexpr int CHUNKS = ROWS * CPR;
-#pragma unroll
-    for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; ++i) {
-        const int u = tid + i * THREADS;
-        if (CHUNKS % THREADS == 0 || u < CHUNKS) {
-            const int row = u / CPR, c = u % CPR;
-            const bool ok = row < valid;
-            cp_async_16(S + swz(row, c), ok ? src + row * ld + c * 8 : src, ok ? 16 : 0);
-        }
-    }
-}
-
-// Every ldmatrix here reads rows whose (row & 7) is the lane's x = lane & 7 (its reads start at
-// multiples of 8 rows) and chunk 2c + cl (cl = 0 or 1 by lane). Then swz(row, 2c + cl) =
-// row * ROW_BYTES + 128 (c / 4) + 16 ((2 (c % 4)) ^ cl ^ x): four offsets a lane, computed
-// once; the rest is compile-time once the loops unroll.
-struct Chunks {
-    int off[4];
-    __device__ __forceinline__ explicit Chunks(int y) {   // y = cl ^ x
-#pragma unroll
-        for (int q = 0; q < 4; ++q) off[q] = ((2 * q) ^ y) << 4;
-    }
-};
+{% include "attention/tiles.cuh" %}
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 {{ spec.kernel_name }}({{ spec.param_list() }})
@@ -151,19 +117,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     const T* vp = v + (VARLEN ? 0 : b * vb) + k_row0 * vs + hk * vh;
     T* op = o + (VARLEN ? 0 : b * ob) + (q_row0 + m0) * os + h * oh;
 
-    // Allowed keys of row i: [lo(i), hi(i)), clamped to [0, S_k] (64-bit before the clamp).
-    const long long off = static_cast<long long>(len_k) - len_q;
-    const bool has_left = WINDOW && window_left >= 0;
-    const bool has_right = CAUSAL || (WINDOW && window_right >= 0);
-    const long long left = has_left ? window_left : 0;
-    const long long right = CAUSAL ? 0 : (has_right ? window_right : 0);
-    auto lo_of = [&](long long i) -> int {
-        return has_left ? static_cast<int>(min(max(i + off - left, 0ll), (long long)len_k)) : 0;
-    };
-    auto hi_of = [&](long long i) -> int {
-        return has_right ? static_cast<int>(min(max(i + off + right + 1, 0ll), (long long)len_k))
-                         : len_k;
-    };
+    // Allowed keys of row i: [lo(i), hi(i)) (tiles.cuh's Masks).
+    const Masks mask(len_q, len_k, CAUSAL, WINDOW, window_left, window_right);
+    auto lo_of = [&](long long i) -> int { return mask.lo(i); };
+    auto hi_of = [&](long long i) -> int { return mask.hi(i); };
     // The block's key blocks: from the first row's lo to the last (real) row's hi. Every row
     // covers [lo(last row), hi(first row)) whole (lo, hi grow with i).
     const int m_last = min(m0 + BM, len_q) - 1;

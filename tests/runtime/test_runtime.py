@@ -136,6 +136,7 @@ def _op_calls(x) -> dict:
         "rope": lambda: ge2jit.rope(x, x, x, x),
         "rope_backward": lambda: ge2jit.rope_backward(x, x, x, x),
         "attention": lambda: ge2jit.attention(x, x, x),
+        "attention_backward": lambda: ge2jit.attention_backward(x, x, x, x, x, x),
     }
 
 
@@ -213,4 +214,4 @@ def test_every_op_refuses_cpu_arrays_in_one_line_without_a_device(kind):
     for line in lines:
         name, msg = line.split(" ", 1)
         assert where in msg and msg.split(":")[0] in ("a", "gy", "x", "dy", "logits",
-                                                      "param", "q"), line
+                                                      "param", "q", "do"), line

@@ -5,24 +5,46 @@ from __future__ import annotations
 
 from ...runtime.adapter import Configs, Planned, declare
 from ...runtime.dtypes import as_dtype
-from . import cases
+from . import backward, cases
 from .op import ARRAYS, Call, attention, checked, clear_plans, launch_params
-from .spec import CONFIGS, AttentionConfig, make_spec
-from .warmup import TABLE, parse_config
+from .spec import CONFIGS, AttentionConfig, make_bwd_specs, make_spec
+from .warmup import BACKWARD_TABLE, TABLE, parse_config
 
 
 def _check(args) -> Call:
     return checked(args, args.device)
 
 
+def _flops(call: Call) -> float:
+    """FlashAttention's count of a forward: 4 B H S_q S_k D (two products), halved when
+    causal (the backward's is 2.5 times it)."""
+    flops = 4.0 * call.batch * call.heads * call.seqlen_q * call.seqlen_k * call.head_dim
+    return flops / 2 if call.causal else flops
+
+
 def _choose(call: Call, device_id: int) -> Planned:
     grid, block, smem = (1, 1, 1), (call.spec.threads, 1, 1), call.spec.smem_bytes
     if not call.empty:
         grid, block, smem, _ = launch_params(call)
-    # FlashAttention's count: 4 B H S_q S_k D (two products), halved when causal
-    flops = 4.0 * call.batch * call.heads * call.seqlen_q * call.seqlen_k * call.head_dim
     return Planned((call.spec,), call.config.name, call.reason, grid, block, smem,
-                   flops=flops / 2 if call.causal else flops, detail=call.spec.kernel_name)
+                   flops=_flops(call), detail=call.spec.kernel_name)
+
+
+def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
+    """The three kernels, the dk-dv kernel's launch (the largest) as the main one."""
+    launches, _ = backward.launch_params(call)
+    spec, grid, block, smem = launches[2]
+    return Planned((spec, *call.specs[:2]), f"{call.specs[1].config.name}+{spec.config.name}",
+                   "fixed", grid, block, smem, flops=2.5 * _flops(call.fwd),
+                   detail=spec.kernel_name)
+
+
+def _backward_specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128,
+                    causal: bool = False, window: bool = False, softcap: bool = False,
+                    varlen: bool = False) -> list:
+    """The backward's three kernels for these options."""
+    return list(make_bwd_specs(as_dtype(dtype), head_dim, causal=causal, window=window,
+                               softcap=softcap, varlen=varlen))
 
 
 def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: bool = False,
@@ -41,3 +63,11 @@ ATTENTION = declare(
                     (AttentionConfig,)),
     warmup={"attention": TABLE}, kernel_prefixes=("attn_fwd_",),
     layout_cases=cases.forward_cases, clear_plans=clear_plans)
+
+ATTENTION_BACKWARD = declare(
+    "attention_backward", backward.attention_backward, arrays=backward.ARRAYS[:8],
+    parts={"out": (backward.outputs, backward.ARRAYS[8:])},
+    check=lambda args: backward.checked_backward(args, args.device), choose=_choose_backward,
+    configs=Configs(_backward_specs), warmup={"attention_backward": BACKWARD_TABLE},
+    kernel_prefixes=("attn_bwd_",), layout_cases=cases.backward_cases,
+    clear_plans=backward.clear_plans)

@@ -236,3 +236,178 @@ def make_spec(dtype: DType, head_dim: int, *, causal: bool = False, window: bool
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     return AttentionFwdSpec(dtype, head_dim, CONFIGS[head_dim][0] if config is None else config,
                             causal, window, softcap, varlen, write_lse)
+
+
+# --- the backward -------------------------------------------------------------------------
+
+#: the backward's kernels, in the order they run: delta = rowsum(do o), then dq, then dk and dv
+BWD_KINDS = ("dot", "dq", "dkv")
+#: the threads of a block of the "dot" kernel
+DOT_THREADS = 128
+
+
+@dataclass(frozen=True)
+class AttentionBwdConfig:
+    """One tiling of the backward's dq or dkv kernel (``bwd_sm80.cu``): ``block_m`` query rows
+    and ``block_n`` keys (the dq kernel's block holds ``block_m`` = 16 ``warps`` rows and steps
+    through ``block_n`` keys; the dkv kernel's holds ``block_n`` = 16 ``warps`` keys and steps
+    through ``block_m`` queries), double-buffered (``stages`` 2), and ``dsplit`` column splits
+    of dk and dv (the dkv kernel at head_dim 256: a block's accumulators for whole rows would
+    not fit in registers)."""
+
+    block_m: int
+    block_n: int
+    warps: int = 4
+    stages: int = 2
+    dsplit: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "warps", "stages", "dsplit"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ArgumentValueError(f"AttentionBwdConfig.{name}: expected a positive int, "
+                                         f"got {v!r}")
+        if self.block_m % 16 or self.block_n % 16 or self.block_m > 128 or self.block_n > 128:
+            raise ArgumentValueError(f"AttentionBwdConfig: expected block_m and block_n "
+                                     f"multiples of 16 up to 128, got {self.block_m} and "
+                                     f"{self.block_n}")
+        if self.stages != 2 or self.dsplit not in (1, 2, 4) or self.warps not in (2, 4, 8):
+            raise ArgumentValueError(f"AttentionBwdConfig: expected stages 2, dsplit 1, 2 or "
+                                     f"4 and warps 2, 4 or 8, got {self}")
+
+    @property
+    def name(self) -> str:
+        return (f"m{self.block_m}n{self.block_n}w{self.warps}"
+                + (f"x{self.dsplit}" if self.dsplit != 1 else ""))
+
+
+#: the backward's tilings per head dimension: (dq kernel's, dkv kernel's). The dq kernel's
+#: block is 16 warps x ... rows: block_m = 16 warps; the dkv kernel's block_n = 16 warps.
+BWD_CONFIGS: dict[int, tuple[AttentionBwdConfig, AttentionBwdConfig]] = {
+    64: (AttentionBwdConfig(64, 64), AttentionBwdConfig(64, 64)),
+    128: (AttentionBwdConfig(64, 64), AttentionBwdConfig(32, 64)),
+    256: (AttentionBwdConfig(64, 32), AttentionBwdConfig(16, 64, dsplit=2)),
+}
+
+
+@dataclass(frozen=True)
+class AttentionBwdSpec(KernelSpec):
+    """One kernel of the attention backward (sm_80+, ``bwd_sm80.cu``): ``kind`` "dot" (delta =
+    the rows' sums of do * o), "dq" or "dkv", for ``dtype`` (float16 or bfloat16) and
+    ``head_dim`` (64, 128 or 256), the forward's masks (``causal``, ``window``), ``softcap``
+    and ``varlen``, and a tiling (``config``; the "dot" kernel's is its head dimension's dq
+    tiling, unused)."""
+
+    kind: str
+    dtype: DType
+    head_dim: int
+    config: AttentionBwdConfig
+    causal: bool = False
+    window: bool = False
+    softcap: bool = False
+    varlen: bool = False
+
+    template = "attention/bwd_sm80.cu"
+
+    def __post_init__(self):
+        if self.kind not in BWD_KINDS:
+            raise ArgumentValueError(f"AttentionBwdSpec.kind: expected one of {BWD_KINDS}, "
+                                     f"got {self.kind!r}")
+        check_field(self, "dtype", DType)
+        if self.dtype not in DTYPES:
+            raise ArgumentValueError(f"AttentionBwdSpec.dtype: expected float16 or bfloat16, "
+                                     f"got {self.dtype.numpy_name}")
+        if (isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int)
+                or self.head_dim not in HEAD_DIMS):
+            raise ArgumentValueError(f"AttentionBwdSpec.head_dim: expected 64, 128 or 256, "
+                                     f"got {self.head_dim!r}")
+        check_field(self, "config", AttentionBwdConfig)
+        for name in ("causal", "window", "softcap", "varlen"):
+            check_field(self, name, bool)
+        c = self.config
+        if self.kind == "dq" and c.block_m != 16 * c.warps:
+            raise ArgumentValueError(f"AttentionBwdSpec.config: the dq kernel takes 16 rows a "
+                                     f"warp (block_m = {16 * c.warps}), got {c.name}")
+        if self.kind == "dkv":
+            if c.block_n != 16 * c.warps:
+                raise ArgumentValueError(f"AttentionBwdSpec.config: the dkv kernel takes 16 "
+                                         f"keys a warp (block_n = {16 * c.warps}), got "
+                                         f"{c.name}")
+            if (self.head_dim // c.dsplit) % 64:
+                raise ArgumentValueError(f"AttentionBwdSpec.config: dsplit {c.dsplit} leaves "
+                                         f"head_dim {self.head_dim} in pieces that are not "
+                                         f"multiples of 64")
+        if self.smem_bytes > MAX_SMEM_SM80:
+            raise ArgumentValueError(f"AttentionBwdSpec.config: {c.name} needs "
+                                     f"{self.smem_bytes} B of shared memory at head_dim "
+                                     f"{self.head_dim} ({MAX_SMEM_SM80} B allowed on sm_80)")
+
+    @property
+    def threads(self) -> int:
+        return DOT_THREADS if self.kind == "dot" else 32 * self.config.warps
+
+    @property
+    def smem_bytes(self) -> int:
+        row, c = self.head_dim * 2, self.config
+        if self.kind == "dq":        # Q, dO; stages x (K, V)
+            return (2 * c.block_m + c.stages * 2 * c.block_n) * row
+        if self.kind == "dkv":       # K, V; stages x (Q, dO, lse and delta)
+            return 2 * c.block_n * row + c.stages * (2 * c.block_m * row + 8 * c.block_m)
+        return 0
+
+    @property
+    def kernel_name(self) -> str:
+        flags = "".join(f"_{name}" for name, on in (
+            ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
+            ("varlen", self.varlen)) if on)
+        tiling = "" if self.kind == "dot" else f"_{self.config.name}"
+        return (f"attn_bwd_{self.kind}_sm80_{self.dtype.value}_d{self.head_dim}{tiling}"
+                + flags)
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """q, k, v, o, dout (the gradient of o), lse (the forward's), delta (float32: written
+        by the "dot" kernel, read by the others), dq, dk, dv, cu_seqlens_q, cu_seqlens_k; the
+        element strides along batch, sequence and head of q, k, v, o, dout (``gb, gs, gh``),
+        dq, dk, dv; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``, ``softcap``;
+        ``window_left``, ``window_right`` (as the forward's). Every kernel takes them all."""
+        t = self.dtype.ctype
+        return (pointer("q", t, const=True), pointer("k", t, const=True),
+                pointer("v", t, const=True), pointer("o", t, const=True),
+                pointer("dout", t, const=True), pointer("lse", "float", const=True),
+                pointer("delta", "float"), pointer("dq", t), pointer("dk", t),
+                pointer("dv", t), pointer("cu_seqlens_q", "int", const=True),
+                pointer("cu_seqlens_k", "int", const=True),
+                *int64("qb", "qs", "qh", "kb", "ks", "kh", "vb", "vs", "vh", "ob", "os", "oh",
+                       "gb", "gs", "gh", "dqb", "dqs", "dqh", "dkb", "dks", "dkh", "dvb", "dvs",
+                       "dvh", "B", "H", "H_kv", "S_q", "S_k"),
+                *double("scale", "softcap"),
+                *int64("window_left", "window_right"))
+
+    def grid(self, batch: int, heads: int, kv_heads: int, max_seqlen_q: int,
+             max_seqlen_k: int) -> tuple[int, int, int]:
+        """The launch grid: "dot" a block per DOT_THREADS / (head_dim / 8) rows of a head;
+        "dq" per ``block_m`` query rows of a head; "dkv" per ``block_n`` keys of a kv head,
+        times ``dsplit``; z the batch (sequences)."""
+        c = self.config
+        if self.kind == "dot":
+            rows = DOT_THREADS // (self.head_dim // 8)
+            return (max(1, -(-max_seqlen_q // rows)), heads, batch)
+        if self.kind == "dq":
+            return (max(1, -(-max_seqlen_q // c.block_m)), heads, batch)
+        return (max(1, -(-max_seqlen_k // c.block_n)) * c.dsplit, kv_heads, batch)
+
+
+def make_bwd_specs(dtype: DType, head_dim: int, *, causal: bool = False, window: bool = False,
+                   softcap: bool = False, varlen: bool = False,
+                   configs: tuple[AttentionBwdConfig, AttentionBwdConfig] | None = None
+                   ) -> tuple[AttentionBwdSpec, AttentionBwdSpec, AttentionBwdSpec]:
+    """The backward's three kernels ("dot", "dq", "dkv") for these options, with ``configs``
+    (the dq and dkv tilings; default the head dimension's)."""
+    if head_dim not in BWD_CONFIGS:
+        raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
+    dq_cfg, dkv_cfg = BWD_CONFIGS[head_dim] if configs is None else configs
+    masks = dict(causal=causal, window=window, softcap=softcap, varlen=varlen)
+    return (AttentionBwdSpec("dot", dtype, head_dim, dq_cfg, varlen=varlen),
+            AttentionBwdSpec("dq", dtype, head_dim, dq_cfg, **masks),
+            AttentionBwdSpec("dkv", dtype, head_dim, dkv_cfg, **masks))

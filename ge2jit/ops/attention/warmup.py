@@ -13,13 +13,15 @@
 
 Each combination compiles the forward kernel of the head dimension's default tiling, or of each
 tiling named (a name another head dimension has compiles nothing for this one).
+``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs`` and compiles the
+backward's three kernels (delta, dq, dk and dv) of each combination.
 """
 
 from __future__ import annotations
 
 from ...runtime.dtypes import SUPPORTED_DTYPES
 from ...runtime.tables import Key, Table
-from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, make_spec
+from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, make_bwd_specs, make_spec
 
 TYPES = {d.numpy_name: SUPPORTED_DTYPES[d.numpy_name] for d in DTYPES}
 FLAG = (False, True)
@@ -71,3 +73,12 @@ def _kernels(v, config, *, arch: str, sms: int) -> list:
 
 TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
               config_example=CONFIGS[128][0].name)
+
+
+def _backward_kernels(v, config, *, arch: str, sms: int) -> list:
+    return list(make_bwd_specs(TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
+                               softcap=v.softcap, varlen=v.varlen))
+
+
+BACKWARD_TABLE = Table({name: key for name, key in KEYS.items() if name != "lse"},
+                       _backward_kernels)

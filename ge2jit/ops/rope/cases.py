@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.cases import FLOATS, ROUNDING, Case, host_dtype, normal, rng_for
+from ...runtime.cases import FLOATS, ROUNDING, Case, host_dtype, new_like, normal, rng_for
 from .op import rope, rope_backward
 from .reference import rope_reference
 
@@ -39,7 +39,7 @@ def _cases(n: int, backward: bool) -> list[Case]:
 
                 out = None
                 if "q_out" in a or "k_out" in a:   # one given: the other made here
-                    out = tuple(heads(a[o] if o in a else _new(a[x], a[x].shape))
+                    out = tuple(heads(a[o] if o in a else new_like(a[x], a[x].shape))
                                 for o, x in (("q_out", "q"), ("k_out", "k")))
                 qo, ko = function(heads(a["q"]), heads(a["k"]), a["cos"], a["sin"],
                                   interleaved=interleaved, positions=a.get("positions"),
@@ -60,17 +60,6 @@ def _cases(n: int, backward: bool) -> list[Case]:
                          "k_out": ((n * HK, d), host_dtype(dtype))},
                 required=frozenset({"q_out", "k_out"}) if d == 12 else frozenset()))
     return cases
-
-
-def _new(like, shape):
-    """An uninitialized array of ``like``'s framework, type and device."""
-    if type(like).__module__.startswith("torch"):
-        import torch
-
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    import cupy
-
-    return cupy.empty(shape, like.dtype)
 
 
 def forward_cases(n: int) -> list[Case]:

@@ -75,7 +75,7 @@ def check(dtype, q, k, v, o, lse, spec, *, causal=False, window=None, softcap=No
     nonzero = empty & (o != 0).any(-1)
     assert not nonzero.any(), \
         f"o: rows that see no key are not 0: {rows_at(nonzero, cu_q, block_m)}"
-    _within("o", o, o_ref, tol, lambda bad: rows_at(bad.any(-1), cu_q, block_m),
+    within("o", o, o_ref, tol, lambda bad: rows_at(bad.any(-1), cu_q, block_m),
             f"; max |o_ref| {np.abs(o_ref).max():.3g}")
     if lse is None:
         return o_ref, lse_ref
@@ -88,13 +88,13 @@ def check(dtype, q, k, v, o, lse, spec, *, causal=False, window=None, softcap=No
     fin = np.isfinite(lse_ref)
     assert np.isfinite(lse[fin]).all(), "lse: +inf where the reference is finite"
     finite_ref = np.where(fin, lse_ref, 0.0)
-    _within("lse", np.where(fin, lse, 0.0), finite_ref,
+    within("lse", np.where(fin, lse, 0.0), finite_ref,
             LSE_RTOL * np.maximum(1.0, np.abs(finite_ref)) + delta,
             lambda bad: rows_at(lse_rows(bad), cu_q, block_m))
     return o_ref, lse_ref
 
 
-def _within(name: str, got, ref, tol, where, more: str = "") -> None:
+def within(name: str, got, ref, tol, where, more: str = "") -> None:
     """Fails naming the worst element and where the bad rows are (``where(bad)``) unless
     ``|got - ref| <= tol`` everywhere."""
     err = np.abs(got - ref)

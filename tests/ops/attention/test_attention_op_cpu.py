@@ -14,24 +14,16 @@ import pytest
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from ge2jit.ops.attention import op
 from ge2jit.ops.attention.spec import CONFIGS, AttentionConfig
-from ge2jit.runtime import arrays, checks, tools
+from ge2jit.runtime import tools
 from ge2jit.runtime.dtypes import DType
 
-from ...fake_cupy import FakeArray, make_module
+from ...fake_cupy import FakeArray
 
 F16, BF16 = np.float16, ml_dtypes.bfloat16
 B, SQ, SK, H, HKV, D = 2, 5, 7, 4, 2, 64
 
 
-@pytest.fixture(autouse=True)
-def fake(monkeypatch):
-    """CuPy replaced by the stand-in module (device 0 current); the tuning database holds
-    nothing (its key names a device)."""
-    module = make_module(0)
-    monkeypatch.setattr(checks, "_cupy", lambda: module)
-    monkeypatch.setattr(arrays, "_cupy_mod", module)
-    monkeypatch.setattr(arrays, "current_device", lambda: 0)
-    monkeypatch.setattr(tools, "tuned_config", lambda name, key: None)
+pytestmark = pytest.mark.usefixtures("fake_cupy")
 
 
 def arr(shape, dtype=F16, **kw):

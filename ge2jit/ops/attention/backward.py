@@ -1,0 +1,302 @@
+"""attention_backward: the gradients of attention's q, k and v from that of its output, in three
+launches of ``bwd_sm80.cu`` (delta = rowsum(do * o); dq; dk and dv, each kv head's summed over
+its query heads), deterministic: no atomics, each element summed in one fixed order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ArgumentTypeError, ArgumentValueError
+from ...jit import fastlaunch
+from ...jit.fastlaunch import Ptr
+from ...jit.loader import launcher_for
+from ...runtime.arrays import call_arguments, views
+from ...runtime.checks import check_apart, check_array, check_bool, check_out
+from ...runtime.prepared import OverlapGuard, PreparedCalls
+from .op import DEFAULTS, Call, _new_strides, _strides, checked
+from .spec import AttentionBwdSpec, make_bwd_specs
+
+#: the array arguments, in the order of the signature (out's three outputs split out)
+ARRAYS = ("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "dq_out", "dk_out",
+          "dv_out")
+#: the other arguments, in the order of the signature
+OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k",
+           "deterministic", "layout")
+_DQ, _DK, _DV, _DELTA = 8, 9, 10, 11
+_PREPARED = PreparedCalls("attention_backward")
+#: the compiled path's programs: the arrays, delta's slot (an intermediate that no caller
+#: fills: the program allocates it), then the options by value
+_COMPILED = fastlaunch.Table("attention_backward", "A" * (len(ARRAYS) + 1) + "V" * len(OPTIONS))
+
+
+@dataclass(frozen=True, eq=False)
+class BackwardCall:
+    """A checked backward call: the forward's checked call (``fwd``: q, k, v, the sizes,
+    masks and scalars), do, o and lse (CuPy views), the given outputs (None: made by the
+    op), the element (batch, seq, head) strides of do, o and the three gradients, and the
+    three kernels' specs (dot, dq, dkv)."""
+
+    fwd: Call
+    do: object
+    o: object
+    lse: object
+    dq_out: object
+    dk_out: object
+    dv_out: object
+    do_strides: tuple[int, int, int]
+    o_strides: tuple[int, int, int]
+    dq_strides: tuple[int, int, int]
+    dk_strides: tuple[int, int, int]
+    dv_strides: tuple[int, int, int]
+    specs: tuple[AttentionBwdSpec, AttentionBwdSpec, AttentionBwdSpec]
+
+
+def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=None,
+                       softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None, deterministic=False, out=None, layout=None):
+    """The gradients of :func:`attention`'s q, k and v: ``(dq, dk, dv)`` from ``do``, the
+    gradient of its output, and the forward's output ``o`` and ``lse`` (its ``return_lse``),
+    with the forward's keywords. dk and dv of a kv head sum the gradients of every query
+    head that reads it (grouped-query attention).
+
+    As FlashAttention's backward, it recomputes the probabilities ``P = exp(s - lse)`` of
+    the allowed keys and takes ``delta_i = sum(do_i * o_i)`` from the given o: ``dv = P^T
+    do``, ``ds = P (do v^T - delta)`` (times ``1 - tanh^2`` with softcap), ``dq = scale ds
+    k``, ``dk = scale ds^T q``. A query that sees no key (lse -inf) gives nothing.
+
+    Args:
+        do: the gradient of the forward's output: q's shape and type, the layout rules of q.
+        q: the forward's q, as :func:`attention` takes it.
+        k: the forward's k.
+        v: the forward's v.
+        o: the forward's output (q's shape and type, the same layout rules).
+        lse: the forward's log-sum-exp: float32, (batch, heads, seq_q) or (heads, total_q)
+            with cu_seqlens, contiguous.
+        causal: the forward's (as every keyword below but deterministic and out).
+        scale: the forward's.
+        window: the forward's.
+        softcap: the forward's.
+        cu_seqlens_q: the forward's.
+        cu_seqlens_k: the forward's.
+        max_seqlen_q: the forward's.
+        max_seqlen_k: the forward's.
+        layout: the forward's.
+        deterministic: the same bits on every run. This kernel is deterministic whatever
+            the flag (no atomics); the flag is taken for FlashAttention's signature.
+        out: None (new arrays, contiguous), or ``(dq, dk, dv)``: arrays of q's, k's and v's
+            shapes and type with their layout rules, apart from every input and each other.
+
+    Returns:
+        ``(dq, dk, dv)`` in q's framework, on PyTorch's current stream for tensors.
+
+    Raises:
+        ArgumentTypeError, ArgumentValueError: as :func:`attention`, for these arguments
+            too, in one line before any launch.
+    """
+    dq_o, dk_o, dv_o = outputs(out)
+    options = (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k, deterministic,
+               layout)
+    done = _COMPILED.call(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
+                          None, *options)
+    if done is not fastlaunch.MISS:
+        return done
+    arrays = dict(zip(ARRAYS, (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o,
+                               dv_o)))
+    try:
+        hash(options)
+    except TypeError:   # a window given as a list, say: checked and run, not kept
+        options = None
+
+    def first(fw, device_id, v_, native):
+        given = dict(zip(OPTIONS, (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k,
+                                   deterministic, layout)))
+        call = checked_backward({**given, **v_}, device_id)
+        result, prepared = _execute(fw, device_id, call, native)
+        if prepared is not None and options is not None:
+            _COMPILED.put((do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
+                           None, *options), prepared.program, fw.name)
+        return result, prepared if options is not None else None
+
+    return _PREPARED.run(arrays, options if options is not None else (object(),), first)
+
+
+def outputs(out):
+    """(dq, dk, dv) of ``out=`` (None: three Nones)."""
+    if out is None:
+        return None, None, None
+    if not isinstance(out, tuple | list) or len(out) != 3:
+        raise ArgumentTypeError(f"out: expected None or a triple (dq, dk, dv), got "
+                                f"{type(out).__name__}"
+                                + (f" of {len(out)}" if isinstance(out, tuple | list) else ""))
+    if any(x is None for x in out):
+        raise ArgumentTypeError("out: expected three arrays (dq, dk, dv), got a None among "
+                                "them (pass out=None for new outputs)")
+    return tuple(out)
+
+
+def check_backward_arguments(do, q, k, v, o, lse, **kwargs):
+    """(framework, device, the arrays as the framework reads them, the checked call) of a
+    backward call's arguments (keywords as :func:`attention_backward`'s)."""
+    unknown = sorted(set(kwargs) - set(OPTIONS) - {"cu_seqlens_q", "cu_seqlens_k", "out"})
+    if unknown:
+        raise ArgumentTypeError(f"{unknown[0]}: not an argument of attention_backward")
+    dq_o, dk_o, dv_o = outputs(kwargs.pop("out", None))
+    arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
+              "cu_seqlens_q": kwargs.pop("cu_seqlens_q", None),
+              "cu_seqlens_k": kwargs.pop("cu_seqlens_k", None),
+              "dq_out": dq_o, "dk_out": dk_o, "dv_out": dv_o}
+    fw, device_id, native = call_arguments(arrays)
+    return fw, device_id, native, checked_backward({**kwargs, **views(fw, native)}, device_id)
+
+
+def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
+    """A backward call's arguments by name (arrays as CuPy views) checked, each refusal one
+    line naming the argument: the forward's checks for q, k, v and the keywords, then do,
+    o, lse and the outputs."""
+    a = {**DEFAULTS, "deterministic": False, **args}
+    check_bool(a["deterministic"], "deterministic")
+    fwd = checked({n: a[n] for n in (*DEFAULTS, "q", "k", "v") if n not in ("out", "config",
+                                                                             "return_lse")},
+                  device_id)
+    q, axes = fwd.q, _axes(fwd)
+    inputs = {"do": a["do"], "q": q, "k": fwd.k, "v": fwd.v, "o": a["o"], "lse": a["lse"],
+              "cu_seqlens_q": fwd.cu_seqlens_q, "cu_seqlens_k": fwd.cu_seqlens_k}
+    strides = {}
+    for name in ("do", "o"):
+        x = a[name]
+        check_array(x, name)
+        if x.shape != q.shape or x.dtype != q.dtype:
+            raise ArgumentValueError(f"{name}: expected q's shape {q.shape} and dtype {q.dtype}, "
+                                     f"got {x.shape} and {x.dtype}")
+        strides[name] = _strides(x, name, axes)
+    _check_lse(a["lse"], fwd.lse_shape)
+    outs = {}
+    for name, like in (("dq_out", q), ("dk_out", fwd.k), ("dv_out", fwd.v)):
+        x = a.get(name)
+        outs[name] = x
+        if x is None:
+            strides[name] = _new_strides(like.shape, axes)
+            continue
+        label = name[:2]
+        check_array(x, f"out ({label})")
+        if x.shape != like.shape or x.dtype != like.dtype:
+            raise ArgumentValueError(f"out: expected {label} of shape {like.shape} and dtype "
+                                     f"{like.dtype}, got {x.shape} and {x.dtype}")
+        strides[name] = _strides(x, f"out ({label})", axes)
+        check_out(x, {}, f"out ({label})")
+        check_apart(x, f"out ({label})", {**inputs, **{n: outs[n] for n in outs if n != name}},
+                    lambda other: "")
+    specs = make_bwd_specs(fwd.dtype, fwd.head_dim, causal=fwd.causal,
+                           window=fwd.spec.window, softcap=fwd.spec.softcap, varlen=fwd.varlen)
+    return BackwardCall(fwd, a["do"], a["o"], a["lse"], outs["dq_out"], outs["dk_out"],
+                        outs["dv_out"], strides["do"], strides["o"], strides["dq_out"],
+                        strides["dk_out"], strides["dv_out"], specs)
+
+
+def _axes(fwd: Call) -> tuple:
+    """The (batch, seq, head) axes of the call's arrays."""
+    if fwd.varlen:
+        return (None, 0, 1)
+    return (0, 2, 1) if fwd.layout == "bhsd" else (0, 1, 2)
+
+
+def _check_lse(lse, shape: tuple) -> None:
+    check_array(lse, "lse")
+    if lse.dtype.name != "float32":
+        raise ArgumentValueError(f"lse: expected dtype float32 (attention's return_lse), got "
+                                 f"{lse.dtype}")
+    if lse.shape != shape:
+        raise ArgumentValueError(f"lse: expected shape {shape} (attention's return_lse for "
+                                 f"these inputs), got {lse.shape}")
+    if lse.size and not lse.flags.c_contiguous:
+        raise ArgumentValueError(f"lse: expected a contiguous array, got strides {lse.strides}; "
+                                 f"pass lse.contiguous()")
+
+
+def launch_params(call: BackwardCall) -> tuple[list, dict]:
+    """([(spec, grid, block, smem)] of the three launches, the scalar parameters they share)."""
+    f = call.fwd
+    params = {}
+    for letter, strides in (("q", f.q_strides), ("k", f.k_strides), ("v", f.v_strides),
+                            ("o", call.o_strides), ("g", call.do_strides),
+                            ("dq", call.dq_strides), ("dk", call.dk_strides),
+                            ("dv", call.dv_strides)):
+        params.update(zip((letter + "b", letter + "s", letter + "h"), strides))
+    params.update(B=f.batch, H=f.heads, H_kv=f.kv_heads, S_q=f.seqlen_q, S_k=f.seqlen_k,
+                  scale=f.scale, softcap=f.softcap, window_left=f.window[0],
+                  window_right=f.window[1])
+    launches = [(s, s.grid(f.batch, f.heads, f.kv_heads, f.seqlen_q, f.seqlen_k),
+                 (s.threads, 1, 1), s.smem_bytes) for s in call.specs]
+    return launches, params
+
+
+def clear_plans() -> None:
+    _PREPARED.clear()
+    _COMPILED.clear()
+
+
+def _execute(fw, device_id: int, call: BackwardCall, native: dict):
+    """Launch a checked call; (its result, its prepared call: None for an empty one)."""
+    f = call.fwd
+    dtype = f.q.dtype
+    makers = [fw.allocator(dtype, device_id) for _ in range(3)]
+    shapes = (f.q.shape, f.k.shape, f.v.shape)
+    make_delta = fw.allocator("float32", device_id)
+    names = ("dq_out", "dk_out", "dv_out")
+    grads = [native[n] if native[n] is not None else make(shape)
+             for n, make, shape in zip(names, makers, shapes)]
+    result = tuple(grads)
+    if f.empty or f.no_keys:
+        # no query, or no key: every gradient is 0 (dk, dv of no query; dq of no key)
+        for g in grads:
+            fw.view(g, "out")[...] = 0
+        return result, None
+    launches, params = launch_params(call)
+    kernels = [launcher_for(spec, device_id) for spec, *_ in launches]
+    bound = [k.bind(grid, block, smem, **params)
+             for k, (_, grid, block, smem) in zip(kernels, launches)]
+    stream, ptr = fw.stream_getter(device_id), fw.ptr
+    delta = make_delta(f.lse_shape)
+
+    def run(ptrs: dict) -> None:
+        s = stream()
+        for launch in bound:
+            launch(s, **ptrs)
+
+    def pointers(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv, dl) -> dict:
+        return dict(dout=ptr(do), q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse),
+                    cu_seqlens_q=0 if cu_q is None else ptr(cu_q),
+                    cu_seqlens_k=0 if cu_k is None else ptr(cu_k), dq=ptr(dq), dk=ptr(dk),
+                    dv=ptr(dv), delta=ptr(dl))
+
+    arrays_in = [native[n] for n in ARRAYS[:8]]
+    run(pointers(*arrays_in, *grads, delta))
+    given = [native[n] is not None for n in names]
+    guard = None
+    if any(given):
+        views_ = (call.do, f.q, f.k, f.v, call.o, call.lse, f.cu_seqlens_q, f.cu_seqlens_k,
+                  call.dq_out, call.dk_out, call.dv_out)
+        guard = OverlapGuard(ARRAYS, views_, tuple(i for i, g in zip((_DQ, _DK, _DV), given)
+                                                  if g)) or None
+
+    def prepared(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv):
+        outs = [x if x is not None else make(shape)
+                for x, make, shape in zip((dq, dk, dv), makers, shapes)]
+        if guard is not None:
+            guard([0 if x is None else ptr(x)
+                   for x in (do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv)])
+        run(pointers(do, q, k, v, o, lse, cu_q, cu_k, *outs, make_delta(f.lse_shape)))
+        return tuple(outs)
+
+    slots = {"dout": Ptr(0), "q": Ptr(1), "k": Ptr(2), "v": Ptr(3), "o": Ptr(4), "lse": Ptr(5),
+             "cu_seqlens_q": Ptr(6), "cu_seqlens_k": Ptr(7), "dq": Ptr(_DQ), "dk": Ptr(_DK),
+             "dv": Ptr(_DV), "delta": Ptr(_DELTA)}
+    allocs = [(i, make, shape) for i, g, make, shape in zip((_DQ, _DK, _DV), given, makers,
+                                                            shapes) if not g]
+    allocs.append((_DELTA, make_delta, f.lse_shape))
+    prepared.program = fastlaunch.program(
+        fw.name, [fastlaunch.step(kernel, grid, block, smem, {**params, **slots})
+                  for kernel, (_, grid, block, smem) in zip(kernels, launches)],
+        allocs, guard.pairs if guard is not None else (), guard, stream,
+        fastlaunch.launch_failed(call.specs[1].kernel_name), returns=(_DQ, _DK, _DV))
+    return result, prepared

@@ -1,0 +1,20 @@
+"""The attention tests' shared fixture."""
+
+from __future__ import annotations
+
+import pytest
+
+from ge2jit.runtime import arrays, checks, tools
+
+from ...fake_cupy import make_module
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """CuPy replaced by the stand-in module (device 0 current), for the call checks without a
+    GPU; the tuning database holds nothing (its key names a device)."""
+    module = make_module(0)
+    monkeypatch.setattr(checks, "_cupy", lambda: module)
+    monkeypatch.setattr(arrays, "_cupy_mod", module)
+    monkeypatch.setattr(arrays, "current_device", lambda: 0)
+    monkeypatch.setattr(tools, "tuned_config", lambda name, key: None)

@@ -1,0 +1,107 @@
+"""The attention backward's three kernels (sm_80+, mma.sync) compile with NVRTC for sm_80 and
+sm_90 without spilling, for every option (no GPU needed), and their spec refuses what they
+cannot be. CI compiles every head dimension's kernels with every option off and on, for both
+types and architectures, plus a pairwise covering set; the full product runs with ``-m slow``."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from allpairspy import AllPairs
+
+from ge2jit.errors import ArgumentTypeError, ArgumentValueError
+from ge2jit.jit.parallel import compile_many
+from ge2jit.jit.render import render
+from ge2jit.ops.attention.spec import (
+    BWD_CONFIGS,
+    DOT_THREADS,
+    MAX_SMEM_SM80,
+    AttentionBwdConfig,
+    AttentionBwdSpec,
+    make_bwd_specs,
+)
+from ge2jit.runtime.dtypes import DType
+
+from ...compiled import check_compiled
+
+ARCHS = ["sm_80", "sm_90"]
+FLAGS = ("causal", "window", "softcap", "varlen")
+PARAMS = {"head_dim": sorted(BWD_CONFIGS), "dtype": [DType.F16, DType.BF16],
+          **{f: [False, True] for f in FLAGS}, "arch": ARCHS}
+
+
+def _specs(p: dict) -> tuple:
+    return make_bwd_specs(p["dtype"], p["head_dim"], **{f: p[f] for f in FLAGS})
+
+
+def _cases() -> list:
+    order = sorted(PARAMS, key=lambda k: -len(PARAMS[k]))
+    rows = [dict(zip(order, row)) for row in AllPairs([PARAMS[k] for k in order])]
+    rows += [{"head_dim": d, "dtype": dt, **{f: on for f in FLAGS}, "arch": arch}
+             for d, arch in itertools.product(PARAMS["head_dim"], ARCHS)
+             for dt, on in ((DType.F16, False), (DType.BF16, True))]
+    seen, cases = set(), []
+    for p in rows:
+        for spec in _specs(p):
+            if (spec, p["arch"]) not in seen:
+                seen.add((spec, p["arch"]))
+                cases.append(pytest.param(spec, p["arch"], id=f"{spec.kernel_name}-{p['arch']}"))
+    return cases
+
+
+@pytest.mark.parametrize("spec, arch", _cases())
+def test_compiles_without_spills(spec, arch, compile_cache):
+    check_compiled(spec, arch, compile_cache)
+
+
+@pytest.mark.slow
+def test_full_product_compiles_without_spills(tmp_path):
+    jobs = list({(spec, row[-1]) for row in itertools.product(*PARAMS.values())
+                 for spec in _specs(dict(zip(PARAMS, row)))})
+    outcomes = compile_many(jobs, cache_root=tmp_path)
+    bad = [o for o in outcomes if o.status == "failed" or o.spill_bytes != 0 or o.stack_bytes]
+    assert not bad, [(o.kernel_name, o.arch, o.error or o.spill_bytes) for o in bad[:20]]
+
+
+def test_names_sources_and_shapes():
+    specs = {s for row in itertools.product(*PARAMS.values())
+             for s in _specs(dict(zip(PARAMS, row)))}
+    names = {s.kernel_name for s in specs}
+    assert len(names) == len(specs) and all(n.isidentifier() for n in names)
+    dot, dq, dkv = make_bwd_specs(DType.BF16, 128, causal=True, varlen=True)
+    assert dot.kernel_name == "attn_bwd_dot_sm80_bf16_d128_varlen"
+    assert dq.kernel_name == "attn_bwd_dq_sm80_bf16_d128_m64n64w4_causal_varlen"
+    for spec in (dot, dq, dkv):
+        source = render(spec)
+        assert "{{" not in source and "{%" not in source
+        assert source.count("__global__") == 1 and f"{spec.kernel_name}(" in source
+        assert spec.smem_bytes <= MAX_SMEM_SM80
+    assert dot.threads == DOT_THREADS and dot.grid(3, 8, 2, 1000, 10) == (
+        -(-1000 // (DOT_THREADS // 16)), 8, 3)
+    assert dq.grid(3, 8, 2, 1000, 10) == (-(-1000 // dq.config.block_m), 8, 3)
+    d256 = make_bwd_specs(DType.F16, 256)[2]
+    assert d256.grid(1, 8, 2, 10, 1000) == (-(-1000 // d256.config.block_n) * 2, 2, 1)
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: AttentionBwdSpec("dx", DType.F16, 64, BWD_CONFIGS[64][0]), ArgumentValueError,
+     "kind"),
+    (lambda: AttentionBwdSpec("dq", DType.F32, 64, BWD_CONFIGS[64][0]), ArgumentValueError,
+     "float16 or bfloat16"),
+    (lambda: AttentionBwdSpec("dq", DType.F16, 96, BWD_CONFIGS[64][0]), ArgumentValueError,
+     "64, 128 or 256"),
+    (lambda: AttentionBwdSpec("dq", DType.F16, 64, AttentionBwdConfig(32, 64)),
+     ArgumentValueError, "16 rows a warp"),
+    (lambda: AttentionBwdSpec("dkv", DType.F16, 64, AttentionBwdConfig(64, 32)),
+     ArgumentValueError, "16 keys a warp"),
+    (lambda: AttentionBwdSpec("dkv", DType.F16, 64, AttentionBwdConfig(64, 64, dsplit=2)),
+     ArgumentValueError, "multiples of 64"),
+    (lambda: AttentionBwdSpec("dq", DType.F16, 64, BWD_CONFIGS[64][0], causal=1),
+     ArgumentTypeError, "causal: expected bool"),
+    (lambda: AttentionBwdConfig(24, 64), ArgumentValueError, "multiples of 16"),
+    (lambda: AttentionBwdConfig(64, 64, stages=3), ArgumentValueError, "stages 2"),
+])
+def test_spec_validation(make, error, match):
+    with pytest.raises(error, match=match):
+        make()

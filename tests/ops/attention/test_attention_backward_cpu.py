@@ -1,0 +1,125 @@
+"""attention_backward's call checks without a GPU (``tests/fake_cupy.py`` arrays): an accepted
+call gives the three kernels and the strides, sizes and scalars they are launched with; every
+refusal names its argument in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ge2jit.errors import ArgumentTypeError, ArgumentValueError
+from ge2jit.ops.attention import backward as bwd
+from ge2jit.ops.attention.spec import BWD_CONFIGS, DOT_THREADS
+from ge2jit.runtime.dtypes import DType
+
+from ...fake_cupy import FakeArray
+
+F16 = np.float16
+B, SQ, SK, H, HKV, D = 2, 5, 7, 4, 2, 128
+
+
+pytestmark = pytest.mark.usefixtures("fake_cupy")
+
+
+def arr(shape, dtype=F16, **kw):
+    return FakeArray(shape, dtype, **kw)
+
+
+def _args(**over):
+    """A good dense call's arguments with some replaced."""
+    a = {"do": arr((B, SQ, H, D)), "q": arr((B, SQ, H, D)), "k": arr((B, SK, HKV, D)),
+         "v": arr((B, SK, HKV, D)), "o": arr((B, SQ, H, D)),
+         "lse": arr((B, H, SQ), np.float32)}
+    a.update(over)
+    return a
+
+
+def check(**over) -> bwd.BackwardCall:
+    a = _args(**over)
+    return bwd.check_backward_arguments(a.pop("do"), a.pop("q"), a.pop("k"), a.pop("v"),
+                                        a.pop("o"), a.pop("lse"), **a)[3]
+
+
+def test_a_dense_call_gives_three_kernels_and_their_parameters():
+    call = check(causal=True, softcap=10.0)
+    dot, dq, dkv = call.specs
+    assert (dot.kind, dq.kind, dkv.kind) == ("dot", "dq", "dkv")
+    assert dq.causal and dq.softcap and not dq.window and not dot.causal
+    assert (dq.config, dkv.config) == BWD_CONFIGS[D]
+    launches, params = bwd.launch_params(call)
+    (_, g_dot, b_dot, s_dot), (_, g_dq, b_dq, s_dq), (_, g_kv, b_kv, s_kv) = launches
+    assert g_dot == (-(-SQ // (DOT_THREADS // (D // 8))), H, B) and b_dot == (DOT_THREADS, 1, 1)
+    assert g_dq == (1, H, B) and s_dq == dq.smem_bytes and s_dot == 0
+    assert g_kv == (1 * dkv.config.dsplit, HKV, B) and b_kv == (32 * dkv.config.warps, 1, 1)
+    row = H * D
+    assert (params["qb"], params["qs"], params["qh"]) == (SQ * row, row, D)
+    assert (params["gb"], params["gs"], params["gh"]) == (SQ * row, row, D)
+    assert (params["dkb"], params["dks"], params["dkh"]) == (SK * HKV * D, HKV * D, D)
+    assert (params["H"], params["H_kv"], params["S_q"], params["S_k"]) == (H, HKV, SQ, SK)
+    assert params["window_right"] == 0 and params["softcap"] == 10.0
+
+
+def test_bhsd_and_given_outputs_keep_their_strides():
+    q = arr((B, H, SQ, D))
+    k, v = arr((B, HKV, SK, D)), arr((B, HKV, SK, D))
+    outs = (arr((B, H, SQ, D)), arr((B, HKV, SK, D)), arr((B, HKV, SK, D)))
+    call = check(do=arr((B, H, SQ, D)), q=q, k=k, v=v, o=arr((B, H, SQ, D)), layout="bhsd",
+                 out=outs)
+    assert call.fwd.layout == "bhsd" and call.dq_out is not None
+    assert call.dq_strides == (H * SQ * D, D, SQ * D)
+    assert call.dk_strides == (HKV * SK * D, D, SK * D)
+
+
+def test_packed_sequences_and_head_dim_256_split():
+    cu = arr((3,), np.int32)
+    call = check(do=arr((12, H, 256)), q=arr((12, H, 256)), k=arr((20, HKV, 256)),
+                 v=arr((20, HKV, 256)), o=arr((12, H, 256)), lse=arr((H, 12), np.float32),
+                 cu_seqlens_q=cu, cu_seqlens_k=arr((3,), np.int32), max_seqlen_q=8,
+                 max_seqlen_k=11)
+    assert all(s.varlen for s in call.specs) and call.specs[2].config.dsplit == 2
+    launches, _ = bwd.launch_params(call)
+    assert launches[2][1] == (1 * 2, HKV, 2)
+
+
+def test_deterministic_is_a_flag():
+    assert check(deterministic=True).fwd.heads == H
+    with pytest.raises(ArgumentTypeError, match="^deterministic: expected True or False"):
+        check(deterministic=1)
+
+
+REFUSALS = [
+    ("do", ArgumentValueError, "expected q's shape", dict(do=arr((B, SQ, H, 64)))),
+    ("o", ArgumentValueError, "expected q's shape", dict(o=arr((B, SQ, H, D), np.float32))),
+    ("lse", ArgumentValueError, "expected dtype float32", dict(lse=arr((B, H, SQ)))),
+    ("lse", ArgumentValueError, "expected shape (2, 4, 5)",
+     dict(lse=arr((B, SQ, H), np.float32))),
+    ("lse", ArgumentValueError, "expected a contiguous array",
+     dict(lse=arr((B, H, SQ), np.float32, strides=(4 * H * 8, 4 * 8, 4)))),
+    ("out", ArgumentTypeError, "expected None or a triple", dict(out=(arr((1,)),) * 2)),
+    ("out", ArgumentTypeError, "got a None among them", dict(out=(None, None, None))),
+    ("out", ArgumentValueError, "expected dk of shape", dict(
+        out=(arr((B, SQ, H, D)), arr((B, SQ, H, D)), arr((B, SK, HKV, D))))),
+    ("q", ArgumentValueError, "expected head_dim", dict(
+        q=arr((B, SQ, H, 96)), k=arr((B, SK, HKV, 96)), v=arr((B, SK, HKV, 96)))),
+    ("do", ArgumentValueError, "16-byte aligned", dict(do=arr((B, SQ, H, D), offset=2))),
+]
+
+
+@pytest.mark.parametrize("name, error, fragment, over", REFUSALS,
+                         ids=[f"{i}-{r[0]}" for i, r in enumerate(REFUSALS)])
+def test_a_refusal_names_its_argument_in_one_line(name, error, fragment, over):
+    with pytest.raises(error) as e:
+        check(**over)
+    message = str(e.value)
+    assert message.startswith(f"{name}") and fragment in message and "\n" not in message, \
+        message
+
+
+def test_outputs_must_meet_no_input_and_no_other_output():
+    do = arr((B, SQ, H, D))
+    with pytest.raises(ArgumentValueError, match=r"^out \(dq\): .*do"):
+        check(do=do, out=(do, arr((B, SK, HKV, D)), arr((B, SK, HKV, D))))
+    dk = arr((B, SK, HKV, D))
+    with pytest.raises(ArgumentValueError, match=r"^out \(d[kv]\): "):
+        check(out=(arr((B, SQ, H, D)), dk, dk))
+    assert DType.F16 is check().fwd.dtype

@@ -1,0 +1,187 @@
+"""``ge2jit.attention_backward`` on the GPU against the float64 reference
+(``attention_backward_ref``) on the GPU forward's own o and lse, every element within a bound
+from the kernels' arithmetic: one unit in the last place of the 16-bit result, plus P and dS
+rounded to 16 bits before their products (unit roundoff u relative to each term: u sum_i
+p_ij |do_i| for dv, u scale sum |ds| |q| for dk and |ds| |k| for dq), taken twice for slack,
+plus soft-capping's tanh.approx (a score off by delta = softcap 2^-11 moves p by about delta
+p), plus 2^-12 of the same sums for float32's own rounding of long dot products. Dense and
+packed sequences, both layouts, GQA and MQA (dk and dv summed over the group), every mask,
+every head dim, the compiled path, given outputs, the same bits on every run, PyTorch tensors.
+Run with ``-x``: after an illegal address, only the first failure means anything."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.ops.attention.reference import allowed_mask, attention_backward_ref
+
+from ...gpu_arrays import DT, cp, same_bits
+from .helpers import TANH_APPROX, UNIT, inputs, rng_for, ulp, within
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory")]
+
+
+def _abs_terms(q, k, v, do, o, lse, scale, causal, window, softcap):
+    """For one sequence (q, do, o: (S_q, H, D); k, v: (S_k, H_kv, D); lse (H, S_q)), float64:
+    the sums the rounding bounds scale, (dq's, dk's, dv's), of q's, k's and v's shapes."""
+    s_q, h, _ = q.shape
+    s_k, h_kv, _ = k.shape
+    group = h // h_kv
+    allowed = allowed_mask(s_q, s_k, causal, window)
+    tq, tk, tv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for hq in range(h):
+        hk = hq // group
+        s = scale * q[:, hq] @ k[:, hk].T
+        th = np.tanh(s / softcap) if softcap else None
+        s = softcap * th if softcap else s
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = np.where(allowed & np.isfinite(lse[hq])[:, None],
+                         np.exp(s - lse[hq][:, None]), 0.0)
+        dp = do[:, hq] @ v[:, hk].T
+        ds = np.abs(p * (dp - (do[:, hq] * o[:, hq]).sum(-1)[:, None]))
+        if softcap:
+            ds *= 1 - th * th
+        tq[:, hq] = scale * ds @ np.abs(k[:, hk])
+        tk[:, hk] += scale * ds.T @ np.abs(q[:, hq])
+        tv[:, hk] += p.T @ np.abs(do[:, hq])
+    return tq, tk, tv
+
+
+def _sequences(x, cu):
+    """The rows of each sequence of a packed (T, ...) array, or the batch of a dense one."""
+    if cu is None:
+        return list(x)
+    return [x[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
+
+
+def _run(dtype="bfloat16", *, b=2, s_q=77, s_k=90, h=4, h_kv=None, d=64, causal=False,
+         window=None, softcap=None, scale=None, seqlens=None, bhsd=False, given=False,
+         seed=(), check_repeat=False):
+    h_kv = h if h_kv is None else h_kv
+    rng = rng_for("bwd", dtype, b, s_q, s_k, h, h_kv, d, causal, window, softcap, scale,
+                  seqlens, bhsd, given, *seed)
+    q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
+    do = (rng.standard_normal(q.shape)).astype(np.float32).astype(DT[dtype])
+    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    dev = {}
+    if seqlens is not None:
+        kw.update(cu_seqlens_q=cp.asarray(cu_q), cu_seqlens_k=cp.asarray(cu_k),
+                  max_seqlen_q=max(seqlens[0]), max_seqlen_k=max(seqlens[1]))
+    for name, x in (("q", q), ("k", k), ("v", v), ("do", do)):
+        dev[name] = cp.asarray(np.ascontiguousarray(x.transpose(0, 2, 1, 3) if bhsd else x))
+    if bhsd:
+        kw["layout"] = "bhsd"
+    o, lse = ge2jit.attention(dev["q"], dev["k"], dev["v"], return_lse=True, **kw)
+    out = None
+    if given:
+        out = tuple(cp.full(dev[n].shape, np.nan, np.float32).astype(DT[dtype])
+                    for n in ("q", "k", "v"))
+    grads = ge2jit.attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse,
+                                      out=out, **kw)
+    if given:
+        assert all(g is x for g, x in zip(grads, out))
+    if check_repeat:   # the same bits again (and through the stored launch)
+        again = ge2jit.attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse, **kw)
+        assert all(same_bits(x, y) for x, y in zip(grads, again))
+    host = [cp.asnumpy(g).astype(np.float64) for g in grads]
+    o_h, lse_h = cp.asnumpy(o).astype(np.float64), cp.asnumpy(lse).astype(np.float64)
+    if bhsd:
+        host = [x.transpose(0, 2, 1, 3) for x in host]
+        o_h = o_h.transpose(0, 2, 1, 3)
+    ref_kw = dict(causal=causal, window=window, softcap=softcap, scale=scale,
+                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    refs = attention_backward_ref(do, q, k, v, o_h, lse_h, **ref_kw)
+    sc = 1.0 / math.sqrt(d) if scale is None else scale
+    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
+    lse_seqs = (_sequences(lse_h, None) if cu_q is None
+                else [lse_h[:, cu_q[i]:cu_q[i + 1]] for i in range(len(cu_q) - 1)])
+    terms = [np.zeros(x.shape) for x in (q, k, v)]
+    for i, (qs, ks, vs, dos, os_, ls) in enumerate(zip(
+            _sequences(f64[0], cu_q), _sequences(f64[1], cu_k), _sequences(f64[2], cu_k),
+            _sequences(f64[3], cu_q), _sequences(o_h, cu_q), lse_seqs)):
+        t = _abs_terms(qs, ks, vs, dos, os_, ls, sc, causal, window, softcap)
+        for whole, part, cu in zip(terms, t, (cu_q, cu_k, cu_k)):
+            if cu is None:
+                whole[i] = part
+            else:
+                whole[cu[i]:cu[i + 1]] = part
+    u = UNIT[dtype] + 4 * (softcap or 0) * TANH_APPROX + 2.0 ** -12
+    for name, got, ref, term in zip(("dq", "dk", "dv"), host, refs, terms):
+        assert not np.isnan(got).any(), f"{name}: NaN (not written, or read outside)"
+        within(name, got, ref, ulp(ref, dtype) + 2 * u * term + 2.0 ** -24,
+               lambda bad: f"rows (b|token, s|h, ..) {np.argwhere(bad)[:8].tolist()}",
+               f"; max |ref| {np.abs(ref).max():.3g}")
+    return grads
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_head_dim(dtype, d):
+    _run(dtype, d=d, s_q=70, s_k=133)
+
+
+@pytest.mark.parametrize("options", [
+    dict(s_q=1, s_k=1, b=1, h=1), dict(s_q=16, s_k=64, b=1, h=1), dict(s_q=200, s_k=9),
+    dict(causal=True), dict(causal=True, s_q=40, s_k=150), dict(causal=True, s_q=150, s_k=40),
+    dict(window=(16, 8)), dict(causal=True, window=(32, -1)), dict(window=(0, 0)),
+    dict(softcap=20.0), dict(softcap=5.0, causal=True), dict(scale=0.3),
+    dict(h=8, h_kv=2), dict(h=8, h_kv=1, causal=True), dict(bhsd=True),
+    dict(bhsd=True, causal=True, given=True), dict(given=True, h=8, h_kv=2),
+    dict(d=256, causal=True, h=4, h_kv=2), dict(d=128, window=(50, 0), softcap=30.0),
+], ids=str)
+def test_options(options):
+    _run("bfloat16", **options)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_packed_sequences(d):
+    seqlens = ([5, 0, 130, 64], [70, 3, 130, 0])
+    _run("float16", h=4, h_kv=2, d=d, seqlens=seqlens, causal=True)
+    _run("bfloat16", h=4, d=d, seqlens=seqlens, window=(10, 10), softcap=8.0)
+
+
+def test_the_same_bits_on_every_run_and_on_the_compiled_path():
+    from ge2jit.jit.fastlaunch import available
+    from ge2jit.ops.attention.backward import _COMPILED
+
+    before = _COMPILED.stats()["hits"]
+    for i in range(3):
+        _run("bfloat16", s_q=65, s_k=65, h=8, h_kv=2, causal=True, seed=(i,), check_repeat=True)
+    if available():
+        assert _COMPILED.stats()["hits"] - before >= 3
+
+
+def test_torch_tensors_and_explain():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (2, 100, 4, 64)
+    q, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+             for _ in range(2))
+    k, v = (torch.randn(2, 120, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    o, lse = ge2jit.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = ge2jit.attention_backward(do, q, k, v, o, lse, causal=True)
+    qr, kr, vr = (x.detach().double().transpose(1, 2).requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qr, kr.repeat_interleave(2, 1), vr.repeat_interleave(2, 1),
+        attn_mask=torch.ones(100, 120, dtype=torch.bool, device="cuda").tril(20))
+    ref.backward(do.double().transpose(1, 2))
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        want = want.transpose(1, 2)
+        assert got.shape == want.shape and got.dtype == torch.bfloat16
+        assert (got.double() - want).abs().max().item() < 0.05 * want.abs().max().item()
+    e = ge2jit.explain(ge2jit.attention_backward, do, q, k, v, o, lse, causal=True)
+    assert e.kernel_names[0].startswith("attn_bwd_dkv_sm80_bf16_d64") and e.reason == "fixed"
+    assert all(s == 0 for s in e.spill_bytes) and len(e.kernel_names) == 3
+
+
+def test_zero_sizes():
+    q = cp.zeros((2, 0, 4, 64), cp.float16)
+    k = cp.asarray(np.ones((2, 5, 4, 64), np.float16))
+    lse = cp.zeros((2, 4, 0), cp.float32)
+    dq, dk, dv = ge2jit.attention_backward(q, q, k, k, q, lse)
+    assert dq.shape == q.shape and (cp.asnumpy(dk) == 0).all() and (cp.asnumpy(dv) == 0).all()
