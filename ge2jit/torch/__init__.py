@@ -12,6 +12,8 @@ in ge2jit does.
     y = gt.gemm_bias_act(a, b, bias, act="relu")        # differentiable
     p = gt.softmax(y, dim=-1)                           # differentiable
     q, k = gt.rope(q, k, cos, sin)                      # rotary embedding, q and k at once
+    o = gt.scaled_dot_product_attention(q, k, v, is_causal=True)   # PyTorch's signature
+    gt.register_hf_attention()                          # attn_implementation="ge2jit"
     loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
     norm = gt.RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)
     y, h = norm(x, residual)                            # h = x + residual, y = rms_norm(h)
@@ -25,6 +27,8 @@ otherwise.
 
 from __future__ import annotations
 
+from ..ops.attention.hf import _register_if_imported, hf_attention_forward, register_hf_attention
+from ..ops.attention.torch_ops import attention, scaled_dot_product_attention
 from ..ops.cross_entropy.torch_ops import cross_entropy
 from ..ops.gemm.gated import interleave_gate_up, split_gate_up
 from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
@@ -41,5 +45,8 @@ from .fp8 import linear_fp8
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
            "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
            "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8", "rope",
-           "apply_rotary_pos_emb",
+           "apply_rotary_pos_emb", "attention", "scaled_dot_product_attention",
+           "hf_attention_forward", "register_hf_attention",
            "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]
+
+_register_if_imported()

@@ -422,3 +422,30 @@ def test_the_hugging_face_drop_in_refuses_other_shapes_in_one_line(gt):
         gt.apply_rotary_pos_emb(X[None, None], X[None, None], 1.0, X)
     with pytest.raises(ArgumentValueError, match="^unsqueeze_dim: expected 1"):
         gt.apply_rotary_pos_emb(X[None, None], X[None, None], X, X, unsqueeze_dim=0)
+
+
+def test_attention_fakes_and_the_fallback_to_pytorch():
+    import warnings
+
+    import ge2jit.torch as gt
+
+    q = torch.empty(2, 4, 16, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 24, 64, device="meta", dtype=torch.bfloat16)
+    o, lse = torch.ops.ge2jit.attention(q, k, k, None, None, 0, 0, False, 0.125, -1, -1, 0.0,
+                                        True)
+    assert o.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
+    packed = torch.empty(40, 4, 128, device="meta", dtype=torch.float16)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    o, lse = torch.ops.ge2jit.attention(packed, packed, packed, cu, cu, 20, 20, True, 0.1, -1,
+                                        -1, 0.0, False)
+    assert o.shape == packed.shape and lse.shape == (4, 40)
+    grads = torch.ops.ge2jit.attention_backward(o, packed, packed, packed, o, lse, cu, cu, 20,
+                                                20, True, 0.1, -1, -1, 0.0, False)
+    assert [g.shape for g in grads] == [packed.shape] * 3
+    x = torch.randn(1, 2, 8, 64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = gt.scaled_dot_product_attention(x, x, x, is_causal=True)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(x, x, x,
+                                                                             is_causal=True))
+    assert any("not on a CUDA device" in str(w.message) for w in seen)

@@ -1,0 +1,173 @@
+"""attention as PyTorch custom ops (``torch.ops.ge2jit.attention`` and ``attention_backward``),
+made by ``runtime.torchlib.Differentiable``, and the functions ``ge2jit.torch`` gives on them:
+``attention`` (FlashAttention's interface: (B, S, H, D) or packed sequences) and
+``scaled_dot_product_attention`` (PyTorch's, which falls back to PyTorch's own for what the
+kernels do not do, with a one-time warning naming why). Imported by ``ge2jit.torch``."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch import Tensor
+
+from ...runtime.torchlib import Differentiable
+from . import backward as _backward
+from . import op as _op
+from .spec import HEAD_DIMS
+
+_TYPES = (torch.float16, torch.bfloat16)
+
+
+def _keywords(cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, bhsd) -> dict:
+    """The keywords of ``ge2jit.attention`` for the ops' flat arguments."""
+    kw = dict(causal=causal, scale=scale, window=None if left == -1 and right == -1
+              else (left, right), softcap=softcap or None,
+              layout="bhsd" if bhsd else None)
+    if cu_q is not None:
+        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                  max_seqlen_k=max_k)
+    return kw
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None,
+             cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+             scale: float, window_left: int, window_right: int, softcap: float,
+             bhsd: bool) -> tuple[Tensor, Tensor]:
+    """``ge2jit.attention`` with its lse: (o, lse)."""
+    return _op.attention(q, k, v, return_lse=True, **_keywords(
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
+        window_right, softcap, bhsd))
+
+
+def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                   cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
+                   window_left: int, window_right: int, softcap: float,
+                   bhsd: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``ge2jit.attention_backward``: (dq, dk, dv)."""
+    return _backward.attention_backward(_ready(do), q, k, v, o, lse, **_keywords(
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
+        window_right, softcap, bhsd))
+
+
+def _ready(x: Tensor) -> Tensor:
+    """A gradient as the kernels read it (unit stride along head_dim, 16-byte aligned, other
+    strides multiples of 8 elements), else a contiguous copy: autograd may hand an expanded
+    or sliced one."""
+    ok = (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+          and all(n == 1 or st % 8 == 0 for n, st in zip(x.shape[:-1], x.stride()[:-1])))
+    return x if ok else x.contiguous()
+
+
+def _lse_shape(q: Tensor, cu_q: Tensor | None, bhsd: bool) -> tuple[int, ...]:
+    if cu_q is not None:
+        return (q.shape[1], q.shape[0])
+    return (q.shape[0], q.shape[1], q.shape[2]) if bhsd else (q.shape[0], q.shape[2],
+                                                              q.shape[1])
+
+
+def _fake(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, bhsd):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_q, bhsd), dtype=torch.float32)
+
+
+def _backward_fake(do, q, k, v, o, lse, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *flags = inputs
+    o, lse = output
+    ctx.flags = tuple(flags)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+
+
+def _grads(ctx, do, dlse, *, backward):
+    # lse is returned detached by every function here: no gradient reaches it
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = backward(do.to(q.dtype), q, k, v, o, lse, cu_q, cu_k, *ctx.flags)
+    return (dq, dk, dv) + (None,) * 10
+
+
+_ATTENTION = Differentiable("attention", _forward, fake=_fake, setup=_setup, grads=_grads,
+                            backward=_backward_impl, backward_fake=_backward_fake)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              scale: float | None = None, window: tuple[int, int] | None = None,
+              softcap: float | None = None, cu_seqlens_q: Tensor | None = None,
+              cu_seqlens_k: Tensor | None = None, max_seqlen_q: int | None = None,
+              max_seqlen_k: int | None = None, return_lse: bool = False,
+              layout: str | None = None):
+    """``ge2jit.attention`` on tensors, differentiable in q, k and v (the backward is
+    ``ge2jit.attention_backward``, deterministic): FlashAttention's interface, q (B, S_q, H,
+    D) and k, v (B, S_k, H_kv, D) (``layout="bhsd"``: heads first), or packed (total, H, D)
+    with ``cu_seqlens_q``, ``cu_seqlens_k`` (int32) and the longest lengths. Returns the output
+    (with ``return_lse``, also the log-sum-exp, which carries no gradient). As custom ops
+    under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly."""
+    d = q.shape[-1] if q.dim() else 0
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0   # (a head_dim of 0 is refused by the op)
+    o, lse = _ATTENTION(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                        int(max_seqlen_q or 0) if varlen else 0,
+                        int(max_seqlen_k or 0) if varlen else 0, bool(causal), float(scale),
+                        left, right, float(softcap or 0.0), layout == "bhsd")
+    return (o, lse.detach()) if return_lse else o
+
+
+# --- PyTorch's scaled_dot_product_attention -----------------------------------------------
+
+_warned: set[str] = set()
+
+
+def _why_not(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
+    """Why a call of scaled_dot_product_attention goes to PyTorch's own, or None."""
+    if attn_mask is not None:
+        return "an attn_mask (ge2jit takes is_causal and no other mask)"
+    if dropout_p:
+        return "dropout_p > 0 (ge2jit's kernels have no dropout)"
+    tensors = (q, k, v)
+    if not all(isinstance(x, torch.Tensor) and x.is_cuda for x in tensors):
+        return "tensors not on a CUDA device"
+    if any(x.dtype not in _TYPES or x.dtype != q.dtype for x in tensors):
+        return f"dtype {q.dtype} (ge2jit's kernels take float16 and bfloat16)"
+    if any(x.dim() != 4 for x in tensors):
+        return "inputs that are not 4-D (batch, heads, seq, head_dim)"
+    if q.shape[-1] not in HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        return f"head_dim {q.shape[-1]} / {v.shape[-1]} (ge2jit's kernels take " \
+               f"{', '.join(map(str, HEAD_DIMS))}, one for q, k and v)"
+    h, h_kv = q.shape[1], k.shape[1]
+    if h != h_kv and not (enable_gqa and h_kv and h % h_kv == 0):
+        return "different head counts without enable_gqa"
+    if is_causal and q.shape[2] != k.shape[2]:
+        return ("is_causal with seq_q != seq_k (PyTorch aligns that mask to the top left, "
+                "ge2jit to the bottom right)")
+    return None
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` with PyTorch's signature and
+    semantics on ge2jit's kernels: query (B, H, S_q, D), key and value (B, H_kv, S_k, D),
+    float16 or bfloat16, head_dim 64, 128 or 256, ``is_causal``, ``scale``, ``enable_gqa``
+    (H_kv dividing H). What they do not do (an ``attn_mask``, dropout, other types or head
+    dims, ``is_causal`` with S_q != S_k, which PyTorch aligns top-left) goes to PyTorch's
+    own function, with a warning naming the reason once per reason. Differentiable; under
+    ``torch.compile`` the custom ops ``torch.ops.ge2jit.attention`` and its backward."""
+    why = _why_not(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if why is not None:
+        if why not in _warned:
+            _warned.add(why)
+            warnings.warn(f"ge2jit.torch.scaled_dot_product_attention: {why}; this call "
+                          "runs torch.nn.functional.scaled_dot_product_attention",
+                          stacklevel=2)
+        kw = {"enable_gqa": enable_gqa} if enable_gqa else {}
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, **kw)
+    return attention(query, key, value, causal=bool(is_causal), scale=scale, layout="bhsd")

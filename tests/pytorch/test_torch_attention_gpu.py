@@ -1,0 +1,180 @@
+"""ge2jit.torch's attention: ``scaled_dot_product_attention`` against PyTorch's (values and
+gradients, float64 on the same values), its fallback with a one-time warning for what the
+kernels do not do, ``attention`` with packed sequences, opcheck of the custom ops,
+torch.compile(fullgraph=True), CUDA-graph capture, and a Hugging Face LLaMA with
+``attn_implementation="ge2jit"`` against its own SDPA attention."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+import ge2jit  # noqa: E402 - after the skips above
+import ge2jit.torch as gt  # noqa: E402
+
+F = torch.nn.functional
+
+
+def _qkv(b=2, h=4, h_kv=2, s_q=96, s_k=96, d=64, dtype=torch.bfloat16, grad=True, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, h, s_q, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, h_kv, s_k, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, h_kv, s_k, d, device="cuda", dtype=dtype, generator=g)
+    return [x.requires_grad_(grad) for x in (q, k, v)]
+
+
+def _reference(q, k, v, causal=False, scale=None):
+    """PyTorch's SDPA in float64 on the same values, with GQA's heads repeated."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = F.scaled_dot_product_attention(qd, kd.repeat_interleave(group, 1),
+                                         vd.repeat_interleave(group, 1), is_causal=causal,
+                                         scale=scale)
+    return out, (qd, kd, vd)
+
+
+def _close(got, want, rel):
+    err = (got.double() - want).abs().max().item()
+    assert err <= rel * max(want.abs().max().item(), 1e-6), (err, want.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_values_and_gradients_match_pytorch(dtype, causal, d):
+    q, k, v = _qkv(d=d, dtype=dtype)
+    out = gt.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    ref, leaves = _reference(q, k, v, causal)
+    _close(out, ref, 2e-2)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g.double())
+    for x, want in zip((q, k, v), leaves):
+        _close(x.grad, want.grad, 4e-2)
+
+
+def test_what_the_kernels_do_not_do_goes_to_pytorch_with_one_warning():
+    q, k, v = _qkv(h_kv=4, grad=False)
+    mask = torch.ones(96, 96, dtype=torch.bool, device="cuda").tril()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert [str(w.message) for w in seen if "attn_mask" in str(w.message)][:1] and \
+        len([w for w in seen if "attn_mask" in str(w.message)]) == 1
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    q32 = q.float()
+    with pytest.warns(UserWarning, match="dtype torch.float32"):
+        gt.scaled_dot_product_attention(q32, q32, q32)
+    with pytest.warns(UserWarning, match="is_causal with seq_q != seq_k"):
+        gt.scaled_dot_product_attention(q, k[:, :, :50], v[:, :, :50], is_causal=True)
+
+
+def test_packed_sequences_and_their_gradients():
+    lengths = [17, 0, 64, 33]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    total = sum(lengths)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(total, 4, 64, device="cuda", dtype=torch.float16, generator=g)
+               .requires_grad_() for _ in range(3))
+    out = gt.attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                       max_seqlen_q=64, max_seqlen_k=64)
+    out.backward(torch.ones_like(out))
+    for start, n in zip(cu.tolist(), lengths):
+        if not n:
+            continue
+        sl = slice(start, start + n)
+        qs, ks, vs = (x.detach()[sl].transpose(0, 1)[None] for x in (q, k, v))
+        ref, leaves = _reference(qs, ks, vs, causal=True)
+        _close(out[sl].transpose(0, 1)[None], ref, 2e-2)
+        ref.backward(torch.ones_like(ref))
+        _close(q.grad[sl].transpose(0, 1)[None], leaves[0].grad, 4e-2)
+        _close(v.grad[sl].transpose(0, 1)[None], leaves[2].grad, 4e-2)
+
+
+def test_opcheck():
+    q, k, v = _qkv(b=1, s_q=40, s_k=40, grad=True)
+    args = (q, k, v, None, None, 0, 0, True, 0.125, -1, -1, 0.0, True)
+    torch.library.opcheck(torch.ops.ge2jit.attention.default, args)
+    o, lse = torch.ops.ge2jit.attention(*args)
+    do = torch.randn_like(o)
+    torch.library.opcheck(torch.ops.ge2jit.attention_backward.default,
+                          (do, q.detach(), k.detach(), v.detach(), o.detach(), lse, None, None,
+                           0, 0, True, 0.125, -1, -1, 0.0, True))
+
+
+def test_compiled_without_graph_breaks_matches_eager():
+    q, k, v = _qkv()
+
+    def f(q, k, v):
+        return gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    g = torch.randn(2, 4, 96, 64, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        out = fn(q, k, v)
+        out.backward(g)
+        results.append([out.detach(), *(x.grad for x in (q, k, v))])
+        for x in (q, k, v):
+            x.grad = None
+    for eager, compiled in zip(*results):   # the same kernels: the same bits
+        assert torch.equal(eager, compiled)
+
+
+def test_capture_and_replay():
+    q, k, v = _qkv(grad=False)
+    gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # prepared
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    q2, k2, v2 = _qkv(grad=False, seed=5)
+    for x, y in ((q, q2), (k, k2), (v, v2)):
+        x.copy_(y)
+    graph.replay()
+    ref, _ = _reference(q, k, v, causal=True)
+    _close(out, ref, 2e-2)
+
+
+def test_a_hugging_face_llama_with_attn_implementation_ge2jit():
+    transformers = pytest.importorskip("transformers")
+    assert gt.register_hf_attention() == "ge2jit"
+    config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1024,
+                                      num_attention_heads=8, num_key_value_heads=2,
+                                      num_hidden_layers=2, vocab_size=1000,
+                                      max_position_embeddings=256)
+    ids = torch.randint(0, 1000, (2, 128), device="cuda")
+
+    def run(implementation):
+        torch.manual_seed(0)
+        config._attn_implementation = implementation
+        model = transformers.LlamaForCausalLM(config).cuda().to(torch.bfloat16)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad
+
+    calls = []
+    real = gt.hf_attention_forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    transformers.AttentionInterface.register("ge2jit-counted", counted)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        AttentionMaskInterface.register("ge2jit-counted", sdpa_mask)
+    except ImportError:
+        pass
+    theirs = run("sdpa")
+    ours = run("ge2jit-counted")
+    assert calls, "the registered attention never ran"
+    assert abs(ours[0].item() - theirs[0].item()) < 2e-2 * abs(theirs[0].item())
+    _close(ours[1], theirs[1].double(), 0.1)
+    assert ge2jit.attention is not None
