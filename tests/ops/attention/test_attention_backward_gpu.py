@@ -4,7 +4,10 @@ from the kernels' arithmetic: one unit in the last place of the 16-bit result, p
 rounded to 16 bits before their products (unit roundoff u relative to each term: u sum_i
 p_ij |do_i| for dv, u scale sum |ds| |q| for dk and |ds| |k| for dq), taken twice for slack,
 plus soft-capping's tanh.approx (a score off by delta = softcap 2^-11 moves p by about delta
-p), plus 2^-12 of the same sums for float32's own rounding of long dot products. Dense and
+p), plus 2^-12 of the same sums for float32's own rounding; and the float32 rounding of
+dp_ij - delta_i, which cancel exactly where a row sees one key (dp and delta are sums of D
+products in two kernels, in different orders): D 2^-24 p_ij (|do_i| . |v_j| + |do_i| .
+|o_i|), through the products of dq and dk, taken twice. Dense and
 packed sequences, both layouts, GQA and MQA (dk and dv summed over the group), every mask,
 every head dim, the compiled path, given outputs, the same bits on every run, PyTorch tensors.
 Run with ``-x``: after an illegal address, only the first failure means anything."""
@@ -27,12 +30,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory")]
 
 def _abs_terms(q, k, v, do, o, lse, scale, causal, window, softcap):
     """For one sequence (q, do, o: (S_q, H, D); k, v: (S_k, H_kv, D); lse (H, S_q)), float64:
-    the sums the rounding bounds scale, (dq's, dk's, dv's), of q's, k's and v's shapes."""
+    the sums the rounding bounds scale, (dq's, dk's, dv's), of q's, k's and v's shapes, and
+    the bounds of dp - delta's float32 rounding through dq and dk."""
     s_q, h, _ = q.shape
     s_k, h_kv, _ = k.shape
     group = h // h_kv
     allowed = allowed_mask(s_q, s_k, causal, window)
     tq, tk, tv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    cq, ck = np.zeros(q.shape), np.zeros(k.shape)
+    gamma = q.shape[-1] * 2.0 ** -24
     for hq in range(h):
         hk = hq // group
         s = scale * q[:, hq] @ k[:, hk].T
@@ -48,7 +54,11 @@ def _abs_terms(q, k, v, do, o, lse, scale, causal, window, softcap):
         tq[:, hq] = scale * ds @ np.abs(k[:, hk])
         tk[:, hk] += scale * ds.T @ np.abs(q[:, hq])
         tv[:, hk] += p.T @ np.abs(do[:, hq])
-    return tq, tk, tv
+        a_do = np.abs(do[:, hq])
+        canc = gamma * p * (a_do @ np.abs(v[:, hk]).T + (a_do * np.abs(o[:, hq])).sum(-1)[:, None])
+        cq[:, hq] = scale * canc @ np.abs(k[:, hk])
+        ck[:, hk] += scale * canc.T @ np.abs(q[:, hq])
+    return tq, tk, tv, cq, ck
 
 
 def _sequences(x, cu):
@@ -99,20 +109,21 @@ def _run(dtype="bfloat16", *, b=2, s_q=77, s_k=90, h=4, h_kv=None, d=64, causal=
     f64 = [x.astype(np.float64) for x in (q, k, v, do)]
     lse_seqs = (_sequences(lse_h, None) if cu_q is None
                 else [lse_h[:, cu_q[i]:cu_q[i + 1]] for i in range(len(cu_q) - 1)])
-    terms = [np.zeros(x.shape) for x in (q, k, v)]
+    terms = [np.zeros(x.shape) for x in (q, k, v, q, k)]
     for i, (qs, ks, vs, dos, os_, ls) in enumerate(zip(
             _sequences(f64[0], cu_q), _sequences(f64[1], cu_k), _sequences(f64[2], cu_k),
             _sequences(f64[3], cu_q), _sequences(o_h, cu_q), lse_seqs)):
         t = _abs_terms(qs, ks, vs, dos, os_, ls, sc, causal, window, softcap)
-        for whole, part, cu in zip(terms, t, (cu_q, cu_k, cu_k)):
+        for whole, part, cu in zip(terms, t, (cu_q, cu_k, cu_k, cu_q, cu_k)):
             if cu is None:
                 whole[i] = part
             else:
                 whole[cu[i]:cu[i + 1]] = part
     u = UNIT[dtype] + 4 * (softcap or 0) * TANH_APPROX + 2.0 ** -12
-    for name, got, ref, term in zip(("dq", "dk", "dv"), host, refs, terms):
+    cancel = (terms[3], terms[4], 0.0)
+    for name, got, ref, term, canc in zip(("dq", "dk", "dv"), host, refs, terms, cancel):
         assert not np.isnan(got).any(), f"{name}: NaN (not written, or read outside)"
-        within(name, got, ref, ulp(ref, dtype) + 2 * u * term + 2.0 ** -24,
+        within(name, got, ref, ulp(ref, dtype) + 2 * u * term + 2 * canc + 2.0 ** -24,
                lambda bad: f"rows (b|token, s|h, ..) {np.argwhere(bad)[:8].tolist()}",
                f"; max |ref| {np.abs(ref).max():.3g}")
     return grads
