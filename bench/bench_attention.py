@@ -1,0 +1,177 @@
+"""Attention's speed: ge2jit against each of PyTorch's SDPA backends (flash, cuDNN, efficient),
+forward and forward + backward, in turns in one run, in TFLOP/s.
+
+    python bench/bench_attention.py [--json bench/results_attention.json] [--plot PNG]
+                                    [--shapes B,H,H_kv,S,D,causal;...] [--quick]
+
+The default shapes are a LLaMA-like grouped-query layer at 4 x 4096 tokens, a 16k-token causal
+sequence, 4 x 4096 tokens not causal, and 8 x 2048 with head_dim 64 (bfloat16, (B, H, S, D)
+tensors as PyTorch's SDPA takes them). Implementations:
+
+- ``ge2jit``: ``ge2jit.torch.scaled_dot_product_attention`` (the custom op, GQA read natively);
+- ``torch flash`` / ``torch cudnn`` / ``torch efficient``: ``F.scaled_dot_product_attention``
+  pinned to that backend with ``torch.nn.attention.sdpa_kernel`` (a backend that refuses the
+  shape is left out of its row); grouped-query heads with ``enable_gqa=True``.
+
+TFLOP/s counts FlashAttention's 4 B H S^2 D for the forward, halved when causal, and 3.5 times
+that for forward + backward (the backward: 2.5 times the forward). Forward + backward is the
+forward on inputs that need gradients, then ``torch.autograd.grad`` of q, k and v. Times are
+medians of CUDA-event batches of about 5 ms taken in turns (``common.interleaved_ms``). Writes
+JSON (device, date, commit, rows), prints a markdown table and, with ``--plot``, a bar chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from common import add_quick, commit, device_meta, import_torch, interleaved_ms, quick_defaults
+
+SHAPES = "4,32,8,4096,128,1;1,32,32,16384,128,1;4,32,32,4096,128,0;8,16,16,2048,64,0"
+QUICK_SHAPES = "1,4,2,256,64,1"
+BACKENDS = ("flash", "cudnn", "efficient")
+BATCH_MS = 5.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="write a bar chart (PNG) here")
+    ap.add_argument("--shapes", default=None,
+                    help=f"B,H,H_kv,S,D,causal;... (default {SHAPES})")
+    ap.add_argument("--rounds", type=int, default=None)
+    add_quick(ap, f"shapes {QUICK_SHAPES}, 3 rounds")
+    args = ap.parse_args(argv)
+    quick_defaults(args, shapes=(SHAPES, QUICK_SHAPES), rounds=(9, 3))
+    try:
+        args.shape_list = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
+    except ValueError:
+        ap.error(f"--shapes: expected B,H,H_kv,S,D,causal;..., got {args.shapes!r}")
+    if any(len(s) != 6 for s in args.shape_list):
+        ap.error(f"--shapes: expected six integers a shape, got {args.shapes!r}")
+    return args
+
+
+def flops(b, h, s, d, causal, mode) -> float:
+    f = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+    return f * 3.5 if mode == "fwd+bwd" else f
+
+
+def implementations(q, k, v, causal):
+    """Name -> fn() of the forward, for the backends that take these inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import ge2jit.torch as gt
+
+    gqa = q.shape[1] != k.shape[1]
+    F = torch.nn.functional
+    cases = {"ge2jit": lambda: gt.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                enable_gqa=gqa)}
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    for name in BACKENDS:
+        def run(backend=backends[name]):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                      enable_gqa=gqa)
+        try:
+            run()
+            torch.cuda.synchronize()
+        except RuntimeError:   # the backend does not take this shape or type
+            continue
+        cases[f"torch {name}"] = run
+    return cases
+
+
+def with_backward(cases, q, k, v):
+    grad = None
+
+    def step(fn):
+        def run():
+            nonlocal grad
+            out = fn()
+            if grad is None:
+                grad = torch.randn_like(out)
+            torch.autograd.grad(out, (q, k, v), grad)
+        return run
+
+    return {name: step(fn) for name, fn in cases.items()}
+
+
+def main(argv=None) -> int:
+    global torch
+    args = parse_args(argv)
+    torch = import_torch()
+    if torch is None or not torch.cuda.is_available():
+        print("bench_attention: needs PyTorch with a CUDA GPU", file=sys.stderr)
+        return 1
+    rows = []
+    for b, h, h_kv, s, d, causal in args.shape_list:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        make = [(b, h, s, d), (b, h_kv, s, d), (b, h_kv, s, d)]
+        q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+                   .requires_grad_() for shape in make)
+        for mode in ("fwd", "fwd+bwd"):
+            cases = implementations(q, k, v, bool(causal))
+            if mode == "fwd+bwd":
+                cases = with_backward(cases, q, k, v)
+            ms = interleaved_ms([(fn, [()]) for fn in cases.values()], rounds=args.rounds,
+                                batch_ms=BATCH_MS)
+            f = flops(b, h, s, d, causal, mode)
+            rows.append({"batch": b, "heads": h, "kv_heads": h_kv, "seq": s, "head_dim": d,
+                         "causal": bool(causal), "mode": mode, "ms": dict(zip(cases, ms)),
+                         "tflops": {n: f / t / 1e9 for n, t in zip(cases, ms)}})
+    names = ["ge2jit", *(f"torch {n}" for n in BACKENDS)]
+    print("\nTFLOP/s, bfloat16 (fwd / fwd+bwd; - where a backend refuses the shape)")
+    print("| B, H, H_kv, S, D, causal | " + " | ".join(names) + " | ge2jit / best torch |")
+    print("|---" * (len(names) + 2) + "|")
+    for fwd, both in zip(rows[::2], rows[1::2]):
+        cells = []
+        for n in names:
+            cells.append(" / ".join(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "-"
+                                    for r in (fwd, both)))
+        ratio = " / ".join(
+            f"{r['tflops']['ge2jit'] / max(t for m, t in r['tflops'].items() if m != 'ge2jit'):.2f}"
+            if len(r["tflops"]) > 1 else "-" for r in (fwd, both))
+        print(f"| {fwd['batch']}, {fwd['heads']}, {fwd['kv_heads']}, {fwd['seq']}, "
+              f"{fwd['head_dim']}, {'yes' if fwd['causal'] else 'no'} | " + " | ".join(cells)
+              + f" | {ratio} |")
+    meta = {**device_meta(), "date": time.strftime("%Y-%m-%d"), "commit": commit(),
+            "torch": torch.__version__, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(meta, f, indent=1)
+    if args.plot:
+        plot(rows, names, args.plot, meta)
+    return 0
+
+
+def plot(rows, names, path, meta) -> None:
+    from common import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
+        sel = [r for r in rows if r["mode"] == mode]
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            ax.bar([j + i * width for j in range(len(sel))],
+                   [r["tflops"].get(n, 0.0) for r in sel], width, label=n)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sel))])
+        ax.set_xticklabels([f"{r['batch']}x{r['seq']}\nH{r['heads']}/{r['kv_heads']} "
+                            f"D{r['head_dim']}{' causal' if r['causal'] else ''}"
+                            for r in sel], fontsize=7)
+        ax.set_title(f"{mode} (bfloat16)")
+        ax.set_ylabel("TFLOP/s")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"attention, {meta.get('device', '')} {meta['date']} {meta['commit'] or ''}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+torch = None
+
+if __name__ == "__main__":
+    sys.exit(main())
