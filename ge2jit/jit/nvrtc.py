@@ -26,6 +26,7 @@ its: ``_load_by_pathfinder``. The CUDA headers are found by pathfinder too
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import glob
 import hashlib
 import importlib.util
@@ -313,16 +314,17 @@ def cuda_include_dir() -> str | None:
 
 
 @lru_cache(maxsize=8)
-@lru_cache(maxsize=8)
 def header_listing(include_dir: str | None) -> str:
-    """A checksum of the names and sizes of the CUDA headers (no contents: a few
-    milliseconds), once per directory and process: part of a kernel's alias, beside NVRTC's
-    fingerprint (the headers come with NVRTC's version)."""
+    """A checksum of the names and sizes of the CUDA headers (no contents), once per
+    directory and process: part of a kernel's alias, beside NVRTC's fingerprint (the headers
+    come with NVRTC's version). By ``os.scandir``: a process's first kernel pays for it."""
     h = hashlib.sha256()
     if include_dir:
-        for p in sorted(Path(include_dir).glob("*.h*")):
-            if p.is_file():
-                h.update(f"{p.name}\0{p.stat().st_size}\0".encode())
+        with os.scandir(include_dir) as entries:
+            headers = sorted((e.name, e.stat().st_size) for e in entries
+                             if fnmatch.fnmatchcase(e.name, "*.h*") and e.is_file())
+        for name, size in headers:
+            h.update(f"{name}\0{size}\0".encode())
     return h.hexdigest()[:16]
 
 
