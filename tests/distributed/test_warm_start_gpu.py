@@ -95,8 +95,13 @@ def test_ranks_start_on_a_warmed_read_only_cache(world, warmed, tmp_path):
             assert not any(p.is_file() for p in f.rglob("*"))
         profiled = _job(world, [f"{fresh[r]}{os.pathsep}{warmed}" for r in range(world)],
                         tmp_path, "profiled", profile=True)[slow[0]]
+        parts = "\n".join(
+            f"{name:>22}: first {first * 1e3:8.1f} ms, later "
+            f"{profiled['phases']['later'].get(name, 0) * 1e3:8.1f} ms"
+            for name, first in profiled["phases"]["first"].items())
         pytest.fail(f"ranks {slow}: first step beyond twice a later one; rank {slow[0]}'s "
                     f"first step under cProfile ({profiled['first_s'] * 1e3:.1f} ms), its "
-                    "costliest calls:\n" + "\n".join(f"{t * 1e3:9.1f} ms  {name}" for t, name
-                                                     in profiled["first_step_profile"]))
+                    "parts (the GPU synchronized after each):\n" + parts + "\nits costliest "
+                    "calls:\n" + "\n".join(f"{t * 1e3:9.1f} ms  {name}" for t, name
+                                            in profiled["first_step_profile"]))
     assert [p for f in fresh for p in f.rglob("*") if p.is_file()] == []
