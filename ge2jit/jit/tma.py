@@ -1,7 +1,8 @@
 """Tensor maps for the Hopper copy engine (TMA), made by the driver's cuTensorMapEncodeTiled.
 
-A tensor map describes a 2-D array in global memory (address, sizes, row stride) and the box a
-kernel copies from it; kernels take it by value (a 128-byte ``__grid_constant__`` parameter).
+A tensor map describes an array of up to 5 dimensions in global memory (address, sizes,
+strides) and the box a kernel copies from it; kernels take it by value (a 128-byte
+``__grid_constant__`` parameter).
 The driver call is made through ctypes on ``libcuda`` (CuPy does not expose it). Maps depend on
 the array's address, so they are kept in a small table keyed by everything they encode: a
 training loop that reuses its buffers encodes each map once.
@@ -55,7 +56,18 @@ def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int,
     128-byte swizzle (``swizzle``: 64 for boxes of 64-byte rows); elements outside the array
     read as zero, and stores skip them.
     """
-    key = (dtype, ptr, inner, outer, row_bytes, box_inner, box_outer, swizzle)
+    return tensor_map(dtype, ptr, (inner, outer), (row_bytes,), (box_inner, box_outer),
+                      swizzle)
+
+
+def tensor_map(dtype: str, ptr: int, dims: tuple[int, ...], strides: tuple[int, ...],
+               box: tuple[int, ...], swizzle: int = 128) -> bytes:
+    """The 128 bytes of a tensor map of an array of up to 5 dimensions: ``dims`` (innermost
+    first; the innermost contiguous), the byte ``strides`` of the others (multiples of 16),
+    the ``box`` a copy moves (innermost first), with the 128-byte swizzle (or 64). Elements
+    outside the array read as zero, and stores skip them."""
+    rank = len(dims)
+    key = (dtype, ptr, tuple(dims), tuple(strides), tuple(box), swizzle)
     with _lock:
         blob = _table.get(key)
         if blob is not None:
@@ -64,17 +76,17 @@ def tensor_map_2d(dtype: str, ptr: int, inner: int, outer: int, row_bytes: int,
     fn = _driver_function()
     storage = np.zeros(128 + 64, dtype=np.uint8)            # the map must be 64-byte aligned
     offset = -storage.ctypes.data % 64
-    dims = (ctypes.c_uint64 * 2)(inner, outer)
-    strides = (ctypes.c_uint64 * 1)(row_bytes)
-    box = (ctypes.c_uint32 * 2)(box_inner, box_outer)
-    ones = (ctypes.c_uint32 * 2)(1, 1)
-    status = fn(storage.ctypes.data + offset, DATA_TYPES[dtype], 2, ctypes.c_void_p(ptr), dims,
-                strides, box, ones, 0, _SWIZZLES[swizzle], _L2_PROMOTION_128B, 0)
+    c_dims = (ctypes.c_uint64 * rank)(*dims)
+    c_strides = (ctypes.c_uint64 * max(rank - 1, 1))(*strides)
+    c_box = (ctypes.c_uint32 * rank)(*box)
+    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
+    status = fn(storage.ctypes.data + offset, DATA_TYPES[dtype], rank, ctypes.c_void_p(ptr),
+                c_dims, c_strides, c_box, ones, 0, _SWIZZLES[swizzle], _L2_PROMOTION_128B, 0)
     if status != 0:
         raise KernelLaunchError(
             f"cuTensorMapEncodeTiled failed (CUresult {status}) for a {dtype} array at "
-            f"{ptr:#x} of {outer} x {inner} elements, rows {row_bytes} bytes apart, box "
-            f"{box_outer} x {box_inner}")
+            f"{ptr:#x} of sizes {tuple(dims)} (innermost first), strides {tuple(strides)} "
+            f"bytes, box {tuple(box)}")
     blob = storage[offset:offset + 128].tobytes()
     with _lock:
         _table[key] = blob

@@ -65,35 +65,8 @@ static_assert(KIND != DKV || BN == 16 * WARPS, "the dkv kernel: 16 keys a warp")
 
 {% include "attention/tiles.cuh" %}
 
-// The per-sequence place of block row / key 0 and the lengths (VARLEN: from cu_seqlens).
-struct Sequence {
-    long long q_row0 = 0, k_row0 = 0;
-    int len_q, len_k;
-    __device__ __forceinline__ Sequence(int b, long long S_q, long long S_k, const int* cu_q,
-                                        const int* cu_k)
-        : len_q(static_cast<int>(S_q)), len_k(static_cast<int>(S_k)) {
-        if constexpr (VARLEN) {
-            q_row0 = cu_q[b];
-            k_row0 = cu_k[b];
-            len_q = cu_q[b + 1] - cu_q[b];
-            len_k = cu_k[b + 1] - cu_k[b];
-        }
-    }
-};
-
-// Index of row i of query head h of sequence b in lse and delta: (B, H, S_q) contiguous, or
-// (H, total_q) with VARLEN.
-__device__ __forceinline__ long long stat_index(int b, long long h, long long i,
-                                                const Sequence& seq, const int* cu_q,
-                                                long long B, long long H, long long S_q) {
-    if constexpr (VARLEN) return h * static_cast<long long>(cu_q[B]) + seq.q_row0 + i;
-    else return (b * H + h) * S_q + i;
-}
-
-// The scores of an accumulator tile in log2 units (in place: th = tanh(...) with SOFTCAP,
-// kept for the gradient's 1 - th^2, and the score returned), masked to -inf where `allowed`
-// says no, then p = exp2(score - lse2) (lse2: the row's lse in log2 units, +inf for a row
-// that sees nothing: then p = 0).
+// Soft-capping in place: s = tanh(s cap_in), kept for the gradient's 1 - tanh^2; the score in
+// log2 units is then cap_out s.
 template <int N>
 __device__ __forceinline__ void softcap_tanh(float (&s)[N][4], float cap_in) {
 #pragma unroll
@@ -198,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;    // the mma's row group and column pair
     const int b = blockIdx.z;
-    const Sequence seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
+    const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
     // scores in log2 units: S * SL, or cap_out tanh(S cap_in) with SOFTCAP
     const float SL = SOFTCAP ? 1.0f : static_cast<float>(scale * LOG2E);
     const float cap_in = SOFTCAP ? static_cast<float>(scale / softcap) : 0.0f;
@@ -225,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int w = LANES / 2; w > 0; w /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, w);
         if (c == 0 && i < seq.len_q)
-            delta[stat_index(b, h, i, seq, cu_seqlens_q, B, H, S_q)] = sum;
+            delta[lse_index<VARLEN>(b, h, i, seq.q_row0, cu_seqlens_q, B, H, S_q)] = sum;
         return;
     }
 
@@ -268,7 +241,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             lse2[hh] = pos_inf();
             dl[hh] = 0.0f;
             if (i < seq.len_q) {
-                const long long at = stat_index(b, h, i, seq, cu_seqlens_q, B, H, S_q);
+                const long long at =
+                    lse_index<VARLEN>(b, h, i, seq.q_row0, cu_seqlens_q, B, H, S_q);
                 const float l = lse[at];
                 lse2[hh] = l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
                 dl[hh] = delta[at];
@@ -408,8 +382,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int i = tid; i < BM; i += THREADS) {
                 float l2 = pos_inf(), dlt = 0.0f;
                 if (m0 + i < seq.len_q) {
-                    const long long at = stat_index(b, hq, m0 + i, seq, cu_seqlens_q, B, H,
-                                                    S_q);
+                    const long long at = lse_index<VARLEN>(b, hq, m0 + i, seq.q_row0,
+                                                           cu_seqlens_q, B, H, S_q);
                     const float l = lse[at];
                     l2 = l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
                     dlt = delta[at];

@@ -64,7 +64,6 @@ constexpr int DT = D / 8;                    // n8 tiles of O
 constexpr int DK = D / 16;                   // k-steps of S = Q K^T
 constexpr int NK = BN / 16;                  // k-steps of O += P V
 constexpr double LOG2E = 1.4426950408889634;
-constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(sizeof(T) == 2, "16-bit inputs");
 static_assert(BM == 16 * MW * WARPS && MW >= 1, "whole m16 tiles per warp");
@@ -102,14 +101,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     for (int c = 0; c < 4; ++c) q_addr[c] = q_lane + qv_chunks.off[c];
 
     // This sequence: its first row in the (packed) arrays and its lengths.
-    long long q_row0 = 0, k_row0 = 0;
-    int len_q = static_cast<int>(S_q), len_k = static_cast<int>(S_k);
-    if constexpr (VARLEN) {
-        q_row0 = cu_seqlens_q[b];
-        k_row0 = cu_seqlens_k[b];
-        len_q = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
-        len_k = cu_seqlens_k[b + 1] - cu_seqlens_k[b];
-    }
+    const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
+    const long long q_row0 = seq.q_row0, k_row0 = seq.k_row0;
+    const int len_q = seq.len_q, len_k = seq.len_k;
     if (m0 >= len_q) return;                  // the whole block: no barrier is skipped
     const long long hk = h / (H / H_kv);
     const T* qp = q + (VARLEN ? 0 : b * qb) + (q_row0 + m0) * qs + h * qh;
@@ -355,14 +349,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;   // no allowed key: o = 0
             const int r = wr0 + mi * 16 + g + 8 * hh;         // row in the block
             if constexpr (WRITE_LSE) {
-                if (t == 0 && m0 + r < len_q) {
-                    const float v_lse = l > 0.0f ? (row_max[mi][hh] * SL + log2f(l)) * LN2
-                                                 : neg_inf();
-                    if constexpr (VARLEN)
-                        lse[h * static_cast<long long>(cu_seqlens_q[B]) + q_row0 + m0 + r] = v_lse;
-                    else
-                        lse[(b * H + h) * S_q + m0 + r] = v_lse;
-                }
+                if (t == 0 && m0 + r < len_q)
+                    lse[lse_index<VARLEN>(b, h, m0 + r, q_row0, cu_seqlens_q, B, H, S_q)] =
+                        row_lse(row_max[mi][hh], SL, l);
             }
             // O's row r, columns dt*8 + 2t, +1 -> 4 bytes in chunk dt of the staging tile.
 #pragma unroll

@@ -1,7 +1,7 @@
 // What the attention kernels of sm_80+ share: shared-memory tiles of D 16-bit elements a row
 // (swizzled 16-byte chunks), their cp.async loads, the ldmatrix chunk offsets of a lane, and
-// the masks of a sequence. Needs, before it: T (the 16-bit type), D, ROW_BYTES (D * 2), CPR
-// (ROW_BYTES / 16) and THREADS.
+// the masks of a sequence (masks.cuh). Needs, before it: T (the 16-bit type), D, ROW_BYTES
+// (D * 2), CPR (ROW_BYTES / 16) and THREADS.
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of ROW_BYTES-byte rows: the
 // chunk index XORed with (row & 7), so the 8 rows an ldmatrix phase reads hit 8 distinct bank
@@ -9,9 +9,6 @@
 __device__ __forceinline__ int swz(int row, int chunk) {
     return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
 }
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000u); }
 
 // Rows [0, ROWS) of a tile from global rows src + r * ld (unit stride along D); rows >= valid
 // are zero-filled (src-size 0: nothing is read, src itself stays a valid address).
@@ -69,39 +66,4 @@ struct Lanes {
     }
 };
 
-// The masks of one sequence of len_q queries and len_k keys, bottom-right aligned (off = len_k
-// - len_q): key j is allowed for query i iff lo(i) <= j < hi(i), lo(i) = i + off - left
-// (without a left bound: 0), hi(i) = i + off + right + 1 (without a right bound: len_k),
-// clamped to [0, len_k]; equivalently query i is allowed for key j < len_k iff
-// row_lo(j) <= i < row_hi(j), row_lo(j) = j - off - right, row_hi(j) = j - off + left + 1,
-// clamped to [0, len_q] (64-bit before the clamps). CAUSAL: right = 0.
-struct Masks {
-    int len_q, len_k;
-    long long off, left, right;
-    bool has_left, has_right;
-
-    __device__ __forceinline__ Masks(int len_q_, int len_k_, bool causal, bool window,
-                                     long long window_left, long long window_right)
-        : len_q(len_q_), len_k(len_k_), off(static_cast<long long>(len_k_) - len_q_) {
-        has_left = window && window_left >= 0;
-        has_right = causal || (window && window_right >= 0);
-        left = has_left ? window_left : 0;
-        right = causal ? 0 : (has_right ? window_right : 0);
-    }
-    __device__ __forceinline__ int lo(long long i) const {
-        return has_left ? static_cast<int>(min(max(i + off - left, 0ll), (long long)len_k)) : 0;
-    }
-    __device__ __forceinline__ int hi(long long i) const {
-        return has_right ? static_cast<int>(min(max(i + off + right + 1, 0ll), (long long)len_k))
-                         : len_k;
-    }
-    __device__ __forceinline__ int row_lo(long long j) const {
-        if (j >= len_k) return len_q;   // no query sees a key past the sequence
-        return has_right ? static_cast<int>(min(max(j - off - right, 0ll), (long long)len_q)) : 0;
-    }
-    __device__ __forceinline__ int row_hi(long long j) const {
-        if (j >= len_k) return 0;
-        return has_left ? static_cast<int>(min(max(j - off + left + 1, 0ll), (long long)len_q))
-                        : len_q;
-    }
-};
+{% include "attention/masks.cuh" %}

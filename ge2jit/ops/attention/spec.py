@@ -67,7 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ArgumentValueError
-from ...jit.params import Param, double, int64, pointer
+from ...jit.params import Param, double, int64, pointer, tensor_maps
 from ...jit.spec import KernelSpec, check_field
 from ...runtime.dtypes import DType
 
@@ -411,3 +411,102 @@ def make_bwd_specs(dtype: DType, head_dim: int, *, causal: bool = False, window:
     return (AttentionBwdSpec("dot", dtype, head_dim, dq_cfg, varlen=varlen),
             AttentionBwdSpec("dq", dtype, head_dim, dq_cfg, **masks),
             AttentionBwdSpec("dkv", dtype, head_dim, dkv_cfg, **masks))
+
+
+# --- the Hopper forward ---------------------------------------------------------------------
+
+#: the Hopper forward's keys per step by head dimension (128 query rows a block, two consumer
+#: warpgroups of 64)
+SM90_BLOCK_N = {64: 128, 128: 128, 256: 64}
+#: shared memory one block may have on sm_90
+MAX_SMEM_SM90 = 227 * 1024
+
+
+@dataclass(frozen=True)
+class AttentionFwdSm90Spec(KernelSpec):
+    """The attention forward on Hopper (sm_90a, ``fwd_sm90.cu``): TMA loads of Q, K and V by
+    tensor maps (``tma_q``, ``tma_k``, ``tma_v``: 4-D over (head_dim, seq, heads, batch), 3-D
+    over (head_dim, rows, heads) with ``varlen``), wgmma products, a producer warpgroup and
+    two consumer warpgroups of 64 query rows; ``block_n`` keys a step through ``stages``
+    buffers. Options as :class:`AttentionFwdSpec`'s."""
+
+    dtype: DType
+    head_dim: int
+    block_n: int
+    causal: bool = False
+    window: bool = False
+    softcap: bool = False
+    varlen: bool = False
+    write_lse: bool = False
+    stages: int = 2
+
+    template = "attention/fwd_sm90.cu"
+
+    def __post_init__(self):
+        check_field(self, "dtype", DType)
+        if self.dtype not in DTYPES:
+            raise ArgumentValueError(f"AttentionFwdSm90Spec.dtype: expected float16 or "
+                                     f"bfloat16, got {self.dtype.numpy_name}")
+        if self.head_dim not in SM90_BLOCK_N or isinstance(self.head_dim, bool):
+            raise ArgumentValueError(f"AttentionFwdSm90Spec.head_dim: expected 64, 128 or "
+                                     f"256, got {self.head_dim!r}")
+        check_field(self, "block_n", int)
+        check_field(self, "stages", int)
+        if self.block_n % 16 or not 16 <= self.block_n <= 256 or self.stages not in (2, 3):
+            raise ArgumentValueError(f"AttentionFwdSm90Spec: expected block_n a multiple of 16 "
+                                     f"up to 256 and stages 2 or 3, got {self.block_n} and "
+                                     f"{self.stages}")
+        for name in ("causal", "window", "softcap", "varlen", "write_lse"):
+            check_field(self, name, bool)
+        if self.smem_bytes > MAX_SMEM_SM90:
+            raise ArgumentValueError(f"AttentionFwdSm90Spec: block_n {self.block_n} needs "
+                                     f"{self.smem_bytes} B of shared memory at head_dim "
+                                     f"{self.head_dim} ({MAX_SMEM_SM90} B allowed)")
+
+    @property
+    def threads(self) -> int:
+        return 384
+
+    @property
+    def smem_bytes(self) -> int:
+        """Q's tile, ``stages`` (K, V) tiles, the barriers; 1024 bytes of slack for the
+        128-byte swizzle's alignment."""
+        row = self.head_dim * 2
+        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (1 + 3 * self.stages)
+                + 1024)
+
+    @property
+    def kernel_name(self) -> str:
+        flags = "".join(f"_{name}" for name, on in (
+            ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
+            ("varlen", self.varlen), ("lse", self.write_lse)) if on)
+        return (f"attn_fwd_sm90_{self.dtype.value}_d{self.head_dim}_n{self.block_n}"
+                f"s{self.stages}" + flags)
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The tensor maps of q, k and v; o, lse, cu_seqlens_q, cu_seqlens_k; o's element
+        strides (``ob, os, oh``); ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``,
+        ``softcap``; ``window_left``, ``window_right``."""
+        t = self.dtype.ctype
+        return (*tensor_maps("tma_q", "tma_k", "tma_v"), pointer("o", t),
+                pointer("lse", "float"), pointer("cu_seqlens_q", "int", const=True),
+                pointer("cu_seqlens_k", "int", const=True),
+                *int64("ob", "os", "oh", "B", "H", "H_kv", "S_q", "S_k"),
+                *double("scale", "softcap"), *int64("window_left", "window_right"))
+
+    def target_arch(self, device_arch: str) -> str:
+        from ...jit.nvrtc import arch_number
+
+        return f"sm_{arch_number(device_arch)}a"
+
+    def grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+        return (max(1, -(-max_seqlen_q // 128)), heads, batch)
+
+
+def make_sm90_spec(dtype: DType, head_dim: int, **options) -> AttentionFwdSm90Spec:
+    """The Hopper forward for these options (``causal``, ``window``, ``softcap``, ``varlen``,
+    ``write_lse``), with the head dimension's keys a step."""
+    if head_dim not in SM90_BLOCK_N:
+        raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
+    return AttentionFwdSm90Spec(dtype, head_dim, SM90_BLOCK_N[head_dim], **options)

@@ -18,6 +18,26 @@ __device__ __forceinline__ void tma_load(unsigned dst, const TensorMap* map, int
            "r"(bar) : "memory");
 }
 
+// A 3-D box of the tensor `map` at coordinates (c0 innermost, c1, c2), and a 4-D one at (c0,
+// c1, c2, c3): the element strides of the outer dimensions are free (a head and a batch
+// stride, say); completion counted on `bar` in bytes.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TensorMap* map, int c0, int c1,
+                                            int c2, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, { %2, %3, %4 }], [%5];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2),
+           "r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1,
+                                            int c2, int c3, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, { %2, %3, %4, %5 }], [%6];\n"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2),
+           "r"(c3), "r"(bar) : "memory");
+}
+
 // The same box into the shared memory of every CTA of the cluster that `mask` names (bit i:
 // the CTA of rank i), at the same offset `dst` in each, each counting on its own barrier at
 // offset `bar`: one read of global memory for the CTAs that share an operand tile.

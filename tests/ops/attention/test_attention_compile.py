@@ -20,8 +20,12 @@ from ge2jit.jit.render import render
 from ge2jit.ops.attention.spec import (
     CONFIGS,
     MAX_SMEM_SM80,
+    MAX_SMEM_SM90,
+    SM90_BLOCK_N,
     AttentionConfig,
+    AttentionFwdSm90Spec,
     AttentionFwdSpec,
+    make_sm90_spec,
     make_spec,
 )
 from ge2jit.runtime.dtypes import DType
@@ -178,3 +182,36 @@ def test_config_validation(args, match):
 def test_make_spec_refuses_an_unknown_head_dim():
     with pytest.raises(ArgumentValueError, match="head_dim"):
         make_spec(DType.F16, 80)
+
+
+# --- the Hopper forward -----------------------------------------------------------------------
+
+SM90_FLAGS = ("causal", "window", "softcap", "varlen", "write_lse")
+
+
+@pytest.mark.parametrize("d", sorted(SM90_BLOCK_N))
+@pytest.mark.parametrize("dtype, on", [(DType.F16, False), (DType.BF16, True),
+                                       (DType.BF16, False)], ids=["f16-off", "bf16-on",
+                                                                  "bf16-off"])
+def test_the_hopper_kernel_compiles_without_spills(d, dtype, on, compile_cache):
+    spec = make_sm90_spec(dtype, d, **{f: on for f in SM90_FLAGS})
+    entry = check_compiled(spec, "sm_90a", compile_cache)
+    # the producer's setmaxnreg gives the consumers their registers: the kernel is compiled
+    # for 384 threads of one block on a multiprocessor
+    assert entry.registers <= 168
+    assert spec.smem_bytes <= MAX_SMEM_SM90 and spec.target_arch("sm_90") == "sm_90a"
+    source = render(spec)
+    assert "wgmma.mma_async.sync.aligned.m64n" in source and "{%" not in source
+
+
+def test_the_hopper_spec_refuses_what_it_cannot_be():
+    with pytest.raises(ArgumentValueError, match="head_dim"):
+        make_sm90_spec(DType.F16, 96)
+    with pytest.raises(ArgumentValueError, match="block_n a multiple of 16"):
+        AttentionFwdSm90Spec(DType.F16, 128, 72)
+    with pytest.raises(ArgumentValueError, match="shared memory"):
+        AttentionFwdSm90Spec(DType.F16, 256, 256)
+    with pytest.raises(ArgumentTypeError, match="causal: expected bool"):
+        AttentionFwdSm90Spec(DType.F16, 128, 128, causal=1)
+    assert make_sm90_spec(DType.BF16, 128, causal=True).kernel_name == \
+        "attn_fwd_sm90_bf16_d128_n128s2_causal"

@@ -1,0 +1,247 @@
+{% import "common/sm90/wgmma_instr.cuh" as wgmma_instr %}
+// {{ spec.kernel_name }}
+// Fused attention forward on Hopper (sm_90a): the arithmetic of fwd_sm80.cu (FlashAttention's
+// online softmax in float32 in the exp2 domain, the same masks, lse, a row that sees no key
+// gives 0 and -inf) with TMA loads, wgmma products and warp specialization.
+//
+// Block (blockIdx.x, h, b) = BM = 128 query rows of head h of sequence b; three warpgroups:
+//   producer (warpgroup 0, its registers given up by setmaxnreg): one thread loads Q once and
+//     streams K and V tiles of BN keys through STAGES buffers by TMA (4-D tensor maps over
+//     (D, seq, heads, batch), or 3-D over (D, rows, heads) with VARLEN: any strides), each
+//     64-column chunk of a tile one box with the 128-byte swizzle; K and V complete on their
+//     own barriers (S can start before V has landed); a stage is reused once both consumers
+//     have released it (`empty`).
+//   consumers (warpgroups 1 and 2): rows 64 (warpgroup - 1) .. of the block. Per key block:
+//     S = Q K^T    wgmma m64nBNk16, A = Q and B = K from shared memory (both K-major),
+//                  D / 16 steps
+//     online softmax on S's accumulators (a thread holds rows g and g + 8 of its warp's 16,
+//                  the quad shares a row: the layout of mma.sync's accumulators)
+//     O += P V     wgmma m64nDk16, A = P packed to 16 bits in registers (an accumulator tile
+//                  is half an A fragment), B = V from shared memory (N-major: D along a row),
+//                  BN / 16 steps
+// The output: rows below the sequence's length stored from registers, a quad's 4-byte pairs
+// 16 contiguous bytes.
+{% include "common/types.cuh" %}
+{% include "common/activations.cuh" %}
+{% include "common/sm80/mma.cuh" %}
+{% include "common/sm90/mbarrier.cuh" %}
+{% include "common/sm90/tma.cuh" %}
+{% include "common/sm90/wgmma.cuh" %}
+{% include "common/sm90/warpgroup.cuh" %}
+{% include "attention/masks.cuh" %}
+
+using T = {{ spec.dtype.ctype }};                        // q, k, v, o
+constexpr int D = {{ spec.head_dim }};
+constexpr int BM = 128;                                    // query rows per block
+constexpr int BN = {{ spec.block_n }};                     // keys per step
+constexpr int STAGES = {{ spec.stages }};
+constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
+constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
+constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
+constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
+
+constexpr int THREADS = 384;                  // producer + 2 consumers
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;   // 128 x 40 + 256 x 232 <= 64 Ki
+constexpr int DC = D / 64;                    // 64-column (128-byte) chunks of a row
+constexpr int Q_CHUNK = BM * 128, KV_CHUNK = BN * 128;   // bytes of one chunk of a tile
+constexpr int Q_BYTES = DC * Q_CHUNK, KV_BYTES = DC * KV_CHUNK;
+constexpr int NT = BN / 8, DT = D / 8;        // n8 tiles of S and of O
+constexpr double LOG2E = 1.4426950408889634;
+
+static_assert(sizeof(T) == 2, "16-bit inputs");
+static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "wgmma shapes");
+
+{{ wgmma_instr.ss("wgmma_s", spec.block_n, spec.dtype.value, 0) }}
+
+{{ wgmma_instr.rs("wgmma_o", spec.head_dim, spec.dtype.value, 1) }}
+
+// One tile (Q's or a K or V stage) of ROWS rows from row `row` of head `head` of sequence `b`
+// (VARLEN: `row` in the packed rows, b unused), its DC chunks into `dst`, on `bar`.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const TensorMap* map, int row, int head,
+                                          int b, unsigned bar) {
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+        if constexpr (VARLEN) tma_load_3d(dst + c * ROWS * 128, map, 64 * c, row, head, bar);
+        else tma_load_4d(dst + c * ROWS * 128, map, 64 * c, row, head, b, bar);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{{ spec.kernel_name }}({{ spec.param_list() }})
+{
+    extern __shared__ __align__(1024) char smem[];
+    const unsigned base = smem_u32(smem);
+    const unsigned sQ = base, sKV = base + Q_BYTES;    // stage s: K at sKV + 2 s KV_BYTES, V after
+    const unsigned bars = sKV + STAGES * 2 * KV_BYTES;
+    const unsigned q_full = bars;
+    auto k_full = [&](int s) { return bars + 8 + 8 * s; };
+    auto v_full = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
+    auto empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
+
+    const int tid = threadIdx.x;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int m0 = blockIdx.x * BM;
+    const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
+    const long long q_row0 = seq.q_row0, k_row0 = seq.k_row0;
+    const int len_q = seq.len_q, len_k = seq.len_k;
+    if (m0 >= len_q) return;                  // the whole block: before any barrier
+    const int hk = static_cast<int>(h / (H / H_kv));
+    const Masks mask(len_q, len_k, CAUSAL, WINDOW, window_left, window_right);
+    const int m_last = min(m0 + BM, len_q) - 1;
+    const int k_begin = mask.lo(m0), k_end = mask.hi(m_last);
+    const int full_lo = mask.lo(m_last), full_hi = mask.hi(m0);
+    const int n_first = k_begin / BN;
+    const int n_blocks = k_end > k_begin ? ceil_div(k_end, BN) - n_first : 0;
+
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(k_full(s), 1);
+            mbar_init(v_full(s), 1);
+            mbar_init(empty(s), 2 * 4);        // each consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = tid / 128;
+    if (warpgroup == 0) {
+        warpgroup_registers_down<PRODUCER_REGS>();
+        if (tid == 0) {
+            mbar_expect_tx(q_full, Q_BYTES);
+            load_tile<BM>(sQ, &tma_q, static_cast<int>(q_row0) + m0, h, b, q_full);
+            for (int it = 0; it < n_blocks; ++it) {
+                const int s = it % STAGES;
+                const int row = static_cast<int>(k_row0) + (n_first + it) * BN;
+                mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
+                const unsigned stage = sKV + s * 2 * KV_BYTES;
+                mbar_expect_tx(k_full(s), KV_BYTES);
+                load_tile<BN>(stage, &tma_k, row, hk, b, k_full(s));
+                mbar_expect_tx(v_full(s), KV_BYTES);
+                load_tile<BN>(stage + KV_BYTES, &tma_v, row, hk, b, v_full(s));
+            }
+        }
+        return;
+    }
+
+    // A consumer thread: its warpgroup's 64 rows, its warp's 16, its rows g and g + 8.
+    warpgroup_registers_up<CONSUMER_REGS>();
+    const int wg = warpgroup - 1, lane = tid & 31, warp = (tid / 32) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    const int wrow = wg * 64 + warp * 16;     // the warp's first row in the block
+    int lo[2], hi[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        lo[hh] = mask.lo(m0 + wrow + g + 8 * hh);
+        hi[hh] = mask.hi(m0 + wrow + g + 8 * hh);
+    }
+    const float SL = SOFTCAP ? 1.0f : static_cast<float>(scale * LOG2E);
+    const float cap_in = SOFTCAP ? static_cast<float>(scale / softcap) : 0.0f;
+    const float cap_out = SOFTCAP ? static_cast<float>(softcap * LOG2E) : 0.0f;
+
+    // acc[4 dt + r] = O's row g (+8 for r >= 2), column 8 dt + 2t (+1 odd r); sc likewise
+    // over keys
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
+
+    mbar_wait(q_full, 0);
+#pragma unroll 1
+    for (int it = 0; it < n_blocks; ++it) {
+        const int s = it % STAGES, phase = (it / STAGES) & 1;
+        const int n0 = (n_first + it) * BN;
+        const unsigned sK = sKV + s * 2 * KV_BYTES, sV = sK + KV_BYTES;
+
+        // S = Q K^T
+        float sc[BN / 2];
+        mbar_wait(k_full(s), phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) {
+            const int c = kd / 4, kk = kd % 4;
+            wgmma_s(sc, descriptor(sQ + c * Q_CHUNK + wg * 64 * 128 + kk * 32, 16, 1024),
+                    descriptor(sK + c * KV_CHUNK + kk * 32, 16, 1024), kd > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        if constexpr (SOFTCAP) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) sc[i] = cap_out * tanh_approx(sc[i] * cap_in);
+        }
+        if (n0 < full_lo || n0 + BN > full_hi) {   // block-uniform: some row not covered whole
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) {
+                const int j = n0 + 8 * (i / 4) + 2 * t + (i & 1), hh = (i >> 1) & 1;
+                if (j < lo[hh] || j >= hi[hh]) sc[i] = neg_inf();
+            }
+        }
+        // online softmax per row half hh: the quad's max, the rescale, P in place of S
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float mx = row_max[hh];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                mx = fmaxf(mx, fmaxf(sc[4 * nt + 2 * hh], sc[4 * nt + 2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base_v = mx == neg_inf() ? 0.0f : mx * SL;
+            const float corr = exp2_approx(row_max[hh] * SL - base_v);
+            row_max[hh] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float pv = exp2_approx(fmaf(sc[4 * nt + 2 * hh + c], SL, -base_v));
+                    sc[4 * nt + 2 * hh + c] = pv;
+                    sum += pv;
+                }
+            row_sum[hh] = row_sum[hh] * corr + sum;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                acc[4 * dt + 2 * hh] *= corr;
+                acc[4 * dt + 2 * hh + 1] *= corr;
+            }
+        }
+
+        // O += P V
+        mbar_wait(v_full(s), phase);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned pa[4] = {pack_f32x2<T>(sc[8 * kk], sc[8 * kk + 1]),
+                                    pack_f32x2<T>(sc[8 * kk + 2], sc[8 * kk + 3]),
+                                    pack_f32x2<T>(sc[8 * kk + 4], sc[8 * kk + 5]),
+                                    pack_f32x2<T>(sc[8 * kk + 6], sc[8 * kk + 7])};
+            wgmma_o(acc, pa, descriptor(sV + kk * 16 * 128, KV_CHUNK, 1024), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty(s));   // this warp is done with the stage
+    }
+
+    // Epilogue: o / l, lse, stores of the rows below the length
+    T* op = o + (VARLEN ? 0 : b * ob) + (q_row0 + m0) * os + h * oh;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float l = row_sum[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int r = wrow + g + 8 * hh;
+        if (m0 + r >= len_q) continue;
+        if constexpr (WRITE_LSE) {
+            if (t == 0)
+                lse[lse_index<VARLEN>(b, h, m0 + r, q_row0, cu_seqlens_q, B, H, S_q)] =
+                    row_lse(row_max[hh], SL, l);
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<unsigned*>(op + r * os + 8 * dt + 2 * t) =
+                pack_f32x2<T>(acc[4 * dt + 2 * hh] * inv, acc[4 * dt + 2 * hh + 1] * inv);
+    }
+}
