@@ -24,7 +24,7 @@ from numbers import Integral
 
 from ...errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from ...jit import fastlaunch
-from ...jit.fastlaunch import Ptr
+from ...jit.fastlaunch import Map, Ptr
 from ...jit.loader import launcher_for
 from ...runtime.arrays import call_arguments, views
 from ...runtime.checks import (
@@ -39,7 +39,18 @@ from ...runtime.checks import (
 )
 from ...runtime.dtypes import SUPPORTED_DTYPES, DType
 from ...runtime.prepared import OverlapGuard, PreparedCalls
-from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, AttentionFwdSpec, make_spec
+from .spec import (
+    DTYPES,
+    HEAD_DIMS,
+    SM90_CONFIGS,
+    AttentionConfig,
+    AttentionFwdSm90Spec,
+    AttentionFwdSpec,
+    AttentionSm90Config,
+    candidates_for,
+    make_sm90_spec,
+    make_spec,
+)
 
 #: the array arguments, in the order of the signature
 ARRAYS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out")
@@ -95,7 +106,8 @@ class Call:
     S_q or total_q 0): nothing to launch. ``no_keys``: the output has elements but no row
     sees a key (S_k or total_k 0): the output is 0 and lse -inf (the kernel writes them
     without reading k or v). ``key``: the tuning database's key of the call; ``reason``: why
-    its config ("pinned", "tuned", "default")."""
+    its config ("pinned", "tuned", "default"); ``arch``: the device's compute capability (90:
+    the Hopper kernel is a candidate)."""
 
     q: object
     k: object
@@ -127,13 +139,19 @@ class Call:
     lse_shape: tuple[int, ...]
     empty: bool
     no_keys: bool
-    spec: AttentionFwdSpec
+    spec: AttentionFwdSpec | AttentionFwdSm90Spec
     key: dict
     reason: str
+    arch: int
 
     @property
-    def config(self) -> AttentionConfig:
+    def config(self) -> AttentionConfig | AttentionSm90Config:
         return self.spec.config
+
+    @property
+    def hopper(self) -> bool:
+        """Whether the call runs the Hopper kernel (TMA loads by tensor maps)."""
+        return isinstance(self.spec, AttentionFwdSm90Spec)
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
@@ -236,8 +254,11 @@ def _execute(fw, device_id: int, call: Call, native: dict):
     kernel = launcher_for(call.spec, device_id)
     launch = kernel.bind(grid, block, smem, **params)
     stream, ptr = fw.stream_getter(device_id), fw.ptr
+    geometry = map_geometry(call) if call.hopper else None
+    maps = {} if geometry is None else tensor_maps(
+        call, geometry, (call.q.data.ptr, call.k.data.ptr, call.v.data.ptr))
     launch(stream(), **pointers(call, fw.view(o, "out"),
-                                None if lse is None else fw.view(lse, "lse")))
+                                None if lse is None else fw.view(lse, "lse")), **maps)
     given = native["out"] is not None
     guard = None
     if given:
@@ -253,18 +274,25 @@ def _execute(fw, device_id: int, call: Call, native: dict):
         elif guard is not None:
             guard((*ptrs, ptr(out)))
         lse_ = make_lse(call.lse_shape) if return_lse else None
-        launch(stream(), q=ptrs[0], k=ptrs[1], v=ptrs[2], o=ptr(out),
-               lse=0 if lse_ is None else ptr(lse_), cu_seqlens_q=ptrs[3],
-               cu_seqlens_k=ptrs[4])
+        inputs = (dict(q=ptrs[0], k=ptrs[1], v=ptrs[2]) if geometry is None
+                  else tensor_maps(call, geometry, ptrs))
+        launch(stream(), **inputs, o=ptr(out), lse=0 if lse_ is None else ptr(lse_),
+               cu_seqlens_q=ptrs[3], cu_seqlens_k=ptrs[4])
         return (out, lse_) if return_lse else out
 
     allocs = [] if given else [(_OUT, make_out, call.out_shape)]
     if return_lse:
         allocs.append((_LSE, make_lse, call.lse_shape))
+    if geometry is None:
+        inputs = {"q": Ptr(0), "k": Ptr(1), "v": Ptr(2)}
+    else:   # each map moved to its array's address at every call
+        addresses = (call.q.data.ptr, call.k.data.ptr, call.v.data.ptr)
+        inputs = {name: Map(geometry[name][0], blob, addresses[geometry[name][0]])
+                  for name, blob in maps.items()}
     prepared.program = fastlaunch.program(
         fw.name, [fastlaunch.step(kernel, grid, block, smem, {
-            **params, "q": Ptr(0), "k": Ptr(1), "v": Ptr(2), "cu_seqlens_q": Ptr(3),
-            "cu_seqlens_k": Ptr(4), "o": Ptr(_OUT), "lse": Ptr(_LSE)})],
+            **params, **inputs, "cu_seqlens_q": Ptr(3), "cu_seqlens_k": Ptr(4),
+            "o": Ptr(_OUT), "lse": Ptr(_LSE)})],
         allocs, guard.pairs if guard is not None else (), guard, stream,
         fastlaunch.launch_failed(call.spec.kernel_name),
         returns=(_OUT, _LSE) if return_lse else (_OUT,))
@@ -342,16 +370,20 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     key = {"dtype": dtype.value, "head_dim": d, "causal": causal, "window": has_window,
            "softcap": softcap > 0, "varlen": varlen, "lse": return_lse,
            "seqlen_q": _bucket(s_q), "seqlen_k": _bucket(s_k), "rows": _bucket(b * h)}
-    config, reason = _config(a["config"], d, key)
-    spec = make_spec(dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
-                     varlen=varlen, write_lse=return_lse, config=config)
     lse_shape = (h, total_q) if varlen else (b, h, s_q)
     empty = b == 0 or h == 0 or s_q == 0 or total_q == 0
     no_keys = not empty and (s_k == 0 or total_k == 0)
+    # the Hopper kernel's tensor maps need arrays with elements: without keys, the sm_80 one
+    arch = device_arch_number(q.data.device_id if device_id is None else device_id)
+    config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch)
+    options = dict(causal=causal, window=has_window, softcap=softcap > 0, varlen=varlen,
+                   write_lse=return_lse, config=config)
+    spec = (make_sm90_spec(dtype, d, **options) if isinstance(config, AttentionSm90Config)
+            else make_spec(dtype, d, **options))
     return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
                 total_q, total_k, q_strides, k_strides, v_strides, out_strides, causal, window,
                 scale, softcap, return_lse, tuple(q.shape), lse_shape, empty, no_keys, spec,
-                key, reason)
+                key, reason, arch)
 
 
 def _bucket(n: int) -> int:
@@ -596,44 +628,59 @@ def _softcap(x) -> float:
     return value
 
 
-def _config(config, d: int, key: dict) -> tuple[AttentionConfig, str]:
-    """(the config, why) for head_dim ``d``: ``config`` ("pinned": one of the head
-    dimension's candidates, by name or as an AttentionConfig), else the one ``tune`` stored
-    for ``key`` ("tuned"), else the head dimension's default ("default")."""
-    candidates = CONFIGS[d]
+def device_arch_number(device_id: int) -> int:
+    """The compute capability of ``device_id`` as a number (90 for sm_90)."""
+    from ...jit.device import device_arch
+    from ...jit.nvrtc import arch_number
+
+    return arch_number(device_arch(device_id))
+
+
+def _config(config, d: int, key: dict, arch: int) -> tuple:
+    """(the config, why) for head_dim ``d`` on a device of compute capability ``arch``:
+    ``config`` ("pinned": one of the candidates, by name or as a config object: the Hopper
+    kernel's on sm_90 only), else the one ``tune`` stored for ``key`` ("tuned"), else the
+    first candidate ("default": the Hopper kernel's on sm_90)."""
+    candidates = candidates_for(d, arch)
     if config is None:
         from ...runtime.tools import tuned_config
 
         tuned = tuned_config("attention", key)
         found = next((c for c in candidates if c.name == tuned), None)
         return (candidates[0], "default") if found is None else (found, "tuned")
-    if isinstance(config, AttentionConfig):
+    if isinstance(config, AttentionConfig | AttentionSm90Config):
         found = config if config in candidates else None
+        got = config.name
     elif isinstance(config, str):
         found = next((c for c in candidates if c.name == config), None)
+        got = config
     else:
-        raise ArgumentTypeError(f"config: expected None, a config name or an AttentionConfig, "
+        raise ArgumentTypeError(f"config: expected None, a config name or a config object, "
                                 f"got {type(config).__name__}")
     if found is None:
         names = ", ".join(repr(c.name) for c in candidates)
-        got = config.name if isinstance(config, AttentionConfig) else config
-        raise ArgumentValueError(f"config: expected one of {names} (head_dim {d}'s "
-                                 f"candidates), got {got!r}")
+        hopper = any(c.name == got for cs in SM90_CONFIGS.values() for c in cs)
+        raise ArgumentValueError(
+            f"config: expected one of {names} (head_dim {d}'s candidates on this GPU), got "
+            f"{got!r}" + ("; it runs the Hopper kernel: sm_90 only" if hopper else ""))
     return found, "pinned"
 
 
 def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:
     """(grid, block, dynamic shared memory bytes, the kernel's scalar parameters by name) of
-    a checked call that is not ``empty``: the strides (``qb`` .. ``oh``), ``B``, ``H``,
-    ``H_kv``, ``S_q``, ``S_k``, ``scale``, ``softcap``, ``window_left``, ``window_right``.
-    The output's strides are ``call.out_strides``: the given ``out``'s, or those of a new
-    output of ``call.out_shape`` contiguous (what the op allocates). :func:`pointers` gives
-    the pointer parameters."""
+    a checked call that is not ``empty``: the strides (``qb`` .. ``oh``; the Hopper kernel's
+    o's only: its inputs come by tensor maps), ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``,
+    ``scale``, ``softcap``, ``window_left``, ``window_right``. The output's strides are
+    ``call.out_strides``: the given ``out``'s, or those of a new output of ``call.out_shape``
+    contiguous (what the op allocates). :func:`pointers` gives the pointer parameters,
+    :func:`tensor_maps` the Hopper kernel's maps."""
     spec = call.spec
     grid = spec.grid(call.batch, call.heads, call.seqlen_q)
     params = {}
-    for letter, strides in (("q", call.q_strides), ("k", call.k_strides),
-                            ("v", call.v_strides), ("o", call.out_strides)):
+    strided = (("o", call.out_strides),) if call.hopper else (
+        ("q", call.q_strides), ("k", call.k_strides), ("v", call.v_strides),
+        ("o", call.out_strides))
+    for letter, strides in strided:
         params.update(zip((letter + "b", letter + "s", letter + "h"), strides))
     params.update(B=call.batch, H=call.heads, H_kv=call.kv_heads, S_q=call.seqlen_q,
                   S_k=call.seqlen_k, scale=call.scale, softcap=call.softcap,
@@ -644,9 +691,60 @@ def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:
 def pointers(call: Call, o, lse=None) -> dict:
     """The kernel's pointer parameters of a checked call whose output is ``o`` (a CuPy view:
     ``call.out`` or a new array laid out as ``call.out_strides``) and lse ``lse`` (float32
-    contiguous of ``call.lse_shape``; None without ``return_lse``): 0 for those absent."""
+    contiguous of ``call.lse_shape``; None without ``return_lse``): 0 for those absent (the
+    Hopper kernel takes q, k and v by tensor maps instead)."""
     def p(x):
         return 0 if x is None else x.data.ptr
 
-    return dict(q=p(call.q), k=p(call.k), v=p(call.v), o=p(o), lse=p(lse),
-                cu_seqlens_q=p(call.cu_seqlens_q), cu_seqlens_k=p(call.cu_seqlens_k))
+    ptrs = dict(o=p(o), lse=p(lse), cu_seqlens_q=p(call.cu_seqlens_q),
+                cu_seqlens_k=p(call.cu_seqlens_k))
+    if not call.hopper:
+        ptrs.update(q=p(call.q), k=p(call.k), v=p(call.v))
+    return ptrs
+
+
+#: the tensor maps' element types
+_MAP_TYPES = {DType.F16: "f16", DType.BF16: "bf16"}
+
+
+def map_geometry(call: Call) -> dict:
+    """The Hopper kernel's tensor maps of a call without their addresses: name -> (argument
+    index, dims innermost first, byte strides, box): q, k, v as (head_dim, seq, heads, batch)
+    arrays by their strides (packed: (head_dim, rows, heads)), boxes of 64 columns x the
+    block's rows (q) or keys (k, v) of one head."""
+    item = call.q.itemsize
+    geometry = {}
+    for i, (name, x, strides, rows) in enumerate((
+            ("tma_q", call.q, call.q_strides, 128), ("tma_k", call.k, call.k_strides,
+                                                       call.spec.block_n),
+            ("tma_v", call.v, call.v_strides, call.spec.block_n))):
+        b, seq, heads = strides
+        if call.varlen:
+            dims, outer = (call.head_dim, x.shape[0], x.shape[1]), (seq, heads)
+        else:
+            n_s, n_h = (x.shape[1], x.shape[2]) if call.layout == "bshd" else (x.shape[2],
+                                                                                x.shape[1])
+            dims, outer = (call.head_dim, n_s, n_h, call.batch), (seq, heads, b)
+        geometry[name] = (i, dims, _map_strides(dims, outer, item),
+                          (64, rows) + (1,) * (len(dims) - 2))
+    return geometry
+
+
+def _map_strides(dims: tuple, strides: tuple, item: int) -> tuple:
+    """The byte strides of a tensor map's outer dimensions: the arrays', but a dimension of
+    one element (whose stride the checks leave free, and PyTorch may give any) that of a
+    contiguous array there (a multiple of 16 bytes, as the copy engine asks)."""
+    out, span = [], dims[0] * item
+    for n, st in zip(dims[1:], strides):
+        out.append(st * item if n > 1 else -(-span // 16) * 16)
+        span = out[-1] * n
+    return tuple(out)
+
+
+def tensor_maps(call: Call, geometry: dict, ptrs) -> dict:
+    """The Hopper kernel's tensor maps for the arrays at ``ptrs`` (q's, k's, v's)."""
+    from ...jit.tma import tensor_map
+
+    kind = _MAP_TYPES[call.dtype]
+    return {name: tensor_map(kind, ptrs[i], dims, strides, box)
+            for name, (i, dims, strides, box) in geometry.items()}

@@ -3,11 +3,19 @@ checks it, its kernel and tiling (pinned, tuned or the head dimension's default)
 
 from __future__ import annotations
 
+from ...jit.nvrtc import arch_number
 from ...runtime.adapter import Configs, Planned, declare
 from ...runtime.dtypes import as_dtype
 from . import backward, cases
 from .op import ARRAYS, Call, attention, checked, clear_plans, launch_params
-from .spec import CONFIGS, AttentionConfig, make_bwd_specs, make_spec
+from .spec import (
+    AttentionConfig,
+    AttentionSm90Config,
+    candidates_for,
+    make_bwd_specs,
+    make_sm90_spec,
+    make_spec,
+)
 from .warmup import BACKWARD_TABLE, TABLE, parse_config
 
 
@@ -50,17 +58,23 @@ def _backward_specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128,
 def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: bool = False,
            window: bool = False, softcap: bool = False, varlen: bool = False,
            lse: bool = False) -> list:
-    """The forward kernel of ``config`` (None: the head dimension's default) for these
-    options."""
-    return [make_spec(as_dtype(dtype), head_dim, causal=causal, window=window, softcap=softcap,
-                      varlen=varlen, write_lse=lse, config=config)]
+    """The forward kernel of ``config`` (None: the head dimension's default for ``arch``: the
+    Hopper kernel on sm_90) for these options."""
+    options = dict(causal=causal, window=window, softcap=softcap, varlen=varlen,
+                   write_lse=lse)
+    if config is None:
+        config = candidates_for(head_dim, arch_number(arch))[0]
+    if isinstance(config, AttentionSm90Config):
+        return [make_sm90_spec(as_dtype(dtype), head_dim, config=config, **options)]
+    return [make_spec(as_dtype(dtype), head_dim, config=config, **options)]
 
 
 ATTENTION = declare(
     "attention", attention, arrays=ARRAYS, check=_check, choose=_choose,
     key=lambda call: call.key,
-    configs=Configs(_specs, parse_config, lambda call: list(CONFIGS[call.head_dim]),
-                    (AttentionConfig,)),
+    configs=Configs(_specs, parse_config,
+                    lambda call: list(candidates_for(call.head_dim, call.arch)),
+                    (AttentionConfig, AttentionSm90Config)),
     warmup={"attention": TABLE}, kernel_prefixes=("attn_fwd_",),
     layout_cases=cases.forward_cases, clear_plans=clear_plans)
 

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import ArgumentValueError
+from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit.params import Param, double, int64, pointer, tensor_maps
 from ...jit.spec import KernelSpec, check_field
 from ...runtime.dtypes import DType
@@ -415,11 +415,52 @@ def make_bwd_specs(dtype: DType, head_dim: int, *, causal: bool = False, window:
 
 # --- the Hopper forward ---------------------------------------------------------------------
 
-#: the Hopper forward's keys per step by head dimension (128 query rows a block, two consumer
-#: warpgroups of 64)
-SM90_BLOCK_N = {64: 128, 128: 128, 256: 64}
 #: shared memory one block may have on sm_90
 MAX_SMEM_SM90 = 227 * 1024
+
+
+@dataclass(frozen=True)
+class AttentionSm90Config:
+    """One tiling of the Hopper forward (``fwd_sm90.cu``): 128 query rows a block (two
+    consumer warpgroups of 64), ``block_n`` keys a step through ``stages`` buffers."""
+
+    block_n: int
+    stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_n", "stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ArgumentTypeError(f"AttentionSm90Config.{name}: expected int, got {v!r}")
+        if self.block_n % 16 or not 16 <= self.block_n <= 256 or self.stages not in (2, 3):
+            raise ArgumentValueError(f"AttentionSm90Config: expected block_n a multiple of 16 "
+                                     f"up to 256 and stages 2 or 3, got {self.block_n} and "
+                                     f"{self.stages}")
+
+    @property
+    def block_m(self) -> int:
+        return 128
+
+    @property
+    def name(self) -> str:
+        return f"h{self.block_n}s{self.stages}"
+
+
+#: the Hopper forward's tilings per head dimension, the default first (taken on sm_90 devices
+#: unless a call pins an sm_80 config)
+SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
+    64: (AttentionSm90Config(128),),
+    128: (AttentionSm90Config(128),),
+    256: (AttentionSm90Config(64),),
+}
+SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
+
+
+def candidates_for(head_dim: int, arch: int) -> tuple:
+    """The configs a call of ``head_dim`` may take on a device of compute capability ``arch``
+    (90 for sm_90), its default first: the Hopper kernel's then the sm_80 kernel's on sm_90,
+    the sm_80 kernel's elsewhere."""
+    return (SM90_CONFIGS[head_dim] + CONFIGS[head_dim]) if arch == 90 else CONFIGS[head_dim]
 
 
 @dataclass(frozen=True)
@@ -441,6 +482,10 @@ class AttentionFwdSm90Spec(KernelSpec):
     stages: int = 2
 
     template = "attention/fwd_sm90.cu"
+
+    @property
+    def config(self) -> AttentionSm90Config:
+        return AttentionSm90Config(self.block_n, self.stages)
 
     def __post_init__(self):
         check_field(self, "dtype", DType)
@@ -504,9 +549,11 @@ class AttentionFwdSm90Spec(KernelSpec):
         return (max(1, -(-max_seqlen_q // 128)), heads, batch)
 
 
-def make_sm90_spec(dtype: DType, head_dim: int, **options) -> AttentionFwdSm90Spec:
+def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config | None = None,
+                   **options) -> AttentionFwdSm90Spec:
     """The Hopper forward for these options (``causal``, ``window``, ``softcap``, ``varlen``,
-    ``write_lse``), with the head dimension's keys a step."""
-    if head_dim not in SM90_BLOCK_N:
+    ``write_lse``), with ``config`` (default: the head dimension's)."""
+    if head_dim not in SM90_CONFIGS:
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
-    return AttentionFwdSm90Spec(dtype, head_dim, SM90_BLOCK_N[head_dim], **options)
+    c = SM90_CONFIGS[head_dim][0] if config is None else config
+    return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages, **options)

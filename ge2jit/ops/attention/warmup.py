@@ -11,8 +11,9 @@
     lse = [false]                  # the log-sum-exp returned (return_lse; training takes it)
     configs = "heuristic"          # or "all" (every tiling of the head dim), or names
 
-Each combination compiles the forward kernel of the head dimension's default tiling, or of each
-tiling named (a name another head dimension has compiles nothing for this one).
+Each combination compiles the forward kernel of the head dimension's default tiling for the
+architecture (on sm_90 the Hopper kernel's), or of each tiling named (a name another head
+dimension or architecture has compiles nothing for this one).
 ``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs`` and compiles the
 backward's three kernels (delta, dq, dk and dv) of each combination.
 """
@@ -21,7 +22,18 @@ from __future__ import annotations
 
 from ...runtime.dtypes import SUPPORTED_DTYPES
 from ...runtime.tables import Key, Table
-from .spec import CONFIGS, DTYPES, HEAD_DIMS, AttentionConfig, make_bwd_specs, make_spec
+from .spec import (
+    CONFIGS,
+    DTYPES,
+    HEAD_DIMS,
+    SM90_CONFIGS,
+    AttentionConfig,
+    AttentionSm90Config,
+    candidates_for,
+    make_bwd_specs,
+    make_sm90_spec,
+    make_spec,
+)
 
 TYPES = {d.numpy_name: SUPPORTED_DTYPES[d.numpy_name] for d in DTYPES}
 FLAG = (False, True)
@@ -37,9 +49,10 @@ KEYS = {
 }
 
 
-def all_configs() -> list[AttentionConfig]:
-    """Every head dimension's tilings, each once."""
-    return list(dict.fromkeys(c for cs in CONFIGS.values() for c in cs))
+def all_configs() -> list:
+    """Every head dimension's tilings, the Hopper kernel's and the sm_80 kernel's, each once."""
+    return list(dict.fromkeys(c for table in (SM90_CONFIGS, CONFIGS)
+                              for cs in table.values() for c in cs))
 
 
 def parse_config(config) -> AttentionConfig:
@@ -48,7 +61,7 @@ def parse_config(config) -> AttentionConfig:
     from ...errors import ArgumentTypeError, ArgumentValueError
 
     known = all_configs()
-    if isinstance(config, AttentionConfig):
+    if isinstance(config, AttentionConfig | AttentionSm90Config):
         if config in known:
             return config
         got = config.name
@@ -58,17 +71,25 @@ def parse_config(config) -> AttentionConfig:
             return found
         got = config
     else:
-        raise ArgumentTypeError(f"config: expected a config name or an AttentionConfig, got "
+        raise ArgumentTypeError(f"config: expected a config name or a config object, got "
                                 f"{type(config).__name__}")
     raise ArgumentValueError(f"config: expected one of {', '.join(c.name for c in known)}, "
                              f"got {got!r}")
 
 
 def _kernels(v, config, *, arch: str, sms: int) -> list:
-    if config is not None and config not in CONFIGS[v.head_dims]:
+    from ...jit.nvrtc import arch_number
+
+    candidates = candidates_for(v.head_dims, arch_number(arch))
+    if config is None:
+        config = candidates[0]
+    elif config not in candidates:   # another head dimension's, or Hopper's elsewhere
         return []
-    return [make_spec(TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
-                      softcap=v.softcap, varlen=v.varlen, write_lse=v.lse, config=config)]
+    options = dict(causal=v.causal, window=v.window, softcap=v.softcap, varlen=v.varlen,
+                   write_lse=v.lse, config=config)
+    if isinstance(config, AttentionSm90Config):
+        return [make_sm90_spec(TYPES[v.dtypes], v.head_dims, **options)]
+    return [make_spec(TYPES[v.dtypes], v.head_dims, **options)]
 
 
 TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ge2jit
-from ge2jit.ops.attention.spec import CONFIGS, make_spec
+from ge2jit.ops.attention.spec import CONFIGS, candidates_for, make_spec
 from ge2jit.runtime.dtypes import SUPPORTED_DTYPES
 
 from ...gpu_arrays import cp, poisoned, same_bits
@@ -168,7 +168,9 @@ def test_torch_tensors_on_the_current_stream_and_explain():
     assert (o.double() - ref).abs().max().item() < 2e-2
     assert lse.shape == (2, 4, 100) and lse.dtype == torch.float32
     e = ge2jit.explain(ge2jit.attention, q, k, v, causal=True, layout="bhsd")
-    assert e.kernel_names[0].startswith("attn_fwd_sm80_bf16_d128") and e.reason == "default"
+    family = "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80"
+    assert e.kernel_names[0].startswith(f"attn_fwd_{family}_bf16_d128")
+    assert e.reason == "default"
     assert e.spill_bytes == (0,) and e.flops == 4.0 * 2 * 4 * 100 * 130 * 128 / 2
 
 
@@ -183,10 +185,23 @@ def test_tune_stores_a_config_that_later_calls_take(tmp_path, monkeypatch):
     ge2jit.attention(q, k, v, causal=True)
     result = ge2jit.tune(ge2jit.attention, q, k, v, causal=True, reps=3)
     assert len(_PREPARED) == 0   # the stored launches forgotten: the next call chooses again
-    assert result.best.name in {c.name for c in CONFIGS[128]}
-    assert len(result.records) == len(CONFIGS[128])
+    arch = 90 if cp.cuda.Device().compute_capability == "90" else 80
+    assert result.best.name in {c.name for c in candidates_for(128, arch)}
+    assert len(result.records) == len(candidates_for(128, arch))
     e = ge2jit.explain(ge2jit.attention, q, k, v, causal=True)
     assert (e.config, e.reason) == (result.best.name, "tuned")
     pinned = ge2jit.explain(ge2jit.attention, q, k, v, causal=True, config=CONFIGS[128][2])
     assert (pinned.config, pinned.reason) == (CONFIGS[128][2].name, "pinned")
     assert math.isfinite(e.flops)
+
+
+@pytest.mark.parametrize("d", sorted(CONFIGS))
+def test_every_candidate_config_of_this_gpu(d):
+    """On sm_90 the Hopper kernel's configs and the sm_80 kernel's pinned; elsewhere the
+    sm_80 kernel's."""
+    arch = 90 if cp.cuda.Device().compute_capability == "90" else 80
+    for config in candidates_for(d, arch):
+        _run("bfloat16", d=d, s_q=150, s_k=260, h=4, h_kv=2, causal=True, return_lse=True,
+             config=config)
+        _run("float16", d=d, s_q=70, s_k=70, window=(20, 5), softcap=10.0, bhsd=True,
+             config=config.name)

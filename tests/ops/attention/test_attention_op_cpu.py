@@ -13,7 +13,7 @@ import pytest
 
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from ge2jit.ops.attention import op
-from ge2jit.ops.attention.spec import CONFIGS, AttentionConfig
+from ge2jit.ops.attention.spec import CONFIGS, SM90_CONFIGS, AttentionConfig, make_sm90_spec
 from ge2jit.runtime import tools
 from ge2jit.runtime.dtypes import DType
 
@@ -409,8 +409,8 @@ REFUSALS = [
     ("layout", ArgumentValueError, "expected None or 'bshd' with cu_seqlens",
      _varlen(layout="bhsd")),
     ("config", ArgumentValueError, "expected one of 'm128n64w8s2', 'm64n64w4s2' (head_dim "
-     "64's candidates), got 'm64n32w4s2'", _dense(config="m64n32w4s2")),
-    ("config", ArgumentValueError, "head_dim 64's candidates), got 'm32n32w2s2'",
+     "64's candidates on this GPU), got 'm64n32w4s2'", _dense(config="m64n32w4s2")),
+    ("config", ArgumentValueError, "head_dim 64's candidates on this GPU), got 'm32n32w2s2'",
      _dense(config=AttentionConfig(32, 32, 2))),
     ("config", ArgumentTypeError, "expected None, a config name", _dense(config=1)),
     # packed sequences
@@ -487,3 +487,58 @@ def test_arrays_of_one_call_are_checked_against_q_device_without_a_current_one()
         op.checked({"q": q, "k": k, "v": arr(v.shape, device=1)})
     assert op.checked({"q": arr(q.shape, device=1), "k": arr(k.shape, device=1),
                        "v": arr(v.shape, device=1)}).batch == B
+
+
+# ---------------------------------------------------------------- the Hopper kernel's choice
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
+
+
+def test_on_sm_90_the_hopper_kernel_is_the_default_and_sm_80_configs_can_be_pinned(hopper):
+    call = check(*qkv(d=128), causal=True)
+    assert call.hopper and call.config == SM90_CONFIGS[128][0] and call.reason == "default"
+    assert call.spec == make_sm90_spec(DType.F16, 128, causal=True)
+    pinned = check(*qkv(d=128), config=CONFIGS[128][1].name)
+    assert not pinned.hopper and pinned.config == CONFIGS[128][1] and pinned.reason == "pinned"
+    # no keys: nothing for the tensor maps to describe: the sm_80 kernel writes 0 and -inf
+    assert not check(*qkv(sk=0)).hopper
+
+
+def test_a_hopper_config_elsewhere_is_refused_in_one_line():
+    with pytest.raises(ArgumentValueError, match=r"^config: expected one of .*; it runs the "
+                                                 r"Hopper kernel: sm_90 only$"):
+        check(*qkv(d=128), config=SM90_CONFIGS[128][0].name)
+
+
+def test_the_hopper_launch_takes_tensor_maps_of_the_arrays_by_their_strides(hopper):
+    q, k, v = qkv(d=128)
+    call = check(q, k, v, causal=True, return_lse=True)
+    grid, block, smem, params = op.launch_params(call)
+    assert block == (384, 1, 1) and grid == (1, H, B) and smem == call.spec.smem_bytes
+    assert "qs" not in params and (params["ob"], params["os"], params["oh"]) == \
+        (SQ * H * 128, H * 128, 128)
+    assert set(op.pointers(call, q, None)) == {"o", "lse", "cu_seqlens_q", "cu_seqlens_k"}
+    geo = op.map_geometry(call)
+    item = 2
+    assert geo["tma_q"] == (0, (128, SQ, H, B), (H * 128 * item, 128 * item,
+                                                 SQ * H * 128 * item), (64, 128, 1, 1))
+    assert geo["tma_k"] == (1, (128, SK, HKV, B), (HKV * 128 * item, 128 * item,
+                                                   SK * HKV * 128 * item),
+                            (64, call.spec.block_n, 1, 1))
+    # (B, H, S, D) read by its strides: the same dimensions, other strides
+    bhsd = check(arr((B, H, SQ, 128)), arr((B, HKV, SK, 128)), arr((B, HKV, SK, 128)),
+                 layout="bhsd")
+    assert op.map_geometry(bhsd)["tma_q"] == (0, (128, SQ, H, B), (128 * item, SQ * 128 * item,
+                                                                   H * SQ * 128 * item),
+                                              (64, 128, 1, 1))
+
+
+def test_packed_maps_and_strides_of_single_element_dims(hopper):
+    (q, k, v), kw = packed(d=128)
+    call = check(q, k, v, **kw)
+    assert op.map_geometry(call)["tma_q"] == (0, (128, 12, H), (H * 256, 256), (64, 128, 1))
+    # a dimension of one element: any stride it has becomes a contiguous array's
+    assert op._map_strides((128, 5, 1, 1), (1024, 8, 3), 2) == (2048, 10240, 10240)

@@ -7,16 +7,17 @@ import pytest
 
 import ge2jit
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError
-from ge2jit.ops.attention.spec import CONFIGS, make_spec
+from ge2jit.ops.attention.spec import CONFIGS, SM90_CONFIGS, make_sm90_spec, make_spec
 from ge2jit.ops.attention.warmup import TABLE, all_configs, parse_config
 from ge2jit.runtime.dtypes import DType
 from ge2jit.runtime.registry import get
 
 
-def test_an_entry_takes_its_defaults_and_expands_to_the_default_tiling():
+def test_an_entry_takes_its_defaults_and_expands_to_the_architectures_default():
     entry = TABLE.validate_entry({})
     assert entry["dtypes"] == ["bfloat16"] and entry["head_dims"] == [128]
-    assert TABLE.expand(entry, "sm_90") == [make_spec(DType.BF16, 128)]
+    assert TABLE.expand(entry, "sm_80") == [make_spec(DType.BF16, 128)]
+    assert TABLE.expand(entry, "sm_90") == [make_sm90_spec(DType.BF16, 128)]
 
 
 def test_every_combination_and_named_config_once():
@@ -29,8 +30,10 @@ def test_every_combination_and_named_config_once():
     assert {(s.head_dim, s.config) for s in specs} == {(64, CONFIGS[64][1]),
                                                        (256, CONFIGS[256][1])}
     assert all(s.write_lse for s in specs)
-    every = TABLE.expand(TABLE.validate_entry({"head_dims": [128], "configs": "all"}), "sm_90")
-    assert [s.config for s in every] == list(CONFIGS[128])
+    every = TABLE.validate_entry({"head_dims": [128], "configs": "all"})
+    assert [s.config for s in TABLE.expand(every, "sm_80")] == list(CONFIGS[128])
+    assert [s.config for s in TABLE.expand(every, "sm_90")] == list(SM90_CONFIGS[128]
+                                                                     + CONFIGS[128])
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -57,4 +60,7 @@ def test_configs_by_name_or_object_and_the_tools_kernels():
     assert op.specs_for_config(CONFIGS[64][1].name, "sm_80", dtype="float16", head_dim=64,
                                causal=True) == [make_spec(DType.F16, 64, causal=True,
                                                           config=CONFIGS[64][1])]
-    assert op.specs_for_config(None, "sm_90") == [make_spec(DType.BF16, 128)]
+    assert op.specs_for_config(None, "sm_80") == [make_spec(DType.BF16, 128)]
+    assert op.specs_for_config(None, "sm_90") == [make_sm90_spec(DType.BF16, 128)]
+    assert op.specs_for_config(SM90_CONFIGS[64][0].name, "sm_90", head_dim=64) == [
+        make_sm90_spec(DType.BF16, 64)]
