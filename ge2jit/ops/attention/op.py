@@ -48,8 +48,7 @@ from .spec import (
     AttentionFwdSpec,
     AttentionSm90Config,
     candidates_for,
-    make_sm90_spec,
-    make_spec,
+    spec_for,
 )
 
 #: the array arguments, in the order of the signature
@@ -376,10 +375,8 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     # the Hopper kernel's tensor maps need arrays with elements: without keys, the sm_80 one
     arch = device_arch_number(q.data.device_id if device_id is None else device_id)
     config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch)
-    options = dict(causal=causal, window=has_window, softcap=softcap > 0, varlen=varlen,
-                   write_lse=return_lse, config=config)
-    spec = (make_sm90_spec(dtype, d, **options) if isinstance(config, AttentionSm90Config)
-            else make_spec(dtype, d, **options))
+    spec = spec_for(config, dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
+                    varlen=varlen, write_lse=return_lse)
     return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
                 total_q, total_k, q_strides, k_strides, v_strides, out_strides, causal, window,
                 scale, softcap, return_lse, tuple(q.shape), lse_shape, empty, no_keys, spec,

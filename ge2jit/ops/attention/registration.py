@@ -8,14 +8,7 @@ from ...runtime.adapter import Configs, Planned, declare
 from ...runtime.dtypes import as_dtype
 from . import backward, cases
 from .op import ARRAYS, Call, attention, checked, clear_plans, launch_params
-from .spec import (
-    AttentionConfig,
-    AttentionSm90Config,
-    candidates_for,
-    make_bwd_specs,
-    make_sm90_spec,
-    make_spec,
-)
+from .spec import AttentionConfig, AttentionSm90Config, candidates_for, make_bwd_specs, spec_for
 from .warmup import BACKWARD_TABLE, TABLE, parse_config
 
 
@@ -64,9 +57,7 @@ def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: 
                    write_lse=lse)
     if config is None:
         config = candidates_for(head_dim, arch_number(arch))[0]
-    if isinstance(config, AttentionSm90Config):
-        return [make_sm90_spec(as_dtype(dtype), head_dim, config=config, **options)]
-    return [make_spec(as_dtype(dtype), head_dim, config=config, **options)]
+    return [spec_for(config, as_dtype(dtype), head_dim, **options)]
 
 
 ATTENTION = declare(

@@ -557,3 +557,12 @@ def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config |
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     c = SM90_CONFIGS[head_dim][0] if config is None else config
     return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages, **options)
+
+
+def spec_for(config, dtype: DType, head_dim: int, **options):
+    """The forward kernel of ``config`` (an :class:`AttentionSm90Config`: the Hopper kernel;
+    an :class:`AttentionConfig` or None: the sm_80 kernel, None its default tiling) for these
+    options."""
+    if isinstance(config, AttentionSm90Config):
+        return make_sm90_spec(dtype, head_dim, config=config, **options)
+    return make_spec(dtype, head_dim, config=config, **options)

@@ -31,8 +31,7 @@ from .spec import (
     AttentionSm90Config,
     candidates_for,
     make_bwd_specs,
-    make_sm90_spec,
-    make_spec,
+    spec_for,
 )
 
 TYPES = {d.numpy_name: SUPPORTED_DTYPES[d.numpy_name] for d in DTYPES}
@@ -85,11 +84,8 @@ def _kernels(v, config, *, arch: str, sms: int) -> list:
         config = candidates[0]
     elif config not in candidates:   # another head dimension's, or Hopper's elsewhere
         return []
-    options = dict(causal=v.causal, window=v.window, softcap=v.softcap, varlen=v.varlen,
-                   write_lse=v.lse, config=config)
-    if isinstance(config, AttentionSm90Config):
-        return [make_sm90_spec(TYPES[v.dtypes], v.head_dims, **options)]
-    return [make_spec(TYPES[v.dtypes], v.head_dims, **options)]
+    return [spec_for(config, TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
+                     softcap=v.softcap, varlen=v.varlen, write_lse=v.lse)]
 
 
 TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
