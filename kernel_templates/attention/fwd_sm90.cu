@@ -1,4 +1,4 @@
-{% import "common/sm90/wgmma_instr.cuh" as wgmma_instr %}
+{% import "common/wgmma_instr.cuh" as wgmma_instr %}
 // {{ spec.kernel_name }}
 // Fused attention forward on Hopper (sm_90a): the arithmetic of fwd_sm80.cu (FlashAttention's
 // online softmax in float32 in the exp2 domain, the same masks, lse, a row that sees no key
