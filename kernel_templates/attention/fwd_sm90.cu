@@ -52,7 +52,7 @@ constexpr double LOG2E = 1.4426950408889634;
 static_assert(sizeof(T) == 2, "16-bit inputs");
 static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "wgmma shapes");
 
-{{ wgmma_instr.ss("wgmma_s", spec.block_n, spec.dtype.value, 0) }}
+{{ wgmma_instr.ss("wgmma_s", spec.block_n, spec.dtype.value) }}
 
 {{ wgmma_instr.rs("wgmma_o", spec.head_dim, spec.dtype.value, 1) }}
 

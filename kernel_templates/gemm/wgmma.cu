@@ -7,6 +7,7 @@
 // and the kernel's signature; the rest is C++ that picks the variant's code with
 // `if constexpr` on those constants.
 {% import "common/epilogue_constants.cuh" as ep %}
+{% import "common/wgmma_instr.cuh" as wgmma_instr %}
 {% include "common/types.cuh" %}
 {% include "common/activations.cuh" %}
 {% include "common/sm90/mbarrier.cuh" %}
@@ -140,19 +141,7 @@ __device__ __forceinline__ void c_load(const char* ring, const int (&slot)[C_SLO
 // D (+)= A @ B for one k-step: 64 x BN, the accumulators in the register layout of wgmma
 // (the variant's instruction: its shape, types and, for 16-bit inputs, which operands are
 // transposed (M- or N-major)).
-__device__ __forceinline__ void wgmma(float (&d)[N_ACC], unsigned long long da,
-                                      unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %{{ spec.config.bn // 2 + 2 }}, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n{{ spec.config.bn }}k{{ spec.wgmma_k }}.f32.{{ spec.wgmma_type }}.{{ spec.wgmma_type }} "
-        "{ %{{ range(spec.config.bn // 2) | join(", %") }} }, "
-        "%{{ spec.config.bn // 2 }}, %{{ spec.config.bn // 2 + 1 }}, p, 1, 1{{ spec.wgmma_transposes }};\n"
-        "}\n"
-        : "+f"(d[{{ range(spec.config.bn // 2) | join(']), "+f"(d[') }}])
-        : "l"(da), "l"(db), "r"(accumulate));
-}
+{{ wgmma_instr.ss("wgmma", spec.config.bn, spec.wgmma_type, spec.wgmma_k, spec.wgmma_transposes) }}
 
 // The kernel: its parameters and the epilogue's scalars under the names the shared epilogue's
 // formulas use, and the layout of shared memory (set up by the __global__ function), a
