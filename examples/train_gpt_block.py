@@ -13,7 +13,8 @@ was trained.
 The model: token embedding plus a learned positional embedding, ``--layers`` pre-LayerNorm
 blocks, a final LayerNorm and a head (no bias). A block is ``x + attn(ln1(x))`` then
 ``x + mlp(ln2(x))``: the attention's qkv and output projections are ``ge2jit.torch.Linear``
-(the attention itself ``scaled_dot_product_attention(is_causal=True)``), the MLP is
+(the attention itself ``ge2jit.torch.scaled_dot_product_attention(is_causal=True)`` on
+16-bit tensors, PyTorch's on float32 ones and in the baseline), the MLP is
 ``ge2jit.torch.MLP([d, 4 * d, d], act="gelu_tanh")`` (one custom op whose backward is
 chained), the head a ``ge2jit.torch.Linear``. ``--baseline`` builds the same model on
 PyTorch's layers (``nn.Linear``; ``nn.Sequential(Linear, GELU("tanh"), Linear)``), with the
@@ -116,7 +117,7 @@ def make_mlp(d: int, baseline: bool, device) -> nn.Module:
 class CausalSelfAttention(nn.Module):
     def __init__(self, d: int, heads: int, baseline: bool, device):
         super().__init__()
-        self.heads = heads
+        self.heads, self.baseline = heads, baseline
         self.qkv = linear(d, 3 * d, baseline, device)
         self.proj = linear(d, d, baseline, device)
 
@@ -124,7 +125,10 @@ class CausalSelfAttention(nn.Module):
         b, t, d = x.shape
         qkv = self.qkv(x).view(b, t, 3, self.heads, d // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)   # each (b, heads, t, d / heads)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if not self.baseline and q.dtype in (torch.float16, torch.bfloat16):
+            y = gt.scaled_dot_product_attention(q, k, v, is_causal=True)   # ge2jit's kernels
+        else:   # float32, and the baseline: PyTorch's
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 

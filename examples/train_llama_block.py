@@ -22,19 +22,20 @@ LLaMA-7B-sized block's training step against PyTorch's. Needs a CUDA GPU.
 
 Without a GPU (or without PyTorch) it says so in one line and exits with status 2.
 
-The model: a token embedding, ``--layers`` LLaMA blocks, a final RMSNorm and a head (no
-bias). A block is ``x -> RMSNorm -> attention -> residual add -> RMSNorm -> SwiGLU MLP ->
-residual add``: the attention's q, k, v and o projections are ``ge2jit.torch.Linear(d, d,
-bias=False)``, q and k get rotary position embeddings (plain PyTorch; there is no other
-position information), the attention itself is ``scaled_dot_product_attention(is_causal=
-True)``; the MLP is ``ge2jit.torch.GatedMLP(d, hidden, act="silu", bias=False)``,
-``down(silu(x @ W_gate.T) * (x @ W_up.T))``; the norms are ``ge2jit.torch.RMSNorm(d,
-eps=1e-6)``. Every residual add is fused into the RMSNorm that follows it (``norm(x,
-residual)`` returns ``(rms_norm(x + residual), x + residual)``): the block's second norm
-takes the attention's output and the residual stream, and a block hands its MLP's output and
-the stream to the next block's first norm (the final norm after the last block). The loss
-is ``ge2jit.torch.cross_entropy``, the head a ``ge2jit.torch.Linear``. ``--hidden``
-defaults to LLaMA's width, 8d/3 rounded up to a multiple of 256 (11008 at d = 4096).
+The model: a token embedding, ``--layers`` LLaMA blocks, a final RMSNorm and a head (no bias).
+A block is ``x -> RMSNorm -> attention -> residual add -> RMSNorm -> SwiGLU MLP -> residual
+add``: the attention's q, k, v and o projections are ``ge2jit.torch.Linear(d, d, bias=False)``,
+q and k get rotary position embeddings (plain PyTorch; there is no other position information),
+the attention itself is ``ge2jit.torch.scaled_dot_product_attention(is_causal=True)`` on 16-bit
+tensors (PyTorch's on float32 ones and with ``--impl torch``); the MLP is
+``ge2jit.torch.GatedMLP(d, hidden, act="silu", bias=False)``, ``down(silu(x @ W_gate.T) * (x @
+W_up.T))``; the norms are ``ge2jit.torch.RMSNorm(d, eps=1e-6)``. Every residual add is fused
+into the RMSNorm that follows it (``norm(x, residual)`` returns ``(rms_norm(x + residual), x +
+residual)``): the block's second norm takes the attention's output and the residual stream, and
+a block hands its MLP's output and the stream to the next block's first norm (the final norm
+after the last block). The loss is ``ge2jit.torch.cross_entropy``, the head a
+``ge2jit.torch.Linear``. ``--hidden`` defaults to LLaMA's width, 8d/3 rounded up to a multiple
+of 256 (11008 at d = 4096).
 
 ``--impl torch`` builds the same model on PyTorch's layers (``nn.Linear``, ``nn.RMSNorm``
 with the residual add written out, ``F.silu`` between ``nn.Linear`` layers,
@@ -267,7 +268,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class Attention(nn.Module):
     def __init__(self, d: int, heads: int, seq: int, impl: str, device):
         super().__init__()
-        self.heads = heads
+        self.heads, self.impl = heads, impl
         self.q, self.k, self.v, self.o = (linear(d, d, impl, device) for _ in range(4))
         cos, sin = rope_tables(seq, d // heads, device)
         self.register_buffer("cos", cos, persistent=False)
@@ -281,8 +282,16 @@ class Attention(nn.Module):
 
         q = rotate(split(self.q), self.cos, self.sin)
         k = rotate(split(self.k), self.cos, self.sin)
-        y = F.scaled_dot_product_attention(q, k, split(self.v), is_causal=True)
+        y = attend(self.impl, q, k, split(self.v))
         return self.o(y.transpose(1, 2).reshape(b, t, d))
+
+
+def attend(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of (batch, heads, t, head_dim) tensors: ge2jit's kernels for 16-bit
+    tensors (under autocast, say), PyTorch's for float32 and for ``--impl torch``."""
+    if impl != "torch" and q.dtype in (torch.float16, torch.bfloat16):
+        return gt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Block(nn.Module):
