@@ -169,6 +169,11 @@ def tune(op, *args, reps: int = 20, processes: int | None = None, **kwargs) -> T
                                 "; ".join(r["error"] for r in records))
     default_db().put(key, {"config": ok[0]["config"], "ms": ok[0]["ms"],
                            "table": [[r["config"], r["ms"]] for r in ok]})
+    # every op's stored launches (prepared calls, compiled programs) chose before this record
+    # existed: the next call of each pattern chooses again
+    from .prepared import clear_all
+
+    clear_all()
     if op.clear_plans is not None:
         op.clear_plans()
     best = ConfigChoice(ok[0]["config"], "tuned",

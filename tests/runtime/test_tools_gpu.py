@@ -145,3 +145,17 @@ def test_the_generic_tuner_times_a_registered_op(tuning_db, monkeypatch):
     assert tools.tuned_config("toy_adam", {"size": n + 1}) is None
     records = ge2jit.benchmark_configs(_steps, p, g, m, v, reps=2)   # no plan: times alone
     assert [r["config"] for r in records] == ["one", "two"] and "kernels" not in records[0]
+
+
+def test_a_tuned_config_is_taken_by_the_next_call_of_a_pattern_already_run(tuning_db):
+    """tune forgets every op's stored launches: a softmax pattern run before its tuning
+    chooses again (here: the tuned config) instead of replaying the launch it stored."""
+    from ge2jit.ops.softmax.op import FORWARD
+
+    x = rand(64, 3000)
+    ge2jit.softmax(x)                      # the heuristic's launch, stored for this pattern
+    assert len(FORWARD.prepared) > 0
+    result = ge2jit.tune(ge2jit.softmax, x, reps=3)
+    assert len(FORWARD.prepared) == 0      # forgotten: the next call plans again
+    ge2jit.softmax(x)
+    assert ge2jit.explain(ge2jit.softmax, x).config == result.best.name
