@@ -40,6 +40,12 @@ constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
 constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
+// OVERLAP: a consumer issues block i's S = Q K^T before block i - 1's O += P V, and does block
+// i's softmax while that product runs (FlashAttention-3's intra-warpgroup overlap; P of block
+// i - 1 kept in registers as A fragments). PINGPONG: the two consumers take turns issuing
+// their products (named barriers 1 and 2), so that one's softmax runs under the other's.
+constexpr bool OVERLAP = {{ "true" if spec.overlap else "false" }};
+constexpr bool PINGPONG = {{ "true" if spec.overlap else "false" }};
 
 constexpr int THREADS = 384;                  // producer + 2 consumers
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;   // 128 x 40 + 256 x 232 <= 64 Ki
@@ -149,25 +155,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
 
     mbar_wait(q_full, 0);
-#pragma unroll 1
-    for (int it = 0; it < n_blocks; ++it) {
-        const int s = it % STAGES, phase = (it / STAGES) & 1;
-        const int n0 = (n_first + it) * BN;
-        const unsigned sK = sKV + s * 2 * KV_BYTES, sV = sK + KV_BYTES;
-
-        // S = Q K^T
-        float sc[BN / 2];
-        mbar_wait(k_full(s), phase);
+    auto issue_s = [&](float (&sc)[BN / 2], int it) {   // S of block it, committed
+        const int s = it % STAGES;
+        mbar_wait(k_full(s), (it / STAGES) & 1);
         wgmma_fence();
 #pragma unroll
         for (int kd = 0; kd < D / 16; ++kd) {
             const int c = kd / 4, kk = kd % 4;
             wgmma_s(sc, descriptor(sQ + c * Q_CHUNK + wg * 64 * 128 + kk * 32, 16, 1024),
-                    descriptor(sK + c * KV_CHUNK + kk * 32, 16, 1024), kd > 0);
+                    descriptor(sKV + s * 2 * KV_BYTES + c * KV_CHUNK + kk * 32, 16, 1024),
+                    kd > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-
+    };
+    auto issue_pv = [&](const unsigned (&pa)[BN / 16][4], int it) {   // O += P V, committed
+        const int s = it % STAGES;
+        mbar_wait(v_full(s), (it / STAGES) & 1);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_o(acc, pa[kk], descriptor(sKV + s * 2 * KV_BYTES + KV_BYTES + kk * 16 * 128,
+                                            KV_CHUNK, 1024), 1);
+        wgmma_commit();
+    };
+    // Block it's scores: capped, masked, then the online softmax: P as A fragments in pa, the
+    // row maximum and sum updated; corr[hh]: the factor of what O holds (applied by the caller).
+    auto softmax = [&](float (&sc)[BN / 2], unsigned (&pa)[BN / 16][4], int it,
+                       float (&corr)[2]) {
+        const int n0 = (n_first + it) * BN;
         if constexpr (SOFTCAP) {
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) sc[i] = cap_out * tanh_approx(sc[i] * cap_in);
@@ -179,7 +194,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 if (j < lo[hh] || j >= hi[hh]) sc[i] = neg_inf();
             }
         }
-        // online softmax per row half hh: the quad's max, the rescale, P in place of S
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float mx = row_max[hh];
@@ -189,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float base_v = mx == neg_inf() ? 0.0f : mx * SL;
-            const float corr = exp2_approx(row_max[hh] * SL - base_v);
+            corr[hh] = exp2_approx(row_max[hh] * SL - base_v);
             row_max[hh] = mx;
             float sum = 0.0f;
 #pragma unroll
@@ -200,28 +214,71 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     sc[4 * nt + 2 * hh + c] = pv;
                     sum += pv;
                 }
-            row_sum[hh] = row_sum[hh] * corr + sum;
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                acc[4 * dt + 2 * hh] *= corr;
-                acc[4 * dt + 2 * hh + 1] *= corr;
-            }
+            row_sum[hh] = row_sum[hh] * corr[hh] + sum;
         }
-
-        // O += P V
-        mbar_wait(v_full(s), phase);
-        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            const unsigned pa[4] = {pack_f32x2<T>(sc[8 * kk], sc[8 * kk + 1]),
-                                    pack_f32x2<T>(sc[8 * kk + 2], sc[8 * kk + 3]),
-                                    pack_f32x2<T>(sc[8 * kk + 4], sc[8 * kk + 5]),
-                                    pack_f32x2<T>(sc[8 * kk + 6], sc[8 * kk + 7])};
-            wgmma_o(acc, pa, descriptor(sV + kk * 16 * 128, KV_CHUNK, 1024), 1);
+            pa[kk][0] = pack_f32x2<T>(sc[8 * kk], sc[8 * kk + 1]);
+            pa[kk][1] = pack_f32x2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = pack_f32x2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = pack_f32x2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
-        wgmma_commit();
+    };
+    auto rescale = [&](const float (&corr)[2]) {
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[4 * dt + r] *= corr[r >> 1];
+    };
+    auto release = [&](int it) {   // this warp is done with block it's stage
+        if (lane == 0) mbar_arrive(empty(it % STAGES));
+    };
+
+    float sc[BN / 2], corr[2];
+    unsigned pa[BN / 16][4];
+    if constexpr (!OVERLAP) {
+#pragma unroll 1
+        for (int it = 0; it < n_blocks; ++it) {
+            issue_s(sc, it);
+            wgmma_wait<0>();
+            softmax(sc, pa, it, corr);
+            rescale(corr);
+            issue_pv(pa, it);
+            wgmma_wait<0>();
+            release(it);
+        }
+    } else if (n_blocks > 0) {
+        // block it's S is issued, then block it - 1's P V (P of it - 1 in pa), then block
+        // it's softmax runs while P V does; O is rescaled once P V is done. With PINGPONG a
+        // consumer issues its two products in its turn (barrier 1 + wg) and then lets the
+        // other go (it skips its last arrival, which nobody waits for).
+        if (PINGPONG && wg == 1) named_barrier_arrive(1, 256);   // consumer 0 goes first
+        if (PINGPONG) named_barrier(1 + wg, 256);
+        issue_s(sc, 0);
+        if (PINGPONG && !(wg == 1 && n_blocks == 1)) named_barrier_arrive(2 - wg, 256);
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(empty(s));   // this warp is done with the stage
+        softmax(sc, pa, 0, corr);
+        rescale(corr);
+#pragma unroll 1
+        for (int it = 1; it < n_blocks; ++it) {
+            if (PINGPONG) named_barrier(1 + wg, 256);
+            issue_s(sc, it);
+            issue_pv(pa, it - 1);
+            if (PINGPONG && !(wg == 1 && it == n_blocks - 1)) named_barrier_arrive(2 - wg, 256);
+            wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
+            unsigned pa_next[BN / 16][4];
+            softmax(sc, pa_next, it, corr);
+            wgmma_wait<0>();             // P V of block it - 1: O holds it
+            release(it - 1);
+            rescale(corr);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) pa[kk][r] = pa_next[kk][r];
+        }
+        issue_pv(pa, n_blocks - 1);
+        wgmma_wait<0>();
+        release(n_blocks - 1);
     }
 
     // Epilogue: o / l, lse, stores of the rows below the length

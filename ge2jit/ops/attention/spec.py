@@ -422,12 +422,16 @@ MAX_SMEM_SM90 = 227 * 1024
 @dataclass(frozen=True)
 class AttentionSm90Config:
     """One tiling of the Hopper forward (``fwd_sm90.cu``): 128 query rows a block (two
-    consumer warpgroups of 64), ``block_n`` keys a step through ``stages`` buffers."""
+    consumer warpgroups of 64), ``block_n`` keys a step through ``stages`` buffers;
+    ``overlap``: a block's softmax under the previous block's P V product, the two consumers
+    taking turns (FlashAttention-3's intra-warpgroup overlap and ping-pong)."""
 
     block_n: int
     stages: int = 2
+    overlap: bool = False
 
     def __post_init__(self):
+        check_field(self, "overlap", bool)
         for name in ("block_n", "stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -443,15 +447,15 @@ class AttentionSm90Config:
 
     @property
     def name(self) -> str:
-        return f"h{self.block_n}s{self.stages}"
+        return f"h{self.block_n}s{self.stages}" + ("o" if self.overlap else "")
 
 
 #: the Hopper forward's tilings per head dimension, the default first (taken on sm_90 devices
 #: unless a call pins an sm_80 config)
 SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
-    64: (AttentionSm90Config(128),),
-    128: (AttentionSm90Config(128),),
-    256: (AttentionSm90Config(64),),
+    64: (AttentionSm90Config(128), AttentionSm90Config(128, overlap=True)),
+    128: (AttentionSm90Config(128), AttentionSm90Config(128, overlap=True)),
+    256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True)),
 }
 SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
 
@@ -480,12 +484,13 @@ class AttentionFwdSm90Spec(KernelSpec):
     varlen: bool = False
     write_lse: bool = False
     stages: int = 2
+    overlap: bool = False
 
     template = "attention/fwd_sm90.cu"
 
     @property
     def config(self) -> AttentionSm90Config:
-        return AttentionSm90Config(self.block_n, self.stages)
+        return AttentionSm90Config(self.block_n, self.stages, self.overlap)
 
     def __post_init__(self):
         check_field(self, "dtype", DType)
@@ -501,7 +506,7 @@ class AttentionFwdSm90Spec(KernelSpec):
             raise ArgumentValueError(f"AttentionFwdSm90Spec: expected block_n a multiple of 16 "
                                      f"up to 256 and stages 2 or 3, got {self.block_n} and "
                                      f"{self.stages}")
-        for name in ("causal", "window", "softcap", "varlen", "write_lse"):
+        for name in ("causal", "window", "softcap", "varlen", "write_lse", "overlap"):
             check_field(self, name, bool)
         if self.smem_bytes > MAX_SMEM_SM90:
             raise ArgumentValueError(f"AttentionFwdSm90Spec: block_n {self.block_n} needs "
@@ -526,7 +531,7 @@ class AttentionFwdSm90Spec(KernelSpec):
             ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
             ("varlen", self.varlen), ("lse", self.write_lse)) if on)
         return (f"attn_fwd_sm90_{self.dtype.value}_d{self.head_dim}_n{self.block_n}"
-                f"s{self.stages}" + flags)
+                f"s{self.stages}" + ("o" if self.overlap else "") + flags)
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -556,7 +561,8 @@ def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config |
     if head_dim not in SM90_CONFIGS:
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     c = SM90_CONFIGS[head_dim][0] if config is None else config
-    return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages, **options)
+    return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages,
+                                overlap=c.overlap, **options)
 
 
 def spec_for(config, dtype: DType, head_dim: int, **options):

@@ -6,6 +6,11 @@
 __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+// bar.arrive: counts this warp's threads toward barrier `id`'s `count` without waiting (the
+// warps that bar.sync on it wait for them): one warpgroup lets another go.
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 // This warpgroup keeps at most N registers a thread (a producer that needs few).
 template <int N>
 __device__ __forceinline__ void warpgroup_registers_down() {

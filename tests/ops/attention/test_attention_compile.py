@@ -22,6 +22,7 @@ from ge2jit.ops.attention.spec import (
     MAX_SMEM_SM80,
     MAX_SMEM_SM90,
     SM90_BLOCK_N,
+    SM90_CONFIGS,
     AttentionConfig,
     AttentionFwdSm90Spec,
     AttentionFwdSpec,
@@ -193,8 +194,10 @@ SM90_FLAGS = ("causal", "window", "softcap", "varlen", "write_lse")
 @pytest.mark.parametrize("dtype, on", [(DType.F16, False), (DType.BF16, True),
                                        (DType.BF16, False)], ids=["f16-off", "bf16-on",
                                                                   "bf16-off"])
-def test_the_hopper_kernel_compiles_without_spills(d, dtype, on, compile_cache):
-    spec = make_sm90_spec(dtype, d, **{f: on for f in SM90_FLAGS})
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_the_hopper_kernel_compiles_without_spills(d, dtype, on, overlap, compile_cache):
+    config = next(c for c in SM90_CONFIGS[d] if c.overlap == overlap)
+    spec = make_sm90_spec(dtype, d, config=config, **{f: on for f in SM90_FLAGS})
     entry = check_compiled(spec, "sm_90a", compile_cache)
     # the producer's setmaxnreg gives the consumers their registers: the kernel is compiled
     # for 384 threads of one block on a multiprocessor

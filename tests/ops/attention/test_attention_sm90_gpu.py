@@ -13,7 +13,7 @@ import pytest
 
 from ge2jit.jit.loader import launcher_for
 from ge2jit.jit.tma import tensor_map
-from ge2jit.ops.attention.spec import make_sm90_spec
+from ge2jit.ops.attention.spec import SM90_CONFIGS, make_sm90_spec
 from ge2jit.runtime.dtypes import SUPPORTED_DTYPES
 
 from ...gpu_arrays import cp
@@ -43,10 +43,11 @@ def _map(dtype: str, x, rows: int, varlen: bool):
 
 
 def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=False,
-         window=None, softcap=None, scale=None, lse=False, bhsd=False, seqlens=None):
+         window=None, softcap=None, scale=None, lse=False, bhsd=False, seqlens=None,
+         overlap=False):
     h_kv = h if h_kv is None else h_kv
     rng = rng_for("sm90", dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, lse, bhsd,
-                  seqlens)
+                  seqlens, overlap)
     q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
     varlen = seqlens is not None
 
@@ -59,8 +60,10 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     o = cp.full(q.shape, np.nan, np.float32).astype(q.dtype)
     if bhsd:
         o = cp.ascontiguousarray(o.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    spec = make_sm90_spec(SUPPORTED_DTYPES[dtype], d, causal=causal, window=window is not None,
-                          softcap=bool(softcap), varlen=varlen, write_lse=lse)
+    config = next(c for c in SM90_CONFIGS[d] if c.overlap == overlap)
+    spec = make_sm90_spec(SUPPORTED_DTYPES[dtype], d, config=config, causal=causal,
+                          window=window is not None, softcap=bool(softcap), varlen=varlen,
+                          write_lse=lse)
     if varlen:
         batch, lens_q, lens_k = len(seqlens[0]), max(seqlens[0]), max(seqlens[1])
         lse_shape = (h, q.shape[0])
@@ -100,11 +103,16 @@ class _Rows:
         block_m = 128
 
 
+OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+
+
+@OVERLAP
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_one_block_then_ragged_lengths(dtype, d):
-    _run(dtype, d=d, s_q=128, s_k=64, b=1, h=1)
-    _run(dtype, d=d, s_q=200, s_k=333)
+def test_one_block_then_ragged_lengths(dtype, d, overlap):
+    _run(dtype, d=d, s_q=128, s_k=64, b=1, h=1, overlap=overlap)
+    _run(dtype, d=d, s_q=200, s_k=333, overlap=overlap)
+    _run(dtype, d=d, s_q=300, s_k=1000, overlap=overlap)   # many key blocks
 
 
 @pytest.mark.parametrize("options", [
@@ -114,12 +122,14 @@ def test_one_block_then_ragged_lengths(dtype, d):
     dict(lse=True, causal=True, softcap=5.0), dict(bhsd=True), dict(bhsd=True, causal=True),
     dict(d=256, causal=True, lse=True), dict(d=64, window=(0, 0)), dict(scale=0.05),
 ], ids=str)
-def test_options(options):
-    _run("bfloat16", **options)
+@OVERLAP
+def test_options(options, overlap):
+    _run("bfloat16", overlap=overlap, **options)
 
 
+@OVERLAP
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_packed_sequences(d):
+def test_packed_sequences(d, overlap):
     seqlens = ([5, 0, 300, 130], [70, 3, 300, 0])
-    _run("float16", d=d, h=4, h_kv=2, seqlens=seqlens, causal=True, lse=True)
-    _run("bfloat16", d=d, h=4, seqlens=seqlens, window=(20, 20))
+    _run("float16", d=d, h=4, h_kv=2, seqlens=seqlens, causal=True, lse=True, overlap=overlap)
+    _run("bfloat16", d=d, h=4, seqlens=seqlens, window=(20, 20), overlap=overlap)
