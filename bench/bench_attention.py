@@ -9,6 +9,8 @@ sequence, 4 x 4096 tokens not causal, and 8 x 2048 with head_dim 64 (bfloat16, (
 tensors as PyTorch's SDPA takes them). Implementations:
 
 - ``ge2jit``: ``ge2jit.torch.scaled_dot_product_attention`` (the custom op, GQA read natively);
+  in the forward, also ``ge2jit <config>``: ``ge2jit.attention`` pinned to each other candidate
+  config of the GPU (on sm_90 the Hopper kernel's overlapped variant, the sm_80 kernel's);
 - ``torch flash`` / ``torch cudnn`` / ``torch efficient``: ``F.scaled_dot_product_attention``
   pinned to that backend with ``torch.nn.attention.sdpa_kernel`` (a backend that refuses the
   shape is left out of its row); grouped-query heads with ``enable_gqa=True``.
@@ -69,6 +71,14 @@ def implementations(q, k, v, causal):
     F = torch.nn.functional
     cases = {"ge2jit": lambda: gt.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                 enable_gqa=gqa)}
+    if not q.requires_grad:   # the forward's other candidate configs on this GPU, pinned
+        import ge2jit
+        from ge2jit.ops.attention.spec import candidates_for
+
+        arch = 90 if torch.cuda.get_device_capability() == (9, 0) else 80
+        for config in candidates_for(q.shape[-1], arch)[1:]:
+            cases[f"ge2jit {config.name}"] = lambda config=config: ge2jit.attention(
+                q, k, v, causal=causal, layout="bhsd", config=config)
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     for name in BACKENDS:
@@ -114,18 +124,21 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
                    .requires_grad_() for shape in make)
         for mode in ("fwd", "fwd+bwd"):
-            cases = implementations(q, k, v, bool(causal))
-            if mode == "fwd+bwd":
-                cases = with_backward(cases, q, k, v)
+            if mode == "fwd":   # without autograd: the forward alone, and each config of it
+                cases = implementations(q.detach(), k.detach(), v.detach(), bool(causal))
+            else:
+                cases = with_backward(implementations(q, k, v, bool(causal)), q, k, v)
             ms = interleaved_ms([(fn, [()]) for fn in cases.values()], rounds=args.rounds,
                                 batch_ms=BATCH_MS)
             f = flops(b, h, s, d, causal, mode)
             rows.append({"batch": b, "heads": h, "kv_heads": h_kv, "seq": s, "head_dim": d,
                          "causal": bool(causal), "mode": mode, "ms": dict(zip(cases, ms)),
                          "tflops": {n: f / t / 1e9 for n, t in zip(cases, ms)}})
-    names = ["ge2jit", *(f"torch {n}" for n in BACKENDS)]
+    names = list(dict.fromkeys(n for r in rows for n in r["tflops"] if n.startswith("ge2jit")))
+    names += [f"torch {n}" for n in BACKENDS]
     print("\nTFLOP/s, bfloat16 (fwd / fwd+bwd; - where a backend refuses the shape)")
-    print("| B, H, H_kv, S, D, causal | " + " | ".join(names) + " | ge2jit / best torch |")
+    print("| B, H, H_kv, S, D, causal | " + " | ".join(names)
+          + " | best ge2jit / best torch |")
     print("|---" * (len(names) + 2) + "|")
     for fwd, both in zip(rows[::2], rows[1::2]):
         cells = []
@@ -133,8 +146,9 @@ def main(argv=None) -> int:
             cells.append(" / ".join(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "-"
                                     for r in (fwd, both)))
         ratio = " / ".join(
-            f"{r['tflops']['ge2jit'] / max(t for m, t in r['tflops'].items() if m != 'ge2jit'):.2f}"
-            if len(r["tflops"]) > 1 else "-" for r in (fwd, both))
+            f"{max(t for m, t in r['tflops'].items() if m.startswith('ge2jit')) / best:.2f}"
+            if (best := max((t for m, t in r["tflops"].items() if m.startswith("torch")),
+                            default=0)) else "-" for r in (fwd, both))
         print(f"| {fwd['batch']}, {fwd['heads']}, {fwd['kv_heads']}, {fwd['seq']}, "
               f"{fwd['head_dim']}, {'yes' if fwd['causal'] else 'no'} | " + " | ".join(cells)
               + f" | {ratio} |")
