@@ -21,14 +21,7 @@
 //                  BN / 16 steps
 // The output: rows below the sequence's length stored from registers, a quad's 4-byte pairs
 // 16 contiguous bytes.
-{% include "common/types.cuh" %}
-{% include "common/activations.cuh" %}
-{% include "common/sm80/mma.cuh" %}
-{% include "common/sm90/mbarrier.cuh" %}
-{% include "common/sm90/tma.cuh" %}
-{% include "common/sm90/wgmma.cuh" %}
-{% include "common/sm90/warpgroup.cuh" %}
-{% include "attention/masks.cuh" %}
+{% include "attention/sm90.cuh" %}
 
 using T = {{ spec.dtype.ctype }};                        // q, k, v, o
 constexpr int D = {{ spec.head_dim }};
@@ -62,17 +55,6 @@ static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256 && D <= 256, "wgmma shape
 
 {{ wgmma_instr.rs("wgmma_o", spec.head_dim, spec.dtype.value, 1) }}
 
-// One tile (Q's or a K or V stage) of ROWS rows from row `row` of head `head` of sequence `b`
-// (VARLEN: `row` in the packed rows, b unused), its DC chunks into `dst`, on `bar`.
-template <int ROWS>
-__device__ __forceinline__ void load_tile(unsigned dst, const TensorMap* map, int row, int head,
-                                          int b, unsigned bar) {
-#pragma unroll
-    for (int c = 0; c < DC; ++c) {
-        if constexpr (VARLEN) tma_load_3d(dst + c * ROWS * 128, map, 64 * c, row, head, bar);
-        else tma_load_4d(dst + c * ROWS * 128, map, 64 * c, row, head, b, bar);
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 {{ spec.kernel_name }}({{ spec.param_list() }})
@@ -117,16 +99,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         warpgroup_registers_down<PRODUCER_REGS>();
         if (tid == 0) {
             mbar_expect_tx(q_full, Q_BYTES);
-            load_tile<BM>(sQ, &tma_q, static_cast<int>(q_row0) + m0, h, b, q_full);
+            load_tile<BM, DC, VARLEN>(sQ, &tma_q, static_cast<int>(q_row0) + m0, h, b, q_full);
             for (int it = 0; it < n_blocks; ++it) {
                 const int s = it % STAGES;
                 const int row = static_cast<int>(k_row0) + (n_first + it) * BN;
                 mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
                 const unsigned stage = sKV + s * 2 * KV_BYTES;
                 mbar_expect_tx(k_full(s), KV_BYTES);
-                load_tile<BN>(stage, &tma_k, row, hk, b, k_full(s));
+                load_tile<BN, DC, VARLEN>(stage, &tma_k, row, hk, b, k_full(s));
                 mbar_expect_tx(v_full(s), KV_BYTES);
-                load_tile<BN>(stage + KV_BYTES, &tma_v, row, hk, b, v_full(s));
+                load_tile<BN, DC, VARLEN>(stage + KV_BYTES, &tma_v, row, hk, b, v_full(s));
             }
         }
         return;

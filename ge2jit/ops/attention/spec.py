@@ -467,8 +467,47 @@ def candidates_for(head_dim: int, arch: int) -> tuple:
     return (SM90_CONFIGS[head_dim] + CONFIGS[head_dim]) if arch == 90 else CONFIGS[head_dim]
 
 
+class _Hopper:
+    """What the Hopper attention kernels' specs share: sm_90a, three warpgroups, the checks of
+    their types, flags and shared memory, and the flags' part of their names."""
+
+    FLAGS: tuple = ()
+
+    def _check(self, sizes, what: str) -> None:
+        """The dtype, ``head_dim`` (one of ``sizes``), the FLAGS (bools) and the shared
+        memory (``what``: the tiling that asks for it, for the message)."""
+        owner = type(self).__name__
+        check_field(self, "dtype", DType)
+        if self.dtype not in DTYPES:
+            raise ArgumentValueError(f"{owner}.dtype: expected float16 or bfloat16, got "
+                                     f"{self.dtype.numpy_name}")
+        if isinstance(self.head_dim, bool) or self.head_dim not in sizes:
+            raise ArgumentValueError(f"{owner}.head_dim: expected 64, 128 or 256, got "
+                                     f"{self.head_dim!r}")
+        for name in self.FLAGS:
+            check_field(self, name, bool)
+        if self.smem_bytes > MAX_SMEM_SM90:
+            raise ArgumentValueError(f"{owner}: {what} needs {self.smem_bytes} B of shared "
+                                     f"memory at head_dim {self.head_dim} ({MAX_SMEM_SM90} B "
+                                     f"allowed)")
+
+    def _flags(self) -> str:
+        short = {"window": "win", "softcap": "cap", "write_lse": "lse"}
+        return "".join(f"_{short.get(n, n)}" for n in self.FLAGS
+                       if n != "overlap" and getattr(self, n))
+
+    @property
+    def threads(self) -> int:
+        return 384
+
+    def target_arch(self, device_arch: str) -> str:
+        from ...jit.nvrtc import arch_number
+
+        return f"sm_{arch_number(device_arch)}a"
+
+
 @dataclass(frozen=True)
-class AttentionFwdSm90Spec(KernelSpec):
+class AttentionFwdSm90Spec(_Hopper, KernelSpec):
     """The attention forward on Hopper (sm_90a, ``fwd_sm90.cu``): TMA loads of Q, K and V by
     tensor maps (``tma_q``, ``tma_k``, ``tma_v``: 4-D over (head_dim, seq, heads, batch), 3-D
     over (head_dim, rows, heads) with ``varlen``), wgmma products, a producer warpgroup and
@@ -487,35 +526,20 @@ class AttentionFwdSm90Spec(KernelSpec):
     overlap: bool = False
 
     template = "attention/fwd_sm90.cu"
+    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap")
 
     @property
     def config(self) -> AttentionSm90Config:
         return AttentionSm90Config(self.block_n, self.stages, self.overlap)
 
     def __post_init__(self):
-        check_field(self, "dtype", DType)
-        if self.dtype not in DTYPES:
-            raise ArgumentValueError(f"AttentionFwdSm90Spec.dtype: expected float16 or "
-                                     f"bfloat16, got {self.dtype.numpy_name}")
-        if self.head_dim not in SM90_BLOCK_N or isinstance(self.head_dim, bool):
-            raise ArgumentValueError(f"AttentionFwdSm90Spec.head_dim: expected 64, 128 or "
-                                     f"256, got {self.head_dim!r}")
         check_field(self, "block_n", int)
         check_field(self, "stages", int)
         if self.block_n % 16 or not 16 <= self.block_n <= 256 or self.stages not in (2, 3):
             raise ArgumentValueError(f"AttentionFwdSm90Spec: expected block_n a multiple of 16 "
                                      f"up to 256 and stages 2 or 3, got {self.block_n} and "
                                      f"{self.stages}")
-        for name in ("causal", "window", "softcap", "varlen", "write_lse", "overlap"):
-            check_field(self, name, bool)
-        if self.smem_bytes > MAX_SMEM_SM90:
-            raise ArgumentValueError(f"AttentionFwdSm90Spec: block_n {self.block_n} needs "
-                                     f"{self.smem_bytes} B of shared memory at head_dim "
-                                     f"{self.head_dim} ({MAX_SMEM_SM90} B allowed)")
-
-    @property
-    def threads(self) -> int:
-        return 384
+        self._check(SM90_BLOCK_N, f"block_n {self.block_n}")
 
     @property
     def smem_bytes(self) -> int:
@@ -527,11 +551,8 @@ class AttentionFwdSm90Spec(KernelSpec):
 
     @property
     def kernel_name(self) -> str:
-        flags = "".join(f"_{name}" for name, on in (
-            ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
-            ("varlen", self.varlen), ("lse", self.write_lse)) if on)
         return (f"attn_fwd_sm90_{self.dtype.value}_d{self.head_dim}_n{self.block_n}"
-                f"s{self.stages}" + ("o" if self.overlap else "") + flags)
+                f"s{self.stages}" + ("o" if self.overlap else "") + self._flags())
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -544,11 +565,6 @@ class AttentionFwdSm90Spec(KernelSpec):
                 pointer("cu_seqlens_k", "int", const=True),
                 *int64("ob", "os", "oh", "B", "H", "H_kv", "S_q", "S_k"),
                 *double("scale", "softcap"), *int64("window_left", "window_right"))
-
-    def target_arch(self, device_arch: str) -> str:
-        from ...jit.nvrtc import arch_number
-
-        return f"sm_{arch_number(device_arch)}a"
 
     def grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
         return (max(1, -(-max_seqlen_q // 128)), heads, batch)
@@ -572,3 +588,90 @@ def spec_for(config, dtype: DType, head_dim: int, **options):
     if isinstance(config, AttentionSm90Config):
         return make_sm90_spec(dtype, head_dim, config=config, **options)
     return make_spec(dtype, head_dim, config=config, **options)
+
+
+# --- the Hopper backward ------------------------------------------------------------------------
+
+#: the Hopper backward's steps per head dimension: (dq kernel's keys a step, dkv kernel's
+#: queries a step, dkv kernel's column splits)
+SM90_BWD = {64: (64, 64, 1), 128: (64, 32, 1), 256: (32, 32, 2)}
+
+
+@dataclass(frozen=True)
+class AttentionBwdSm90Spec(_Hopper, KernelSpec):
+    """The dq or dkv kernel of the attention backward on Hopper (sm_90a, ``bwd_sm90.cu``): a
+    block of 128 query rows (dq) or keys (dkv), a producer warpgroup loading by TMA (maps
+    ``tma_q``, ``tma_k``, ``tma_v``, ``tma_do`` as the forward's), two consumer warpgroups of
+    64 rows, ``step`` keys (dq) or queries (dkv) a step, dk and dv in ``dsplit`` column
+    splits. Delta comes from the sm_80 backward's "dot" kernel."""
+
+    kind: str
+    dtype: DType
+    head_dim: int
+    step: int
+    dsplit: int = 1
+    causal: bool = False
+    window: bool = False
+    softcap: bool = False
+    varlen: bool = False
+
+    template = "attention/bwd_sm90.cu"
+
+    FLAGS = ("causal", "window", "softcap", "varlen")
+
+    def __post_init__(self):
+        if self.kind not in ("dq", "dkv"):
+            raise ArgumentValueError(f"AttentionBwdSm90Spec.kind: expected 'dq' or 'dkv', got "
+                                     f"{self.kind!r}")
+        for name in ("step", "dsplit"):
+            check_field(self, name, int)
+        if self.step % 16 or not 16 <= self.step <= 256 or self.dsplit not in (1, 2) or (
+                self.kind == "dq" and self.dsplit != 1) or (self.head_dim // self.dsplit) % 64:
+            raise ArgumentValueError(f"AttentionBwdSm90Spec: expected step a multiple of 16 up "
+                                     f"to 256 and dsplit 1 or 2 (dq: 1) leaving multiples of "
+                                     f"64 columns, got {self.step} and {self.dsplit}")
+        self._check(SM90_BWD, f"step {self.step}")
+
+    @property
+    def smem_bytes(self) -> int:
+        row = self.head_dim * 2
+        return 2 * 128 * row + 2 * 2 * self.step * row + 8 * 5 + 1024
+
+    @property
+    def kernel_name(self) -> str:
+        split = f"x{self.dsplit}" if self.dsplit != 1 else ""
+        return (f"attn_bwd_{self.kind}_sm90_{self.dtype.value}_d{self.head_dim}_s{self.step}"
+                f"{split}" + self._flags())
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        """The tensor maps of q, k, v and do; lse and delta (float32); dq, dk, dv;
+        cu_seqlens_q, cu_seqlens_k; the element strides of dq, dk, dv along batch, sequence
+        and head; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``, ``softcap``;
+        ``window_left``, ``window_right``. Both kernels take them all."""
+        t = self.dtype.ctype
+        return (*tensor_maps("tma_q", "tma_k", "tma_v", "tma_do"),
+                pointer("lse", "float", const=True), pointer("delta", "float", const=True),
+                pointer("dq", t), pointer("dk", t), pointer("dv", t),
+                pointer("cu_seqlens_q", "int", const=True),
+                pointer("cu_seqlens_k", "int", const=True),
+                *int64("dqb", "dqs", "dqh", "dkb", "dks", "dkh", "dvb", "dvs", "dvh",
+                       "B", "H", "H_kv", "S_q", "S_k"),
+                *double("scale", "softcap"), *int64("window_left", "window_right"))
+
+    def grid(self, batch: int, heads: int, kv_heads: int, max_seqlen_q: int,
+             max_seqlen_k: int) -> tuple[int, int, int]:
+        if self.kind == "dq":
+            return (max(1, -(-max_seqlen_q // 128)), heads, batch)
+        return (max(1, -(-max_seqlen_k // 128)) * self.dsplit, kv_heads, batch)
+
+
+def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
+                        ) -> tuple[AttentionBwdSm90Spec, AttentionBwdSm90Spec]:
+    """The Hopper backward's dq and dkv kernels for these options (``causal``, ``window``,
+    ``softcap``, ``varlen``)."""
+    if head_dim not in SM90_BWD:
+        raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
+    dq_step, dkv_step, dsplit = SM90_BWD[head_dim]
+    return (AttentionBwdSm90Spec("dq", dtype, head_dim, dq_step, **options),
+            AttentionBwdSm90Spec("dkv", dtype, head_dim, dkv_step, dsplit, **options))

@@ -21,3 +21,12 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(arrays, "current_device", lambda: 0)
     monkeypatch.setattr(tools, "tuned_config", lambda name, key: None)
     monkeypatch.setattr(op, "device_arch_number", lambda device_id: 80)
+
+
+@pytest.fixture
+def sm90():
+    """Skips a test of the Hopper kernels elsewhere than on an sm_90 GPU."""
+    import cupy
+
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("needs an sm_90 GPU")

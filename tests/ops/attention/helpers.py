@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from ge2jit.ops.attention.reference import attention_ref
+from ge2jit.ops.attention.reference import allowed_mask, attention_ref
 
 from ...gpu_arrays import DT
 
@@ -119,3 +119,96 @@ def inputs(rng, dtype: str, b: int, s_q: int, s_k: int, h: int, h_kv: int, d: in
         shapes = ((int(cu_q[-1]), h, d), (int(cu_k[-1]), h_kv, d))
     return (randn(rng, shapes[0], dtype, sigma), randn(rng, shapes[1], dtype, sigma),
             randn(rng, shapes[1], dtype), cu_q, cu_k)
+
+
+def _abs_terms(q, k, v, do, o, lse, scale, causal, window, softcap):
+    """For one sequence (q, do, o: (S_q, H, D); k, v: (S_k, H_kv, D); lse (H, S_q)), float64:
+    the sums the rounding bounds scale, (dq's, dk's, dv's), of q's, k's and v's shapes, and
+    the bounds of dp - delta's float32 rounding through dq and dk."""
+    s_q, h, _ = q.shape
+    s_k, h_kv, _ = k.shape
+    group = h // h_kv
+    allowed = allowed_mask(s_q, s_k, causal, window)
+    tq, tk, tv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    cq, ck = np.zeros(q.shape), np.zeros(k.shape)
+    gamma = q.shape[-1] * 2.0 ** -24
+    for hq in range(h):
+        hk = hq // group
+        s = scale * q[:, hq] @ k[:, hk].T
+        th = np.tanh(s / softcap) if softcap else None
+        s = softcap * th if softcap else s
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = np.where(allowed & np.isfinite(lse[hq])[:, None],
+                         np.exp(s - lse[hq][:, None]), 0.0)
+        dp = do[:, hq] @ v[:, hk].T
+        ds = np.abs(p * (dp - (do[:, hq] * o[:, hq]).sum(-1)[:, None]))
+        if softcap:
+            ds *= 1 - th * th
+        tq[:, hq] = scale * ds @ np.abs(k[:, hk])
+        tk[:, hk] += scale * ds.T @ np.abs(q[:, hq])
+        tv[:, hk] += p.T @ np.abs(do[:, hq])
+        a_do = np.abs(do[:, hq])
+        canc = gamma * p * (a_do @ np.abs(v[:, hk]).T + (a_do * np.abs(o[:, hq])).sum(-1)[:, None])
+        cq[:, hq] = scale * canc @ np.abs(k[:, hk])
+        ck[:, hk] += scale * canc.T @ np.abs(q[:, hq])
+    return tq, tk, tv, cq, ck
+
+
+def _sequences(x, cu):
+    """The rows of each sequence of a packed (T, ...) array, or the batch of a dense one."""
+    if cu is None:
+        return list(x)
+    return [x[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
+
+
+def check_grads(dtype, q, k, v, do, o, lse, grads, *, causal=False, window=None, softcap=None,
+                scale=None, cu_q=None, cu_k=None) -> None:
+    """dq, dk, dv (``grads``, host float64, q's, k's and v's shapes) against the float64
+    backward of the inputs as stored (o and lse: the forward's, host float64), each element
+    within the bound of test_attention_backward_gpu.py's docstring."""
+    import math
+
+    from ge2jit.ops.attention.reference import attention_backward_ref
+
+    refs = attention_backward_ref(do, q, k, v, o, lse, causal=causal, window=window,
+                                  softcap=softcap, scale=scale, cu_seqlens_q=cu_q,
+                                  cu_seqlens_k=cu_k)
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
+    lse_seqs = (_sequences(lse, None) if cu_q is None
+                else [lse[:, cu_q[i]:cu_q[i + 1]] for i in range(len(cu_q) - 1)])
+    terms = [np.zeros(x.shape) for x in (q, k, v, q, k)]
+    for i, (qs, ks, vs, dos, os_, ls) in enumerate(zip(
+            _sequences(f64[0], cu_q), _sequences(f64[1], cu_k), _sequences(f64[2], cu_k),
+            _sequences(f64[3], cu_q), _sequences(o, cu_q), lse_seqs)):
+        t = _abs_terms(qs, ks, vs, dos, os_, ls, sc, causal, window, softcap)
+        for whole, part, cu in zip(terms, t, (cu_q, cu_k, cu_k, cu_q, cu_k)):
+            if cu is None:
+                whole[i] = part
+            else:
+                whole[cu[i]:cu[i + 1]] = part
+    u = UNIT[dtype] + 4 * (softcap or 0) * TANH_APPROX + 2.0 ** -12
+    cancel = (terms[3], terms[4], 0.0)
+    for name, got, ref, term, canc in zip(("dq", "dk", "dv"), grads, refs, terms, cancel):
+        assert not np.isnan(got).any(), f"{name}: NaN (not written, or read outside)"
+        within(name, got, ref, ulp(ref, dtype) + 2 * u * term + 2 * canc + 2.0 ** -24,
+               lambda bad: f"rows (b|token, s|h, ..) {np.argwhere(bad)[:8].tolist()}",
+               f"; max |ref| {np.abs(ref).max():.3g}")
+
+
+#: the tensor maps' element types by name
+MAP_TYPES = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def tensor_map_of(dtype: str, x, rows: int, varlen: bool) -> bytes:
+    """The tensor map a Hopper attention kernel takes of a CuPy (B, S, H, D) array (varlen:
+    (T, H, D)), by its strides: boxes of 64 columns x ``rows`` rows of one head."""
+    from ge2jit.jit.tma import tensor_map
+
+    if varlen:
+        t, h, d = x.shape
+        return tensor_map(MAP_TYPES[dtype], x.data.ptr, (d, t, h), (x.strides[0], x.strides[1]),
+                          (64, rows, 1))
+    b, s, h, d = x.shape
+    return tensor_map(MAP_TYPES[dtype], x.data.ptr, (d, s, h, b),
+                      (x.strides[1], x.strides[2], x.strides[0]), (64, rows, 1, 1))

@@ -17,8 +17,12 @@ from ge2jit.ops.attention.spec import (
     BWD_CONFIGS,
     DOT_THREADS,
     MAX_SMEM_SM80,
+    MAX_SMEM_SM90,
+    SM90_BWD,
     AttentionBwdConfig,
+    AttentionBwdSm90Spec,
     AttentionBwdSpec,
+    make_bwd_sm90_specs,
     make_bwd_specs,
 )
 from ge2jit.runtime.dtypes import DType
@@ -105,3 +109,28 @@ def test_names_sources_and_shapes():
 def test_spec_validation(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+# --- the Hopper backward -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", sorted(SM90_BWD))
+@pytest.mark.parametrize("dtype, on", [(DType.F16, False), (DType.BF16, True)],
+                         ids=["f16-off", "bf16-on"])
+def test_the_hopper_kernels_compile_without_spills(d, dtype, on, compile_cache):
+    for spec in make_bwd_sm90_specs(dtype, d, causal=on, window=on, softcap=on, varlen=on):
+        entry = check_compiled(spec, "sm_90a", compile_cache)
+        assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90
+        assert "wgmma.mma_async" in render(spec)
+
+
+def test_the_hopper_backward_spec_refuses_what_it_cannot_be():
+    with pytest.raises(ArgumentValueError, match="kind"):
+        AttentionBwdSm90Spec("dot", DType.F16, 64, 64)
+    with pytest.raises(ArgumentValueError, match="dsplit"):
+        AttentionBwdSm90Spec("dq", DType.F16, 128, 64, dsplit=2)
+    with pytest.raises(ArgumentValueError, match="shared memory"):
+        AttentionBwdSm90Spec("dq", DType.F16, 256, 256)
+    dq, dkv = make_bwd_sm90_specs(DType.BF16, 256, causal=True)
+    assert dq.kernel_name == "attn_bwd_dq_sm90_bf16_d256_s32_causal"
+    assert dkv.grid(2, 8, 2, 300, 300) == (3 * 2, 2, 2) and dq.grid(2, 8, 2, 300, 300) == (3, 8, 2)

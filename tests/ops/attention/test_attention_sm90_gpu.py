@@ -12,35 +12,13 @@ import numpy as np
 import pytest
 
 from ge2jit.jit.loader import launcher_for
-from ge2jit.jit.tma import tensor_map
 from ge2jit.ops.attention.spec import SM90_CONFIGS, make_sm90_spec
 from ge2jit.runtime.dtypes import SUPPORTED_DTYPES
 
 from ...gpu_arrays import cp
-from .helpers import check, inputs, rng_for
+from .helpers import check, inputs, rng_for, tensor_map_of
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory")]
-
-_DT = {"float16": "f16", "bfloat16": "bf16"}
-
-
-@pytest.fixture(autouse=True)
-def hopper():
-    if cp.cuda.Device().compute_capability != "90":
-        pytest.skip("needs an sm_90 GPU")
-
-
-def _map(dtype: str, x, rows: int, varlen: bool):
-    """The tensor map of a (B, S, H, D) array (varlen: (T, H, D)) by its strides, boxes of 64
-    columns x ``rows`` rows of one head."""
-    if varlen:
-        t, h, d = x.shape
-        return tensor_map(_DT[dtype], x.data.ptr, (d, t, h), (x.strides[0], x.strides[1]),
-                          (64, rows, 1))
-    b, s, h, d = x.shape
-    return tensor_map(_DT[dtype], x.data.ptr, (d, s, h, b),
-                      (x.strides[1], x.strides[2], x.strides[0]), (64, rows, 1, 1))
-
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory", "sm90")]
 
 def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=False,
          window=None, softcap=None, scale=None, lse=False, bhsd=False, seqlens=None,
@@ -79,8 +57,9 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     stream = cp.cuda.get_current_stream()
     launcher_for(spec, cp.cuda.runtime.getDevice()).launch(
         spec.grid(batch, h, lens_q), (spec.threads, 1, 1), spec.smem_bytes, stream.ptr,
-        tma_q=_map(dtype, dq, 128, varlen), tma_k=_map(dtype, dk, spec.block_n, varlen),
-        tma_v=_map(dtype, dv, spec.block_n, varlen), o=o.data.ptr, lse=lse_out.data.ptr,
+        tma_q=tensor_map_of(dtype, dq, 128, varlen),
+        tma_k=tensor_map_of(dtype, dk, spec.block_n, varlen),
+        tma_v=tensor_map_of(dtype, dv, spec.block_n, varlen), o=o.data.ptr, lse=lse_out.data.ptr,
         cu_seqlens_q=0 if cu[0] is None else cu[0].data.ptr,
         cu_seqlens_k=0 if cu[1] is None else cu[1].data.ptr, ob=ob, os=os_, oh=oh, B=batch,
         H=h, H_kv=h_kv, S_q=lens_q, S_k=lens_k,

@@ -1,0 +1,291 @@
+{% import "common/wgmma_instr.cuh" as wgmma_instr %}
+// {{ spec.kernel_name }}
+// Fused attention backward on Hopper (sm_90a): the arithmetic and the two-kernel design of
+// bwd_sm80.cu (no atomics: the same bits on every run; delta from its "dot" kernel) with TMA
+// loads, wgmma products and warp specialization, as fwd_sm90.cu. KIND:
+//   DQ   block (blockIdx.x, h, b) = 128 query rows (two consumer warpgroups of 64); per key
+//        block of BN keys: S = Q K^T and dP = dO V^T (wgmma, both operands from shared
+//        memory), P = exp2(S log2e - lse log2e), dS = P (dP - delta) (1 - tanh^2 with
+//        SOFTCAP), dQ += dS K (dS from registers, K read N-major); dq = scale dQ.
+//   DKV  block (blockIdx.x = key block * DSPLIT + split, kv head, b) = 128 keys (two consumer
+//        warpgroups of 64); per (query head of the group, query block of BM rows): S^T = K
+//        Q^T, dP^T = V dO^T, P^T, dS^T; dV += P^T dO, dK += dS^T Q (the transposes from
+//        registers, dO and Q read N-major) over this split's DO columns; dk = scale dK.
+// The producer warpgroup streams the tiles by TMA (4-D tensor maps over (D, seq, heads,
+// batch), 3-D packed), each 64-column chunk a box with the 128-byte swizzle.
+{% include "attention/sm90.cuh" %}
+
+using T = {{ spec.dtype.ctype }};
+constexpr int DQ = 1, DKV = 2;
+constexpr int KIND = {{ 1 if spec.kind == "dq" else 2 }};
+constexpr int D = {{ spec.head_dim }};
+constexpr int STEP = {{ spec.step }};                      // DQ: keys a step; DKV: queries
+constexpr int DSPLIT = {{ spec.dsplit }};
+constexpr int DO = D / DSPLIT;                             // DKV: output columns of a block
+constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
+constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
+constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
+constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+
+constexpr int THREADS = 384, STAGES = 2;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+constexpr int ROWS = 128;                     // the block's own rows (DQ) or keys (DKV)
+constexpr int DC = D / 64;
+constexpr int OWN_CHUNK = ROWS * 128, STEP_CHUNK = STEP * 128;   // bytes of a 64-column chunk
+constexpr int OWN_BYTES = DC * OWN_CHUNK, STEP_BYTES = DC * STEP_CHUNK;
+constexpr double LOG2E = 1.4426950408889634;
+
+static_assert(sizeof(T) == 2, "16-bit inputs");
+static_assert(D % 64 == 0 && DO % 64 == 0 && STEP % 16 == 0 && STEP <= 256, "wgmma shapes");
+
+{{ wgmma_instr.ss("wgmma_s", spec.step, spec.dtype.value) }}
+
+{{ wgmma_instr.rs("wgmma_acc", spec.head_dim // spec.dsplit, spec.dtype.value, 1) }}
+
+
+// The A fragment of k-step kk of accumulator tiles (4 floats an n8 tile), 16-bit.
+__device__ __forceinline__ void a_fragment(unsigned (&a)[4], const float* acc, int kk) {
+    a[0] = pack_f32x2<T>(acc[8 * kk], acc[8 * kk + 1]);
+    a[1] = pack_f32x2<T>(acc[8 * kk + 2], acc[8 * kk + 3]);
+    a[2] = pack_f32x2<T>(acc[8 * kk + 4], acc[8 * kk + 5]);
+    a[3] = pack_f32x2<T>(acc[8 * kk + 6], acc[8 * kk + 7]);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+{{ spec.kernel_name }}({{ spec.param_list() }})
+{
+    extern __shared__ __align__(1024) char smem[];
+    const unsigned base = smem_u32(smem);
+    const unsigned sOwn = base;                        // Q, dO (DQ) or K, V (DKV): 2 tiles
+    const unsigned sStep = base + 2 * OWN_BYTES;       // stage s: 2 tiles of STEP rows
+    const unsigned bars = sStep + STAGES * 2 * STEP_BYTES;
+    const unsigned own_full = bars;
+    auto full = [&](int s) { return bars + 8 + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
+
+    const int tid = threadIdx.x;
+    const int b = blockIdx.z;
+    const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
+    const Masks mask(seq.len_q, seq.len_k, CAUSAL, WINDOW, window_left, window_right);
+    const float SL = SOFTCAP ? 1.0f : static_cast<float>(scale * LOG2E);
+    const float cap_in = SOFTCAP ? static_cast<float>(scale / softcap) : 0.0f;
+    const float cap_out = SOFTCAP ? static_cast<float>(softcap * LOG2E) : 0.0f;
+
+    // This block's own rows and the steps it walks (block-uniform).
+    int own0, steps, first = 0, per_head = 1, full_lo, full_hi;
+    long long head;                           // DQ: the query head; DKV: the kv head
+    const long long group = H / H_kv;
+    if constexpr (KIND == DQ) {
+        head = blockIdx.y;
+        own0 = blockIdx.x * ROWS;
+        if (own0 >= seq.len_q) return;
+        const int last = min(own0 + ROWS, seq.len_q) - 1;
+        const int k_begin = mask.lo(own0), k_end = mask.hi(last);
+        full_lo = mask.lo(last);
+        full_hi = mask.hi(own0);
+        first = k_begin / STEP;
+        steps = k_end > k_begin ? ceil_div(k_end, STEP) - first : 0;
+    } else {
+        head = blockIdx.y;
+        own0 = (blockIdx.x / DSPLIT) * ROWS;
+        if (own0 >= seq.len_k) return;
+        const int last = min(own0 + ROWS, seq.len_k) - 1;
+        const int q_begin = mask.row_lo(own0), q_end = mask.row_hi(last);
+        full_lo = mask.row_lo(last);
+        full_hi = mask.row_hi(own0);
+        first = q_begin / STEP;
+        per_head = q_end > q_begin ? ceil_div(q_end, STEP) - first : 0;
+        steps = static_cast<int>(group) * per_head;
+    }
+
+    if (tid == 0) {
+        mbar_init(own_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 2 * 4);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = tid / 128;
+    if (warpgroup == 0) {
+        warpgroup_registers_down<PRODUCER_REGS>();
+        if (tid == 0) {
+            const int hk = static_cast<int>(KIND == DQ ? head / group : head);
+            mbar_expect_tx(own_full, 2 * OWN_BYTES);
+            if constexpr (KIND == DQ) {
+                const int row = static_cast<int>(seq.q_row0) + own0;
+                const int hq = static_cast<int>(head);
+                load_tile<ROWS, DC, VARLEN>(sOwn, &tma_q, row, hq, b, own_full);
+                load_tile<ROWS, DC, VARLEN>(sOwn + OWN_BYTES, &tma_do, row, hq, b, own_full);
+            } else {
+                const int row = static_cast<int>(seq.k_row0) + own0;
+                load_tile<ROWS, DC, VARLEN>(sOwn, &tma_k, row, hk, b, own_full);
+                load_tile<ROWS, DC, VARLEN>(sOwn + OWN_BYTES, &tma_v, row, hk, b, own_full);
+            }
+            for (int it = 0; it < steps; ++it) {
+                const int s = it % STAGES;
+                mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
+                const unsigned stage = sStep + s * 2 * STEP_BYTES;
+                mbar_expect_tx(full(s), 2 * STEP_BYTES);
+                if constexpr (KIND == DQ) {
+                    const int row = static_cast<int>(seq.k_row0) + (first + it) * STEP;
+                    load_tile<STEP, DC, VARLEN>(stage, &tma_k, row, hk, b, full(s));
+                    load_tile<STEP, DC, VARLEN>(stage + STEP_BYTES, &tma_v, row, hk, b, full(s));
+                } else {
+                    const int hq = static_cast<int>(head * group + it / per_head);
+                    const int row = static_cast<int>(seq.q_row0) + (first + it % per_head) * STEP;
+                    load_tile<STEP, DC, VARLEN>(stage, &tma_q, row, hq, b, full(s));
+                    load_tile<STEP, DC, VARLEN>(stage + STEP_BYTES, &tma_do, row, hq, b, full(s));
+                }
+            }
+        }
+        return;
+    }
+
+    warpgroup_registers_up<CONSUMER_REGS>();
+    const int wg = warpgroup - 1, lane = tid & 31, warp = (tid / 32) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    const int wrow = wg * 64 + warp * 16;     // the warp's first own row (query or key)
+    // the thread's two own rows: their masks' intervals
+    int lo[2], hi[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = own0 + wrow + g + 8 * hh;
+        lo[hh] = KIND == DQ ? mask.lo(r) : mask.row_lo(r);
+        hi[hh] = KIND == DQ ? mask.hi(r) : mask.row_hi(r);
+    }
+    // DQ: the rows' lse (log2 units; +inf past the length or seeing nothing) and delta
+    float lse2[2] = {pos_inf(), pos_inf()}, dl[2] = {0.0f, 0.0f};
+    if constexpr (KIND == DQ) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int i = own0 + wrow + g + 8 * hh;
+            if (i < seq.len_q) {
+                const long long at = lse_index<VARLEN>(b, head, i, seq.q_row0, cu_seqlens_q, B,
+                                                       H, S_q);
+                const float l = lse[at];
+                lse2[hh] = l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
+                dl[hh] = delta[at];
+            }
+        }
+    }
+
+    constexpr int NACC = DO / 2;              // DQ: D / 2 (DSPLIT 1)
+    float acc[NACC], acc2[NACC];              // DQ: dQ (acc2 unused); DKV: dK, dV
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+    if constexpr (KIND == DKV) {
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) acc2[i] = 0.0f;
+    }
+    const int split = KIND == DKV ? static_cast<int>(blockIdx.x % DSPLIT) : 0;
+
+    mbar_wait(own_full, 0);
+#pragma unroll 1
+    for (int it = 0; it < steps; ++it) {
+        const int s = it % STAGES;
+        const unsigned stage = sStep + s * 2 * STEP_BYTES;
+        const unsigned sA = sOwn, sA2 = sOwn + OWN_BYTES;   // DQ: Q, dO; DKV: K, V
+        const unsigned sB = stage, sB2 = stage + STEP_BYTES;   // DQ: K, V; DKV: Q, dO
+        const int step0 = (first + (KIND == DQ ? it : it % per_head)) * STEP;
+        mbar_wait(full(s), (it / STAGES) & 1);
+
+        // S = A B^T and dP = A2 B2^T: rows the thread's own (g, g + 8), columns the step's
+        float sc[STEP / 2], dp[STEP / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) {
+            const int c = kd / 4, kk = kd % 4;
+            const int a_off = c * OWN_CHUNK + wg * 64 * 128 + kk * 32;
+            const int b_off = c * STEP_CHUNK + kk * 32;
+            wgmma_s(sc, descriptor(sA + a_off, 16, 1024), descriptor(sB + b_off, 16, 1024),
+                    kd > 0);
+            wgmma_s(dp, descriptor(sA2 + a_off, 16, 1024), descriptor(sB2 + b_off, 16, 1024),
+                    kd > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        if constexpr (SOFTCAP) {
+#pragma unroll
+            for (int i = 0; i < STEP / 2; ++i) sc[i] = tanh_approx(sc[i] * cap_in);
+        }
+        const bool partial = step0 < full_lo || step0 + STEP > full_hi ||
+                             (KIND == DKV && own0 + ROWS > seq.len_k) ||
+                             (KIND == DQ && own0 + ROWS > seq.len_q);
+        // P and dS (DQ: S's layout) or P^T and dS^T (DKV): in place of sc and dp
+#pragma unroll
+        for (int i = 0; i < STEP / 2; ++i) {
+            const int hh = (i >> 1) & 1, col = step0 + 8 * (i / 4) + 2 * t + (i & 1);
+            float l2 = lse2[hh], dlt = dl[hh];
+            if constexpr (KIND == DKV) {   // the column is a query: its lse and delta
+                l2 = pos_inf();
+                dlt = 0.0f;
+                if (col < seq.len_q) {
+                    const long long hq = head * group + it / per_head;
+                    const long long at = lse_index<VARLEN>(b, hq, col, seq.q_row0,
+                                                           cu_seqlens_q, B, H, S_q);
+                    const float l = lse[at];
+                    l2 = l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
+                    dlt = delta[at];
+                }
+            }
+            const float th = sc[i];
+            float pv = exp2_approx((SOFTCAP ? cap_out * th : th * SL) - l2);
+            if (partial && (col < lo[hh] || col >= hi[hh])) pv = 0.0f;
+            float ds = pv * (dp[i] - dlt);
+            if constexpr (SOFTCAP) ds *= 1.0f - th * th;
+            sc[i] = pv;
+            dp[i] = ds;
+        }
+
+        // DQ: dQ += dS K; DKV: dV += P^T dO, dK += dS^T Q (this split's columns)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < STEP / 16; ++kk) {
+            unsigned da[4];
+            a_fragment(da, dp, kk);
+            const int row = kk * 16 * 128 + split * (DO / 64) * STEP_CHUNK;
+            if constexpr (KIND == DQ) {
+                wgmma_acc(acc, da, descriptor(sB + row, STEP_CHUNK, 1024), 1);
+            } else {
+                unsigned pa[4];
+                a_fragment(pa, sc, kk);
+                wgmma_acc(acc2, pa, descriptor(sB2 + row, STEP_CHUNK, 1024), 1);
+                wgmma_acc(acc, da, descriptor(sB + row, STEP_CHUNK, 1024), 1);
+            }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty(s));
+    }
+
+    // Epilogue: the thread's rows (g, g + 8 of its warp) below the length, 4-byte pairs
+    const float sc_out = static_cast<float>(scale);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = own0 + wrow + g + 8 * hh;
+        if constexpr (KIND == DQ) {
+            if (r >= seq.len_q) continue;
+            T* dst = dq + (VARLEN ? 0 : b * dqb) + (seq.q_row0 + r) * dqs + head * dqh;
+#pragma unroll
+            for (int dt = 0; dt < DO / 8; ++dt)
+                *reinterpret_cast<unsigned*>(dst + 8 * dt + 2 * t) = pack_f32x2<T>(
+                    acc[4 * dt + 2 * hh] * sc_out, acc[4 * dt + 2 * hh + 1] * sc_out);
+        } else {
+            if (r >= seq.len_k) continue;
+            const long long c0 = static_cast<long long>(split) * DO;
+            T* dkr = dk + (VARLEN ? 0 : b * dkb) + (seq.k_row0 + r) * dks + head * dkh + c0;
+            T* dvr = dv + (VARLEN ? 0 : b * dvb) + (seq.k_row0 + r) * dvs + head * dvh + c0;
+#pragma unroll
+            for (int dt = 0; dt < DO / 8; ++dt) {
+                *reinterpret_cast<unsigned*>(dkr + 8 * dt + 2 * t) = pack_f32x2<T>(
+                    acc[4 * dt + 2 * hh] * sc_out, acc[4 * dt + 2 * hh + 1] * sc_out);
+                *reinterpret_cast<unsigned*>(dvr + 8 * dt + 2 * t) = pack_f32x2<T>(
+                    acc2[4 * dt + 2 * hh], acc2[4 * dt + 2 * hh + 1]);
+            }
+        }
+    }
+}

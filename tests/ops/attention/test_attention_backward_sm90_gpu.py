@@ -1,0 +1,99 @@
+"""The Hopper attention backward's dq and dkv kernels (``kernel_templates/attention/
+bwd_sm90.cu``) launched by themselves with their tensor maps, on the forward's o and lse (delta
+computed here, as the "dot" kernel does), against the float64 backward with
+``helpers.check_grads``'s bounds. Needs an sm_90 GPU; run with ``-x``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ge2jit
+from ge2jit.jit.loader import launcher_for
+from ge2jit.ops.attention.spec import make_bwd_sm90_specs
+from ge2jit.runtime.dtypes import SUPPORTED_DTYPES
+
+from ...gpu_arrays import DT, cp
+from .helpers import check_grads, inputs, rng_for, tensor_map_of
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory", "sm90")]
+
+def _strides(x, varlen):
+    el = [st // x.itemsize for st in x.strides]
+    return (0, el[0], el[1]) if varlen else (el[0], el[1], el[2])
+
+
+def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=False,
+         window=None, softcap=None, scale=None, seqlens=None):
+    h_kv = h if h_kv is None else h_kv
+    rng = rng_for("bwd sm90", dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, seqlens)
+    q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
+    do = rng.standard_normal(q.shape).astype(np.float32).astype(DT[dtype])
+    varlen = seqlens is not None
+    kw = dict(causal=causal, window=window, softcap=softcap, scale=scale)
+    dev = {n: cp.asarray(x) for n, x in (("q", q), ("k", k), ("v", v), ("do", do))}
+    if varlen:
+        cu = (cp.asarray(cu_q), cp.asarray(cu_k))
+        kw.update(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=max(seqlens[0]),
+                  max_seqlen_k=max(seqlens[1]))
+        batch, lens_q, lens_k = len(seqlens[0]), max(seqlens[0]), max(seqlens[1])
+    else:
+        cu = (None, None)
+        batch, lens_q, lens_k = b, s_q, s_k
+    o, lse = ge2jit.attention(dev["q"], dev["k"], dev["v"], return_lse=True, **kw)
+    o_h, lse_h = cp.asnumpy(o).astype(np.float64), cp.asnumpy(lse).astype(np.float64)
+    prod = (do.astype(np.float64) * o_h).sum(-1)            # (B, S, H) or (T, H)
+    delta = cp.asarray((prod.T if varlen else prod.transpose(0, 2, 1)).astype(np.float32))
+    grads = {n: cp.full(dev[x].shape, np.nan, np.float32).astype(DT[dtype])
+             for n, x in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+    dq_spec, dkv_spec = make_bwd_sm90_specs(SUPPORTED_DTYPES[dtype], d, causal=causal,
+                                            window=window is not None,
+                                            softcap=bool(softcap), varlen=varlen)
+    left, right = window if window is not None else (-1, -1)
+    common = dict(lse=lse.data.ptr, delta=delta.data.ptr,
+                  dq=grads["dq"].data.ptr, dk=grads["dk"].data.ptr, dv=grads["dv"].data.ptr,
+                  cu_seqlens_q=0 if cu[0] is None else cu[0].data.ptr,
+                  cu_seqlens_k=0 if cu[1] is None else cu[1].data.ptr, B=batch, H=h, H_kv=h_kv,
+                  S_q=lens_q, S_k=lens_k,
+                  scale=1.0 / math.sqrt(d) if scale is None else float(scale),
+                  softcap=float(softcap or 0.0), window_left=left, window_right=right)
+    for n in ("dq", "dk", "dv"):
+        common.update(zip((n + "b", n + "s", n + "h"), _strides(grads[n], varlen)))
+    stream = cp.cuda.get_current_stream()
+    for spec in (dq_spec, dkv_spec):
+        own, step = (("q", "do"), ("k", "v")) if spec.kind == "dq" else (("k", "v"), ("q", "do"))
+        maps = {f"tma_{n}": tensor_map_of(dtype, dev[n], 128 if n in own else spec.step, varlen)
+                for n in ("q", "k", "v", "do")}
+        launcher_for(spec, cp.cuda.runtime.getDevice()).launch(
+            spec.grid(batch, h, h_kv, lens_q, lens_k), (spec.threads, 1, 1), spec.smem_bytes,
+            stream.ptr, **maps, **common)
+    stream.synchronize()
+    host = [cp.asnumpy(grads[n]).astype(np.float64) for n in ("dq", "dk", "dv")]
+    check_grads(dtype, q, k, v, do, o_h, lse_h, host, causal=causal, window=window,
+                softcap=softcap, scale=scale, cu_q=cu_q, cu_k=cu_k)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_head_dim(dtype, d):
+    _run(dtype, d=d, s_q=128, s_k=128, b=1, h=1)
+    _run(dtype, d=d, s_q=200, s_k=333)
+
+
+@pytest.mark.parametrize("options", [
+    dict(causal=True), dict(causal=True, s_q=100, s_k=400), dict(causal=True, s_q=400, s_k=100),
+    dict(window=(30, 10)), dict(softcap=15.0), dict(softcap=5.0, causal=True),
+    dict(h=8, h_kv=2), dict(h=8, h_kv=1, causal=True), dict(d=256, causal=True, h=4, h_kv=2),
+    dict(scale=0.05),
+], ids=str)
+def test_options(options):
+    _run("bfloat16", **options)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_packed_sequences(d):
+    seqlens = ([5, 0, 300, 130], [70, 3, 300, 0])
+    _run("float16", d=d, h=4, h_kv=2, seqlens=seqlens, causal=True)
+    _run("bfloat16", d=d, h=4, seqlens=seqlens, window=(20, 20), softcap=8.0)
