@@ -8,20 +8,30 @@ from dataclasses import dataclass
 
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit import fastlaunch
-from ...jit.fastlaunch import Ptr
+from ...jit.fastlaunch import Map, Ptr
 from ...jit.loader import launcher_for
 from ...runtime.arrays import call_arguments, views
 from ...runtime.checks import check_apart, check_array, check_bool, check_out
 from ...runtime.prepared import OverlapGuard, PreparedCalls
-from .op import DEFAULTS, Call, _new_strides, _strides, checked
-from .spec import AttentionBwdSpec, make_bwd_specs
+from .op import (
+    DEFAULTS,
+    Call,
+    _new_strides,
+    _strides,
+    checked,
+    map_geometry,
+    tensor_maps,
+)
+from .spec import AttentionBwdSm90Spec, bwd_specs_for
 
 #: the array arguments, in the order of the signature (out's three outputs split out)
 ARRAYS = ("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "dq_out", "dk_out",
           "dv_out")
 #: the other arguments, in the order of the signature
 OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k",
-           "deterministic", "layout")
+           "deterministic", "layout", "config")
+#: the backward's kernels by name: the Hopper ones (sm_90 only) and the sm_80 ones
+FAMILIES = ("sm90", "sm80")
 _DQ, _DK, _DV, _DELTA = 8, 9, 10, 11
 _PREPARED = PreparedCalls("attention_backward")
 #: the compiled path's programs: the arrays, delta's slot (an intermediate that no caller
@@ -34,7 +44,7 @@ class BackwardCall:
     """A checked backward call: the forward's checked call (``fwd``: q, k, v, the sizes,
     masks and scalars), do, o and lse (CuPy views), the given outputs (None: made by the
     op), the element (batch, seq, head) strides of do, o and the three gradients, and the
-    three kernels' specs (dot, dq, dkv)."""
+    three kernels' specs (dot, dq, dkv: the Hopper ones with ``family`` "sm90")."""
 
     fwd: Call
     do: object
@@ -48,12 +58,14 @@ class BackwardCall:
     dq_strides: tuple[int, int, int]
     dk_strides: tuple[int, int, int]
     dv_strides: tuple[int, int, int]
-    specs: tuple[AttentionBwdSpec, AttentionBwdSpec, AttentionBwdSpec]
+    specs: tuple
+    family: str
 
 
 def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                       max_seqlen_k=None, deterministic=False, out=None, layout=None):
+                       max_seqlen_k=None, deterministic=False, out=None, layout=None,
+                       config=None):
     """The gradients of :func:`attention`'s q, k and v: ``(dq, dk, dv)`` from ``do``, the
     gradient of its output, and the forward's output ``o`` and ``lse`` (its ``return_lse``),
     with the forward's keywords. dk and dv of a kv head sum the gradients of every query
@@ -85,6 +97,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
             the flag (no atomics); the flag is taken for FlashAttention's signature.
         out: None (new arrays, contiguous), or ``(dq, dk, dv)``: arrays of q's, k's and v's
             shapes and type with their layout rules, apart from every input and each other.
+        config: None (on sm_90 the Hopper kernels, elsewhere the sm_80 ones), or "sm80" or
+            "sm90" (sm_90 only) to pin them. Both are deterministic.
 
     Returns:
         ``(dq, dk, dv)`` in q's framework, on PyTorch's current stream for tensors.
@@ -95,7 +109,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
     """
     dq_o, dk_o, dv_o = outputs(out)
     options = (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k, deterministic,
-               layout)
+               layout, config)
     done = _COMPILED.call(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
                           None, *options)
     if done is not fastlaunch.MISS:
@@ -109,7 +123,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
 
     def first(fw, device_id, v_, native):
         given = dict(zip(OPTIONS, (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k,
-                                   deterministic, layout)))
+                                   deterministic, layout, config)))
         call = checked_backward({**given, **v_}, device_id)
         result, prepared = _execute(fw, device_id, call, native)
         if prepared is not None and options is not None:
@@ -155,6 +169,7 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
     o, lse and the outputs."""
     a = {**DEFAULTS, "deterministic": False, **args}
     check_bool(a["deterministic"], "deterministic")
+    family = a.get("config")
     fwd = checked({n: a[n] for n in (*DEFAULTS, "q", "k", "v") if n not in ("out", "config",
                                                                              "return_lse")},
                   device_id)
@@ -186,11 +201,27 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
         check_out(x, {}, f"out ({label})")
         check_apart(x, f"out ({label})", {**inputs, **{n: outs[n] for n in outs if n != name}},
                     lambda other: "")
-    specs = make_bwd_specs(fwd.dtype, fwd.head_dim, causal=fwd.causal,
-                           window=fwd.spec.window, softcap=fwd.spec.softcap, varlen=fwd.varlen)
+    family = _family(family, 80 if fwd.empty or fwd.no_keys else fwd.arch)
+    specs = bwd_specs_for(family, fwd.dtype, fwd.head_dim, causal=fwd.causal,
+                          window=fwd.spec.window, softcap=fwd.spec.softcap, varlen=fwd.varlen)
     return BackwardCall(fwd, a["do"], a["o"], a["lse"], outs["dq_out"], outs["dk_out"],
                         outs["dv_out"], strides["do"], strides["o"], strides["dq_out"],
-                        strides["dk_out"], strides["dv_out"], specs)
+                        strides["dk_out"], strides["dv_out"], specs, family)
+
+
+def _family(config, arch: int) -> str:
+    """The backward's kernels: ``config`` pinned, else the Hopper ones on sm_90 (``arch``
+    90; 80 for a call without keys or queries), else the sm_80 ones."""
+    choices = FAMILIES if arch == 90 else FAMILIES[1:]
+    if config is None:
+        return choices[0]
+    if not isinstance(config, str):
+        raise ArgumentTypeError(f"config: expected None or a name ({', '.join(map(repr, FAMILIES))}"
+                                f"), got {type(config).__name__}")
+    if config not in choices:
+        raise ArgumentValueError(f"config: expected one of {', '.join(map(repr, choices))} on "
+                                 f"this GPU (or None), got {config!r}")
+    return config
 
 
 def _axes(fwd: Call) -> tuple:
@@ -230,6 +261,28 @@ def launch_params(call: BackwardCall) -> tuple[list, dict]:
     return launches, params
 
 
+def _own(spec, values: dict) -> dict:
+    """The entries of ``values`` that are ``spec``'s kernel's parameters."""
+    names = {p.name for p in spec.params}
+    return {n: v for n, v in values.items() if n in names}
+
+
+def map_geometries(call: BackwardCall) -> dict:
+    """Each Hopper kernel's tensor maps of q, k, v and do without addresses, by the kernel's
+    position in ``call.specs`` (its own rows 128 a box, the step's rows the spec's)."""
+    f = call.fwd
+    found = {}
+    for i, spec in enumerate(call.specs):
+        if not isinstance(spec, AttentionBwdSm90Spec):
+            continue
+        own = ("q", "do") if spec.kind == "dq" else ("k", "v")
+        arrays = {"q": (1, f.q, f.q_strides), "k": (2, f.k, f.k_strides),
+                  "v": (3, f.v, f.v_strides), "do": (0, call.do, call.do_strides)}
+        found[i] = map_geometry(f, [(f"tma_{n}", idx, x, st, 128 if n in own else spec.step)
+                                    for n, (idx, x, st) in arrays.items()])
+    return found
+
+
 def clear_plans() -> None:
     _PREPARED.clear()
     _COMPILED.clear()
@@ -253,15 +306,19 @@ def _execute(fw, device_id: int, call: BackwardCall, native: dict):
         return result, None
     launches, params = launch_params(call)
     kernels = [launcher_for(spec, device_id) for spec, *_ in launches]
-    bound = [k.bind(grid, block, smem, **params)
-             for k, (_, grid, block, smem) in zip(kernels, launches)]
+    bound = [k.bind(grid, block, smem, **_own(spec, params))
+             for k, (spec, grid, block, smem) in zip(kernels, launches)]
     stream, ptr = fw.stream_getter(device_id), fw.ptr
     delta = make_delta(f.lse_shape)
+    geometries = map_geometries(call)
 
     def run(ptrs: dict) -> None:
         s = stream()
-        for launch in bound:
-            launch(s, **ptrs)
+        inputs = (ptrs["dout"], ptrs["q"], ptrs["k"], ptrs["v"])
+        for i, (launch, (spec, *_)) in enumerate(zip(bound, launches)):
+            maps = ({} if i not in geometries
+                    else tensor_maps(f, geometries[i], inputs))
+            launch(s, **_own(spec, ptrs), **maps)
 
     def pointers(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv, dl) -> dict:
         return dict(dout=ptr(do), q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse),
@@ -294,9 +351,18 @@ def _execute(fw, device_id: int, call: BackwardCall, native: dict):
     allocs = [(i, make, shape) for i, g, make, shape in zip((_DQ, _DK, _DV), given, makers,
                                                             shapes) if not g]
     allocs.append((_DELTA, make_delta, f.lse_shape))
+    addresses = (call.do.data.ptr, f.q.data.ptr, f.k.data.ptr, f.v.data.ptr)
+    steps = []
+    for i, (kernel, (spec, grid, block, smem)) in enumerate(zip(kernels, launches)):
+        values = {**_own(spec, params), **_own(spec, slots)}
+        if i in geometries:   # each map moved to its array's address at every call
+            blobs = tensor_maps(f, geometries[i], addresses)
+            values.update({name: Map(geometries[i][name][0], blob,
+                                     addresses[geometries[i][name][0]])
+                           for name, blob in blobs.items()})
+        steps.append(fastlaunch.step(kernel, grid, block, smem, values))
     prepared.program = fastlaunch.program(
-        fw.name, [fastlaunch.step(kernel, grid, block, smem, {**params, **slots})
-                  for kernel, (_, grid, block, smem) in zip(kernels, launches)],
+        fw.name, steps,
         allocs, guard.pairs if guard is not None else (), guard, stream,
         fastlaunch.launch_failed(call.specs[1].kernel_name), returns=(_DQ, _DK, _DV))
     return result, prepared

@@ -704,17 +704,20 @@ def pointers(call: Call, o, lse=None) -> dict:
 _MAP_TYPES = {DType.F16: "f16", DType.BF16: "bf16"}
 
 
-def map_geometry(call: Call) -> dict:
-    """The Hopper kernel's tensor maps of a call without their addresses: name -> (argument
-    index, dims innermost first, byte strides, box): q, k, v as (head_dim, seq, heads, batch)
-    arrays by their strides (packed: (head_dim, rows, heads)), boxes of 64 columns x the
-    block's rows (q) or keys (k, v) of one head."""
+def map_geometry(call: Call, maps=None) -> dict:
+    """Tensor maps of a call's arrays without their addresses: name -> (argument index,
+    dims innermost first, byte strides, box), for ``maps``: (name, argument index, array (a
+    CuPy view of q's or k's layout), its (batch, seq, head) element strides, rows a box)
+    (default: the Hopper forward's q, k, v, boxes of its block's rows and keys). An array is
+    (head_dim, seq, heads, batch) by its strides (packed: (head_dim, rows, heads)), a box 64
+    columns x the rows of one head."""
+    if maps is None:
+        maps = (("tma_q", 0, call.q, call.q_strides, 128),
+                ("tma_k", 1, call.k, call.k_strides, call.spec.block_n),
+                ("tma_v", 2, call.v, call.v_strides, call.spec.block_n))
     item = call.q.itemsize
     geometry = {}
-    for i, (name, x, strides, rows) in enumerate((
-            ("tma_q", call.q, call.q_strides, 128), ("tma_k", call.k, call.k_strides,
-                                                       call.spec.block_n),
-            ("tma_v", call.v, call.v_strides, call.spec.block_n))):
+    for name, i, x, strides, rows in maps:
         b, seq, heads = strides
         if call.varlen:
             dims, outer = (call.head_dim, x.shape[0], x.shape[1]), (seq, heads)

@@ -8,7 +8,13 @@ from ...runtime.adapter import Configs, Planned, declare
 from ...runtime.dtypes import as_dtype
 from . import backward, cases
 from .op import ARRAYS, Call, attention, checked, clear_plans, launch_params
-from .spec import AttentionConfig, AttentionSm90Config, candidates_for, make_bwd_specs, spec_for
+from .spec import (
+    AttentionConfig,
+    AttentionSm90Config,
+    bwd_specs_for,
+    candidates_for,
+    spec_for,
+)
 from .warmup import BACKWARD_TABLE, TABLE, parse_config
 
 
@@ -35,17 +41,23 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
     """The three kernels, the dk-dv kernel's launch (the largest) as the main one."""
     launches, _ = backward.launch_params(call)
     spec, grid, block, smem = launches[2]
-    return Planned((spec, *call.specs[:2]), f"{call.specs[1].config.name}+{spec.config.name}",
-                   "fixed", grid, block, smem, flops=2.5 * _flops(call.fwd),
-                   detail=spec.kernel_name)
+    return Planned((spec, *call.specs[:2]), call.family, "fixed", grid, block, smem,
+                   flops=2.5 * _flops(call.fwd), detail=spec.kernel_name)
 
 
 def _backward_specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128,
                     causal: bool = False, window: bool = False, softcap: bool = False,
                     varlen: bool = False) -> list:
-    """The backward's three kernels for these options."""
-    return list(make_bwd_specs(as_dtype(dtype), head_dim, causal=causal, window=window,
-                               softcap=softcap, varlen=varlen))
+    """The backward's kernels of ``config`` ("sm90": the Hopper dq and dkv; "sm80"; None: the
+    architecture's) for these options, the "dot" kernel first."""
+    family = config or backward.FAMILIES[0 if arch_number(arch) == 90 else 1]
+    return list(bwd_specs_for(family, as_dtype(dtype), head_dim, causal=causal, window=window,
+                              softcap=softcap, varlen=varlen))
+
+
+def _backward_family(name):
+    """A backward kernels' name, checked: "sm80" or "sm90"."""
+    return backward._family(name, 90)
 
 
 def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: bool = False,
@@ -73,6 +85,7 @@ ATTENTION_BACKWARD = declare(
     "attention_backward", backward.attention_backward, arrays=backward.ARRAYS[:8],
     parts={"out": (backward.outputs, backward.ARRAYS[8:])},
     check=lambda args: backward.checked_backward(args, args.device), choose=_choose_backward,
-    configs=Configs(_backward_specs), warmup={"attention_backward": BACKWARD_TABLE},
+    configs=Configs(_backward_specs, _backward_family),
+    warmup={"attention_backward": BACKWARD_TABLE},
     kernel_prefixes=("attn_bwd_",), layout_cases=cases.backward_cases,
     clear_plans=backward.clear_plans)

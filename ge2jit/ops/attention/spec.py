@@ -675,3 +675,12 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
     dq_step, dkv_step, dsplit = SM90_BWD[head_dim]
     return (AttentionBwdSm90Spec("dq", dtype, head_dim, dq_step, **options),
             AttentionBwdSm90Spec("dkv", dtype, head_dim, dkv_step, dsplit, **options))
+
+
+def bwd_specs_for(family: str, dtype: DType, head_dim: int, **options) -> tuple:
+    """The backward's kernels of ``family`` ("sm90": the sm_80 "dot" kernel and the Hopper dq
+    and dkv; "sm80": the three sm_80 ones) for these options."""
+    specs = make_bwd_specs(dtype, head_dim, **options)
+    if family == "sm90":
+        return (specs[0], *make_bwd_sm90_specs(dtype, head_dim, **options))
+    return specs

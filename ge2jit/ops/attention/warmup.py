@@ -29,8 +29,8 @@ from .spec import (
     SM90_CONFIGS,
     AttentionConfig,
     AttentionSm90Config,
+    bwd_specs_for,
     candidates_for,
-    make_bwd_specs,
     spec_for,
 )
 
@@ -93,8 +93,13 @@ TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
 
 
 def _backward_kernels(v, config, *, arch: str, sms: int) -> list:
-    return list(make_bwd_specs(TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
-                               softcap=v.softcap, varlen=v.varlen))
+    """The backward's kernels for the architecture: on sm_90 the Hopper dq and dkv (and the
+    sm_80 "dot" kernel), elsewhere the sm_80 ones."""
+    from ...jit.nvrtc import arch_number
+
+    return list(bwd_specs_for("sm90" if arch_number(arch) == 90 else "sm80", TYPES[v.dtypes],
+                              v.head_dims, causal=v.causal, window=v.window, softcap=v.softcap,
+                              varlen=v.varlen))
 
 
 BACKWARD_TABLE = Table({name: key for name, key in KEYS.items() if name != "lse"},

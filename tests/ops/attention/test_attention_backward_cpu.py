@@ -123,3 +123,32 @@ def test_outputs_must_meet_no_input_and_no_other_output():
     with pytest.raises(ArgumentValueError, match=r"^out \(d[kv]\): "):
         check(out=(arr((B, SQ, H, D)), dk, dk))
     assert DType.F16 is check().fwd.dtype
+
+
+def test_on_sm_90_the_hopper_kernels_and_sm80_pinned(monkeypatch):
+    from ge2jit.ops.attention import op
+
+    monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
+    call = check()
+    dot, dq, dkv = call.specs
+    assert call.family == "sm90" and dot.kind == "dot"
+    assert (dq.kind, dkv.kind) == ("dq", "dkv") and dq.template == "attention/bwd_sm90.cu"
+    geometries = bwd.map_geometries(call)
+    assert sorted(geometries) == [1, 2]
+    # the dq kernel's own rows (q, do) 128 a box, the steps' (k, v) its step; dkv the reverse
+    assert geometries[1]["tma_q"][3][1] == 128 and geometries[1]["tma_k"][3][1] == dq.step
+    assert geometries[2]["tma_k"][3][1] == 128 and geometries[2]["tma_do"][3][1] == dkv.step
+    assert geometries[2]["tma_do"][0] == 0 and geometries[2]["tma_v"][0] == 3
+    launches, params = bwd.launch_params(call)
+    assert launches[1][2] == (384, 1, 1) and "qs" not in bwd._own(dq, params)
+    pinned = check(config="sm80")
+    assert pinned.family == "sm80" and pinned.specs[1].template == "attention/bwd_sm80.cu"
+    assert check(lse=arr((B, H, SQ), np.float32), k=arr((B, 0, HKV, D)),
+                 v=arr((B, 0, HKV, D))).family == "sm80"   # no keys: nothing to map
+
+
+def test_the_hopper_kernels_are_refused_elsewhere_and_a_bad_config_in_one_line():
+    with pytest.raises(ArgumentValueError, match="^config: expected one of 'sm80' on this GPU"):
+        check(config="sm90")
+    with pytest.raises(ArgumentTypeError, match="^config: expected None or a name"):
+        check(config=3)
