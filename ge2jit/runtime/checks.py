@@ -136,6 +136,23 @@ def check_same_device(arrays: dict, device_id: int) -> None:
             )
 
 
+def out_arrays(out, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> tuple:
+    """The arrays of an ``out=`` that holds several outputs by position, ``names`` (a pair or
+    a triple of output names); None gives a None each. Those in ``optional`` may be None."""
+    if out is None:
+        return (None,) * len(names)
+    if not isinstance(out, tuple | list) or len(out) != len(names):
+        word = {2: "pair", 3: "triple"}.get(len(names), f"{len(names)}-tuple")
+        raise ArgumentTypeError(f"out: expected None or a {word} ({', '.join(names)}), got "
+                                f"{type(out).__name__}"
+                                + (f" of {len(out)}" if isinstance(out, tuple | list) else ""))
+    for name, x in zip(names, out):
+        if x is None and name not in optional:
+            raise ArgumentTypeError(f"out: expected {name} an array, got None (pass out=None "
+                                    f"for new outputs)")
+    return tuple(out)
+
+
 def check_out(out, inputs: dict, name: str = "out") -> None:
     """An output ``out`` (a CuPy array) may be one of ``inputs`` (``{name: array}``) itself
     (same memory, dtype and strides: the kernel writes in place, each element after reading

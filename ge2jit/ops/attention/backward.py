@@ -5,13 +5,14 @@ its query heads), deterministic: no atomics, each element summed in one fixed or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ...jit import fastlaunch
 from ...jit.fastlaunch import Map, Ptr
 from ...jit.loader import launcher_for
 from ...runtime.arrays import call_arguments, views
-from ...runtime.checks import check_apart, check_array, check_bool, check_out
+from ...runtime.checks import check_apart, check_array, check_bool, check_out, out_arrays
 from ...runtime.prepared import OverlapGuard, PreparedCalls
 from .op import (
     DEFAULTS,
@@ -134,18 +135,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
     return _PREPARED.run(arrays, options if options is not None else (object(),), first)
 
 
-def outputs(out):
-    """(dq, dk, dv) of ``out=`` (None: three Nones)."""
-    if out is None:
-        return None, None, None
-    if not isinstance(out, tuple | list) or len(out) != 3:
-        raise ArgumentTypeError(f"out: expected None or a triple (dq, dk, dv), got "
-                                f"{type(out).__name__}"
-                                + (f" of {len(out)}" if isinstance(out, tuple | list) else ""))
-    if any(x is None for x in out):
-        raise ArgumentTypeError("out: expected three arrays (dq, dk, dv), got a None among "
-                                "them (pass out=None for new outputs)")
-    return tuple(out)
+#: (dq, dk, dv) of ``out=`` (None: three Nones)
+outputs = partial(out_arrays, names=("dq", "dk", "dv"))
 
 
 def check_backward_arguments(do, q, k, v, o, lse, **kwargs):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +20,7 @@ from ...runtime.checks import (
     check_out,
     check_same_device,
     check_shaped,
+    out_arrays,
 )
 from ...runtime.dtypes import DType
 from ...runtime.prepared import OverlapGuard, PreparedCalls
@@ -102,18 +104,8 @@ def rope_backward(dq, dk, cos, sin, *, interleaved: bool = False, positions=None
     return _call(True, dq, dk, cos, sin, interleaved, positions, out)
 
 
-def outputs(out):
-    """(q_out, k_out) of ``out=`` (None: both None)."""
-    if out is None:
-        return None, None
-    if not isinstance(out, tuple | list) or len(out) != 2:
-        raise ArgumentTypeError(f"out: expected None or a pair (q_out, k_out), got "
-                                f"{type(out).__name__}"
-                                + (f" of {len(out)}" if isinstance(out, tuple | list) else ""))
-    if out[0] is None:
-        raise ArgumentTypeError("out: expected q_out an array, got None (pass out=None for "
-                                "new outputs)")
-    return out[0], out[1]
+#: (q_out, k_out) of ``out=`` (None: both None; k_out None with k None)
+outputs = partial(out_arrays, names=("q_out", "k_out"), optional=("k_out",))
 
 
 def _call(backward: bool, q, k, cos, sin, interleaved, positions, out):

@@ -96,7 +96,8 @@ REFUSALS = [
     ("lse", ArgumentValueError, "expected a contiguous array",
      dict(lse=arr((B, H, SQ), np.float32, strides=(4 * H * 8, 4 * 8, 4)))),
     ("out", ArgumentTypeError, "expected None or a triple", dict(out=(arr((1,)),) * 2)),
-    ("out", ArgumentTypeError, "got a None among them", dict(out=(None, None, None))),
+    ("out", ArgumentTypeError, "out: expected dq an array, got None (pass out=None",
+     dict(out=(None, None, None))),
     ("out", ArgumentValueError, "expected dk of shape", dict(
         out=(arr((B, SQ, H, D)), arr((B, SQ, H, D)), arr((B, SK, HKV, D))))),
     ("q", ArgumentValueError, "expected head_dim", dict(

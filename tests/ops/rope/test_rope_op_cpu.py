@@ -134,6 +134,8 @@ def test_in_place_and_given_outputs(fake):
      "interleaved: expected a bool, got 1"),
     (lambda q, k, c, s: ge2jit.rope(q, k, c, s, out=q), ArgumentTypeError,
      "out: expected None or a pair"),
+    (lambda q, k, c, s: ge2jit.rope(q, k, c, s, out=(None, k)), ArgumentTypeError,
+     r"out: expected q_out an array, got None \(pass out=None for new outputs\)"),
     (lambda q, k, c, s: ge2jit.rope(q, k, c, s, out=(q, None)), ArgumentValueError,
      "out: expected k_out an array as k is given"),
     (lambda q, k, c, s: ge2jit.rope(q, k, c, s, out=(FakeArray((2, 5, 4, 16), np.float32),
