@@ -45,7 +45,9 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     o, lse = ge2jit.attention(dev["q"], dev["k"], dev["v"], return_lse=True, **kw)
     o_h, lse_h = cp.asnumpy(o).astype(np.float64), cp.asnumpy(lse).astype(np.float64)
     prod = (do.astype(np.float64) * o_h).sum(-1)            # (B, S, H) or (T, H)
-    delta = cp.asarray((prod.T if varlen else prod.transpose(0, 2, 1)).astype(np.float32))
+    # (H, T) or (B, H, S), C-ordered: cp.asarray keeps a transposed 2-D array's F order
+    delta = cp.asarray(np.ascontiguousarray(prod.T if varlen else prod.transpose(0, 2, 1),
+                                            np.float32))
     grads = {n: cp.full(dev[x].shape, np.nan, np.float32).astype(DT[dtype])
              for n, x in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
     dq_spec, dkv_spec = make_bwd_sm90_specs(SUPPORTED_DTYPES[dtype], d, causal=causal,
