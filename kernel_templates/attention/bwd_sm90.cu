@@ -27,7 +27,7 @@ constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
 
-constexpr int THREADS = 384, STAGES = 2;
+constexpr int THREADS = 384, STAGES = {{ spec.stages }};
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 constexpr int ROWS = 128;                     // the block's own rows (DQ) or keys (DKV)
 constexpr int DC = D / 64;
@@ -206,6 +206,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     kd > 0);
         }
         wgmma_commit();
+        // DKV: the step's query columns' lse (log2 units; +inf past the length or seeing
+        // nothing) and delta, the thread's STEP / 4 columns, loaded while the products run
+        constexpr int NCOL = KIND == DKV ? STEP / 4 : 1;
+        float col_l2[NCOL], col_dl[NCOL];
+        if constexpr (KIND == DKV) {
+            const long long hq = head * group + it / per_head;
+#pragma unroll
+            for (int j = 0; j < NCOL; ++j) {
+                const int col = step0 + 8 * (j / 2) + 2 * t + (j & 1);
+                const bool in = col < seq.len_q;   // len_q >= 1 where there are steps
+                const long long at = lse_index<VARLEN>(b, hq, in ? col : 0, seq.q_row0,
+                                                       cu_seqlens_q, B, H, S_q);
+                const float l = lse[at], dlt = delta[at];
+                col_l2[j] = !in || l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
+                col_dl[j] = in ? dlt : 0.0f;
+            }
+        }
         wgmma_wait<0>();
 
         if constexpr (SOFTCAP) {
@@ -221,16 +238,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const int hh = (i >> 1) & 1, col = step0 + 8 * (i / 4) + 2 * t + (i & 1);
             float l2 = lse2[hh], dlt = dl[hh];
             if constexpr (KIND == DKV) {   // the column is a query: its lse and delta
-                l2 = pos_inf();
-                dlt = 0.0f;
-                if (col < seq.len_q) {
-                    const long long hq = head * group + it / per_head;
-                    const long long at = lse_index<VARLEN>(b, hq, col, seq.q_row0,
-                                                           cu_seqlens_q, B, H, S_q);
-                    const float l = lse[at];
-                    l2 = l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
-                    dlt = delta[at];
-                }
+                l2 = col_l2[2 * (i / 4) + (i & 1)];
+                dlt = col_dl[2 * (i / 4) + (i & 1)];
             }
             const float th = sc[i];
             float pv = exp2_approx((SOFTCAP ? cap_out * th : th * SL) - l2);

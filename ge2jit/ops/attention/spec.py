@@ -594,7 +594,9 @@ def spec_for(config, dtype: DType, head_dim: int, **options):
 
 #: the Hopper backward's steps per head dimension: (dq kernel's keys a step, dkv kernel's
 #: queries a step, dkv kernel's column splits)
-SM90_BWD = {64: (64, 64, 1), 128: (64, 32, 1), 256: (32, 32, 2)}
+#: head_dim -> (dq step, dkv step, dkv column splits, dq stages, dkv stages) of the Hopper
+#: backward
+SM90_BWD = {64: (64, 64, 1, 2, 2), 128: (64, 48, 1, 2, 2), 256: (32, 32, 2, 2, 2)}
 
 
 @dataclass(frozen=True)
@@ -610,6 +612,7 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     head_dim: int
     step: int
     dsplit: int = 1
+    stages: int = 2
     causal: bool = False
     window: bool = False
     softcap: bool = False
@@ -623,25 +626,30 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
         if self.kind not in ("dq", "dkv"):
             raise ArgumentValueError(f"AttentionBwdSm90Spec.kind: expected 'dq' or 'dkv', got "
                                      f"{self.kind!r}")
-        for name in ("step", "dsplit"):
+        for name in ("step", "dsplit", "stages"):
             check_field(self, name, int)
         if self.step % 16 or not 16 <= self.step <= 256 or self.dsplit not in (1, 2) or (
                 self.kind == "dq" and self.dsplit != 1) or (self.head_dim // self.dsplit) % 64:
             raise ArgumentValueError(f"AttentionBwdSm90Spec: expected step a multiple of 16 up "
                                      f"to 256 and dsplit 1 or 2 (dq: 1) leaving multiples of "
                                      f"64 columns, got {self.step} and {self.dsplit}")
+        if self.stages not in (2, 3, 4):
+            raise ArgumentValueError(f"AttentionBwdSm90Spec.stages: expected 2, 3 or 4, got "
+                                     f"{self.stages}")
         self._check(SM90_BWD, f"step {self.step}")
 
     @property
     def smem_bytes(self) -> int:
         row = self.head_dim * 2
-        return 2 * 128 * row + 2 * 2 * self.step * row + 8 * 5 + 1024
+        return (2 * 128 * row + self.stages * 2 * self.step * row + 8 * (1 + 2 * self.stages)
+                + 1024)
 
     @property
     def kernel_name(self) -> str:
         split = f"x{self.dsplit}" if self.dsplit != 1 else ""
+        stages = f"p{self.stages}" if self.stages != 2 else ""
         return (f"attn_bwd_{self.kind}_sm90_{self.dtype.value}_d{self.head_dim}_s{self.step}"
-                f"{split}" + self._flags())
+                f"{split}{stages}" + self._flags())
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -672,9 +680,10 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
     ``softcap``, ``varlen``)."""
     if head_dim not in SM90_BWD:
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
-    dq_step, dkv_step, dsplit = SM90_BWD[head_dim]
-    return (AttentionBwdSm90Spec("dq", dtype, head_dim, dq_step, **options),
-            AttentionBwdSm90Spec("dkv", dtype, head_dim, dkv_step, dsplit, **options))
+    dq_step, dkv_step, dsplit, dq_stages, dkv_stages = SM90_BWD[head_dim]
+    return (AttentionBwdSm90Spec("dq", dtype, head_dim, dq_step, stages=dq_stages, **options),
+            AttentionBwdSm90Spec("dkv", dtype, head_dim, dkv_step, dsplit, dkv_stages,
+                                 **options))
 
 
 def bwd_specs_for(family: str, dtype: DType, head_dim: int, **options) -> tuple:
