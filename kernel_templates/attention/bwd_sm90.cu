@@ -62,6 +62,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned own_full = bars;
     auto full = [&](int s) { return bars + 8 + 8 * s; };
     auto empty = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
+    // DKV, stage s: the step's STEP query columns' lse (log2 units, +inf past the length or
+    // seeing nothing), then their delta (0 past the length), written by the producer's warp
+    const unsigned sCol = bars + 128;
+    auto col_values = [&](int s) { return reinterpret_cast<float*>(smem + (sCol - base)) +
+                                          2 * STEP * s; };
 
     const int tid = threadIdx.x;
     const int b = blockIdx.z;
@@ -111,15 +116,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         warpgroup_registers_down<PRODUCER_REGS>();
-        if (tid == 0) {
+        if (tid < (KIND == DKV ? 32 : 1)) {   // DKV: the warp stages lse and delta
             const int hk = static_cast<int>(KIND == DQ ? head / group : head);
-            mbar_expect_tx(own_full, 2 * OWN_BYTES);
+            if (tid == 0) mbar_expect_tx(own_full, 2 * OWN_BYTES);
             if constexpr (KIND == DQ) {
                 const int row = static_cast<int>(seq.q_row0) + own0;
                 const int hq = static_cast<int>(head);
                 load_tile<ROWS, DC, VARLEN>(sOwn, &tma_q, row, hq, b, own_full);
                 load_tile<ROWS, DC, VARLEN>(sOwn + OWN_BYTES, &tma_do, row, hq, b, own_full);
-            } else {
+            } else if (tid == 0) {
                 const int row = static_cast<int>(seq.k_row0) + own0;
                 load_tile<ROWS, DC, VARLEN>(sOwn, &tma_k, row, hk, b, own_full);
                 load_tile<ROWS, DC, VARLEN>(sOwn + OWN_BYTES, &tma_v, row, hk, b, own_full);
@@ -128,6 +133,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const int s = it % STAGES;
                 mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
                 const unsigned stage = sStep + s * 2 * STEP_BYTES;
+                if constexpr (KIND == DKV) {
+                    const long long hq = head * group + it / per_head;
+                    const int step0 = (first + it % per_head) * STEP;
+                    float* cv = col_values(s);
+                    for (int c = tid; c < STEP; c += 32) {
+                        const int col = step0 + c;
+                        const bool in = col < seq.len_q;   // len_q >= 1 where there are steps
+                        const long long at = lse_index<VARLEN>(b, hq, in ? col : 0, seq.q_row0,
+                                                               cu_seqlens_q, B, H, S_q);
+                        const float l = lse[at];
+                        cv[c] = !in || l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
+                        cv[STEP + c] = in ? delta[at] : 0.0f;
+                    }
+                    __syncwarp();   // the lanes' stores before lane 0's arrive (release)
+                    if (tid != 0) continue;
+                }
                 mbar_expect_tx(full(s), 2 * STEP_BYTES);
                 if constexpr (KIND == DQ) {
                     const int row = static_cast<int>(seq.k_row0) + (first + it) * STEP;
@@ -206,21 +227,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     kd > 0);
         }
         wgmma_commit();
-        // DKV: the step's query columns' lse (log2 units; +inf past the length or seeing
-        // nothing) and delta, the thread's STEP / 4 columns, loaded while the products run
-        constexpr int NCOL = KIND == DKV ? STEP / 4 : 1;
+        // DKV: the thread's STEP / 4 query columns' lse and delta, staged by the producer
+        constexpr int NCOL = KIND == DKV ? STEP / 4 : 2;
         float col_l2[NCOL], col_dl[NCOL];
         if constexpr (KIND == DKV) {
-            const long long hq = head * group + it / per_head;
+            const float2* cv = reinterpret_cast<const float2*>(col_values(s));
 #pragma unroll
-            for (int j = 0; j < NCOL; ++j) {
-                const int col = step0 + 8 * (j / 2) + 2 * t + (j & 1);
-                const bool in = col < seq.len_q;   // len_q >= 1 where there are steps
-                const long long at = lse_index<VARLEN>(b, hq, in ? col : 0, seq.q_row0,
-                                                       cu_seqlens_q, B, H, S_q);
-                const float l = lse[at], dlt = delta[at];
-                col_l2[j] = !in || l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
-                col_dl[j] = in ? dlt : 0.0f;
+            for (int j = 0; j < NCOL / 2; ++j) {
+                const float2 l = cv[4 * j + t], d = cv[STEP / 2 + 4 * j + t];
+                col_l2[2 * j] = l.x;
+                col_l2[2 * j + 1] = l.y;
+                col_dl[2 * j] = d.x;
+                col_dl[2 * j + 1] = d.y;
             }
         }
         wgmma_wait<0>();

@@ -641,8 +641,9 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     @property
     def smem_bytes(self) -> int:
         row = self.head_dim * 2
-        return (2 * 128 * row + self.stages * 2 * self.step * row + 8 * (1 + 2 * self.stages)
-                + 1024)
+        # own tiles, the stages' tiles, 128 B of barriers, the stages' lse and delta (dkv)
+        return (2 * 128 * row + self.stages * 2 * self.step * row + 128
+                + self.stages * 8 * self.step + 1024)
 
     @property
     def kernel_name(self) -> str:

@@ -131,6 +131,10 @@ def test_the_hopper_backward_spec_refuses_what_it_cannot_be():
         AttentionBwdSm90Spec("dq", DType.F16, 128, 64, dsplit=2)
     with pytest.raises(ArgumentValueError, match="shared memory"):
         AttentionBwdSm90Spec("dq", DType.F16, 256, 256)
+    with pytest.raises(ArgumentValueError, match="stages: expected 2, 3 or 4, got 5"):
+        AttentionBwdSm90Spec("dkv", DType.F16, 128, 48, stages=5)
+    assert AttentionBwdSm90Spec("dkv", DType.F16, 64, 64, stages=3).kernel_name == (
+        "attn_bwd_dkv_sm90_f16_d64_s64p3")
     dq, dkv = make_bwd_sm90_specs(DType.BF16, 256, causal=True)
     assert dq.kernel_name == "attn_bwd_dq_sm90_bf16_d256_s32_causal"
     assert dkv.grid(2, 8, 2, 300, 300) == (3 * 2, 2, 2) and dq.grid(2, 8, 2, 300, 300) == (3, 8, 2)
