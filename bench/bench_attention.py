@@ -2,7 +2,7 @@
 forward and forward + backward, in turns in one run, in TFLOP/s.
 
     python bench/bench_attention.py [--json bench/results_attention.json] [--plot PNG]
-                                    [--shapes B,H,H_kv,S,D,causal;...] [--quick]
+                                    [--shapes B,H,H_kv,S,D,causal;...] [--backward] [--quick]
 
 The default shapes are a LLaMA-like grouped-query layer at 4 x 4096 tokens, a 16k-token causal
 sequence, 4 x 4096 tokens not causal, and 8 x 2048 with head_dim 64 (bfloat16, (B, H, S, D)
@@ -14,6 +14,10 @@ tensors as PyTorch's SDPA takes them). Implementations:
 - ``torch flash`` / ``torch cudnn`` / ``torch efficient``: ``F.scaled_dot_product_attention``
   pinned to that backend with ``torch.nn.attention.sdpa_kernel`` (a backend that refuses the
   shape is left out of its row); grouped-query heads with ``enable_gqa=True``.
+
+With ``--backward``, a second table times the backward alone from a stored forward:
+``ge2jit.attention_backward`` with its default kernels and, on sm_90, pinned to the sm_80
+ones (``config="sm80"``), against ``torch.autograd.grad`` of each backend's output.
 
 TFLOP/s counts FlashAttention's 4 B H S^2 D for the forward, halved when causal, and 3.5 times
 that for forward + backward (the backward: 2.5 times the forward). Forward + backward is the
@@ -44,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--shapes", default=None,
                     help=f"B,H,H_kv,S,D,causal;... (default {SHAPES})")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--backward", action="store_true",
+                    help="also time the backward alone (a second table)")
     add_quick(ap, f"shapes {QUICK_SHAPES}, 3 rounds")
     args = ap.parse_args(argv)
     quick_defaults(args, shapes=(SHAPES, QUICK_SHAPES), rounds=(9, 3))
@@ -58,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def flops(b, h, s, d, causal, mode) -> float:
     f = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
-    return f * 3.5 if mode == "fwd+bwd" else f
+    return f * {"fwd": 1.0, "fwd+bwd": 3.5, "bwd": 2.5}[mode]
 
 
 def implementations(q, k, v, causal):
@@ -110,6 +116,57 @@ def with_backward(cases, q, k, v):
     return {name: step(fn) for name, fn in cases.items()}
 
 
+def backward_only(q, k, v, causal):
+    """Name -> fn() of the backward alone, from a forward run once: ge2jit's default kernels
+    (and on sm_90 the sm_80 ones pinned), each torch backend's autograd backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import ge2jit
+
+    gqa = q.shape[1] != k.shape[1]
+    qs, ks, vs = (x.detach() for x in (q, k, v))
+    grad = torch.randn_like(qs)
+    kw = dict(causal=causal, layout="bhsd")
+    o, lse = ge2jit.attention(qs, ks, vs, return_lse=True, **kw)
+    cases = {"ge2jit": lambda: ge2jit.attention_backward(grad, qs, ks, vs, o, lse, **kw)}
+    if torch.cuda.get_device_capability() == (9, 0):
+        cases["ge2jit sm80"] = lambda: ge2jit.attention_backward(
+            grad, qs, ks, vs, o, lse, config="sm80", **kw)
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    for name in BACKENDS:
+        try:
+            with sdpa_kernel(backends[name]):
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, enable_gqa=gqa)
+            torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+            torch.cuda.synchronize()
+        except RuntimeError:   # the backend does not take this shape or type
+            continue
+        cases[f"torch {name}"] = lambda out=out: torch.autograd.grad(out, (q, k, v), grad,
+                                                                     retain_graph=True)
+    return cases
+
+
+def print_table(title: str, pairs: list, names: list) -> None:
+    """A markdown table of rows (or pairs of rows, cells "a / b") by implementation."""
+    print(f"\nTFLOP/s, bfloat16 ({title}; - where a backend refuses the shape)")
+    print("| B, H, H_kv, S, D, causal | " + " | ".join(names)
+          + " | best ge2jit / best torch |")
+    print("|---" * (len(names) + 2) + "|")
+    for group in pairs:
+        cells = [" / ".join(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "-"
+                            for r in group) for n in names]
+        ratio = " / ".join(
+            f"{max(t for m, t in r['tflops'].items() if m.startswith('ge2jit')) / best:.2f}"
+            if (best := max((t for m, t in r["tflops"].items() if m.startswith("torch")),
+                            default=0)) else "-" for r in group)
+        r = group[0]
+        print(f"| {r['batch']}, {r['heads']}, {r['kv_heads']}, {r['seq']}, "
+              f"{r['head_dim']}, {'yes' if r['causal'] else 'no'} | " + " | ".join(cells)
+              + f" | {ratio} |")
+
+
 def main(argv=None) -> int:
     global torch
     args = parse_args(argv)
@@ -123,9 +180,11 @@ def main(argv=None) -> int:
         make = [(b, h, s, d), (b, h_kv, s, d), (b, h_kv, s, d)]
         q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
                    .requires_grad_() for shape in make)
-        for mode in ("fwd", "fwd+bwd"):
+        for mode in ("fwd", "fwd+bwd", "bwd") if args.backward else ("fwd", "fwd+bwd"):
             if mode == "fwd":   # without autograd: the forward alone, and each config of it
                 cases = implementations(q.detach(), k.detach(), v.detach(), bool(causal))
+            elif mode == "bwd":
+                cases = backward_only(q, k, v, bool(causal))
             else:
                 cases = with_backward(implementations(q, k, v, bool(causal)), q, k, v)
             ms = interleaved_ms([(fn, [()]) for fn in cases.values()], rounds=args.rounds,
@@ -134,24 +193,17 @@ def main(argv=None) -> int:
             rows.append({"batch": b, "heads": h, "kv_heads": h_kv, "seq": s, "head_dim": d,
                          "causal": bool(causal), "mode": mode, "ms": dict(zip(cases, ms)),
                          "tflops": {n: f / t / 1e9 for n, t in zip(cases, ms)}})
-    names = list(dict.fromkeys(n for r in rows for n in r["tflops"] if n.startswith("ge2jit")))
+    main_rows = [r for r in rows if r["mode"] != "bwd"]
+    names = list(dict.fromkeys(n for r in main_rows for n in r["tflops"]
+                               if n.startswith("ge2jit")))
     names += [f"torch {n}" for n in BACKENDS]
-    print("\nTFLOP/s, bfloat16 (fwd / fwd+bwd; - where a backend refuses the shape)")
-    print("| B, H, H_kv, S, D, causal | " + " | ".join(names)
-          + " | best ge2jit / best torch |")
-    print("|---" * (len(names) + 2) + "|")
-    for fwd, both in zip(rows[::2], rows[1::2]):
-        cells = []
-        for n in names:
-            cells.append(" / ".join(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "-"
-                                    for r in (fwd, both)))
-        ratio = " / ".join(
-            f"{max(t for m, t in r['tflops'].items() if m.startswith('ge2jit')) / best:.2f}"
-            if (best := max((t for m, t in r["tflops"].items() if m.startswith("torch")),
-                            default=0)) else "-" for r in (fwd, both))
-        print(f"| {fwd['batch']}, {fwd['heads']}, {fwd['kv_heads']}, {fwd['seq']}, "
-              f"{fwd['head_dim']}, {'yes' if fwd['causal'] else 'no'} | " + " | ".join(cells)
-              + f" | {ratio} |")
+    print_table("fwd / fwd+bwd", list(zip(main_rows[::2], main_rows[1::2])), names)
+    if args.backward:
+        bwd = [r for r in rows if r["mode"] == "bwd"]
+        bwd_names = list(dict.fromkeys(n for r in bwd for n in r["tflops"]
+                                       if n.startswith("ge2jit")))
+        print_table("the backward alone", [(r,) for r in bwd],
+                    bwd_names + [f"torch {n}" for n in BACKENDS])
     meta = {**device_meta(), "date": time.strftime("%Y-%m-%d"), "commit": commit(),
             "torch": torch.__version__, "rows": rows}
     if args.json:
@@ -167,7 +219,7 @@ def plot(rows, names, path, meta) -> None:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-    for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
+    for ax, mode in zip(axes, ("fwd", "fwd+bwd")):   # the backward alone is not drawn
         sel = [r for r in rows if r["mode"] == mode]
         width = 0.8 / len(names)
         for i, n in enumerate(names):

@@ -248,9 +248,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             issue_pv(pa, it - 1);
             if (PINGPONG && !(wg == 1 && it == n_blocks - 1)) named_barrier_arrive(2 - wg, 256);
             wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
+            fence_operands(sc);
             unsigned pa_next[BN / 16][4];
             softmax(sc, pa_next, it, corr);
             wgmma_wait<0>();             // P V of block it - 1: O holds it
+            fence_operands(pa);          // P of it - 1 and O live until P V is done
+            fence_operands(acc);
             release(it - 1);
             rescale(corr);
 #pragma unroll

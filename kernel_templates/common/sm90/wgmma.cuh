@@ -25,3 +25,21 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
+
+// Pins registers that an asynchronous wgmma reads or writes at this point of the program
+// (CUTLASS's warpgroup_fence_operand): the compiler neither moves their other uses across it
+// nor reuses them before it. Placed after the wait that retires the wgmma, it keeps an A
+// fragment or accumulator live while the wgmma runs, which ptxas otherwise answers by
+// serializing the kernel's wgmma (C7513).
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N, int M>
+__device__ __forceinline__ void fence_operands(unsigned (&r)[N][M]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
