@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The multi-GPU check on a machine of 2 or more GPUs: every test that starts several ranks (at
-# world sizes 2 and 4, those the GPUs allow), then the data-parallel benchmarks; logs and
-# results in $OUT/multi. Tests run one at a time (each uses every GPU), without pytest-xdist.
-# Usage (repo root): bash bench/multi_gpu_check.sh  (the warm-start test runs alone first)
+# world sizes 2 and 4, those the GPUs allow), then the data-parallel benchmarks and the
+# warm start's; logs and results in $OUT/multi. Tests run one at a time (each uses every GPU),
+# without pytest-xdist.
+# Usage (repo root): bash bench/multi_gpu_check.sh
 #   TESTS=0 skips the tests, BENCH=0 the benchmarks; BENCH_VARIANTS (default: "default
 #   tile-grids shard"; also "eager": eager steps with tile grids) names the
-#   bench_distributed.py runs; LLAMA=0 skips the LLaMA block's.
-#   TEST_TIMEOUT (seconds) bounds each of the two test runs, BENCH_TIMEOUT each benchmark.
+#   bench_distributed.py runs; LLAMA=0 skips the LLaMA block's, WARM=0 the warm start's.
+#   TEST_TIMEOUT (seconds) bounds the test run, BENCH_TIMEOUT each benchmark.
 set -uo pipefail
 OUT=${OUT:-/tmp/ge2jit-out}
 dir="$OUT/multi"
@@ -25,14 +26,8 @@ python3 -c "import cupy; from cupy.cuda import nccl; print('NCCL', nccl.get_vers
   >> "$dir/topo.txt" 2>&1
 rc=0
 if [ "${TESTS:-1}" != 0 ]; then
-  # the warm-start test alone first: when it fails, its report (a cProfile of the slow
-  # rank's first step) ends its own log, which the others' time limit cannot cut off
-  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -v -rs -s -p no:cacheprovider \
-    tests/distributed/test_warm_start_gpu.py > "$dir/pytest-warm-start.log" 2>&1 || rc=1
-  grep -E "^(FAILED|ERROR)|rank [0-9]+: first step|ms  |passed|failed" \
-    "$dir/pytest-warm-start.log" | tail -n 40
-  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -v -rs -s -p no:cacheprovider \
-    --ignore tests/distributed/test_warm_start_gpu.py tests/distributed \
+  timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -m gpu -v -rs -s -p no:cacheprovider \
+    tests/distributed \
     tests/test_train_mlp_distributed.py tests/test_train_gpt_block_distributed.py \
     tests/test_train_llama_block_distributed.py tests/pytorch/test_ddp_gpu.py \
     > "$dir/pytest-multi.log" 2>&1 || rc=1
@@ -58,6 +53,12 @@ if [ "${BENCH:-1}" != 0 ]; then
       > "$dir/bench_llama_distributed.log" 2>&1 || rc=1
     echo "== bench_llama_distributed --tile-grids --nccl-high-priority"
     grep "^|" "$dir/bench_llama_distributed.log"
+  fi
+  if [ "${WARM:-1}" != 0 ]; then
+    timeout "${BENCH_TIMEOUT:-240}" python3 bench/bench_warm_start.py \
+      --json "$dir/results_warm_start.json" > "$dir/bench_warm_start.log" 2>&1 || rc=1
+    echo "== bench_warm_start"
+    grep -E "^\||^world|ms  " "$dir/bench_warm_start.log"
   fi
 fi
 exit $rc

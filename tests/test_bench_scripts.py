@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-#: the scripts' shared module, no script of its own
-HELPERS = {"common.py"}
+#: the scripts' shared module and a worker process's script, no benchmarks of their own
+HELPERS = {"common.py", "warm_start_worker.py"}
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name not in HELPERS)
 
 

@@ -1,5 +1,6 @@
-"""One rank of the warm-start test (run by test_warm_start_gpu.py, one process a GPU, the
-launcher's variables in the environment, ``GE2JIT_CACHE_DIR`` set per rank): an MLP block's
+"""One rank of a job started on a warmed kernel cache (run by bench_warm_start.py and
+tests/distributed/test_warm_start_gpu.py, one process a GPU, the launcher's variables in the
+environment, ``GE2JIT_CACHE_DIR`` set per rank): an MLP block's
 data-parallel training step (bfloat16, d -> 4d -> d, the gradients averaged over the ranks in
 bfloat16 under the backward, Adam). The job starts as a data-parallel job does: rank 0's
 initial parameters broadcast to every rank, which also lines the ranks up, so that a rank's
