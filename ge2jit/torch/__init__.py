@@ -15,6 +15,8 @@ in ge2jit does.
     o = gt.scaled_dot_product_attention(q, k, v, is_causal=True)   # PyTorch's signature
     gt.register_hf_attention()                          # attn_implementation="ge2jit"
     loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
+    model = gt.compile(model)                           # torch.compile(backend="ge2jit")
+    print(gt.explain(model, x))                         # what the backend fused, and not
     norm = gt.RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)
     y, h = norm(x, residual)                            # h = x + residual, y = rms_norm(h)
 
@@ -27,9 +29,11 @@ otherwise.
 
 from __future__ import annotations
 
+from ..ops.attention import torch_patterns as _attention_patterns  # noqa: F401 - registers
 from ..ops.attention.hf import _register_if_imported, hf_attention_forward, register_hf_attention
 from ..ops.attention.torch_ops import attention, scaled_dot_product_attention
 from ..ops.cross_entropy.torch_ops import cross_entropy
+from ..ops.gemm import torch_patterns as _gemm_patterns  # noqa: F401 - registers
 from ..ops.gemm.gated import interleave_gate_up, split_gate_up
 from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
 from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
@@ -40,13 +44,15 @@ from ..ops.rope.hf import apply_rotary_pos_emb
 from ..ops.rope.torch_ops import rope
 from ..ops.softmax.torch_ops import softmax
 from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
+from . import compiler
+from .compiler import compile, explain
 from .fp8 import linear_fp8
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
            "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
            "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8", "rope",
            "apply_rotary_pos_emb", "attention", "scaled_dot_product_attention",
-           "hf_attention_forward", "register_hf_attention",
+           "hf_attention_forward", "register_hf_attention", "compile", "explain", "compiler",
            "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]
 
 _register_if_imported()

@@ -31,20 +31,27 @@ def _functions(gt) -> dict:
         "rope": (lambda: gt.rope(X[None, None], X[None, None], X, X), "q"),
         "apply_rotary_pos_emb": (lambda: gt.apply_rotary_pos_emb(
             X[None, None], X[None, None], X[None], X[None]), "q"),
+        "attention": (lambda: gt.attention(*[torch.ones(1, 2, 4, 64)] * 3), "q"),
     }
 
 
 def test_the_cpu_calls_cover_every_function(gt):
     layers = {"Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm"}
     helpers = {"interleave_gate_up", "split_gate_up", "precision_for", "FLOAT32_PRECISION",
-               "NAMESPACE"}
-    assert set(_functions(gt)) == set(gt.__all__) - layers - helpers
+               "NAMESPACE", "register_hf_attention"}
+    # PyTorch's signature: PyTorch's function for what the kernels do not take, CPU tensors
+    # too (test_attention_fakes_and_the_fallback_to_pytorch); the compiler backend's
+    # (tests/pytorch/test_compiler_cpu.py)
+    falls_back = {"scaled_dot_product_attention", "hf_attention_forward"}
+    compiler = {"compile", "explain", "compiler"}
+    assert set(_functions(gt)) == set(gt.__all__) - layers - helpers - falls_back - compiler
+
 
 
 @pytest.mark.parametrize("name", ["gemm_bias_act", "gemm_gated", "gated_mlp", "mlp",
                                   "linear_fp8", "softmax", "cross_entropy", "rms_norm",
                                   "layer_norm", "quantize_fp8", "rope",
-                                  "apply_rotary_pos_emb"])
+                                  "apply_rotary_pos_emb", "attention"])
 def test_functions_refuse_cpu_tensors_in_one_line(gt, name):
     call, arg = _functions(gt)[name]
     for _ in range(2):

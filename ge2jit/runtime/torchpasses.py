@@ -1,0 +1,130 @@
+"""Graph passes for ``ge2jit.torch``'s compiler backend (``ge2jit/torch/compiler.py``): the
+pattern registry and the rewrite of a captured FX graph. Shared by the ops' PyTorch
+integrations (each op's ``torch_patterns.py`` registers its patterns here), imported only by
+them and the backend; it knows no op.
+
+A pattern is a ``Pattern``: ``match(node)`` looks at one node of the graph (its target, its
+arguments and, through ``node.meta["example_value"]``, the fake tensors TorchDynamo recorded)
+and returns ``None`` (not its kind of node), a ``Skip`` (its kind, but not replaceable: the
+reason is reported) or a ``Fusion`` that ``rewrite`` applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+__all__ = ["Pattern", "Fusion", "Skip", "Report", "register_pattern", "patterns", "rewrite",
+           "tensor_of", "argument"]
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A node a pattern recognized but left alone, and why (one line)."""
+
+    pattern: str
+    node: str
+    reason: str
+
+
+@dataclass
+class Fusion:
+    """What a pattern found: the nodes it replaces (the last one's users get the new value),
+    and ``build(graph) -> fx.Node``, which inserts the replacement before the last node."""
+
+    pattern: str
+    nodes: list
+    op: str
+    build: Callable[[fx.Graph], fx.Node]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A rewrite: ``name``, the ge2jit op it calls (``op``, for reports) and ``match(node) ->
+    None | Skip | Fusion``. Patterns run in ``priority`` order (lower first)."""
+
+    name: str
+    op: str
+    match: Callable[[fx.Node], object]
+    priority: int = 100
+
+
+@dataclass
+class Report:
+    """One graph's rewrite: ``fused`` (pattern, the replaced nodes' names, op), ``skipped``
+    (``Skip`` records), in the graph's order."""
+
+    fused: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"fused {len(self.fused)}, left {len(self.skipped)}"]
+        lines += [f"  {p}: {', '.join(nodes)} -> ge2jit.{op}" for p, nodes, op in self.fused]
+        lines += [f"  left {s.node} ({s.pattern}): {s.reason}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+_patterns: dict[str, Pattern] = {}
+
+
+def register_pattern(pattern: Pattern) -> Pattern:
+    """Add ``pattern`` to the backend's passes (an op's torch module calls this once)."""
+    if pattern.name in _patterns:
+        raise ValueError(f"pattern {pattern.name!r} is already registered")
+    _patterns[pattern.name] = pattern
+    return pattern
+
+
+def patterns() -> list[Pattern]:
+    """The registered patterns in the order they run."""
+    return sorted(_patterns.values(), key=lambda p: p.priority)
+
+
+def tensor_of(node) -> torch.Tensor | None:
+    """The (fake) tensor a graph node produces, as TorchDynamo recorded it (or a shape
+    propagation stored it), else None."""
+    if not isinstance(node, fx.Node):
+        return None
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def argument(node: fx.Node, index: int, name: str, default=None):
+    """A call node's argument by position or keyword, else ``default``."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def rewrite(gm: fx.GraphModule, only: list[str] | None = None) -> Report:
+    """Apply the registered patterns (or those named in ``only``) to ``gm`` in place, each
+    node at most once; returns what was fused and what was left."""
+    report = Report()
+    chosen = [p for p in patterns() if only is None or p.name in only]
+    graph = gm.graph
+    for pattern in chosen:
+        for node in list(graph.nodes):
+            if node.graph is not graph:   # erased by an earlier fusion
+                continue
+            found = pattern.match(node)
+            if found is None:
+                continue
+            if isinstance(found, Skip):
+                report.skipped.append(found)
+                continue
+            last = found.nodes[-1]
+            with graph.inserting_before(last):
+                new = found.build(graph)
+            new.meta.update({k: v for k, v in last.meta.items()
+                             if k in ("example_value", "val", "stack_trace", "nn_module_stack")})
+            last.replace_all_uses_with(new)
+            for old in reversed(found.nodes):
+                if not old.users:
+                    graph.erase_node(old)
+            report.fused.append((found.pattern, [n.name for n in found.nodes], found.op))
+    graph.lint()
+    gm.recompile()
+    return report

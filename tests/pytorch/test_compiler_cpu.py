@@ -1,0 +1,205 @@
+"""The compiler backend's passes on small FX graphs, without a GPU: each pattern found and
+replaced on (fake) CUDA tensors, near-misses left alone with the reason reported (a Linear
+whose output has a second user, an activation ge2jit lacks, tensors on the CPU, autocast's
+mixed types, an attention mask, dropout, a head dim the kernels lack); the backend on a CPU
+model (nothing fused, the same results as eager) and ``explain``."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.fx as fx  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp  # noqa: E402
+
+import ge2jit.torch as gt  # noqa: E402
+from ge2jit.ops.attention.torch_ops import scaled_dot_product_attention  # noqa: E402
+from ge2jit.ops.gemm.torch_patterns import linear_act  # noqa: E402
+from ge2jit.torch.compiler import rewrite  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def _traced(fn, *shapes, device="cuda", dtypes=None):
+    """``fn`` traced by FX, its nodes' fake tensors recorded for inputs of ``shapes`` (None: a
+    None argument) on ``device`` (fake CUDA tensors need no GPU)."""
+    gm = fx.symbolic_trace(fn)
+    mode = FakeTensorMode()
+    dtypes = dtypes or [BF16] * len(shapes)
+    with mode:
+        args = [None if s is None else torch.empty(*s, device=device, dtype=t)
+                for s, t in zip(shapes, dtypes)]
+    FakeTensorProp(gm, mode).propagate(*args)
+    return gm
+
+
+def _calls(gm) -> list:
+    return [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+@pytest.mark.parametrize("act, call, expect", [
+    ("gelu", lambda y: F.gelu(y), "gelu"),
+    ("gelu_tanh", lambda y: F.gelu(y, approximate="tanh"), "gelu_tanh"),
+    ("relu", lambda y: torch.relu(y), "relu"),
+    ("relu method", lambda y: y.relu(), "relu"),
+    ("silu", lambda y: F.silu(y), "silu"),
+    ("sigmoid", lambda y: torch.sigmoid(y), "sigmoid"),
+    ("tanh method", lambda y: y.tanh(), "tanh"),
+    ("leaky_relu", lambda y: F.leaky_relu(y, 0.2), "leaky_relu"),
+])
+def test_a_linear_and_its_activation_become_one_gemm(act, call, expect):
+    gm = _traced(lambda x, w, b: call(F.linear(x, w, b)), (2, 5, 8), (16, 8), (16,))
+    report = rewrite(gm)
+    assert _calls(gm) == [linear_act]
+    (node,) = [n for n in gm.graph.nodes if n.target is linear_act]
+    assert node.args[3] == expect and node.args[4] == (0.2 if expect == "leaky_relu" else 0.01)
+    assert [(p, op) for p, _, op in report.fused] == [
+        ("linear_activation", f"gemm_bias_act(act={expect!r})")]
+    assert report.skipped == []
+    assert node.meta["val"].shape == (2, 5, 16)
+
+
+def test_a_linear_without_bias_and_a_chain_of_layers():
+    def mlp(x, w1, w2):
+        return F.silu(F.linear(F.gelu(F.linear(x, w1)), w2))
+    gm = _traced(mlp, (64, 8), (32, 8), (8, 32))
+    report = rewrite(gm)
+    assert _calls(gm) == [linear_act, linear_act] and len(report.fused) == 2
+    first, second = [n for n in gm.graph.nodes if n.target is linear_act]
+    assert first.args[2] is None and second.args[0] is first
+
+
+def test_near_misses_are_left_alone_with_the_reason():
+    # the pre-activation has a second user: fusing would lose it
+    both = _traced(lambda x, w: _two_users(x, w), (4, 8), (8, 8))
+    report = rewrite(both)
+    assert [s.reason for s in report.skipped] == ["the Linear's output has another user"]
+    assert torch._C._nn.linear in _calls(both) and linear_act not in _calls(both)
+    # an activation ge2jit's epilogue lacks: not its pattern, nothing reported
+    gm = _traced(lambda x, w: F.elu(F.linear(x, w)), (4, 8), (8, 8))
+    report = rewrite(gm)
+    assert report.fused == [] and report.skipped == [] and linear_act not in _calls(gm)
+    # CPU tensors
+    gm = _traced(lambda x, w: F.relu(F.linear(x, w)), (4, 8), (8, 8), device="cpu")
+    assert [s.reason for s in rewrite(gm).skipped] == ["tensors not on a CUDA device"]
+    # mixed types (as autocast makes them)
+    gm = _traced(lambda x, w: F.relu(F.linear(x.to(BF16), w)), (4, 8), (8, 8),
+                 dtypes=[torch.float32, torch.float32])
+    assert "not fused yet" in rewrite(gm).skipped[0].reason
+    # a 1-D input
+    gm = _traced(lambda x, w: F.relu(F.linear(x, w)), (8,), (8, 8))
+    assert "1-D input" in rewrite(gm).skipped[0].reason
+    # an in-place activation
+    gm = _traced(lambda x, w: F.relu(F.linear(x, w), inplace=True), (4, 8), (8, 8))
+    assert rewrite(gm).skipped == [] and linear_act not in _calls(gm)
+
+
+def _two_users(x, w):
+    y = F.linear(x, w)
+    return F.relu(y) + y
+
+
+def _sdpa(mask=False, **kw):
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def masked(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    return masked if mask else fn
+
+
+def test_attention_becomes_ge2jits():
+    gm = _traced(_sdpa(is_causal=True, scale=0.1), (2, 4, 32, 64), (2, 4, 32, 64),
+                 (2, 4, 32, 64))
+    report = rewrite(gm)
+    assert _calls(gm) == [scaled_dot_product_attention]
+    (node,) = [n for n in gm.graph.nodes if n.target is scaled_dot_product_attention]
+    assert node.kwargs == {"is_causal": True, "scale": 0.1, "enable_gqa": False}
+    assert report.fused == [("scaled_dot_product_attention", ["scaled_dot_product_attention"],
+                             "attention")]
+    gm = _traced(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                 (1, 8, 16, 128), (1, 2, 16, 128), (1, 2, 16, 128))
+    rewrite(gm)
+    (node,) = [n for n in gm.graph.nodes if n.target is scaled_dot_product_attention]
+    assert node.kwargs["enable_gqa"] is True
+
+
+@pytest.mark.parametrize("fn, shapes, dtypes, reason", [
+    (_sdpa(mask=True), [(1, 2, 8, 64)] * 3 + [(8, 8)], [BF16] * 3 + [torch.bool],
+     "an attn_mask"),
+    (_sdpa(dropout_p=0.1), [(1, 2, 8, 64)] * 3, None, "dropout_p > 0"),
+    (_sdpa(), [(1, 2, 8, 96)] * 3, None, "head_dim 96"),
+    (_sdpa(), [(1, 2, 8, 64)] * 3, [torch.float32] * 3, "dtype torch.float32"),
+    (_sdpa(is_causal=True), [(1, 2, 8, 64), (1, 2, 16, 64), (1, 2, 16, 64)], None,
+     "is_causal with seq_q != seq_k"),
+])
+def test_attention_near_misses_are_left_to_pytorch(fn, shapes, dtypes, reason):
+    gm = _traced(fn, *shapes, dtypes=dtypes)
+    report = rewrite(gm)
+    assert report.fused == [] and len(report.skipped) == 1
+    assert report.skipped[0].reason.startswith(reason), report.skipped[0].reason
+    assert scaled_dot_product_attention not in _calls(gm)
+
+
+def test_only_runs_the_named_patterns():
+    gm = _traced(lambda q, w: F.scaled_dot_product_attention(F.relu(F.linear(q, w)), q, q),
+                 (1, 2, 8, 64), (64, 64))
+    report = rewrite(gm, only=["linear_activation"])
+    assert [p for p, _, _ in report.fused] == ["linear_activation"]
+    assert torch._C._nn.scaled_dot_product_attention in _calls(gm)
+    assert [p.name for p in gt.compiler.patterns()] == ["scaled_dot_product_attention",
+                                                        "linear_activation"]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        h = self.down(F.gelu(self.up(x)))
+        q = h.view(2, 3, 4, 4).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True).sum(-1)
+
+
+def test_the_backend_on_a_cpu_model_fuses_nothing_and_matches_eager():
+    torch.manual_seed(0)
+    model, x = _Block(), torch.randn(2, 3, 16)
+    want = model(x)
+    torch._dynamo.reset()
+    got = gt.compile(model, inductor=False, fullgraph=True)(x)
+    torch.testing.assert_close(got, want)
+    report = gt.explain(model, x)
+    assert report.fused == []
+    assert sorted(s.reason for s in report.skipped) == ["tensors not on a CUDA device"] * 2
+    assert str(report).startswith("fused 0, left 2")
+
+
+def test_the_entry_point_names_the_backend():
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, entry_points
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["torch_dynamo_backends"] == {
+        "ge2jit": "ge2jit.torch.compiler:backend"}
+    try:   # installed (pip install -e .): torch.compile(backend="ge2jit") finds it
+        found = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "ge2jit"]
+    except PackageNotFoundError:
+        found = []
+    if found:
+        assert found[0].load() is gt.compiler.backend
+
+
+def test_the_backend_hands_the_rest_to_inductor():
+    """A model with nothing to fuse (here: on the CPU) compiled by Inductor after the passes,
+    as torch.compile does; max-autotune's options taken."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    torch.testing.assert_close(gt.compile(model, mode="max-autotune")(x), model(x))
+    assert gt.compiler.reports[-1].fused == []
