@@ -11,11 +11,15 @@ reason is reported) or a ``Fusion`` that ``rewrite`` applies.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
+
+#: what a replacement takes over of a replaced node's metadata
+_META = ("example_value", "val", "stack_trace", "nn_module_stack")
 
 __all__ = ["Pattern", "Fusion", "Skip", "Report", "register_pattern", "patterns", "rewrite",
            "tensor_of", "argument"]
@@ -32,13 +36,18 @@ class Skip:
 
 @dataclass
 class Fusion:
-    """What a pattern found: the nodes it replaces (the last one's users get the new value),
-    and ``build(graph) -> fx.Node``, which inserts the replacement before the last node."""
+    """What a pattern found: the nodes it replaces and ``build(graph) -> fx.Node``, which
+    inserts the replacement (before the last of ``nodes``, or right after ``after``).
+    ``outputs``: [(old node, index)]: the old node's users get the new node's value (index
+    None) or its element ``index``; by default the last node's users get the new value. The
+    replaced nodes left without users are erased."""
 
     pattern: str
     nodes: list
     op: str
     build: Callable[[fx.Graph], fx.Node]
+    outputs: list | None = None
+    after: fx.Node | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +114,10 @@ def rewrite(gm: fx.GraphModule, only: list[str] | None = None) -> Report:
     report = Report()
     chosen = [p for p in patterns() if only is None or p.name in only]
     graph = gm.graph
+    gone: set = set()
     for pattern in chosen:
         for node in list(graph.nodes):
-            if node.graph is not graph:   # erased by an earlier fusion
+            if node in gone:   # erased by an earlier fusion
                 continue
             found = pattern.match(node)
             if found is None:
@@ -115,15 +125,24 @@ def rewrite(gm: fx.GraphModule, only: list[str] | None = None) -> Report:
             if isinstance(found, Skip):
                 report.skipped.append(found)
                 continue
-            last = found.nodes[-1]
-            with graph.inserting_before(last):
+            outputs = found.outputs or [(found.nodes[-1], None)]
+            anchor = found.after.next if found.after is not None else found.nodes[-1]
+            with graph.inserting_before(anchor):
                 new = found.build(graph)
-            new.meta.update({k: v for k, v in last.meta.items()
-                             if k in ("example_value", "val", "stack_trace", "nn_module_stack")})
-            last.replace_all_uses_with(new)
+            order = {n: i for i, n in enumerate(graph.nodes)}
+            for arg in new.all_input_nodes:   # a parameter read later in the graph (FX's
+                if arg.op == "get_attr" and order[arg] > order[new]:   # get_attr): moved up
+                    new.prepend(arg)
+            with graph.inserting_after(new):
+                values = [new if i is None else graph.call_function(operator.getitem, (new, i))
+                          for _, i in reversed(outputs)][::-1]
+            for (old, _), value in zip(outputs, values):
+                value.meta.update({k: v for k, v in old.meta.items() if k in _META})
+                old.replace_all_uses_with(value)
             for old in reversed(found.nodes):
                 if not old.users:
                     graph.erase_node(old)
+                    gone.add(old)
             report.fused.append((found.pattern, [n.name for n in found.nodes], found.op))
     graph.lint()
     gm.recompile()

@@ -37,6 +37,7 @@ from ..ops.gemm import torch_patterns as _gemm_patterns  # noqa: F401 - register
 from ..ops.gemm.gated import interleave_gate_up, split_gate_up
 from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
 from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
+from ..ops.norm import torch_patterns as _norm_patterns  # noqa: F401 - registers
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
 from ..ops.quantize.torch_ops import quantize_fp8

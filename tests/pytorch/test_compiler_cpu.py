@@ -6,6 +6,8 @@ model (nothing fused, the same results as eager) and ``explain``."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,6 +21,8 @@ import ge2jit.torch as gt  # noqa: E402
 from ge2jit.ops.attention.torch_ops import scaled_dot_product_attention  # noqa: E402
 from ge2jit.ops.gemm.torch_patterns import linear_act  # noqa: E402
 from ge2jit.torch.compiler import rewrite  # noqa: E402
+
+from .hf_modules import HfRMSNorm  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -150,8 +154,8 @@ def test_only_runs_the_named_patterns():
     report = rewrite(gm, only=["linear_activation"])
     assert [p for p, _, _ in report.fused] == ["linear_activation"]
     assert torch._C._nn.scaled_dot_product_attention in _calls(gm)
-    assert [p.name for p in gt.compiler.patterns()] == ["scaled_dot_product_attention",
-                                                        "linear_activation"]
+    assert [p.name for p in gt.compiler.patterns()] == [
+        "rms_norm", "layer_norm", "scaled_dot_product_attention", "linear_activation"]
 
 
 class _Block(torch.nn.Module):
@@ -203,3 +207,90 @@ def test_the_backend_hands_the_rest_to_inductor():
     torch._dynamo.reset()
     torch.testing.assert_close(gt.compile(model, mode="max-autotune")(x), model(x))
     assert gt.compiler.reports[-1].fused == []
+
+
+class _PreNorm(torch.nn.Module):
+    """A pre-norm block's residual stream: h = x + r, y = norm(h); returns (y, h)."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x, r):
+        h = x + r
+        return self.norm(h), h
+
+
+def _module_graph(make, *shapes, dtype=BF16, param_dtype=None, wrap=None):
+    """The module ``make(device=, dtype=)`` builds (its parameters fake CUDA tensors of
+    ``param_dtype``, default ``dtype``; inside ``wrap`` if given) traced by FX, with the fake
+    tensors of inputs of ``shapes`` recorded."""
+    mode = FakeTensorMode()
+    with mode:
+        module = make(device="cuda", dtype=param_dtype or dtype)
+        args = [torch.empty(*s, device="cuda", dtype=dtype) for s in shapes]
+    root = wrap(module) if wrap else module
+    gm = fx.GraphModule(root, _Inlining().trace(root))
+    FakeTensorProp(gm, mode).propagate(*args)
+    return gm
+
+
+class _Inlining(fx.Tracer):
+    """Traces into torch.nn's modules too, as TorchDynamo does."""
+
+    def is_leaf_module(self, m, qualname) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("norm, target, eps", [
+    (lambda **kw: HfRMSNorm(64, 1e-5, **kw), "rms_norm", 1e-5),
+    (lambda **kw: torch.nn.RMSNorm(64, eps=1e-6, **kw), "rms_norm", 1e-6),
+    (lambda **kw: torch.nn.RMSNorm(64, **kw), "rms_norm", torch.finfo(BF16).eps),
+    (lambda **kw: torch.nn.LayerNorm(64, eps=1e-5, **kw), "layer_norm", 1e-5),
+], ids=["hf-rms", "torch-rms", "torch-rms-default-eps", "layer"])
+def test_a_norm_and_its_residual_add_become_one_kernel(norm, target, eps):
+    from ge2jit.ops.norm import torch_ops
+
+    fn = getattr(torch_ops, target)
+    gm = _module_graph(norm, (4, 64))
+    report = rewrite(gm, only=[target])
+    assert [c for c in _calls(gm) if callable(c)] == [fn], gm.graph
+    (node,) = [n for n in gm.graph.nodes if n.target is fn]
+    assert node.kwargs == {"eps": eps} and "residual" not in node.kwargs
+    assert report.fused[0][2] == target
+    gm = _module_graph(norm, (4, 64), (4, 64), wrap=_PreNorm)
+    report = rewrite(gm, only=[target])
+    (node,) = [n for n in gm.graph.nodes if n.target is fn]
+    assert node.kwargs["residual"].name == "r" and node.args[0].name == "x"
+    assert [op for _, _, op in report.fused] == [f"{target}(residual)"]
+    getters = [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0] is node]
+    assert sorted(n.args[1] for n in getters) == [0, 1]
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    assert [a.args[1] for a in out.args[0]] == [0, 1]   # (y, h): the norm's, the sum's
+    assert operator.add not in _calls(gm)
+
+
+def test_norm_near_misses():
+    # an intermediate used elsewhere
+    class Leaky(HfRMSNorm):
+        def forward(self, x):
+            h32 = x.to(torch.float32)
+            v = h32.pow(2).mean(-1, keepdim=True)
+            normed = h32 * torch.rsqrt(v + 1e-6)
+            return self.weight * normed.to(x.dtype), v
+    gm = _module_graph(lambda **kw: Leaky(64, **kw), (4, 64))
+    assert [s.reason for s in rewrite(gm, only=["rms_norm"]).skipped] == [
+        "an intermediate of the norm has another user"]
+    # a float32 weight times a bfloat16 normed row gives float32: not the kernel's output type
+    gm = _module_graph(lambda **kw: HfRMSNorm(64, **kw), (4, 64), param_dtype=torch.float32)
+    assert "types torch.bfloat16 in, torch.float32 out" in rewrite(gm, only=["rms_norm"]
+                                                                   ).skipped[0].reason
+    # a norm over two axes
+    gm = _module_graph(lambda **kw: torch.nn.LayerNorm([4, 64], **kw), (2, 4, 64))
+    assert rewrite(gm, only=["layer_norm"]).skipped[0].reason == (
+        "a norm over more than the last axis")
+    # a residual add of different types stays outside the kernel: the float32 norm alone
+    gm = _traced(lambda x, r, w: F.layer_norm(x + r, (64,), w), (4, 64), (4, 64), (64,),
+                 dtypes=[BF16, torch.float32, torch.float32])
+    assert [op for _, _, op in rewrite(gm, only=["layer_norm"]).fused] == ["layer_norm"]
+    assert operator.add in _calls(gm)

@@ -16,6 +16,8 @@ import torch.nn.functional as F  # noqa: E402 - after the skips above
 
 import ge2jit.torch as gt  # noqa: E402
 
+from .hf_modules import HfRMSNorm  # noqa: E402
+
 D, HEADS, HEAD_DIM = 256, 4, 64
 
 
@@ -94,3 +96,36 @@ def test_float32_layers_fuse_and_float32_attention_is_left_to_pytorch():
     torch._dynamo.reset()
     got = gt.compile(model)(x)
     torch.testing.assert_close(got.double(), ref(x.double()), atol=1e-4, rtol=1e-4)
+
+
+class PreNorm(torch.nn.Module):
+    """Two pre-norm residual steps: h = x + f(norm1(x)); out = norm2(h + g(h))."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = HfRMSNorm(D), torch.nn.LayerNorm(D)
+        self.f, self.g = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        h = x + F.relu(self.f(self.norm1(x)))
+        return self.norm2(h + F.gelu(self.g(h)))
+
+
+def test_norms_take_their_residual_adds():
+    torch.manual_seed(0)
+    model = PreNorm().cuda().bfloat16()
+    with torch.no_grad():
+        model.norm1.weight.uniform_(0.5, 1.5)
+    ref = PreNorm().cuda().double()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(4, 100, D, device="cuda")
+    want = _run(ref, x.double())
+    eager = _errors(_run(model, x.bfloat16()), want)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    got = _errors(_run(gt.compile(model, fullgraph=True), x.bfloat16()), want)
+    for g, e in zip(got, eager):
+        assert g <= 1.5 * e + 2 ** -8, (got, eager)
+    ops = sorted(op for _, _, op in gt.compiler.reports[-1].fused)
+    assert ops == ["gemm_bias_act(act='gelu')", "gemm_bias_act(act='relu')", "layer_norm(residual)",
+                   "rms_norm"], ops
