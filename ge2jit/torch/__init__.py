@@ -16,6 +16,7 @@ in ge2jit does.
     gt.register_hf_attention()                          # attn_implementation="ge2jit"
     loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
     model = gt.compile(model)                           # torch.compile(backend="ge2jit")
+    gt.patch(model)                                     # or: ge2jit's layers put in place
     print(gt.explain(model, x))                         # what the backend fused, and not
     norm = gt.RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)
     y, h = norm(x, residual)                            # h = x + residual, y = rms_norm(h)
@@ -48,12 +49,14 @@ from ..runtime.torchlib import FLOAT32_PRECISION, NAMESPACE, precision_for
 from . import compiler
 from .compiler import compile, explain
 from .fp8 import linear_fp8
+from .patch import patch
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
            "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
            "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8", "rope",
            "apply_rotary_pos_emb", "attention", "scaled_dot_product_attention",
            "hf_attention_forward", "register_hf_attention", "compile", "explain", "compiler",
+           "patch",
            "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]
 
 _register_if_imported()

@@ -43,7 +43,7 @@ def test_the_cpu_calls_cover_every_function(gt):
     # too (test_attention_fakes_and_the_fallback_to_pytorch); the compiler backend's
     # (tests/pytorch/test_compiler_cpu.py)
     falls_back = {"scaled_dot_product_attention", "hf_attention_forward"}
-    compiler = {"compile", "explain", "compiler"}
+    compiler = {"compile", "explain", "compiler", "patch"}
     assert set(_functions(gt)) == set(gt.__all__) - layers - helpers - falls_back - compiler
 
 
