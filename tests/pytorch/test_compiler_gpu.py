@@ -16,6 +16,7 @@ import torch.nn.functional as F  # noqa: E402 - after the skips above
 
 import ge2jit.torch as gt  # noqa: E402
 
+from .grads import relative_errors, run_backward  # noqa: E402
 from .hf_modules import HfRMSNorm  # noqa: E402
 
 D, HEADS, HEAD_DIM = 256, 4, 64
@@ -46,29 +47,16 @@ def _models(dtype=torch.bfloat16):
     return model, ref
 
 
-def _run(model, x):
-    x = x.detach().requires_grad_()
-    y = model(x)
-    grad = torch.ones_like(y)
-    y.backward(grad)
-    return [y.double(), x.grad.double()] + [p.grad.double() for p in model.parameters()]
-
-
-def _errors(got, want):
-    return [((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item()
-            for g, w in zip(got, want)]
-
-
 @pytest.mark.parametrize("inductor", [True, False], ids=["inductor", "eager"])
 def test_a_block_fuses_and_matches_the_untouched_model(inductor):
     model, ref = _models()
     x = torch.randn(2, 128, D, device="cuda")
-    want = _run(ref, x.double())
-    eager = _errors(_run(model, x.bfloat16()), want)
+    want = run_backward(ref, x.double())
+    eager = relative_errors(run_backward(model, x.bfloat16()), want)
     model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
     compiled = gt.compile(model, inductor=inductor, fullgraph=True)
-    got = _errors(_run(compiled, x.bfloat16()), want)
+    got = relative_errors(run_backward(compiled, x.bfloat16()), want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
     report = gt.compiler.reports[-1]
@@ -119,11 +107,11 @@ def test_norms_take_their_residual_adds():
     ref = PreNorm().cuda().double()
     ref.load_state_dict(model.state_dict())
     x = torch.randn(4, 100, D, device="cuda")
-    want = _run(ref, x.double())
-    eager = _errors(_run(model, x.bfloat16()), want)
+    want = run_backward(ref, x.double())
+    eager = relative_errors(run_backward(model, x.bfloat16()), want)
     model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    got = _errors(_run(gt.compile(model, fullgraph=True), x.bfloat16()), want)
+    got = relative_errors(run_backward(gt.compile(model, fullgraph=True), x.bfloat16()), want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
     ops = sorted(op for _, _, op in gt.compiler.reports[-1].fused)

@@ -13,19 +13,8 @@ pytestmark = pytest.mark.gpu
 
 import ge2jit.torch as gt  # noqa: E402
 
+from .grads import relative_errors, run_backward  # noqa: E402
 from .hf_modules import TinyDecoder  # noqa: E402
-
-
-def _run(model, x):
-    x = x.detach().requires_grad_()
-    y = model(x)
-    y.backward(torch.ones_like(y))
-    return [y.double(), x.grad.double()] + [p.grad.double() for p in model.parameters()]
-
-
-def _errors(got, want):
-    return [((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item()
-            for g, w in zip(got, want)]
 
 
 def test_a_patched_decoder_matches_the_untouched_one():
@@ -36,12 +25,12 @@ def test_a_patched_decoder_matches_the_untouched_one():
     ref = TinyDecoder(device="cuda", dtype=torch.float64)
     ref.load_state_dict(model.state_dict())
     x = torch.randn(4, 100, 64, device="cuda")
-    want = _run(ref, x.double())
-    eager = _errors(_run(model, x.bfloat16()), want)
+    want = run_backward(ref, x.double())
+    eager = relative_errors(run_backward(model, x.bfloat16()), want)
     model.zero_grad(set_to_none=True)
     report = gt.patch(model, attention=False)
     assert len(report.replaced) == 4, str(report)
-    got = _errors(_run(model, x.bfloat16()), want)
+    got = relative_errors(run_backward(model, x.bfloat16()), want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
     before = model.ln_f.weight.detach().clone()
