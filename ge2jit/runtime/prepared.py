@@ -101,10 +101,12 @@ def clear_all() -> None:
 on_sm_change(clear_all)
 
 
-def check_spans(names, spans, outputs) -> None:
+def check_spans(names, spans, outputs, in_place=(), same=()) -> None:
     """Refuse outputs whose byte ranges meet an earlier array's: ``spans[i]`` is the
     (first byte, end) of ``names[i]`` or None; ``outputs`` the indices of the outputs, each
-    checked against every array before it."""
+    checked against every array before it. ``in_place``: (output, input) index pairs where the
+    output may be the input itself; ``same``: those of them that are (the same view: pointer,
+    shape, strides and dtype)."""
     for oi in outputs:
         if spans[oi] is None:
             continue
@@ -112,9 +114,19 @@ def check_spans(names, spans, outputs) -> None:
         for xi in range(oi):
             if spans[xi] is not None:
                 xl, xh = spans[xi]
-                if ol < xh and xl < oh:
-                    raise ArgumentValueError(f"{names[oi]}: overlaps {names[xi]}; pass a "
-                                             "separate array")
+                if ol < xh and xl < oh and (oi, xi) not in same:
+                    out, inp = names[oi], names[xi]
+                    if (oi, xi) in in_place:
+                        raise ArgumentValueError(
+                            f"{out}: overlaps {inp} without being {inp}; pass {out}={inp} "
+                            "(in place) or a separate array")
+                    raise ArgumentValueError(f"{out}: overlaps {inp}; pass a separate array")
+
+
+def same_view(x, y) -> bool:
+    """Whether two arrays are one view of the same memory: pointer, shape, strides, dtype."""
+    return (x.data.ptr == y.data.ptr and x.shape == y.shape and x.strides == y.strides
+            and x.dtype == y.dtype)
 
 
 class OverlapGuard:

@@ -23,6 +23,7 @@ from ...runtime.registry import Explanation
 from . import problem
 from .plans import LaunchArgs, Plan, clear_plans, launch_args, plan_for
 from .problem import (
+    IN_PLACE,
     Problem,
     check_host_scale,
     check_scalar,
@@ -111,7 +112,7 @@ def _prepare(plan: Plan, p: Problem, save_z: bool, y, z, views, fw: Framework):
     use_c = p.c is not None
     fixed = launch_args(p, y, z, fw.scratch(p.device_id))
     launch = plan.bind(fixed)
-    guard = OverlapGuard(_SPAN_NAMES, views, (4, 5)) or None   # only outputs passed in
+    guard = OverlapGuard(_SPAN_NAMES, views, (4, 5), IN_PLACE) or None   # outputs passed in
     ptr, new = fw.ptr, fw.allocator(p.y_numpy_dtype, p.device_id)
     stream = fw.stream_getter(p.device_id)
 
@@ -310,7 +311,10 @@ def gemm_bias_act(a, b, bias=None, *, act: str = "none", c=None, alpha: float = 
         save_preact: also return ``Z = alpha * A @ B + beta * C + bias``, the pre-activation,
             in Y's dtype.
         out: optional (M, N) array written in place, of Y's dtype: row-major (C-contiguous, or
-            a slice of the rows of a larger array); it must not overlap any input.
+            a slice of the rows of a larger array); it must not overlap any input, except that
+            it may be ``c`` itself (the same view): ``out=c`` accumulates in place,
+            ``Y = alpha * A @ B + beta * Y`` (each element of C is read before the same
+            element of Y is written, on every kernel).
         preact_out: optional preallocated Z for ``save_preact``, with the same rules as ``out``.
         out_dtype: Y's (and Z's) dtype: ``a``'s dtype or float32. Default: ``out``'s dtype if
             ``out`` is given, else ``a``'s.

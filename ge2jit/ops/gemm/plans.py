@@ -31,6 +31,7 @@ from .select import (
     Aligns,
     Choice,
     KernelSet,
+    adds_wide_c,
     alignment,
     candidates,
     check_config,
@@ -472,7 +473,8 @@ def _choose(p: Problem, config, autotune, vecs) -> Choice:
         return autotune(p, vecs).best
     return heuristic(p.m, p.n, p.k, sm_count(p.device_id), _arch_number(p.device_id),
                      p.layout_a.value + p.layout_b.value, p.dtype, p.precision,
-                     gated=p.epilogue.gate is not None, glu=glu_kind(p.epilogue))
+                     gated=p.epilogue.gate is not None, glu=glu_kind(p.epilogue),
+                     wide_c=adds_wide_c(p.epilogue, p.dtype))
 
 
 def glu_kind(epilogue) -> str | None:

@@ -21,7 +21,7 @@ from ...runtime.checks import (  # noqa: F401 - the op's modules take the shared
     host_scale,
 )
 from ...runtime.dtypes import FP8_DTYPES, FP8_TEXT, SUPPORTED_DTYPES, DType, dtype_name
-from ...runtime.prepared import check_spans
+from ...runtime.prepared import check_spans, same_view
 from .epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout, Scale
 from .spec import Precision
 
@@ -284,9 +284,17 @@ def bias_kind(bias, m: int, n: int, glu: bool = False) -> tuple[BiasKind, int]:
 _SPAN_NAMES = ("a", "b", "c", "bias", "out", "preact_out")
 
 
+#: (output, input) pairs of _SPAN_NAMES where the output may be the input itself: ``out=c``
+#: accumulates in place (``Y = alpha * A @ B + beta * Y``; each element of C is read by the
+#: thread, or the tile, that then writes the same element of Y)
+IN_PLACE = frozenset({(4, 2)})
+
+
 def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
+    same = {(4, 2)} if out is not None and c is not None and same_view(out, c) else ()
     check_spans(_SPAN_NAMES, [None if x is None else byte_span(x)
-                              for x in (a, b, c, bias, out, preact_out)], (4, 5))
+                              for x in (a, b, c, bias, out, preact_out)], (4, 5), IN_PLACE,
+                same)
 
 
 class Problem:

@@ -189,15 +189,26 @@ def _tiles(m: int, n: int, cfg) -> int:
     return -(-m // cfg.bm) * -(-n // cfg.bn)
 
 
+def adds_wide_c(epilogue, dtype: DType) -> bool:
+    """Whether a GEMM of 16-bit ``dtype`` inputs adds a row-major C of 4-byte elements (a
+    float32 accumulator): ``heuristic``'s ``wide_c``."""
+    return (epilogue.layout_c is Layout.ROW and epilogue.c_dtype is not None
+            and epilogue.c_dtype.itemsize == 4 and epilogue.gate is None and not epilogue.glu
+            and dtype.itemsize == 2)
+
+
 def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
               layouts: str = "rr", dtype: DType = DType.F32,
               precision: Precision = Precision.IEEE, gated: bool = False,
-              glu: str | None = None) -> Choice:
+              glu: str | None = None, wide_c: bool = False) -> Choice:
     """A good config from the shape, operand layouts ("rc": row-major A, column-major B) and
     types alone, with no tuning run. ``gated``: the backward's gating epilogue (it reads C),
     whose cost a ping-pong schedule hides where the output is wide for its K. ``glu``: a
     gated linear unit's epilogue storing Y ("y"), or Y and Z ("yz"; "yz_wide" where the
-    128x256 tile can stage them, see ``glu_kind``).
+    128x256 tile can stage them, see ``glu_kind``). ``wide_c``: a row-major C of 4-byte
+    elements beside 16-bit inputs (adding into a float32 accumulator), which a 128x256 tile
+    cannot take through its TMA ring (``WgmmaGemmSpec.c_tma_unfit``): it reads C with the
+    accumulators and stores unstaged, so the 128x128 tile, which stages it, is taken instead.
 
     Bigger tiles move fewer bytes per flop, so take the biggest tile that still fills the GPU
     (about one block per multiprocessor); when even the smallest tile leaves most of the
@@ -224,7 +235,7 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
         if arch_number == 90:
             if precision is Precision.TF32X3:
                 return _wgmma_x3_heuristic(m, n, k, sms)
-            return _wgmma_heuristic(m, n, k, sms, gated, glu)
+            return _wgmma_heuristic(m, n, k, sms, gated, glu, wide_c)
         return _mma_heuristic(m, n, sms, dtype, precision)
     by_name = {c.name: c for c in PIPELINED_F32_CONFIGS}
     # Measured on an H200 (bench/NOTES.md): with both operands on 16-byte copies ("cr") BK = 16
@@ -269,7 +280,7 @@ def _mma_heuristic(m: int, n: int, sms: int, dtype: DType,
 
 
 def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
-                     glu: str | None = None) -> Choice:
+                     glu: str | None = None, wide_c: bool = False) -> Choice:
     """Measured on an H200 (bench/NOTES.md): the cooperative 128x256 tile when there are many
     waves of tiles, or about one wave or more and K >= 1024; else ping-pong tiles (one
     consumer's epilogue hides under the other's main loop), 64x256 for long K, 128x128
@@ -305,10 +316,12 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
         return pick("wgmma_128x128_s6_pp", "a gated linear unit's Y and Z, staged")
     if glu == "y" and k <= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
         return pick("wgmma_64x256_s4_pp", "a gated linear unit, ping-pong")
+    wide = "wgmma_128x128_s6" if wide_c else "wgmma_128x256_s4"
+    staged = ", 128x128 to take a float32 C through the ring" if wide_c else ""
     if big >= 8 * sms:
-        return pick("wgmma_128x256_s4", "8 or more waves")
+        return pick(wide, "8 or more waves" + staged)
     if k >= 1024 and 10 * big >= 9 * sms:
-        return pick("wgmma_128x256_s4", "about a wave or more, K >= 1024")
+        return pick(wide, "about a wave or more, K >= 1024" + staged)
     if _tiles(m, n, by_name["wgmma_128x128_s6_pp"]) >= sms:
         if k >= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms and not gated:
             return pick("wgmma_64x256_s4_pp", "ping-pong, long K")

@@ -12,6 +12,7 @@ from .epilogue import ACT_NAMES, Act, BiasKind, Epilogue, Layout
 from .problem import MAX_K, MAX_MN, PRECISIONS, SUPPORTED_DTYPES
 from .select import (
     Choice,
+    adds_wide_c,
     candidates,
     heuristic,
     kernel_set,
@@ -249,7 +250,8 @@ def _choices(entry: dict, v: _Variant, kind: GemmKind, number: int, sms: int | N
         for m, n, k in shapes:
             ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
                            gated=kind.gate is not None,
-                           glu=("yz" if v.epilogue.save_z else "y") if kind.glu else None)
+                           glu=("yz" if v.epilogue.save_z else "y") if kind.glu else None,
+                           wide_c=adds_wide_c(v.epilogue, dtype))
             choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
     else:
         if entry["configs"] == "all":

@@ -417,3 +417,46 @@ def test_inspect_a_call_and_benchmark_configs():
     timed = [r["ms"] for r in records if r["ms"] is not None]
     assert len(timed) == 2 and timed == sorted(timed)
     assert "TFLOP/s" in repr(records)
+
+
+# --- out=c: accumulating in place -------------------------------------------------------------
+# Each kernel family reads an element (or a tile) of C before the same thread (or tile) writes
+# that element of Y, so ``out=c`` is Y = alpha * A @ B + beta * Y. Checked on every family, two
+# calls in a row (the second on the cached path), against float64.
+IN_PLACE_CASES = [("float32", "float32", "64x64x8_4x4"),
+                  ("float32", "float32", "128x128x8_w32x64_s3"),
+                  ("float32", "float32", "128x128x8_w32x64_s3_k4"),          # split-K
+                  ("bfloat16", "float32", "mma_128x128x32_w64x64_s4"),
+                  ("bfloat16", "bfloat16", "mma_128x128x32_w64x64_s4"),
+                  ("bfloat16", "float32", "wgmma_128x256_s4"),
+                  ("float16", "float16", "wgmma_128x128_s4_pp"),
+                  ("bfloat16", "float32", None)]
+
+
+@pytest.mark.parametrize("dtype,out_dtype,config", IN_PLACE_CASES,
+                         ids=[f"{d}-{o}-{c}" for d, o, c in IN_PLACE_CASES])
+def test_out_may_be_c_accumulating_in_place(dtype, out_dtype, config):
+    import ml_dtypes
+
+    from ge2jit.ops.gemm.plans import device_arch
+    if config and config.startswith("wgmma") and not device_arch(0).startswith("sm_90"):
+        pytest.skip("wgmma kernels need sm_90")
+    np_dt = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    m, n, k = 300, 520, 264
+    a_h = _rng.standard_normal((m, k)).astype(np_dt[dtype])
+    b_h = _rng.standard_normal((k, n)).astype(np_dt[dtype])
+    bias_h = _rng.standard_normal(n).astype(np.float32)
+    y_h = _rng.standard_normal((m, n)).astype(np_dt[out_dtype])
+    a, b, bias = cp.asarray(a_h), cp.asarray(b_h), cp.asarray(bias_h)
+    y = cp.asarray(y_h)
+    want = y_h.astype(np.float64)
+    prod = a_h.astype(np.float64) @ b_h.astype(np.float64)
+    tol = 1e-5 if out_dtype == "float32" else 1e-2
+    prec = "ieee" if dtype == "float32" else None
+    for alpha, beta in ((1.0, 1.0), (0.5, -2.0)):
+        got = ge2jit.gemm_bias_act(a, b, bias, c=y, alpha=alpha, beta=beta, out=y,
+                                   config=config, precision=prec, out_dtype=out_dtype)
+        assert got is y
+        want = alpha * prod + beta * want + bias_h
+        assert rel_error(cp.asnumpy(y).astype(np.float64), want) < tol
+        want = cp.asnumpy(y).astype(np.float64)       # the next call adds to what is there

@@ -270,3 +270,25 @@ def test_check_config_refuses_in_one_line(name, arch, dtype, precision, start):
         check_config(cfg, arch, dtype, precision, target="this GPU")
     assert str(e.value).startswith(start) and "\n" not in str(e.value)
     check_config(cfg, "sm_90", DType.BF16, Precision.IEEE)      # runs there: no error
+
+
+def test_a_float32_accumulator_takes_the_tile_that_stages_it():
+    """Adding into a row-major float32 C with 16-bit inputs (a gradient summed over chunks):
+    the 128x256 tile cannot take that C through its ring and would store unstaged; the
+    heuristic takes the 128x128 tile, whose kernel set reads C by TMA and stages its stores."""
+    from ge2jit.ops.gemm.epilogue import Epilogue
+    from ge2jit.ops.gemm.select import adds_wide_c, kernel_set
+    from ge2jit.ops.gemm.spec import Layout as L
+    from ge2jit.ops.gemm.spec import WgmmaGemmSpec
+
+    acc = Epilogue(out_dtype=DType.F32, layout_c=L.ROW, c_dtype=DType.F32)
+    assert adds_wide_c(acc, DType.BF16) and not adds_wide_c(acc, DType.F32)
+    assert not adds_wide_c(Epilogue(out_dtype=DType.F32), DType.BF16)
+    m, n, k = 128256, 2048, 2048
+    plain = heuristic(m, n, k, 132, 90, "cr", DType.BF16)
+    assert plain.config.name == "wgmma_128x256_s4"
+    assert WgmmaGemmSpec.c_tma_unfit(plain.config, acc) is not None
+    ch = heuristic(m, n, k, 132, 90, "cr", DType.BF16, wide_c=True)
+    assert ch.config.name == "wgmma_128x128_s6" and "float32 C" in ch.detail
+    ks = kernel_set(DType.BF16, L.COL, L.ROW, acc, ch.config, 1, k, (16, 16, 16, 16))
+    assert ks.main.c_tma and ks.main.store16

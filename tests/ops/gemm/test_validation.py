@@ -245,6 +245,20 @@ def test_out_checks():
     assert ok(out=FakeArray((M, N), strides=(4 * (N + 3), 4))).out is not None
 
 
+def test_out_may_be_c_itself_but_not_part_of_it():
+    c = FakeArray((M, N))
+    assert ok(c=c, beta=1.0, out=c).out is c                 # Y = A @ B + Y, in place
+    assert ok(c=c, beta=1.0, out=FakeArray((M, N), base=c.base)).out is not None  # same view
+    refused(ValueError, "out: overlaps c without being c; pass out=c",
+            c=c, beta=1.0, out=FakeArray((M, N), base=c.base, offset=4))
+    wide = FakeArray((M, N + 1))
+    refused(ValueError, "out: overlaps c without being c", beta=1.0,
+            c=FakeArray((M, N), strides=wide.strides, base=wide.base),
+            out=FakeArray((M, N), strides=(4 * N, 4), base=wide.base))
+    refused(ValueError, "preact_out: overlaps c; pass a separate", c=c, beta=1.0,
+            save_preact=True, preact_out=c)
+
+
 def test_overlap_is_decided_by_byte_ranges():
     a = FakeArray((M, K))
     # a second view of a's memory that starts past a's last byte does not overlap
