@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import graph  # ge2jit.graph: capture a step as a CUDA graph
 from ._version import __version__
+from .composed import linear_cross_entropy
 from .errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -81,6 +82,7 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "cross_entropy",
+    "linear_cross_entropy",
     "rms_norm",
     "layer_norm",
     "rms_norm_backward",

@@ -58,3 +58,12 @@ def matmul_precision():
     before = torch.get_float32_matmul_precision()
     yield torch.set_float32_matmul_precision
     torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture
+def free_gpu_memory():
+    """CuPy's memory pool emptied after the test (its arrays are gone by then)."""
+    yield
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()

@@ -119,6 +119,25 @@ def check_host_scale(x, name: str) -> None:
         raise ArgumentValueError(f"{name}: expected a positive finite scale, got {x!r}")
 
 
+#: the bounds of a 64-bit integer argument (``check_int64``)
+INT64 = (-2**63, 2**63 - 1)
+
+
+def check_int64(value, name: str) -> int:
+    """An integer argument (Python's or NumPy's, not a bool) that fits 64 bits, as an int."""
+    import operator
+
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ArgumentTypeError(f"{name}: expected an int, got {value!r}") from None
+    if not INT64[0] <= v <= INT64[1]:
+        raise ArgumentValueError(f"{name}: expected a 64-bit integer, got {v}")
+    return v
+
+
 def check_bool(x, name: str) -> bool:
     """A flag: True or False (Python's or NumPy's bool; not 0, 1 or other truthy values)."""
     if not isinstance(x, (bool, np.bool_)):

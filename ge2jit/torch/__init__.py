@@ -15,6 +15,7 @@ in ge2jit does.
     o = gt.scaled_dot_product_attention(q, k, v, is_causal=True)   # PyTorch's signature
     gt.register_hf_attention()                          # attn_implementation="ge2jit"
     loss = gt.cross_entropy(logits, targets)            # the gradient made by the forward
+    loss = gt.linear_cross_entropy(h, head.weight, targets)   # no (tokens, V) logits held
     model = gt.compile(model)                           # torch.compile(backend="ge2jit")
     gt.patch(model)                                     # or: ge2jit's layers put in place
     print(gt.explain(model, x))                         # what the backend fused, and not
@@ -30,6 +31,8 @@ otherwise.
 
 from __future__ import annotations
 
+from ..composed import torch_patterns as _composed_patterns  # noqa: F401 - registers
+from ..composed.torch_ops import linear_cross_entropy
 from ..ops.attention import torch_patterns as _attention_patterns  # noqa: F401 - registers
 from ..ops.attention.hf import _register_if_imported, hf_attention_forward, register_hf_attention
 from ..ops.attention.torch_ops import attention, scaled_dot_product_attention
@@ -53,7 +56,8 @@ from .patch import patch
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
            "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
-           "cross_entropy", "rms_norm", "layer_norm", "quantize_fp8", "linear_fp8", "rope",
+           "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "quantize_fp8",
+           "linear_fp8", "rope",
            "apply_rotary_pos_emb", "attention", "scaled_dot_product_attention",
            "hf_attention_forward", "register_hf_attention", "compile", "explain", "compiler",
            "patch",

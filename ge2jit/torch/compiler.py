@@ -66,10 +66,23 @@ def backend(gm: fx.GraphModule, example_inputs, *, inductor: bool = True,
 
 
 def compile(model, *, inductor: bool = True, only: list[str] | None = None,
-            mode: str | None = None, **kwargs):
+            mode: str | None = None, hf: bool = True, **kwargs):
     """``torch.compile(model, backend="ge2jit")`` with the backend's options: ``inductor``
     (False: the rewritten graph runs eagerly), ``only`` (pattern names), ``mode``; other
-    keywords (``fullgraph``, ``dynamic``) go to ``torch.compile``."""
+    keywords (``fullgraph``, ``dynamic``) go to ``torch.compile``.
+
+    ``hf`` (default True): a Hugging Face model (``model`` itself) first gets what a graph
+    pass cannot give it, as ``ge2jit.torch.patch`` does (in place): ge2jit's attention by
+    name (a causal batch then passes no mask, which transformers would otherwise make while
+    compiling) and, for a causal LM, its head and loss fused (training on labels returns the
+    loss without logits: logits the model returns would have to be made whole in any
+    graph)."""
+    if hf and isinstance(model, torch.nn.Module) and hasattr(model, "config"):
+        from .patch import patch
+
+        patch(model, linears=False, norms=False,
+              head=only is None or "linear_cross_entropy" in only,
+              attention=only is None or "scaled_dot_product_attention" in only)
     return torch.compile(model, backend=functools.partial(backend, inductor=inductor,
                                                           only=only, mode=mode), **kwargs)
 

@@ -15,7 +15,11 @@ What it replaces, by structure:
 - ``nn.RMSNorm``, Hugging Face's ``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm`` and
   ``nn.LayerNorm`` over the last axis: ``ge2jit.torch.RMSNorm`` / ``LayerNorm``;
 - a Hugging Face model's attention: ``config._attn_implementation = "ge2jit"`` (after
-  ``register_hf_attention()``).
+  ``register_hf_attention()``);
+- a Hugging Face causal LM's head and loss (LLaMA, Mistral, Qwen2, GPT-2 and others with a
+  ``lm_head`` Linear without bias): when it trains on labels, its forward computes the loss by
+  ``ge2jit.torch.linear_cross_entropy`` and returns no logits (their (tokens, V) values are
+  never made); evaluation, generation and calls without labels run its own forward.
 
 Modules whose parameters are on the CPU are left (ge2jit's layers run on CUDA devices;
 ``meta`` parameters, of a model to be materialized later, are taken). What is left, and why, is
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..composed.hf import head_loss_refusal, install_head_loss
 from ..ops.gemm.torch_modules import Linear
 from ..ops.gemm.torch_ops import gemm_bias_act
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
@@ -146,12 +151,27 @@ def _norm(module) -> nn.Module | None:
     return None
 
 
+def patch_head(model: nn.Module, report: PatchReport) -> None:
+    """The head-and-loss replacement of ``patch`` alone (``ge2jit.torch.compile`` makes it
+    too: a model that returns its logits keeps them alive in any graph)."""
+    why = head_loss_refusal(model)
+    if why is None:
+        if _placeable(model.lm_head, "lm_head", report):
+            install_head_loss(model)
+            report.replaced.append(("lm_head", "Linear + cross-entropy (training on labels)",
+                                    "ge2jit linear_cross_entropy, no logits"))
+    elif hasattr(model, "lm_head"):
+        report.left.append(("lm_head", why))
+
+
 def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
-          attention: bool = True) -> PatchReport:
+          attention: bool = True, head: bool = True) -> PatchReport:
     """Put ge2jit's layers into ``model`` in place (see the module's docstring); returns what
-    was replaced and what was left, and why. ``linears``, ``norms``, ``attention``: which
-    kinds to replace."""
+    was replaced and what was left, and why. ``linears``, ``norms``, ``attention``, ``head``:
+    which kinds to replace."""
     report = PatchReport()
+    if head:
+        patch_head(model, report)
     for path, module in list(model.named_modules()):
         prefix = f"{path}." if path else ""
         if linears and isinstance(module, nn.Sequential):

@@ -155,7 +155,8 @@ def test_only_runs_the_named_patterns():
     assert [p for p, _, _ in report.fused] == ["linear_activation"]
     assert torch._C._nn.scaled_dot_product_attention in _calls(gm)
     assert [p.name for p in gt.compiler.patterns()] == [
-        "rms_norm", "layer_norm", "scaled_dot_product_attention", "linear_activation"]
+        "rms_norm", "layer_norm", "linear_cross_entropy", "scaled_dot_product_attention",
+        "linear_activation"]
 
 
 class _Block(torch.nn.Module):
@@ -294,3 +295,60 @@ def test_norm_near_misses():
                  dtypes=[BF16, torch.float32, torch.float32])
     assert [op for _, _, op in rewrite(gm, only=["layer_norm"]).fused] == ["layer_norm"]
     assert operator.add in _calls(gm)
+
+
+# --- the head and its loss -------------------------------------------------------------------
+
+def _lm_loss(x, w, t):
+    """A causal LM's loss as Hugging Face writes it: float32 logits, flattened."""
+    logits = F.linear(x, w)
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), t.view(-1),
+                           ignore_index=-100, reduction="mean")
+
+
+def test_a_head_and_its_loss_become_one_op_without_logits():
+    from ge2jit.composed.torch_patterns import head_loss
+
+    gm = _traced(_lm_loss, (2, 6, 16), (50, 16), (2, 6), dtypes=[BF16, BF16, torch.int64])
+    report = rewrite(gm)
+    assert _calls(gm) == ["view", head_loss]            # the targets' view stays
+    assert report.fused[0][0] == "linear_cross_entropy" and report.skipped == []
+    (node,) = [n for n in gm.graph.nodes if n.target is head_loss]
+    assert node.args[3:] == (-100, "mean", 0.0, torch.float32)
+    gm = _traced(lambda x, w, t: F.cross_entropy(F.linear(x, w), t, reduction="sum",
+                                                 label_smoothing=0.1),
+                 (12, 16), (50, 16), (12,), dtypes=[BF16, BF16, torch.int64])
+    rewrite(gm)
+    (node,) = [n for n in gm.graph.nodes if n.target is head_loss]
+    assert node.args[3:] == (-100, "sum", 0.1, BF16)        # PyTorch's loss would be bf16
+
+
+def _returns_logits(x, w, t):
+    logits = F.linear(x, w)
+    return F.cross_entropy(logits.float(), t), logits
+
+
+@pytest.mark.parametrize("fn, shapes, dtypes, reason", [
+    (_returns_logits, [(12, 16), (50, 16), (12,)], None, "the logits have another user"),
+    (lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t), [(12, 16), (50, 16), (50,), (12,)],
+     [BF16, BF16, BF16, torch.int64], "a Linear with a bias"),
+    (lambda x, w, c, t: F.cross_entropy(F.linear(x, w), t, weight=c), [(12, 16), (50, 16), (50,),
+                                                                       (12,)],
+     [BF16, BF16, torch.float32, torch.int64], "class weights"),
+    (lambda x, w, t: F.cross_entropy(F.linear(x, w), t), [(12, 16), (50, 16), (12,)],
+     "cpu", "tensors not on a CUDA device"),
+    (lambda x, w, t: F.cross_entropy(F.linear(x.to(BF16), w), t), [(12, 16), (50, 16), (12,)],
+     [torch.float32, torch.float32, torch.int64], "autocast or mixed"),
+    (lambda x, w, t: F.cross_entropy(F.linear(x, w), t.softmax(-1)),
+     [(12, 16), (50, 16), (12, 50)], [BF16, BF16, torch.float32], "soft (probability) targets"),
+])
+def test_head_loss_near_misses_are_left_with_the_reason(fn, shapes, dtypes, reason):
+    from ge2jit.composed.torch_patterns import head_loss
+
+    device = "cpu" if dtypes == "cpu" else "cuda"
+    dtypes = [BF16, BF16, torch.int64] if dtypes in (None, "cpu") else dtypes
+    gm = _traced(fn, *shapes, dtypes=dtypes, device=device)
+    report = rewrite(gm)
+    assert head_loss not in _calls(gm)
+    assert [s.pattern for s in report.skipped] == ["linear_cross_entropy"], str(report)
+    assert reason in report.skipped[0].reason, str(report)

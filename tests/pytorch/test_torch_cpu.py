@@ -25,6 +25,8 @@ def _functions(gt) -> dict:
         "softmax": (lambda: gt.softmax(X), "x"),
         "cross_entropy": (lambda: gt.cross_entropy(X, torch.zeros(4, dtype=torch.long)),
                           "logits"),
+        "linear_cross_entropy": (lambda: gt.linear_cross_entropy(
+            X, w, torch.zeros(4, dtype=torch.long)), "x"),
         "rms_norm": (lambda: gt.rms_norm(X), "x"),
         "layer_norm": (lambda: gt.layer_norm(X), "x"),
         "quantize_fp8": (lambda: gt.quantize_fp8(X), "x"),
@@ -49,9 +51,10 @@ def test_the_cpu_calls_cover_every_function(gt):
 
 
 @pytest.mark.parametrize("name", ["gemm_bias_act", "gemm_gated", "gated_mlp", "mlp",
-                                  "linear_fp8", "softmax", "cross_entropy", "rms_norm",
-                                  "layer_norm", "quantize_fp8", "rope",
-                                  "apply_rotary_pos_emb", "attention"])
+                                  "linear_fp8", "softmax", "cross_entropy",
+                                  "linear_cross_entropy", "rms_norm", "layer_norm",
+                                  "quantize_fp8", "rope", "apply_rotary_pos_emb",
+                                  "attention"])
 def test_functions_refuse_cpu_tensors_in_one_line(gt, name):
     call, arg = _functions(gt)[name]
     for _ in range(2):
@@ -76,7 +79,7 @@ def test_a_non_tensor_is_named(gt):
 
 
 @pytest.mark.parametrize("name", ["gemm_bias_act", "softmax", "cross_entropy", "rms_norm",
-                                  "quantize_fp8"])
+                                  "quantize_fp8", "linear_cross_entropy"])
 def test_a_numpy_array_is_named(gt, name):
     """A NumPy array where a tensor goes (autograd's check of requires_grad comes after)."""
     import numpy as np
@@ -85,7 +88,9 @@ def test_a_numpy_array_is_named(gt, name):
     calls = {"gemm_bias_act": lambda: gt.gemm_bias_act(a, torch.ones(8, 8)),
              "softmax": lambda: gt.softmax(a),
              "cross_entropy": lambda: gt.cross_entropy(a, torch.zeros(4, dtype=torch.long)),
-             "rms_norm": lambda: gt.rms_norm(a), "quantize_fp8": lambda: gt.quantize_fp8(a)}
+             "rms_norm": lambda: gt.rms_norm(a), "quantize_fp8": lambda: gt.quantize_fp8(a),
+             "linear_cross_entropy": lambda: gt.linear_cross_entropy(
+                 a, torch.ones(8, 8), torch.zeros(4, dtype=torch.long))}
     with pytest.raises(ArgumentTypeError, match="expected a torch.Tensor on a CUDA device, got "
                                                 "numpy.ndarray$"):
         calls[name]()

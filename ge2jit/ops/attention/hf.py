@@ -52,11 +52,36 @@ def register_hf_attention(name: str = "ge2jit") -> str:
 
     AttentionInterface.register(name, hf_attention_forward)
     try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError:   # transformers before its mask interface: its default masks
         return name
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, _causal_or_sdpa_mask)
     return name
+
+
+def _causal_or_sdpa_mask(*args, **kwargs):
+    """transformers' SDPA mask, except that a causal batch without padding whose queries
+    cover every key passes no mask (then ``is_causal``) while compiling too: transformers
+    skips the mask only outside tracing (before PyTorch 2.14), and a mask sends the call to
+    PyTorch's SDPA. The decision reads only sizes and the mask function, never tensor
+    values."""
+    import inspect
+
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    try:
+        bound = inspect.signature(sdpa_mask).bind(*args, **kwargs).arguments
+    except TypeError:
+        return sdpa_mask(*args, **kwargs)
+    position = bound.get("cache_position")
+    q_length = bound.get("q_length", None if position is None else position.shape[0])
+    offsets = (bound.get("kv_offset", 0), bound.get("q_offset", 0))
+    if bound.get("mask_function", causal_mask_function) is causal_mask_function and \
+            bound.get("attention_mask") is None and bound.get("local_size") is None and \
+            bound.get("allow_is_causal_skip", True) and q_length == bound.get("kv_length") and \
+            all(isinstance(o, int) and o == 0 for o in offsets):
+        return None
+    return sdpa_mask(*args, **kwargs)
 
 
 def _register_if_imported() -> None:

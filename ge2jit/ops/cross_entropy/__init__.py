@@ -7,7 +7,7 @@ kernels and their choice are in ``spec.py``, the call in ``op.py``, the float64 
 
 from __future__ import annotations
 
-from .op import cross_entropy, scale_gradient
+from .op import check_options, cross_entropy, scale_gradient
 from .spec import (
     Kernels,
     ReduceSpec,
@@ -24,9 +24,9 @@ from .spec import (
     scale_spec,
 )
 
-__all__ = ["cross_entropy", "scale_gradient", "XentConfig", "XentSpec", "TargetsSpec",
-           "ReduceSpec", "ScaleSpec", "Kernels", "all_configs", "candidates", "choose",
-           "heuristic", "kernels", "parse_config", "scale_spec"]
+__all__ = ["cross_entropy", "scale_gradient", "check_options", "XentConfig", "XentSpec",
+           "TargetsSpec", "ReduceSpec", "ScaleSpec", "Kernels", "all_configs", "candidates",
+           "choose", "heuristic", "kernels", "parse_config", "scale_spec"]
 
 from ...runtime.registry import register  # noqa: E402 - the op above is what it registers
 from .registration import CROSS_ENTROPY  # noqa: E402

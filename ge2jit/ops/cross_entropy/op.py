@@ -3,13 +3,12 @@ pure), the scratch memory, the prepared call and the launches all live here."""
 
 from __future__ import annotations
 
-import operator
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
-from ...errors import ArgumentTypeError, ArgumentValueError
+from ...errors import ArgumentValueError
 from ...jit.loader import launcher_for
 from ...runtime import checks
 from ...runtime.arrays import call_arguments, views
@@ -33,8 +32,6 @@ _kernels = lru_cache(maxsize=4096)(kernels)
 
 #: scratch memory: the targets kernel's three counts, then (sum, mean) the rows' losses
 WS_BYTES = 256
-#: int64 bounds of ignore_index (the kernels compare it as a 64-bit integer)
-INT64 = (-2**63, 2**63 - 1)
 
 
 class Problem(NamedTuple):
@@ -134,18 +131,6 @@ def cross_entropy(logits, targets, *, ignore_index: int = -100, reduction: str =
                          (grad_scale,))
 
 
-def _check_int(value, name: str) -> int:
-    try:
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError
-        v = operator.index(value)
-    except TypeError:
-        raise ArgumentTypeError(f"{name}: expected an int, got {value!r}") from None
-    if not INT64[0] <= v <= INT64[1]:
-        raise ArgumentValueError(f"{name}: expected a 64-bit integer, got {v}")
-    return v
-
-
 def _check_matrix(x, name: str) -> DType:
     """A (rows, classes) array of a supported type: its DType."""
     checks.check_array(x, name)
@@ -168,6 +153,29 @@ def _check_rows(x, name: str, n: int) -> None:
                                  f"at least {n} elements), got strides {x.strides} (bytes)")
 
 
+def check_options(targets, rows: int, rows_of: str, ignore_index, reduction,
+                  label_smoothing) -> tuple[int, float]:
+    """The class indices (a CuPy view: (rows,) int32 or int64, one per row of ``rows_of``) and
+    the loss's options, checked as ``cross_entropy`` checks them; returns (ignore_index,
+    label_smoothing) as numbers. Raises one line naming the argument."""
+    checks.check_array(targets, "targets")
+    if targets.shape != (rows,):
+        raise ArgumentValueError(f"targets: expected shape ({rows},) (one class index per row "
+                                 f"of {rows_of}), got {targets.shape}")
+    if targets.dtype.name not in TARGET_TYPES:
+        raise ArgumentValueError(f"targets: expected dtype int32 or int64, got "
+                                 f"{targets.dtype}")
+    ignore_index = checks.check_int64(ignore_index, "ignore_index")
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ArgumentValueError(f"reduction: expected one of "
+                                 f"{', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
+    smoothing = checks.check_scalar(label_smoothing, "label_smoothing")
+    if not 0.0 <= smoothing <= 1.0:
+        raise ArgumentValueError(f"label_smoothing: expected a number in [0, 1], got "
+                                 f"{label_smoothing!r}")
+    return ignore_index, smoothing
+
+
 def checked(logits, targets, out, options, grad_scale) -> tuple[Problem, float]:
     """(problem, grad_scale) of a call's arguments (CuPy views), checked as the call checks
     them."""
@@ -177,21 +185,8 @@ def checked(logits, targets, out, options, grad_scale) -> tuple[Problem, float]:
     if n == 0:
         raise ArgumentValueError(f"logits: expected at least one class, got shape "
                                  f"{logits.shape}")
-    checks.check_array(targets, "targets")
-    if targets.shape != (rows,):
-        raise ArgumentValueError(f"targets: expected shape ({rows},) (one class index per row "
-                                 f"of logits), got {targets.shape}")
-    if targets.dtype.name not in TARGET_TYPES:
-        raise ArgumentValueError(f"targets: expected dtype int32 or int64, got "
-                                 f"{targets.dtype}")
-    ignore_index = _check_int(ignore_index, "ignore_index")
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
-        raise ArgumentValueError(f"reduction: expected one of "
-                                 f"{', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
-    smoothing = checks.check_scalar(label_smoothing, "label_smoothing")
-    if not 0.0 <= smoothing <= 1.0:
-        raise ArgumentValueError(f"label_smoothing: expected a number in [0, 1], got "
-                                 f"{label_smoothing!r}")
+    ignore_index, smoothing = check_options(targets, rows, "logits", ignore_index, reduction,
+                                            label_smoothing)
     grad = checks.check_bool(grad, "grad")
     inplace = checks.check_bool(inplace, "inplace")
     check = checks.check_bool(check_targets, "check_targets")
