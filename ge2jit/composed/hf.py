@@ -7,6 +7,7 @@ labels run the model's own forward. ``ge2jit.torch.patch(model)`` installs it
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import torch
@@ -70,7 +71,8 @@ def _forward(self, *args, labels=None, **kwargs):
         if isinstance(items, torch.Tensor):
             items = items.to(loss.device)
         loss = loss / items
-    return CausalLMOutputWithPast(loss=loss, logits=None,
-                                  past_key_values=getattr(out, "past_key_values", None),
-                                  hidden_states=getattr(out, "hidden_states", None),
-                                  attentions=getattr(out, "attentions", None))
+    # the base model's other outputs (its cache, hidden states, attentions) under the names
+    # this transformers gives them, read as set keys (no deprecated attribute touched)
+    kept = {f.name: out[f.name] for f in dataclasses.fields(CausalLMOutputWithPast)
+            if f.name not in ("loss", "logits") and hasattr(out, "keys") and f.name in out}
+    return CausalLMOutputWithPast(loss=loss, logits=None, **kept)
