@@ -81,4 +81,3 @@ def cross_entropy_grad_ref(logits, targets, ignore_index: int = -100,
             scale = grad_scale / n if n else np.inf
         g[~ignored] *= scale
     return g
-
