@@ -493,6 +493,25 @@ def _wide_staging_cases() -> list:
     return [pytest.param(s, id=name) for name, s in sorted(specs.items())]
 
 
+@pytest.mark.parametrize("layouts", ["rr", "cr"])
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F16], ids=["bf16", "f16"])
+def test_a_float32_accumulator_compiles_staged_on_the_tile_the_heuristic_gives(dtype, layouts,
+                                                                                cache):
+    """A 16-bit GEMM adding into a row-major float32 C, Y float32 (a gradient summed over
+    chunks, ``out=c``): the heuristic's tile brings C in by TMA and stages Y, without spills
+    and without serialized wgmma."""
+    from ge2jit.ops.gemm.select import heuristic
+
+    from ...compiled import check_compiled
+
+    acc = Epilogue(out_dtype=DType.F32, layout_c=Layout.ROW, c_dtype=DType.F32)
+    ch = heuristic(128256, 2048, 2048, 132, 90, layouts, dtype, wide_c=True)
+    spec = kernel_set(dtype, Layout(layouts[0]), Layout(layouts[1]), acc, ch.config, 1, 2048,
+                      (16, 16, 16, 16)).main
+    assert spec.c_tma and spec.store16, spec.kernel_name
+    check_compiled(spec, "sm_90a", cache)
+
+
 @pytest.mark.parametrize("spec", _wide_staging_cases())
 def test_the_wide_tiles_epilogues_that_spilled_staged_compile_without_spills(spec, cache):
     # staged now only with C through the ring (a gate's), which leaves the registers they need
