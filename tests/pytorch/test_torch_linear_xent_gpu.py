@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
+from ..torch_helpers import warm_up_on_a_side_stream  # noqa: E402 - after the skips above
+
 F = torch.nn.functional
 
 
@@ -121,12 +123,7 @@ def test_captured_as_a_cuda_graph(gt, chunk):
         loss.backward()
         return loss
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
+    warm_up_on_a_side_stream(step, times=2)
     graph = torch.cuda.CUDAGraph()
     xs.grad = ws.grad = None
     with torch.cuda.graph(graph):
