@@ -16,8 +16,9 @@ tensors as PyTorch's SDPA takes them). Implementations:
   shape is left out of its row); grouped-query heads with ``enable_gqa=True``.
 
 With ``--backward``, a second table times the backward alone from a stored forward:
-``ge2jit.attention_backward`` with its default kernels and, on sm_90, pinned to the sm_80
-ones (``config="sm80"``), against ``torch.autograd.grad`` of each backend's output.
+``ge2jit.attention_backward`` with its default kernels and, on sm_90, its deterministic form
+(``deterministic=True``: no atomics) and the sm_80 kernels (``config="sm80"``), against
+``torch.autograd.grad`` of each backend's output.
 
 TFLOP/s counts FlashAttention's 4 B H S^2 D for the forward, halved when causal, and 3.5 times
 that for forward + backward (the backward: 2.5 times the forward). Forward + backward is the
@@ -118,7 +119,8 @@ def with_backward(cases, q, k, v):
 
 def backward_only(q, k, v, causal):
     """Name -> fn() of the backward alone, from a forward run once: ge2jit's default kernels
-    (and on sm_90 the sm_80 ones pinned), each torch backend's autograd backward."""
+    (and on sm_90 its deterministic form and the sm_80 kernels pinned), each torch backend's
+    autograd backward."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ge2jit
@@ -130,6 +132,8 @@ def backward_only(q, k, v, causal):
     o, lse = ge2jit.attention(qs, ks, vs, return_lse=True, **kw)
     cases = {"ge2jit": lambda: ge2jit.attention_backward(grad, qs, ks, vs, o, lse, **kw)}
     if torch.cuda.get_device_capability() == (9, 0):
+        cases["ge2jit deterministic"] = lambda: ge2jit.attention_backward(
+            grad, qs, ks, vs, o, lse, deterministic=True, **kw)
         cases["ge2jit sm80"] = lambda: ge2jit.attention_backward(
             grad, qs, ks, vs, o, lse, config="sm80", **kw)
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,

@@ -2,7 +2,9 @@
 // Fused attention backward (FlashAttention-2's arithmetic) on the tensor cores, sm_80+, one of
 // three kernels (KIND), run in this order on the forward's inputs q, k, v, its output o and
 // lse, and do, the gradient of o:
-//   DOT  delta_i = sum_d do_id o_id (float32, laid out as lse)
+//   DOT  delta_i = sum_d do_id o_id (float32, laid out as lse); with dq_accum (the Hopper
+//        one-kernel backward's float32 dQ: masks.cuh's dq_accum_row, tiles of dq_pad rows)
+//        its rows zeroed
 //   DQ   dq_i = scale sum_j ds_ij k_j, a block per query rows (its key blocks in a loop)
 //   DKV  dk_j = scale sum_i ds_ij q_i and dv_j = sum_i p_ij do_i, a block per keys of a kv
 //        head (the query blocks of every query head of its group in a loop: the GQA sum in
@@ -12,6 +14,7 @@
 // dp_ij = do_i . v_j and ds_ij = p_ij (dp_ij - delta_i) (times 1 - tanh^2 with SOFTCAP: the
 // gradient of the raw scaled score). No atomics, no float32 scratch: each output element is
 // summed by one thread in a fixed order, so every run gives the same bits (deterministic).
+// DQOUT, after bwd_sm90.cu's DKVQ: dq_i = scale dq_accum_i in dq's type and strides.
 // The price: DQ and DKV each compute the scores and dp (7 matrix products where atomics take 5).
 //
 // Masks, lengths and layouts are the forward's (fwd_sm80.cu, tiles.cuh's Masks): a query that
@@ -37,8 +40,8 @@
 {% include "common/sm80/mma.cuh" %}
 
 using T = {{ spec.dtype.ctype }};                        // q, k, v, o, do and the gradients
-constexpr int DOT = 0, DQ = 1, DKV = 2;
-constexpr int KIND = {{ {"dot": 0, "dq": 1, "dkv": 2}[spec.kind] }};
+constexpr int DOT = 0, DQ = 1, DKV = 2, DQOUT = 3;
+constexpr int KIND = {{ {"dot": 0, "dq": 1, "dkv": 2, "dqout": 3}[spec.kind] }};
 constexpr int D = {{ spec.head_dim }};                     // head dimension
 constexpr int BM = {{ spec.config.block_m }};              // query rows per block or step
 constexpr int BN = {{ spec.config.block_n }};              // keys per step or block
@@ -197,8 +200,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
 #pragma unroll
         for (int w = LANES / 2; w > 0; w /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, w);
-        if (c == 0 && i < seq.len_q)
-            delta[lse_index<VARLEN>(b, h, i, seq.q_row0, cu_seqlens_q, B, H, S_q)] = sum;
+        const long long at = lse_index<VARLEN>(b, h, i, seq.q_row0, cu_seqlens_q, B, H, S_q);
+        if (c == 0 && i < seq.len_q) delta[at] = sum;
+        if (dq_accum != nullptr && i < seq.len_q) {   // the whole row (order irrelevant)
+            float4* z = reinterpret_cast<float4*>(
+                dq_accum + dq_accum_row<VARLEN>(b, h, i, cu_seqlens_q, B, H, S_q, dq_pad) * D +
+                c * 8);
+            z[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            z[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        return;
+    }
+    if constexpr (KIND == DQOUT) {   // the DOT kernel's threads: 8 columns of a row each
+        constexpr int LANES = D / 8, ROWS = THREADS / LANES;
+        const long long h = blockIdx.y;
+        const int i = blockIdx.x * ROWS + tid / LANES, c = tid % LANES;
+        if (i >= seq.len_q) return;
+        const float* row = dq_accum +
+                           dq_accum_row<VARLEN>(b, h, i, cu_seqlens_q, B, H, S_q, dq_pad) * D;
+        const float4 x = *reinterpret_cast<const float4*>(row + dq_accum_col(i, c * 8));
+        const float4 y = *reinterpret_cast<const float4*>(row + dq_accum_col(i, c * 8 + 4));
+        const float sc = static_cast<float>(scale);
+        uint4 out;
+        out.x = pack_f32x2<T>(x.x * sc, x.y * sc);
+        out.y = pack_f32x2<T>(x.z * sc, x.w * sc);
+        out.z = pack_f32x2<T>(y.x * sc, y.y * sc);
+        out.w = pack_f32x2<T>(y.z * sc, y.w * sc);
+        *reinterpret_cast<uint4*>(dq + (VARLEN ? 0 : b * dqb) + (seq.q_row0 + i) * dqs + h * dqh +
+                                  c * 8) = out;
         return;
     }
 

@@ -11,13 +11,24 @@
 //        warpgroups of 64); per (query head of the group, query block of BM rows): S^T = K
 //        Q^T, dP^T = V dO^T, P^T, dS^T; dV += P^T dO, dK += dS^T Q (the transposes from
 //        registers, dO and Q read N-major) over this split's DO columns; dk = scale dK.
+//   DKVQ DKV (DSPLIT 1) that also makes dQ, FlashAttention-3's one-kernel backward: 5
+//        products a step where DQ and DKV take 7. Each step's dS^T goes to shared memory
+//        (stmatrix.trans: rows the step's queries, the block's 128 keys contiguous, two
+//        buffers), then dQ^T = K^T dS^T by wgmma with both operands from shared memory (K^T
+//        read M-major), each warpgroup 64 of D's rows (D 128) or half the step's queries
+//        (D 64). The float32 tile goes to shared memory (two buffers) as it lies in dq_accum
+//        (masks.cuh's dq_accum_row, dq_accum_col: the step's rows one contiguous block),
+//        and one thread adds it there by one bulk reduction (cp.reduce.async.bulk .add.f32,
+//        as FlashAttention-3); the "dot" kernel zeroed dq_accum, the "dqout" one scales and
+//        converts it. Not deterministic.
 // The producer warpgroup streams the tiles by TMA (4-D tensor maps over (D, seq, heads,
 // batch), 3-D packed), each 64-column chunk a box with the 128-byte swizzle.
 {% include "attention/sm90.cuh" %}
 
 using T = {{ spec.dtype.ctype }};
-constexpr int DQ = 1, DKV = 2;
-constexpr int KIND = {{ 1 if spec.kind == "dq" else 2 }};
+constexpr int DQ = 1, DKV = 2, DKVQ = 3;
+constexpr int KIND = {{ {"dq": 1, "dkv": 2, "dkvq": 3}[spec.kind] }};
+constexpr bool KV = KIND != DQ;                            // a block of keys: dK, dV
 constexpr int D = {{ spec.head_dim }};
 constexpr int STEP = {{ spec.step }};                      // DQ: keys a step; DKV: queries
 constexpr int DSPLIT = {{ spec.dsplit }};
@@ -37,10 +48,26 @@ constexpr double LOG2E = 1.4426950408889634;
 
 static_assert(sizeof(T) == 2, "16-bit inputs");
 static_assert(D % 64 == 0 && DO % 64 == 0 && STEP % 16 == 0 && STEP <= 256, "wgmma shapes");
+// DKVQ: dQ^T's 64-row blocks (1 or 2), each warpgroup's queries of a step, dS^T's buffers
+constexpr int QM = D / 64, NQ = QM == 2 ? STEP : STEP / 2;
+constexpr int DS_CHUNK = STEP * 128, DS_BYTES = (ROWS / 64) * DS_CHUNK;
+constexpr int DQ_BYTES = STEP * D * 4;                    // the float32 dQ tile's
+constexpr int DS_ALL = KIND == DKVQ ? 2 * DS_BYTES + 2 * DQ_BYTES : 0;
+static_assert(KIND != DKVQ || (DSPLIT == 1 && QM <= 2 && NQ % 16 == 0), "DKVQ: D 64 or 128");
 
 {{ wgmma_instr.ss("wgmma_s", spec.step, spec.dtype.value) }}
 
 {{ wgmma_instr.rs("wgmma_acc", spec.head_dim // spec.dsplit, spec.dtype.value, 1) }}
+// DKVQ (declared for every kind: the others' code names them under if constexpr)
+{{ wgmma_instr.ss("wgmma_q", spec.step if spec.head_dim == 128 else spec.step // 2,
+                  spec.dtype.value, transposes=", 1, 0") }}
+
+// Four 8x8 16-bit matrices of mma fragments (a[j]: row lane / 4, columns 2 (lane % 4) and +1
+// of matrix j) stored transposed: matrix j's column i to the 16 bytes at lane 8 j + i's addr.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&a)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], { %1, %2, %3, %4 };\n"
+                 :: "r"(addr), "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]) : "memory");
+}
 
 
 // The A fragment of k-step kk of accumulator tiles (4 floats an n8 tile), 16-bit.
@@ -58,7 +85,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned base = smem_u32(smem);
     const unsigned sOwn = base;                        // Q, dO (DQ) or K, V (DKV): 2 tiles
     const unsigned sStep = base + 2 * OWN_BYTES;       // stage s: 2 tiles of STEP rows
-    const unsigned bars = sStep + STAGES * 2 * STEP_BYTES;
+    const unsigned sDS = sStep + STAGES * 2 * STEP_BYTES;   // DKVQ: dS^T, 2 buffers
+    const unsigned sDQ = sDS + 2 * DS_BYTES;                 // DKVQ: dQ's float32, 2 buffers
+    const unsigned bars = sDS + DS_ALL;
     const unsigned own_full = bars;
     auto full = [&](int s) { return bars + 8 + 8 * s; };
     auto empty = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
@@ -116,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         warpgroup_registers_down<PRODUCER_REGS>();
-        if (tid < (KIND == DKV ? 32 : 1)) {   // DKV: the warp stages lse and delta
+        if (tid < (KV ? 32 : 1)) {   // DKV: the warp stages lse and delta
             const int hk = static_cast<int>(KIND == DQ ? head / group : head);
             if (tid == 0) mbar_expect_tx(own_full, 2 * OWN_BYTES);
             if constexpr (KIND == DQ) {
@@ -133,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const int s = it % STAGES;
                 mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
                 const unsigned stage = sStep + s * 2 * STEP_BYTES;
-                if constexpr (KIND == DKV) {
+                if constexpr (KV) {
                     const long long hq = head * group + it / per_head;
                     const int step0 = (first + it % per_head) * STEP;
                     float* cv = col_values(s);
@@ -197,11 +226,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float acc[NACC], acc2[NACC];              // DQ: dQ (acc2 unused); DKV: dK, dV
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
-    if constexpr (KIND == DKV) {
+    if constexpr (KV) {
 #pragma unroll
         for (int i = 0; i < NACC; ++i) acc2[i] = 0.0f;
     }
-    const int split = KIND == DKV ? static_cast<int>(blockIdx.x % DSPLIT) : 0;
+    const int split = KV ? static_cast<int>(blockIdx.x % DSPLIT) : 0;
 
     mbar_wait(own_full, 0);
 #pragma unroll 1
@@ -228,9 +257,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         wgmma_commit();
         // DKV: the thread's STEP / 4 query columns' lse and delta, staged by the producer
-        constexpr int NCOL = KIND == DKV ? STEP / 4 : 2;
+        constexpr int NCOL = KV ? STEP / 4 : 2;
         float col_l2[NCOL], col_dl[NCOL];
-        if constexpr (KIND == DKV) {
+        if constexpr (KV) {
             const float2* cv = reinterpret_cast<const float2*>(col_values(s));
 #pragma unroll
             for (int j = 0; j < NCOL / 2; ++j) {
@@ -248,14 +277,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int i = 0; i < STEP / 2; ++i) sc[i] = tanh_approx(sc[i] * cap_in);
         }
         const bool partial = step0 < full_lo || step0 + STEP > full_hi ||
-                             (KIND == DKV && own0 + ROWS > seq.len_k) ||
+                             (KV && own0 + ROWS > seq.len_k) ||
                              (KIND == DQ && own0 + ROWS > seq.len_q);
         // P and dS (DQ: S's layout) or P^T and dS^T (DKV): in place of sc and dp
 #pragma unroll
         for (int i = 0; i < STEP / 2; ++i) {
             const int hh = (i >> 1) & 1, col = step0 + 8 * (i / 4) + 2 * t + (i & 1);
             float l2 = lse2[hh], dlt = dl[hh];
-            if constexpr (KIND == DKV) {   // the column is a query: its lse and delta
+            if constexpr (KV) {   // the column is a query: its lse and delta
                 l2 = col_l2[2 * (i / 4) + (i & 1)];
                 dlt = col_dl[2 * (i / 4) + (i & 1)];
             }
@@ -275,6 +304,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             unsigned da[4];
             a_fragment(da, dp, kk);
             const int row = kk * 16 * 128 + split * (DO / 64) * STEP_CHUNK;
+            if constexpr (KIND == DKVQ) {   // dS^T's 16 x 16 of the warp: rows (queries)
+                const int j = lane >> 3, i = lane & 7;
+                const int n = kk * 16 + 8 * (j >> 1) + i, key = warp * 16 + 8 * (j & 1);
+                stmatrix_x4_trans(sDS + (it & 1) * DS_BYTES + wg * DS_CHUNK + n * 128 +
+                                  (((key >> 3) ^ (n & 7)) << 4), da);
+            }
             if constexpr (KIND == DQ) {
                 wgmma_acc(acc, da, descriptor(sB + row, STEP_CHUNK, 1024), 1);
             } else {
@@ -285,10 +320,51 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         wgmma_commit();
+        if constexpr (KIND == DKVQ) {
+            // dQ^T = K^T dS^T over the block's 128 keys, once both warpgroups' dS^T is stored
+            const int m0 = QM == 2 ? wg : 0, n0 = QM == 2 ? 0 : wg * NQ;
+            const unsigned sds = sDS + (it & 1) * DS_BYTES + n0 * 128;
+            float dqt[NQ / 2];
+            fence_proxy_async();
+            // the reducing warp's groups of two steps ago have read their buffer
+            if (tid == 128) bulk_wait_read<1>();
+            named_barrier(1, 256);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < ROWS / 16; ++kk)
+                wgmma_q(dqt, descriptor(sA + m0 * OWN_CHUNK + kk * 2048, OWN_CHUNK, 1024),
+                        descriptor(sds + (kk / 4) * DS_CHUNK + (kk % 4) * 32, 16, 1024),
+                        kk > 0);
+            wgmma_commit();
+            wgmma_wait<1>();                  // dV and dK's: the stage is free
+            if (lane == 0) mbar_arrive(empty(s));
+            wgmma_wait<0>();
+            // the tile to shared memory as in dq_accum: row n (a query), D permuted floats
+            float* tile = reinterpret_cast<float*>(smem + (sDQ - base) + (it & 1) * DQ_BYTES);
+#pragma unroll
+            for (int i = 0; i < NQ / 2; ++i) {
+                const int n = n0 + 8 * (i / 4) + 2 * t + (i & 1);
+                const int d = m0 * 64 + warp * 16 + g + 8 * ((i >> 1) & 1);
+                tile[n * D + dq_accum_col(n, d)] = dqt[i];
+            }
+            fence_proxy_async();
+            named_barrier(2, 256);
+            if (tid == 128) {   // the whole tile (rows past the length: zeros, into padding)
+                const long long hq = head * group + it / per_head;
+                bulk_reduce_add_f32(dq_accum + dq_accum_row<VARLEN>(b, hq, step0, cu_seqlens_q,
+                                                                    B, H, S_q, STEP) * D,
+                                    sDQ + (it & 1) * DQ_BYTES, DQ_BYTES);
+                bulk_commit();
+            }
+            continue;
+        }
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(empty(s));
     }
 
+    if constexpr (KIND == DKVQ) {   // the last reductions have read shared memory
+        if (tid == 128) bulk_wait<0>();
+    }
     // Epilogue: the thread's rows (g, g + 8 of its warp) below the length, 4-byte pairs
     const float sc_out = static_cast<float>(scale);
 #pragma unroll

@@ -75,3 +75,22 @@ __device__ __forceinline__ long long lse_index(long long b, long long h, long lo
     if constexpr (PACKED) return h * static_cast<long long>(cu_seqlens_q[B]) + q_row0 + i;
     else return (b * H + h) * S_q + i;
 }
+
+// Where row i of query head h of sequence b is in dq_accum, the one-kernel backward's float32
+// dq (rows of D): in tiles of `pad` rows, each sequence's first on a tile, so that a tile of
+// a sequence is one contiguous block: (B, H, S_q rounded up to pad, D) contiguous, or packed
+// (H, total_q + B pad, D), sequence b from row cu_seqlens_q[b] + b pad.
+template <bool PACKED>
+__device__ __forceinline__ long long dq_accum_row(long long b, long long h, long long i,
+                                                  const int* cu_seqlens_q, long long B,
+                                                  long long H, long long S_q, long long pad) {
+    if constexpr (PACKED)
+        return h * (static_cast<long long>(cu_seqlens_q[B]) + B * pad) + cu_seqlens_q[b] +
+               b * pad + i;
+    else return (b * H + h) * ((S_q + pad - 1) / pad * pad) + i;
+}
+// The position of column d in a row i of dq_accum: its 16-byte groups permuted by i % 8 (the
+// kernel's stores to its shared tile then meet no bank twice).
+__device__ __forceinline__ int dq_accum_col(int i, int d) {
+    return (((d >> 2) ^ (i & 7)) << 2) | (d & 3);
+}

@@ -58,6 +58,28 @@ def test_values_and_gradients_match_pytorch(dtype, causal, d):
         _close(x.grad, want.grad, 4e-2)
 
 
+def test_deterministic_algorithms_give_the_same_gradients_every_run():
+    """Under ``torch.use_deterministic_algorithms`` the backward takes its two-kernel form
+    (no atomics): dq too is the same bits on every run, and it matches the default's."""
+    def grads(seed=0):
+        q, k, v = _qkv(s_q=300, s_k=300, d=128, seed=seed)
+        out = gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.backward(torch.randn(out.shape, device="cuda", dtype=out.dtype,
+                                 generator=torch.Generator(device="cuda").manual_seed(1)))
+        return [x.grad for x in (q, k, v)]
+
+    default = grads()
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, again = grads(), grads()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for a, b, c in zip(first, again, default):
+        assert torch.equal(a, b)
+        _close(a, c.double(), 1e-2)
+
+
 def test_what_the_kernels_do_not_do_goes_to_pytorch_with_one_warning():
     q, k, v = _qkv(h_kv=4, grad=False)
     mask = torch.ones(96, 96, dtype=torch.bool, device="cuda").tril()

@@ -1,6 +1,9 @@
 """attention_backward: the gradients of attention's q, k and v from that of its output, in three
-launches of ``bwd_sm80.cu`` (delta = rowsum(do * o); dq; dk and dv, each kv head's summed over
-its query heads), deterministic: no atomics, each element summed in one fixed order."""
+launches: delta = rowsum(do * o) (``bwd_sm80.cu``), then on Hopper at head_dim 64 and 128 one
+kernel making dk, dv and dq (``bwd_sm90.cu``'s dkvq: dq added up by float32 atomics) and a
+conversion of dq; deterministic (and at head_dim 256, and before Hopper) a dq kernel and a dk
+and dv kernel, each element summed in one fixed order. dk and dv of a kv head are summed over
+its query heads in registers."""
 
 from __future__ import annotations
 
@@ -33,11 +36,12 @@ OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k
            "deterministic", "layout", "config")
 #: the backward's kernels by name: the Hopper ones (sm_90 only) and the sm_80 ones
 FAMILIES = ("sm90", "sm80")
-_DQ, _DK, _DV, _DELTA = 8, 9, 10, 11
+_DQ, _DK, _DV, _DELTA, _ACC = 8, 9, 10, 11, 12
 _PREPARED = PreparedCalls("attention_backward")
-#: the compiled path's programs: the arrays, delta's slot (an intermediate that no caller
-#: fills: the program allocates it), then the options by value
-_COMPILED = fastlaunch.Table("attention_backward", "A" * (len(ARRAYS) + 1) + "V" * len(OPTIONS))
+#: the compiled path's programs: the arrays, the slots of delta and of the one-kernel
+#: backward's float32 dq (intermediates that no caller fills: the program allocates them),
+#: then the options by value
+_COMPILED = fastlaunch.Table("attention_backward", "A" * (len(ARRAYS) + 2) + "V" * len(OPTIONS))
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,12 +98,15 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         max_seqlen_q: the forward's.
         max_seqlen_k: the forward's.
         layout: the forward's.
-        deterministic: the same bits on every run. This kernel is deterministic whatever
-            the flag (no atomics); the flag is taken for FlashAttention's signature.
+        deterministic: the same bits on every run. By default the Hopper backward at
+            head_dim 64 and 128 adds dq up by atomics in one kernel with dk and dv (dk and
+            dv are the same bits every run; dq may differ in its last bits); True takes
+            its two-kernel form (a dq kernel and a dk and dv kernel, no atomics), as the
+            sm_80 kernels always are.
         out: None (new arrays, contiguous), or ``(dq, dk, dv)``: arrays of q's, k's and v's
             shapes and type with their layout rules, apart from every input and each other.
         config: None (on sm_90 the Hopper kernels, elsewhere the sm_80 ones), or "sm80" or
-            "sm90" (sm_90 only) to pin them. Both are deterministic.
+            "sm90" (sm_90 only) to pin them.
 
     Returns:
         ``(dq, dk, dv)`` in q's framework, on PyTorch's current stream for tensors.
@@ -112,7 +119,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
     options = (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k, deterministic,
                layout, config)
     done = _COMPILED.call(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
-                          None, *options)
+                          None, None, *options)
     if done is not fastlaunch.MISS:
         return done
     arrays = dict(zip(ARRAYS, (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o,
@@ -129,7 +136,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         result, prepared = _execute(fw, device_id, call, native)
         if prepared is not None and options is not None:
             _COMPILED.put((do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
-                           None, *options), prepared.program, fw.name)
+                           None, None, *options), prepared.program, fw.name)
         return result, prepared if options is not None else None
 
     return _PREPARED.run(arrays, options if options is not None else (object(),), first)
@@ -193,7 +200,8 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
         check_apart(x, f"out ({label})", {**inputs, **{n: outs[n] for n in outs if n != name}},
                     lambda other: "")
     family = _family(family, 80 if fwd.empty or fwd.no_keys else fwd.arch)
-    specs = bwd_specs_for(family, fwd.dtype, fwd.head_dim, causal=fwd.causal,
+    specs = bwd_specs_for(family, fwd.dtype, fwd.head_dim, deterministic=a["deterministic"],
+                          causal=fwd.causal,
                           window=fwd.spec.window, softcap=fwd.spec.softcap, varlen=fwd.varlen)
     return BackwardCall(fwd, a["do"], a["o"], a["lse"], outs["dq_out"], outs["dk_out"],
                         outs["dv_out"], strides["do"], strides["o"], strides["dq_out"],
@@ -244,12 +252,27 @@ def launch_params(call: BackwardCall) -> tuple[list, dict]:
                             ("dq", call.dq_strides), ("dk", call.dk_strides),
                             ("dv", call.dv_strides)):
         params.update(zip((letter + "b", letter + "s", letter + "h"), strides))
+    fused = [s for s in call.specs if getattr(s, "kind", None) == "dkvq"]
     params.update(B=f.batch, H=f.heads, H_kv=f.kv_heads, S_q=f.seqlen_q, S_k=f.seqlen_k,
+                  dq_pad=fused[0].step if fused else 0,
                   scale=f.scale, softcap=f.softcap, window_left=f.window[0],
                   window_right=f.window[1])
     launches = [(s, s.grid(f.batch, f.heads, f.kv_heads, f.seqlen_q, f.seqlen_k),
                  (s.threads, 1, 1), s.smem_bytes) for s in call.specs]
     return launches, params
+
+
+def accum_shape(call: BackwardCall) -> tuple | None:
+    """The shape of the one-kernel backward's float32 dq (None: not that backward): masks.cuh's
+    dq_accum_row, each sequence's rows from a whole tile of the kernel's step: (B, H, S_q
+    rounded up to the step, D), or packed (H, total_q + B step, D)."""
+    fused = [s for s in call.specs if getattr(s, "kind", None) == "dkvq"]
+    if not fused:
+        return None
+    f, pad = call.fwd, fused[0].step
+    if f.varlen:
+        return (f.heads, f.q.shape[0] + f.batch * pad, f.head_dim)
+    return (f.batch, f.heads, -(-f.seqlen_q // pad) * pad, f.head_dim)
 
 
 def _own(spec, values: dict) -> dict:
@@ -301,6 +324,9 @@ def _execute(fw, device_id: int, call: BackwardCall, native: dict):
              for k, (spec, grid, block, smem) in zip(kernels, launches)]
     stream, ptr = fw.stream_getter(device_id), fw.ptr
     delta = make_delta(f.lse_shape)
+    acc_shape = accum_shape(call)
+    fused = acc_shape is not None
+    accum = make_delta(acc_shape) if fused else None
     geometries = map_geometries(call)
 
     def run(ptrs: dict) -> None:
@@ -311,14 +337,14 @@ def _execute(fw, device_id: int, call: BackwardCall, native: dict):
                     else tensor_maps(f, geometries[i], inputs))
             launch(s, **_own(spec, ptrs), **maps)
 
-    def pointers(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv, dl) -> dict:
+    def pointers(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv, dl, acc) -> dict:
         return dict(dout=ptr(do), q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse),
                     cu_seqlens_q=0 if cu_q is None else ptr(cu_q),
                     cu_seqlens_k=0 if cu_k is None else ptr(cu_k), dq=ptr(dq), dk=ptr(dk),
-                    dv=ptr(dv), delta=ptr(dl))
+                    dv=ptr(dv), delta=ptr(dl), dq_accum=0 if acc is None else ptr(acc))
 
     arrays_in = [native[n] for n in ARRAYS[:8]]
-    run(pointers(*arrays_in, *grads, delta))
+    run(pointers(*arrays_in, *grads, delta, accum))
     given = [native[n] is not None for n in names]
     guard = None
     if any(given):
@@ -333,15 +359,18 @@ def _execute(fw, device_id: int, call: BackwardCall, native: dict):
         if guard is not None:
             guard([0 if x is None else ptr(x)
                    for x in (do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv)])
-        run(pointers(do, q, k, v, o, lse, cu_q, cu_k, *outs, make_delta(f.lse_shape)))
+        run(pointers(do, q, k, v, o, lse, cu_q, cu_k, *outs, make_delta(f.lse_shape),
+                     make_delta(acc_shape) if fused else None))
         return tuple(outs)
 
     slots = {"dout": Ptr(0), "q": Ptr(1), "k": Ptr(2), "v": Ptr(3), "o": Ptr(4), "lse": Ptr(5),
              "cu_seqlens_q": Ptr(6), "cu_seqlens_k": Ptr(7), "dq": Ptr(_DQ), "dk": Ptr(_DK),
-             "dv": Ptr(_DV), "delta": Ptr(_DELTA)}
+             "dv": Ptr(_DV), "delta": Ptr(_DELTA), "dq_accum": Ptr(_ACC) if fused else 0}
     allocs = [(i, make, shape) for i, g, make, shape in zip((_DQ, _DK, _DV), given, makers,
                                                             shapes) if not g]
     allocs.append((_DELTA, make_delta, f.lse_shape))
+    if fused:
+        allocs.append((_ACC, make_delta, acc_shape))
     addresses = (call.do.data.ptr, f.q.data.ptr, f.k.data.ptr, f.v.data.ptr)
     steps = []
     for i, (kernel, (spec, grid, block, smem)) in enumerate(zip(kernels, launches)):

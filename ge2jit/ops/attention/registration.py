@@ -40,8 +40,10 @@ def _choose(call: Call, device_id: int) -> Planned:
 def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
     """The three kernels, the dk-dv kernel's launch (the largest) as the main one."""
     launches, _ = backward.launch_params(call)
-    spec, grid, block, smem = launches[2]
-    return Planned((spec, *call.specs[:2]), call.family, "fixed", grid, block, smem,
+    main = next(i for i, (s, *_) in enumerate(launches) if s.kind in ("dkv", "dkvq"))
+    spec, grid, block, smem = launches[main]
+    others = tuple(s for i, s in enumerate(call.specs) if i != main)
+    return Planned((spec, *others), call.family, "fixed", grid, block, smem,
                    flops=2.5 * _flops(call.fwd), detail=spec.kernel_name)
 
 

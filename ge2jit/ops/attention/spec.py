@@ -240,8 +240,9 @@ def make_spec(dtype: DType, head_dim: int, *, causal: bool = False, window: bool
 
 # --- the backward -------------------------------------------------------------------------
 
-#: the backward's kernels, in the order they run: delta = rowsum(do o), then dq, then dk and dv
-BWD_KINDS = ("dot", "dq", "dkv")
+#: the backward's kernels, in the order they run: delta = rowsum(do o), then dq, then dk and dv;
+#: "dqout" converts the float32 dq of the Hopper one-kernel backward ("dkvq", bwd_sm90.cu)
+BWD_KINDS = ("dot", "dq", "dkv", "dqout")
 #: the threads of a block of the "dot" kernel
 DOT_THREADS = 128
 
@@ -344,7 +345,7 @@ class AttentionBwdSpec(KernelSpec):
 
     @property
     def threads(self) -> int:
-        return DOT_THREADS if self.kind == "dot" else 32 * self.config.warps
+        return DOT_THREADS if self.kind in ("dot", "dqout") else 32 * self.config.warps
 
     @property
     def smem_bytes(self) -> int:
@@ -360,14 +361,16 @@ class AttentionBwdSpec(KernelSpec):
         flags = "".join(f"_{name}" for name, on in (
             ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
             ("varlen", self.varlen)) if on)
-        tiling = "" if self.kind == "dot" else f"_{self.config.name}"
+        tiling = "" if self.kind in ("dot", "dqout") else f"_{self.config.name}"
         return (f"attn_bwd_{self.kind}_sm80_{self.dtype.value}_d{self.head_dim}{tiling}"
                 + flags)
 
     @property
     def params(self) -> tuple[Param, ...]:
         """q, k, v, o, dout (the gradient of o), lse (the forward's), delta (float32: written
-        by the "dot" kernel, read by the others), dq, dk, dv, cu_seqlens_q, cu_seqlens_k; the
+        by the "dot" kernel, read by the others), dq, dk, dv, dq_accum (float32, rows as lse's,
+        head_dim columns: null, or the Hopper one-kernel backward's dq, zeroed by "dot" and
+        read by "dqout", in tiles of ``dq_pad`` rows), cu_seqlens_q, cu_seqlens_k; the
         element strides along batch, sequence and head of q, k, v, o, dout (``gb, gs, gh``),
         dq, dk, dv; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``, ``softcap``;
         ``window_left``, ``window_right`` (as the forward's). Every kernel takes them all."""
@@ -376,21 +379,23 @@ class AttentionBwdSpec(KernelSpec):
                 pointer("v", t, const=True), pointer("o", t, const=True),
                 pointer("dout", t, const=True), pointer("lse", "float", const=True),
                 pointer("delta", "float"), pointer("dq", t), pointer("dk", t),
-                pointer("dv", t), pointer("cu_seqlens_q", "int", const=True),
+                pointer("dv", t), pointer("dq_accum", "float"),
+                pointer("cu_seqlens_q", "int", const=True),
                 pointer("cu_seqlens_k", "int", const=True),
                 *int64("qb", "qs", "qh", "kb", "ks", "kh", "vb", "vs", "vh", "ob", "os", "oh",
                        "gb", "gs", "gh", "dqb", "dqs", "dqh", "dkb", "dks", "dkh", "dvb", "dvs",
-                       "dvh", "B", "H", "H_kv", "S_q", "S_k"),
+                       "dvh", "B", "H", "H_kv", "S_q", "S_k", "dq_pad"),
                 *double("scale", "softcap"),
                 *int64("window_left", "window_right"))
 
     def grid(self, batch: int, heads: int, kv_heads: int, max_seqlen_q: int,
              max_seqlen_k: int) -> tuple[int, int, int]:
-        """The launch grid: "dot" a block per DOT_THREADS / (head_dim / 8) rows of a head;
+        """The launch grid: "dot" and "dqout" a block per DOT_THREADS / (head_dim / 8) rows of
+        a head;
         "dq" per ``block_m`` query rows of a head; "dkv" per ``block_n`` keys of a kv head,
         times ``dsplit``; z the batch (sequences)."""
         c = self.config
-        if self.kind == "dot":
+        if self.kind in ("dot", "dqout"):
             rows = DOT_THREADS // (self.head_dim // 8)
             return (max(1, -(-max_seqlen_q // rows)), heads, batch)
         if self.kind == "dq":
@@ -597,6 +602,8 @@ def spec_for(config, dtype: DType, head_dim: int, **options):
 #: head_dim -> (dq step, dkv step, dkv column splits, dq stages, dkv stages) of the Hopper
 #: backward
 SM90_BWD = {64: (64, 64, 1, 2, 2), 128: (64, 48, 1, 2, 2), 256: (32, 32, 2, 2, 2)}
+#: the one-kernel backward's (dkvq) queries a step and pipeline stages per head dimension
+SM90_BWD_FUSED = {64: (64, 2), 128: (48, 2)}
 
 
 @dataclass(frozen=True)
@@ -605,7 +612,9 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     block of 128 query rows (dq) or keys (dkv), a producer warpgroup loading by TMA (maps
     ``tma_q``, ``tma_k``, ``tma_v``, ``tma_do`` as the forward's), two consumer warpgroups of
     64 rows, ``step`` keys (dq) or queries (dkv) a step, dk and dv in ``dsplit`` column
-    splits. Delta comes from the sm_80 backward's "dot" kernel."""
+    splits. Delta comes from the sm_80 backward's "dot" kernel. ``kind`` "dkvq" is the dkv
+    kernel that also adds each step's dq into a float32 ``dq_accum`` by atomics (head_dim 64
+    and 128, dsplit 1; the "dot" kernel zeroes it, the "dqout" one converts it)."""
 
     kind: str
     dtype: DType
@@ -623,9 +632,9 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     FLAGS = ("causal", "window", "softcap", "varlen")
 
     def __post_init__(self):
-        if self.kind not in ("dq", "dkv"):
-            raise ArgumentValueError(f"AttentionBwdSm90Spec.kind: expected 'dq' or 'dkv', got "
-                                     f"{self.kind!r}")
+        if self.kind not in ("dq", "dkv", "dkvq"):
+            raise ArgumentValueError(f"AttentionBwdSm90Spec.kind: expected 'dq', 'dkv' or "
+                                     f"'dkvq', got {self.kind!r}")
         for name in ("step", "dsplit", "stages"):
             check_field(self, name, int)
         if self.step % 16 or not 16 <= self.step <= 256 or self.dsplit not in (1, 2) or (
@@ -636,13 +645,22 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
         if self.stages not in (2, 3, 4):
             raise ArgumentValueError(f"AttentionBwdSm90Spec.stages: expected 2, 3 or 4, got "
                                      f"{self.stages}")
+        if self.kind == "dkvq" and (self.dsplit != 1 or self.head_dim not in (64, 128)
+                                    or (self.step // (2 if self.head_dim == 64 else 1)) % 16):
+            raise ArgumentValueError(f"AttentionBwdSm90Spec: the dkvq kernel takes head_dim "
+                                     f"64 or 128, dsplit 1 and a step of whole 16-query "
+                                     f"groups per warpgroup, got head_dim {self.head_dim}, "
+                                     f"dsplit {self.dsplit}, step {self.step}")
         self._check(SM90_BWD, f"step {self.step}")
 
     @property
     def smem_bytes(self) -> int:
         row = self.head_dim * 2
-        # own tiles, the stages' tiles, 128 B of barriers, the stages' lse and delta (dkv)
-        return (2 * 128 * row + self.stages * 2 * self.step * row + 128
+        # own tiles, the stages' tiles, (dkvq) two buffers of dS^T (step x 128 keys) and two
+        # of dq's float32 (step x head_dim), 128 B of barriers, the stages' lse and delta
+        ds = (2 * self.step * 256 + 2 * self.step * self.head_dim * 4
+              if self.kind == "dkvq" else 0)
+        return (2 * 128 * row + self.stages * 2 * self.step * row + ds + 128
                 + self.stages * 8 * self.step + 1024)
 
     @property
@@ -654,7 +672,8 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
 
     @property
     def params(self) -> tuple[Param, ...]:
-        """The tensor maps of q, k, v and do; lse and delta (float32); dq, dk, dv;
+        """The tensor maps of q, k, v and do; lse and delta (float32); dq, dk, dv; dq_accum
+        (float32, the dkvq kernel's);
         cu_seqlens_q, cu_seqlens_k; the element strides of dq, dk, dv along batch, sequence
         and head; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``, ``softcap``;
         ``window_left``, ``window_right``. Both kernels take them all."""
@@ -662,7 +681,7 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
         return (*tensor_maps("tma_q", "tma_k", "tma_v", "tma_do"),
                 pointer("lse", "float", const=True), pointer("delta", "float", const=True),
                 pointer("dq", t), pointer("dk", t), pointer("dv", t),
-                pointer("cu_seqlens_q", "int", const=True),
+                pointer("dq_accum", "float"), pointer("cu_seqlens_q", "int", const=True),
                 pointer("cu_seqlens_k", "int", const=True),
                 *int64("dqb", "dqs", "dqh", "dkb", "dks", "dkh", "dvb", "dvs", "dvh",
                        "B", "H", "H_kv", "S_q", "S_k"),
@@ -687,10 +706,25 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
                                  **options))
 
 
-def bwd_specs_for(family: str, dtype: DType, head_dim: int, **options) -> tuple:
-    """The backward's kernels of ``family`` ("sm90": the sm_80 "dot" kernel and the Hopper dq
-    and dkv; "sm80": the three sm_80 ones) for these options."""
+def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
+    """Whether the backward of ``family`` is the Hopper one-kernel backward (dq by atomics):
+    on "sm90" at head_dim 64 and 128 unless ``deterministic``."""
+    return family == "sm90" and head_dim in (64, 128) and not deterministic
+
+
+def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bool = False,
+                  **options) -> tuple:
+    """The backward's kernels of ``family``, in launch order, for these options: "sm90" the
+    sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by atomics) and the sm_80
+    "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
+    dkv; "sm80" the three sm_80 ones (deterministic)."""
     specs = make_bwd_specs(dtype, head_dim, **options)
+    if fused_bwd(family, head_dim, deterministic):
+        step, stages = SM90_BWD_FUSED[head_dim]
+        fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages, **options)
+        out = AttentionBwdSpec("dqout", dtype, head_dim, specs[0].config,
+                               varlen=specs[0].varlen)
+        return (specs[0], fused, out)
     if family == "sm90":
         return (specs[0], *make_bwd_sm90_specs(dtype, head_dim, **options))
     return specs

@@ -46,10 +46,11 @@ def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
                    max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
                    window_left: int, window_right: int, softcap: float,
                    bhsd: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``ge2jit.attention_backward``: (dq, dk, dv)."""
+    """``ge2jit.attention_backward``: (dq, dk, dv); its two-kernel form without atomics
+    while ``torch.use_deterministic_algorithms`` is on."""
     return _backward.attention_backward(_ready(do), q, k, v, o, lse, **_keywords(
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
-        window_right, softcap, bhsd))
+        window_right, softcap, bhsd), deterministic=torch.are_deterministic_algorithms_enabled())
 
 
 def _ready(x: Tensor) -> Tensor:
@@ -101,8 +102,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               max_seqlen_k: int | None = None, return_lse: bool = False,
               layout: str | None = None):
     """``ge2jit.attention`` on tensors, differentiable in q, k and v (the backward is
-    ``ge2jit.attention_backward``, deterministic): FlashAttention's interface, q (B, S_q, H,
-    D) and k, v (B, S_k, H_kv, D) (``layout="bhsd"``: heads first), or packed (total, H, D)
+    ``ge2jit.attention_backward``; deterministic under ``torch.use_deterministic_algorithms``):
+    FlashAttention's interface, q (B, S_q, H, D) and k, v (B, S_k, H_kv, D)
+    (``layout="bhsd"``: heads first), or packed (total, H, D)
     with ``cu_seqlens_q``, ``cu_seqlens_k`` (int32) and the longest lengths. Returns the output
     (with ``return_lse``, also the log-sum-exp, which carries no gradient). As custom ops
     under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly."""

@@ -75,6 +75,13 @@ template <int N>
 __device__ __forceinline__ void bulk_wait() {
     asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
 }
+// Adds `bytes` (a multiple of 16) of float32 at shared address `src` into global `dst` (both
+// 16-byte aligned) by the copy engine, element by element (an atomic reduction in L2), in this
+// thread's current bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, int bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
 // Makes this thread's shared-memory writes visible to the copy engine (the async proxy).
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

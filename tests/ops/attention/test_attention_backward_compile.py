@@ -22,6 +22,7 @@ from ge2jit.ops.attention.spec import (
     AttentionBwdConfig,
     AttentionBwdSm90Spec,
     AttentionBwdSpec,
+    bwd_specs_for,
     make_bwd_sm90_specs,
     make_bwd_specs,
 )
@@ -118,10 +119,22 @@ def test_spec_validation(make, error, match):
 @pytest.mark.parametrize("dtype, on", [(DType.F16, False), (DType.BF16, True)],
                          ids=["f16-off", "bf16-on"])
 def test_the_hopper_kernels_compile_without_spills(d, dtype, on, compile_cache):
-    for spec in make_bwd_sm90_specs(dtype, d, causal=on, window=on, softcap=on, varlen=on):
+    flags = dict(causal=on, window=on, softcap=on, varlen=on)
+    specs = [*make_bwd_sm90_specs(dtype, d, **flags), *bwd_specs_for("sm90", dtype, d, **flags)]
+    for spec in specs:
+        if spec.template != "attention/bwd_sm90.cu":   # the sm_80 dot and dqout kernels
+            check_compiled(spec, "sm_80", compile_cache)
+            continue
         entry = check_compiled(spec, "sm_90a", compile_cache)
         assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90
         assert "wgmma.mma_async" in render(spec)
+    kinds = [s.kind for s in bwd_specs_for("sm90", dtype, d, **flags)]
+    # the one-kernel backward (dq by bulk reductions) at 64 and 128; two kernels at 256
+    assert kinds == (["dot", "dkvq", "dqout"] if d in (64, 128) else ["dot", "dq", "dkv"])
+    assert [s.kind for s in bwd_specs_for("sm90", dtype, d, deterministic=True, **flags)] == [
+        "dot", "dq", "dkv"]
+    if d in (64, 128):
+        assert "cp.reduce.async.bulk" in render(bwd_specs_for("sm90", dtype, d, **flags)[1])
 
 
 def test_the_hopper_backward_spec_refuses_what_it_cannot_be():
@@ -133,6 +146,12 @@ def test_the_hopper_backward_spec_refuses_what_it_cannot_be():
         AttentionBwdSm90Spec("dq", DType.F16, 256, 256)
     with pytest.raises(ArgumentValueError, match="stages: expected 2, 3 or 4, got 5"):
         AttentionBwdSm90Spec("dkv", DType.F16, 128, 48, stages=5)
+    with pytest.raises(ArgumentValueError, match="dkvq kernel takes head_dim 64 or 128"):
+        AttentionBwdSm90Spec("dkvq", DType.F16, 256, 32, dsplit=2)
+    with pytest.raises(ArgumentValueError, match="whole 16-query groups"):
+        AttentionBwdSm90Spec("dkvq", DType.F16, 64, 48)
+    assert AttentionBwdSm90Spec("dkvq", DType.BF16, 128, 48).kernel_name == (
+        "attn_bwd_dkvq_sm90_bf16_d128_s48")
     assert AttentionBwdSm90Spec("dkv", DType.F16, 64, 64, stages=3).kernel_name == (
         "attn_bwd_dkv_sm90_f16_d64_s64p3")
     dq, dkv = make_bwd_sm90_specs(DType.BF16, 256, causal=True)

@@ -130,7 +130,15 @@ def test_on_sm_90_the_hopper_kernels_and_sm80_pinned(monkeypatch):
     from ge2jit.ops.attention import op
 
     monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
-    call = check()
+    # by default the one-kernel backward: dot (zeroing dq's float32 sums), dkvq, dqout
+    fused = check()
+    dot, dkvq, out = fused.specs
+    assert (dot.kind, dkvq.kind, out.kind) == ("dot", "dkvq", "dqout")
+    assert dkvq.template == "attention/bwd_sm90.cu" and out.template == "attention/bwd_sm80.cu"
+    assert sorted(bwd.map_geometries(fused)) == [1]
+    assert bwd.map_geometries(fused)[1]["tma_k"][3][1] == 128
+    assert out.grid(B, H, HKV, SQ, SK) == dot.grid(B, H, HKV, SQ, SK)
+    call = check(deterministic=True)   # the two-kernel form, no atomics
     dot, dq, dkv = call.specs
     assert call.family == "sm90" and dot.kind == "dot"
     assert (dq.kind, dkv.kind) == ("dq", "dkv") and dq.template == "attention/bwd_sm90.cu"

@@ -12,7 +12,7 @@ import pytest
 
 import ge2jit
 from ge2jit.jit.loader import launcher_for
-from ge2jit.ops.attention.spec import make_bwd_sm90_specs
+from ge2jit.ops.attention.spec import bwd_specs_for, make_bwd_sm90_specs
 from ge2jit.runtime.dtypes import SUPPORTED_DTYPES
 
 from ...gpu_arrays import DT, cp
@@ -26,7 +26,9 @@ def _strides(x, varlen):
 
 
 def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=False,
-         window=None, softcap=None, scale=None, seqlens=None):
+         window=None, softcap=None, scale=None, seqlens=None, fused=False):
+    """``fused``: the one-kernel backward (dkvq: dq added into a zeroed float32 array by
+    atomics, scaled and rounded here) in place of the dq and dkv kernels."""
     h_kv = h if h_kv is None else h_kv
     rng = rng_for("bwd sm90", dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, seqlens)
     q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
@@ -50,11 +52,18 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
                                             np.float32))
     grads = {n: cp.full(dev[x].shape, np.nan, np.float32).astype(DT[dtype])
              for n, x in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
-    dq_spec, dkv_spec = make_bwd_sm90_specs(SUPPORTED_DTYPES[dtype], d, causal=causal,
-                                            window=window is not None,
-                                            softcap=bool(softcap), varlen=varlen)
+    flags = dict(causal=causal, window=window is not None, softcap=bool(softcap), varlen=varlen)
+    if fused:
+        specs = bwd_specs_for("sm90", SUPPORTED_DTYPES[dtype], d, **flags)[1:2]
+        assert specs[0].kind == "dkvq"
+    else:
+        specs = make_bwd_sm90_specs(SUPPORTED_DTYPES[dtype], d, **flags)
+    pad = specs[0].step   # dq_accum: each sequence's rows from a whole tile of the step
+    total = int(cu_q[-1]) if varlen else 0
+    accum = cp.zeros((h, total + batch * pad, d) if varlen
+                     else (batch, h, -(-lens_q // pad) * pad, d), np.float32)
     left, right = window if window is not None else (-1, -1)
-    common = dict(lse=lse.data.ptr, delta=delta.data.ptr,
+    common = dict(lse=lse.data.ptr, delta=delta.data.ptr, dq_accum=accum.data.ptr if fused else 0,
                   dq=grads["dq"].data.ptr, dk=grads["dk"].data.ptr, dv=grads["dv"].data.ptr,
                   cu_seqlens_q=0 if cu[0] is None else cu[0].data.ptr,
                   cu_seqlens_k=0 if cu[1] is None else cu[1].data.ptr, B=batch, H=h, H_kv=h_kv,
@@ -64,17 +73,40 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     for n in ("dq", "dk", "dv"):
         common.update(zip((n + "b", n + "s", n + "h"), _strides(grads[n], varlen)))
     stream = cp.cuda.get_current_stream()
-    for spec in (dq_spec, dkv_spec):
+    for spec in specs:
         own, step = (("q", "do"), ("k", "v")) if spec.kind == "dq" else (("k", "v"), ("q", "do"))
         maps = {f"tma_{n}": tensor_map_of(dtype, dev[n], 128 if n in own else spec.step, varlen)
                 for n in ("q", "k", "v", "do")}
         launcher_for(spec, cp.cuda.runtime.getDevice()).launch(
             spec.grid(batch, h, h_kv, lens_q, lens_k), (spec.threads, 1, 1), spec.smem_bytes,
             stream.ptr, **maps, **common)
+    if fused:   # dq_accum's rows to dq's layout, each row's 4-column groups put back
+        grads["dq"][...] = cp.asarray((_from_accum(cp.asnumpy(accum), cu_q, lens_q, pad)
+                                       * common["scale"]).astype(DT[dtype]))
     stream.synchronize()
     host = [cp.asnumpy(grads[n]).astype(np.float64) for n in ("dq", "dk", "dv")]
     check_grads(dtype, q, k, v, do, o_h, lse_h, host, causal=causal, window=window,
                 softcap=softcap, scale=scale, cu_q=cu_q, cu_k=cu_k)
+
+
+def _from_accum(acc, cu_q, lens_q, pad):
+    """dq (B, S, H, D) or packed (T, H, D) from the one-kernel backward's float32 dq_accum
+    (masks.cuh's dq_accum_row and dq_accum_col)."""
+    d = acc.shape[-1]
+    cols = np.arange(d)
+    where = np.stack([(((cols >> 2) ^ r) << 2) | (cols & 3) for r in range(8)])   # [i % 8]
+    if cu_q is None:
+        rows = acc[:, :, :lens_q]                                   # (B, H, S, D)
+        rows = np.take_along_axis(rows, where[np.arange(lens_q) % 8][None, None], axis=-1)
+        return rows.transpose(0, 2, 1, 3)
+    out = np.zeros((int(cu_q[-1]), acc.shape[0], d), np.float32)
+    for b in range(len(cu_q) - 1):
+        n = int(cu_q[b + 1] - cu_q[b])
+        start = int(cu_q[b]) + b * pad
+        rows = acc[:, start:start + n]                              # (H, n, D)
+        rows = np.take_along_axis(rows, where[np.arange(n) % 8][None], axis=-1)
+        out[int(cu_q[b]):int(cu_q[b]) + n] = rows.transpose(1, 0, 2)
+    return out
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -99,3 +131,15 @@ def test_packed_sequences(d):
     seqlens = ([5, 0, 300, 130], [70, 3, 300, 0])
     _run("float16", d=d, h=4, h_kv=2, seqlens=seqlens, causal=True)
     _run("bfloat16", d=d, h=4, seqlens=seqlens, window=(20, 20), softcap=8.0)
+
+
+@pytest.mark.parametrize("options", [
+    dict(d=64), dict(d=128), dict(d=64, dtype="float16", s_q=128, s_k=128, b=1, h=1),
+    dict(d=128, causal=True, s_q=100, s_k=400), dict(d=128, causal=True, s_q=400, s_k=100),
+    dict(d=64, window=(30, 10), softcap=15.0), dict(d=128, h=8, h_kv=2, causal=True),
+    dict(d=64, h=8, h_kv=1), dict(d=128, scale=0.05),
+    dict(d=128, seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), h=4, h_kv=2, causal=True),
+    dict(d=64, seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), window=(20, 20), softcap=8.0),
+], ids=str)
+def test_the_one_kernel_backward(options):
+    _run(options.pop("dtype", "bfloat16"), fused=True, **options)
