@@ -135,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (tid == 0) {
         mbar_init(own_full, 1);
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full(s), 1);
+            mbar_init(full(s), KV ? 32 : 1);   // KV: each lane that staged lse, delta
             mbar_init(empty(s), 2 * 4);
         }
         mbar_fence_init();
@@ -175,8 +175,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         cv[c] = !in || l == neg_inf() ? pos_inf() : l * static_cast<float>(LOG2E);
                         cv[STEP + c] = in ? delta[at] : 0.0f;
                     }
-                    __syncwarp();   // the lanes' stores before lane 0's arrive (release)
-                    if (tid != 0) continue;
+                    if (tid != 0) {   // each lane's own arrive releases its stores
+                        mbar_arrive(full(s));
+                        continue;
+                    }
                 }
                 mbar_expect_tx(full(s), 2 * STEP_BYTES);
                 if constexpr (KIND == DQ) {
@@ -337,6 +339,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         kk > 0);
             wgmma_commit();
             wgmma_wait<1>();                  // dV and dK's: the stage is free
+            __syncwarp();                     // the lanes' reads of it before lane 0 says so
             if (lane == 0) mbar_arrive(empty(s));
             wgmma_wait<0>();
             // the tile to shared memory as in dq_accum: row n (a query), D permuted floats
@@ -359,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             continue;
         }
         wgmma_wait<0>();
+        __syncwarp();                         // the lanes' reads of the stage before lane 0's
         if (lane == 0) mbar_arrive(empty(s));
     }
 
