@@ -70,7 +70,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     const int tid = threadIdx.x;
     const int b = blockIdx.z, h = blockIdx.y;
-    const int m0 = blockIdx.x * BM;
+    // causal: the last query blocks (the most keys) first, so that the longest blocks do not
+    // start last
+    const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
     const long long q_row0 = seq.q_row0, k_row0 = seq.k_row0;
     const int len_q = seq.len_q, len_k = seq.len_k;
