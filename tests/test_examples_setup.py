@@ -35,6 +35,19 @@ def test_without_pytorch_an_example_says_so_in_one_line(example):
                                      f"None in sys.modules); {NEEDS_TORCH}"]
 
 
+def test_without_pytorch_or_transformers_train_hf_lm_says_so_in_one_line():
+    needs = "it needs PyTorch, transformers, ge2jit.torch and a CUDA GPU"
+    r = _run_without("train_hf_lm.py", "torch")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.splitlines() == ["train_hf_lm.py: cannot import torch (import of torch "
+                                     f"halted; None in sys.modules); {needs}"]
+    pytest.importorskip("torch")
+    r = _run_without("train_hf_lm.py", "transformers")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.splitlines() == ["train_hf_lm.py: cannot import transformers (import of "
+                                     f"transformers halted; None in sys.modules); {needs}"]
+
+
 def test_without_cupy_train_mlp_names_the_extras_in_one_line():
     r = _run_without("train_mlp.py", "cupy", "cupy_backends")
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
@@ -45,7 +58,8 @@ def test_without_cupy_train_mlp_names_the_extras_in_one_line():
 
 def test_every_example_script_is_covered():
     scripts = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
-    assert scripts == {"train_gpt_block.py", "train_llama_block.py", "train_mlp.py"}
+    assert scripts == {"train_gpt_block.py", "train_hf_lm.py", "train_llama_block.py",
+                       "train_mlp.py"}
 
 
 def test_script_errors_is_one_line_and_2_in_a_script_and_lets_errors_through_otherwise(capsys):
