@@ -14,8 +14,10 @@
 Each combination compiles the forward kernel of the head dimension's default tiling for the
 architecture (on sm_90 the Hopper kernel's), or of each tiling named (a name another head
 dimension or architecture has compiles nothing for this one).
-``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs`` and compiles the
-backward's three kernels (delta, dq, dk and dv) of each combination.
+``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs``, and
+``deterministic`` (default ``[false]``), and compiles the backward's three kernels of each
+combination: on sm_90 at head_dim 64 and 128 delta, the one-kernel dk, dv and dq and dq's
+conversion, with ``deterministic = [true]`` (and elsewhere) delta, dq, and dk and dv.
 """
 
 from __future__ import annotations
@@ -93,14 +95,16 @@ TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
 
 
 def _backward_kernels(v, config, *, arch: str, sms: int) -> list:
-    """The backward's kernels for the architecture: on sm_90 the Hopper dq and dkv (and the
-    sm_80 "dot" kernel), elsewhere the sm_80 ones."""
+    """The backward's kernels for the architecture (``attention_backward``'s choice): on sm_90
+    the Hopper ones (with the sm_80 "dot" and "dqout" kernels), elsewhere the sm_80 ones."""
     from ...jit.nvrtc import arch_number
 
     return list(bwd_specs_for("sm90" if arch_number(arch) == 90 else "sm80", TYPES[v.dtypes],
-                              v.head_dims, causal=v.causal, window=v.window, softcap=v.softcap,
-                              varlen=v.varlen))
+                              v.head_dims, deterministic=v.deterministic, causal=v.causal,
+                              window=v.window, softcap=v.softcap, varlen=v.varlen))
 
 
-BACKWARD_TABLE = Table({name: key for name, key in KEYS.items() if name != "lse"},
+BACKWARD_TABLE = Table({**{name: key for name, key in KEYS.items() if name != "lse"},
+                        "deterministic": Key("a list of booleans (the backward's two-kernel "
+                                             "form, no atomics)", [False], FLAG)},
                        _backward_kernels)

@@ -8,7 +8,7 @@ import pytest
 import ge2jit
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError
 from ge2jit.ops.attention.spec import CONFIGS, SM90_CONFIGS, make_sm90_spec, make_spec
-from ge2jit.ops.attention.warmup import TABLE, all_configs, parse_config
+from ge2jit.ops.attention.warmup import BACKWARD_TABLE, TABLE, all_configs, parse_config
 from ge2jit.runtime.dtypes import DType
 from ge2jit.runtime.registry import get
 
@@ -64,3 +64,19 @@ def test_configs_by_name_or_object_and_the_tools_kernels():
     assert op.specs_for_config(None, "sm_90") == [make_sm90_spec(DType.BF16, 128)]
     assert op.specs_for_config(SM90_CONFIGS[64][0].name, "sm_90", head_dim=64) == [
         make_sm90_spec(DType.BF16, 64)]
+
+
+def test_the_backward_table_compiles_the_form_the_call_takes():
+    entry = BACKWARD_TABLE.validate_entry({"head_dims": [128, 256]})
+    assert entry["deterministic"] == [False]
+    kinds = [(s.head_dim, s.kind) for s in BACKWARD_TABLE.expand(entry, "sm_90")]
+    # sm_90: the one-kernel backward at 128, the two-kernel one at 256
+    assert kinds == [(128, "dot"), (128, "dkvq"), (128, "dqout"),
+                     (256, "dot"), (256, "dq"), (256, "dkv")]
+    both = BACKWARD_TABLE.validate_entry({"deterministic": [False, True]})
+    # each kernel once: the two forms share delta's; before sm_90 both forms are the same
+    assert [s.kind for s in BACKWARD_TABLE.expand(both, "sm_90")] == [
+        "dot", "dkvq", "dqout", "dq", "dkv"]
+    assert [s.kind for s in BACKWARD_TABLE.expand(both, "sm_80")] == ["dot", "dq", "dkv"]
+    with pytest.raises(ArgumentValueError, match="^deterministic: expected a list of booleans"):
+        BACKWARD_TABLE.validate_entry({"deterministic": [1]})
