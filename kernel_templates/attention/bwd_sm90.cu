@@ -1,8 +1,8 @@
 {% import "common/wgmma_instr.cuh" as wgmma_instr %}
 // {{ spec.kernel_name }}
-// Fused attention backward on Hopper (sm_90a): the arithmetic and the two-kernel design of
-// bwd_sm80.cu (no atomics: the same bits on every run; delta from its "dot" kernel) with TMA
-// loads, wgmma products and warp specialization, as fwd_sm90.cu. KIND:
+// Fused attention backward on Hopper (sm_90a): the arithmetic of bwd_sm80.cu (delta from its
+// "dot" kernel) with TMA loads, wgmma products and warp specialization, as fwd_sm90.cu, in
+// two forms: DQ then DKV (no atomics: the same bits on every run), or DKVQ alone. KIND:
 //   DQ   block (blockIdx.x, h, b) = 128 query rows (two consumer warpgroups of 64); per key
 //        block of BN keys: S = Q K^T and dP = dO V^T (wgmma, both operands from shared
 //        memory), P = exp2(S log2e - lse log2e), dS = P (dP - delta) (1 - tanh^2 with
@@ -26,7 +26,7 @@
 {% include "attention/sm90.cuh" %}
 
 using T = {{ spec.dtype.ctype }};
-constexpr int DQ = 1, DKV = 2, DKVQ = 3;
+constexpr int DQ = 1, DKVQ = 3;                            // (DKV: 2)
 constexpr int KIND = {{ {"dq": 1, "dkv": 2, "dkvq": 3}[spec.kind] }};
 constexpr bool KV = KIND != DQ;                            // a block of keys: dK, dV
 constexpr int D = {{ spec.head_dim }};
