@@ -43,8 +43,10 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
     main = next(i for i, (s, *_) in enumerate(launches) if s.kind in ("dkv", "dkvq"))
     spec, grid, block, smem = launches[main]
     others = tuple(s for i, s in enumerate(call.specs) if i != main)
+    form = ("one kernel, dq added up by bulk reductions (deterministic=True: two kernels)"
+            if spec.kind == "dkvq" else "dq and dk-dv kernels, deterministic")
     return Planned((spec, *others), call.family, "fixed", grid, block, smem,
-                   flops=2.5 * _flops(call.fwd), detail=spec.kernel_name)
+                   flops=2.5 * _flops(call.fwd), detail=f"{spec.kernel_name}, {form}")
 
 
 def _backward_specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128,

@@ -81,6 +81,23 @@ def test_packed_sequences_and_head_dim_256_split():
     assert launches[2][1] == (1 * 2, HKV, 2)
 
 
+def test_packed_sequences_on_sm_90_give_each_sequence_whole_tiles_of_dq_sums(monkeypatch):
+    from ge2jit.ops.attention import op
+
+    monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
+    cu = arr((4,), np.int32)   # 3 sequences in 12 rows
+    call = check(do=arr((12, H, D)), q=arr((12, H, D)), k=arr((20, HKV, D)),
+                 v=arr((20, HKV, D)), o=arr((12, H, D)), lse=arr((H, 12), np.float32),
+                 cu_seqlens_q=cu, cu_seqlens_k=arr((4,), np.int32), max_seqlen_q=8,
+                 max_seqlen_k=11)
+    dkvq = call.specs[1]
+    assert dkvq.kind == "dkvq" and dkvq.varlen
+    # (H, total_q + B step, D): sequence b from row cu[b] + b step, so its tiles never meet
+    assert bwd.accum_shape(call) == (H, 12 + 3 * dkvq.step, D)
+    _, params = bwd.launch_params(call)
+    assert params["dq_pad"] == dkvq.step and params["B"] == 3
+
+
 def test_deterministic_is_a_flag():
     assert check(deterministic=True).fwd.heads == H
     with pytest.raises(ArgumentTypeError, match="^deterministic: expected True or False"):
@@ -138,7 +155,18 @@ def test_on_sm_90_the_hopper_kernels_and_sm80_pinned(monkeypatch):
     assert sorted(bwd.map_geometries(fused)) == [1]
     assert bwd.map_geometries(fused)[1]["tma_k"][3][1] == 128
     assert out.grid(B, H, HKV, SQ, SK) == dot.grid(B, H, HKV, SQ, SK)
+    # explain's plan: the main kernel first (the one-kernel one, or dk-dv), and which form
+    from ge2jit.ops.attention.registration import _choose_backward
+    plan = _choose_backward(fused, 0)
+    assert [s.kind for s in plan.specs] == ["dkvq", "dot", "dqout"]
+    assert "one kernel, dq added up by bulk reductions" in plan.detail
+    assert plan.detail.startswith(dkvq.kernel_name) and plan.config == "sm90"
+    assert bwd.accum_shape(fused) == (B, H, -(-SQ // dkvq.step) * dkvq.step, D)
     call = check(deterministic=True)   # the two-kernel form, no atomics
+    plan = _choose_backward(call, 0)
+    assert [s.kind for s in plan.specs] == ["dkv", "dot", "dq"]
+    assert plan.detail.endswith("dq and dk-dv kernels, deterministic")
+    assert bwd.accum_shape(call) is None
     dot, dq, dkv = call.specs
     assert call.family == "sm90" and dot.kind == "dot"
     assert (dq.kind, dkv.kind) == ("dq", "dkv") and dq.template == "attention/bwd_sm90.cu"
