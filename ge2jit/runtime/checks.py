@@ -4,6 +4,7 @@ names the argument, what was expected and what came."""
 from __future__ import annotations
 
 import numbers
+import operator
 
 import numpy as np
 
@@ -125,8 +126,6 @@ INT64 = (-2**63, 2**63 - 1)
 
 def check_int64(value, name: str) -> int:
     """An integer argument (Python's or NumPy's, not a bool) that fits 64 bits, as an int."""
-    import operator
-
     try:
         if isinstance(value, (bool, np.bool_)):
             raise TypeError

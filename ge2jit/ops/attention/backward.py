@@ -1,6 +1,7 @@
 """attention_backward: the gradients of attention's q, k and v from that of its output, in three
 launches: delta = rowsum(do * o) (``bwd_sm80.cu``), then on Hopper at head_dim 64 and 128 one
-kernel making dk, dv and dq (``bwd_sm90.cu``'s dkvq: dq added up by float32 atomics) and a
+kernel making dk, dv and dq (``bwd_sm90.cu``'s dkvq: dq added up in float32 by bulk
+reductions) and a
 conversion of dq; deterministic (and at head_dim 256, and before Hopper) a dq kernel and a dk
 and dv kernel, each element summed in one fixed order. dk and dv of a kv head are summed over
 its query heads in registers."""
@@ -99,7 +100,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         max_seqlen_k: the forward's.
         layout: the forward's.
         deterministic: the same bits on every run. By default the Hopper backward at
-            head_dim 64 and 128 adds dq up by atomics in one kernel with dk and dv (dk and
+            head_dim 64 and 128 adds dq up by bulk reductions (atomic float32 adds) in one
+            kernel with dk and dv (dk and
             dv are the same bits every run; dq may differ in its last bits); True takes
             its two-kernel form (a dq kernel and a dk and dv kernel, no atomics), as the
             sm_80 kernels always are.
@@ -252,9 +254,9 @@ def launch_params(call: BackwardCall) -> tuple[list, dict]:
                             ("dq", call.dq_strides), ("dk", call.dk_strides),
                             ("dv", call.dv_strides)):
         params.update(zip((letter + "b", letter + "s", letter + "h"), strides))
-    fused = [s for s in call.specs if getattr(s, "kind", None) == "dkvq"]
+    fused = _fused_spec(call)
     params.update(B=f.batch, H=f.heads, H_kv=f.kv_heads, S_q=f.seqlen_q, S_k=f.seqlen_k,
-                  dq_pad=fused[0].step if fused else 0,
+                  dq_pad=0 if fused is None else fused.step,
                   scale=f.scale, softcap=f.softcap, window_left=f.window[0],
                   window_right=f.window[1])
     launches = [(s, s.grid(f.batch, f.heads, f.kv_heads, f.seqlen_q, f.seqlen_k),
@@ -262,14 +264,19 @@ def launch_params(call: BackwardCall) -> tuple[list, dict]:
     return launches, params
 
 
+def _fused_spec(call: BackwardCall):
+    """The one-kernel backward's dkvq kernel of ``call``, or None."""
+    return next((s for s in call.specs if s.kind == "dkvq"), None)
+
+
 def accum_shape(call: BackwardCall) -> tuple | None:
     """The shape of the one-kernel backward's float32 dq (None: not that backward): masks.cuh's
     dq_accum_row, each sequence's rows from a whole tile of the kernel's step: (B, H, S_q
     rounded up to the step, D), or packed (H, total_q + B step, D)."""
-    fused = [s for s in call.specs if getattr(s, "kind", None) == "dkvq"]
-    if not fused:
+    fused = _fused_spec(call)
+    if fused is None:
         return None
-    f, pad = call.fwd, fused[0].step
+    f, pad = call.fwd, fused.step
     if f.varlen:
         return (f.heads, f.q.shape[0] + f.batch * pad, f.head_dim)
     return (f.batch, f.heads, -(-f.seqlen_q // pad) * pad, f.head_dim)

@@ -4,6 +4,8 @@ Imported by ``ge2jit.torch``; transformers is imported only when registering."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 
 from torch import Tensor
@@ -65,12 +67,10 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     skips the mask only outside tracing (before PyTorch 2.14), and a mask sends the call to
     PyTorch's SDPA. The decision reads only sizes and the mask function, never tensor
     values."""
-    import inspect
-
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
-        bound = inspect.signature(sdpa_mask).bind(*args, **kwargs).arguments
+        bound = _signature(sdpa_mask).bind(*args, **kwargs).arguments
     except TypeError:
         return sdpa_mask(*args, **kwargs)
     position = bound.get("cache_position")
@@ -82,6 +82,12 @@ def _causal_or_sdpa_mask(*args, **kwargs):
             all(isinstance(o, int) and o == 0 for o in offsets):
         return None
     return sdpa_mask(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def _signature(fn):
+    """``inspect.signature(fn)``, made once (the mask function runs at every forward)."""
+    return inspect.signature(fn)
 
 
 def _register_if_imported() -> None:

@@ -613,7 +613,8 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     ``tma_q``, ``tma_k``, ``tma_v``, ``tma_do`` as the forward's), two consumer warpgroups of
     64 rows, ``step`` keys (dq) or queries (dkv) a step, dk and dv in ``dsplit`` column
     splits. Delta comes from the sm_80 backward's "dot" kernel. ``kind`` "dkvq" is the dkv
-    kernel that also adds each step's dq into a float32 ``dq_accum`` by atomics (head_dim 64
+    kernel that also adds each step's dq into a float32 ``dq_accum`` by a bulk reduction
+    (head_dim 64
     and 128, dsplit 1; the "dot" kernel zeroes it, the "dqout" one converts it)."""
 
     kind: str
@@ -707,7 +708,8 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
 
 
 def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
-    """Whether the backward of ``family`` is the Hopper one-kernel backward (dq by atomics):
+    """Whether the backward of ``family`` is the Hopper one-kernel backward (dq by bulk
+    reductions):
     on "sm90" at head_dim 64 and 128 unless ``deterministic``."""
     return family == "sm90" and head_dim in (64, 128) and not deterministic
 
@@ -715,7 +717,7 @@ def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
 def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bool = False,
                   **options) -> tuple:
     """The backward's kernels of ``family``, in launch order, for these options: "sm90" the
-    sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by atomics) and the sm_80
+    sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the sm_80
     "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
     dkv; "sm80" the three sm_80 ones (deterministic)."""
     specs = make_bwd_specs(dtype, head_dim, **options)

@@ -291,10 +291,11 @@ IN_PLACE = frozenset({(4, 2)})
 
 
 def check_outputs_do_not_overlap(a, b, c, bias, out, preact_out) -> None:
-    same = {(4, 2)} if out is not None and c is not None and same_view(out, c) else ()
-    check_spans(_SPAN_NAMES, [None if x is None else byte_span(x)
-                              for x in (a, b, c, bias, out, preact_out)], (4, 5), IN_PLACE,
-                same)
+    arrays = (a, b, c, bias, out, preact_out)
+    same = {(o, i) for o, i in IN_PLACE if arrays[o] is not None and arrays[i] is not None
+            and same_view(arrays[o], arrays[i])}
+    check_spans(_SPAN_NAMES, [None if x is None else byte_span(x) for x in arrays], (4, 5),
+                IN_PLACE, same)
 
 
 class Problem:
