@@ -1,12 +1,13 @@
 """What every op's PyTorch integration shares: the custom-op namespace, float32 precision from
 PyTorch's setting, autocast's input types, the empty tensor that stands for an absent output
-(custom ops return tensors only), and which calls take the custom ops rather than the eager
-path. Imported only by the ops' PyTorch modules, which ``ge2jit.torch`` loads: it imports
-torch."""
+(custom ops return tensors only), which calls take the custom ops rather than the eager
+path, and a one-time warning that does not break a ``torch.compile`` graph. Imported only by
+the ops' PyTorch modules, which ``ge2jit.torch`` loads: it imports torch."""
 
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 
@@ -224,6 +225,22 @@ def eager_function(name: str, forward, setup, backward) -> type:
         "__doc__": f"The eager autograd.Function of {getattr(forward, '__name__', name)}."})
     cls.fast_apply = staticmethod(fast_apply(cls))   # what the ops' eager paths call
     return cls
+
+
+#: the messages ``warn_once`` has given
+_warned: set[str] = set()
+
+
+@torch.compiler.assume_constant_result
+def warn_once(message: str) -> None:
+    """``warnings.warn(message)`` the first time ``message`` comes; later calls nothing. Safe
+    in code ``torch.compile`` traces: TorchDynamo makes the call while it traces (the warning
+    comes as the graph is compiled, once) and puts nothing of it in the graph, where a
+    ``warnings.warn`` would break the graph (the model's frame split, or its layer loop run
+    eagerly). Call it with a message made of constants (strings, shapes, types)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def absent(like: torch.Tensor) -> torch.Tensor:

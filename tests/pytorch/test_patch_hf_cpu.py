@@ -75,3 +75,52 @@ def test_compile_replaces_the_head_and_leaves_the_layers_to_the_passes():
     plain = _llama()
     gt.compile(plain, hf=False)
     assert getattr(plain, "_ge2jit_forward", None) is None
+
+
+FALLBACK = ("ge2jit.torch.scaled_dot_product_attention: tensors not on a CUDA device; this "
+            "call runs torch.nn.functional.scaled_dot_product_attention")
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_attention_by_name_compiles_whole_and_matches(model_type):
+    # ge2jit's attention by name on CPU tensors (PyTorch's SDPA, with the one-time warning):
+    # the model compiles as one graph (a warnings.warn in traced code split GPT-2's, whose
+    # layer loop then ran eagerly), no Dynamo warning, the output and the gradients of the
+    # untouched SDPA model
+    import copy
+    import warnings
+
+    from ge2jit.runtime import torchlib
+
+    torch.manual_seed(0)
+    if model_type == "gpt2":
+        config = tf.GPT2Config(vocab_size=50, n_embd=64, n_layer=2, n_head=2, n_positions=32,
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        make = tf.GPT2LMHeadModel
+    else:
+        config = tf.LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=128,
+                                num_hidden_layers=2, num_attention_heads=2,
+                                num_key_value_heads=1)
+        make = tf.LlamaForCausalLM
+    ours, theirs = (make(copy.deepcopy(config)) for _ in range(2))   # a config each
+    for model in (ours, theirs):   # transformers' own warning about the default breaks a graph
+        model.loss_type = "ForCausalLM"
+    theirs.load_state_dict(ours.state_dict())
+    ours.set_attn_implementation(gt.register_hf_attention())
+    theirs.set_attn_implementation("sdpa")
+    ids = torch.randint(0, 50, (2, 12))
+    torchlib._warned.discard(FALLBACK)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="eager", fullgraph=True)   # a break would raise
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    expected = theirs(input_ids=ids, labels=ids).loss
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    messages = [str(w.message) for w in seen]
+    assert FALLBACK in messages and not [m for m in messages if "ynamo" in m], messages
+    torch._dynamo.reset()

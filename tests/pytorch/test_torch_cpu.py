@@ -461,3 +461,32 @@ def test_attention_fakes_and_the_fallback_to_pytorch():
     assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(x, x, x,
                                                                              is_causal=True))
     assert any("not on a CUDA device" in str(w.message) for w in seen)
+
+
+def test_the_fallback_warning_does_not_break_a_compiled_graph():
+    # a warnings.warn in traced code splits the graph (and a model's layer loop then runs
+    # eagerly); the fallback's one-time warning is made after the graph runs instead
+    import warnings
+
+    import ge2jit.torch as gt
+    from ge2jit.runtime import torchlib
+
+    message = ("ge2jit.torch.scaled_dot_product_attention: an attn_mask (ge2jit takes "
+               "is_causal and no other mask); this call runs "
+               "torch.nn.functional.scaled_dot_product_attention")
+    torchlib._warned.discard(message)
+    torch._dynamo.reset()
+
+    def f(q, mask):
+        return gt.scaled_dot_product_attention(q * 2, q, q, attn_mask=mask) + 1
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)   # a break would raise
+    q, mask = torch.randn(1, 2, 8, 64), torch.rand(8, 8) > 0.3
+    mask.fill_diagonal_(True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first, second = compiled(q, mask), compiled(q, mask)
+    torch.testing.assert_close(first, f(q, mask))
+    assert torch.equal(first, second)
+    assert [str(w.message) for w in seen if "ge2jit" in str(w.message)] == [message]
+    torch._dynamo.reset()

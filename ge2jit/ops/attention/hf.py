@@ -4,7 +4,6 @@ Imported by ``ge2jit.torch``; transformers is imported only when registering."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 
@@ -58,6 +57,9 @@ def register_hf_attention(name: str = "ge2jit") -> str:
     except ImportError:   # transformers before its mask interface: its default masks
         return name
     AttentionMaskInterface.register(name, _causal_or_sdpa_mask)
+    from transformers.masking_utils import sdpa_mask
+
+    _mask_signature(sdpa_mask)   # made before any trace reads it
     return name
 
 
@@ -70,7 +72,7 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
-        bound = _signature(sdpa_mask).bind(*args, **kwargs).arguments
+        bound = _mask_signature(sdpa_mask).bind(*args, **kwargs).arguments
     except TypeError:
         return sdpa_mask(*args, **kwargs)
     position = bound.get("cache_position")
@@ -84,10 +86,15 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     return sdpa_mask(*args, **kwargs)
 
 
-@functools.lru_cache(maxsize=4)
-def _signature(fn):
-    """``inspect.signature(fn)``, made once (the mask function runs at every forward)."""
-    return inspect.signature(fn)
+#: (transformers' sdpa_mask, its signature): made once, the mask function runs at every
+#: forward (a plain pair: TorchDynamo warns at every compile about an ``lru_cache``)
+_signature: list = [None, None]
+
+
+def _mask_signature(fn) -> inspect.Signature:
+    if _signature[0] is not fn:
+        _signature[:] = [fn, inspect.signature(fn)]
+    return _signature[1]
 
 
 def _register_if_imported() -> None:

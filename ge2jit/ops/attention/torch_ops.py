@@ -7,12 +7,11 @@ kernels do not do, with a one-time warning naming why). Imported by ``ge2jit.tor
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import Differentiable
+from ...runtime.torchlib import Differentiable, warn_once
 from . import backward as _backward
 from . import op as _op
 from .spec import HEAD_DIMS
@@ -122,9 +121,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
 # --- PyTorch's scaled_dot_product_attention -----------------------------------------------
 
-_warned: set[str] = set()
-
-
 def _why_not(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
     """Why a call of scaled_dot_product_attention goes to PyTorch's own, or None."""
     if attn_mask is not None:
@@ -163,11 +159,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     ``torch.compile`` the custom ops ``torch.ops.ge2jit.attention`` and its backward."""
     why = _why_not(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
-        if why not in _warned:
-            _warned.add(why)
-            warnings.warn(f"ge2jit.torch.scaled_dot_product_attention: {why}; this call "
-                          "runs torch.nn.functional.scaled_dot_product_attention",
-                          stacklevel=2)
+        warn_once(f"ge2jit.torch.scaled_dot_product_attention: {why}; this call runs "
+                  "torch.nn.functional.scaled_dot_product_attention")
         kw = {"enable_gqa": enable_gqa} if enable_gqa else {}
         return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
