@@ -39,10 +39,6 @@ constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
 // their products (named barriers 1 and 2), so that one's softmax runs under the other's.
 constexpr bool OVERLAP = {{ "true" if spec.overlap else "false" }};
 constexpr bool PINGPONG = {{ "true" if spec.overlap else "false" }};
-// ptxas puts a wgmma wait at the top of its basic block: with OVERLAP the softmax is given a
-// block of its own (see the loop), or the wait for P V comes before it and nothing overlaps.
-// Up to D = 128 only: at 256, O's 128 registers leave too few to hold both blocks' P (spills).
-constexpr bool SOFTMAX_BLOCK = OVERLAP && D <= 128;
 
 constexpr int THREADS = 384;                  // producer + 2 consumers
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;   // 128 x 40 + 256 x 232 <= 64 Ki
@@ -256,10 +252,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
             fence_operands(sc);
             unsigned pa_next[BN / 16][4];
-            // (the branch is always taken: no running sum has this bit pattern)
-            if (!SOFTMAX_BLOCK || __float_as_uint(row_sum[0]) != 0xffffffffu)
-                softmax(sc, pa_next, it, corr);
-            fence_operands(pa_next);     // (made before the wait)
+            softmax(sc, pa_next, it, corr);
             wgmma_wait<0>();             // P V of block it - 1: O holds it
             fence_operands(pa);          // P of it - 1 and O live until P V is done
             fence_operands(acc);
