@@ -5,8 +5,9 @@ forward and forward + backward, in turns in one run, in TFLOP/s.
                                     [--shapes B,H,H_kv,S,D,causal;...] [--backward] [--quick]
 
 The default shapes are a LLaMA-like grouped-query layer at 4 x 4096 tokens, a 16k-token causal
-sequence, 4 x 4096 tokens not causal, and 8 x 2048 with head_dim 64 (bfloat16, (B, H, S, D)
-tensors as PyTorch's SDPA takes them). Implementations:
+sequence, 4 x 4096 tokens not causal, 8 x 2048 with head_dim 64, and the grouped-query layer
+at 16 x 1024 and 2 x 8192 tokens (bfloat16, (B, H, S, D) tensors as PyTorch's SDPA takes
+them). Implementations:
 
 - ``ge2jit``: ``ge2jit.torch.scaled_dot_product_attention`` (the custom op, GQA read natively);
   in the forward, also ``ge2jit <config>``: ``ge2jit.attention`` pinned to each other candidate
@@ -36,7 +37,8 @@ import time
 
 from common import add_quick, commit, device_meta, import_torch, interleaved_ms, quick_defaults
 
-SHAPES = "4,32,8,4096,128,1;1,32,32,16384,128,1;4,32,32,4096,128,0;8,16,16,2048,64,0"
+SHAPES = ("4,32,8,4096,128,1;1,32,32,16384,128,1;4,32,32,4096,128,0;8,16,16,2048,64,0;"
+          "16,32,8,1024,128,1;2,32,8,8192,128,1")
 QUICK_SHAPES = "1,4,2,256,64,1"
 BACKENDS = ("flash", "cudnn", "efficient")
 BATCH_MS = 5.0
