@@ -1,10 +1,9 @@
 """attention_backward: the gradients of attention's q, k and v from that of its output, in three
 launches: delta = rowsum(do * o) (``bwd_sm80.cu``), then on Hopper at head_dim 64 and 128 one
 kernel making dk, dv and dq (``bwd_sm90.cu``'s dkvq: dq added up in float32 by bulk
-reductions) and a
-conversion of dq; deterministic (and at head_dim 256, and before Hopper) a dq kernel and a dk
-and dv kernel, each element summed in one fixed order. dk and dv of a kv head are summed over
-its query heads in registers."""
+reductions) and a conversion of dq; deterministic (and at head_dim 256, and before Hopper) a
+dq kernel and a dk and dv kernel, each element summed in one fixed order. dk and dv of a kv
+head are summed over its query heads in registers."""
 
 from __future__ import annotations
 
@@ -101,10 +100,9 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         layout: the forward's.
         deterministic: the same bits on every run. By default the Hopper backward at
             head_dim 64 and 128 adds dq up by bulk reductions (atomic float32 adds) in one
-            kernel with dk and dv (dk and
-            dv are the same bits every run; dq may differ in its last bits); True takes
-            its two-kernel form (a dq kernel and a dk and dv kernel, no atomics), as the
-            sm_80 kernels always are.
+            kernel with dk and dv (dk and dv are the same bits every run; dq may differ in
+            its last bits); True takes its two-kernel form (a dq kernel and a dk and dv
+            kernel, no atomics), as the sm_80 kernels always are.
         out: None (new arrays, contiguous), or ``(dq, dk, dv)``: arrays of q's, k's and v's
             shapes and type with their layout rules, apart from every input and each other.
         config: None (on sm_90 the Hopper kernels, elsewhere the sm_80 ones), or "sm80" or
@@ -203,8 +201,8 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
                     lambda other: "")
     family = _family(family, 80 if fwd.empty or fwd.no_keys else fwd.arch)
     specs = bwd_specs_for(family, fwd.dtype, fwd.head_dim, deterministic=a["deterministic"],
-                          causal=fwd.causal,
-                          window=fwd.spec.window, softcap=fwd.spec.softcap, varlen=fwd.varlen)
+                          causal=fwd.causal, window=fwd.spec.window, softcap=fwd.spec.softcap,
+                          varlen=fwd.varlen)
     return BackwardCall(fwd, a["do"], a["o"], a["lse"], outs["dq_out"], outs["dk_out"],
                         outs["dv_out"], strides["do"], strides["o"], strides["dq_out"],
                         strides["dk_out"], strides["dv_out"], specs, family)

@@ -245,6 +245,8 @@ def make_spec(dtype: DType, head_dim: int, *, causal: bool = False, window: bool
 BWD_KINDS = ("dot", "dq", "dkv", "dqout")
 #: the threads of a block of the "dot" kernel
 DOT_THREADS = 128
+#: the kernels with a thread per 8 columns of a row (DOT_THREADS a block), no tiling
+ROW_KINDS = ("dot", "dqout")
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,7 @@ class AttentionBwdSpec(KernelSpec):
 
     @property
     def threads(self) -> int:
-        return DOT_THREADS if self.kind in ("dot", "dqout") else 32 * self.config.warps
+        return DOT_THREADS if self.kind in ROW_KINDS else 32 * self.config.warps
 
     @property
     def smem_bytes(self) -> int:
@@ -361,7 +363,7 @@ class AttentionBwdSpec(KernelSpec):
         flags = "".join(f"_{name}" for name, on in (
             ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
             ("varlen", self.varlen)) if on)
-        tiling = "" if self.kind in ("dot", "dqout") else f"_{self.config.name}"
+        tiling = "" if self.kind in ROW_KINDS else f"_{self.config.name}"
         return (f"attn_bwd_{self.kind}_sm80_{self.dtype.value}_d{self.head_dim}{tiling}"
                 + flags)
 
@@ -391,11 +393,10 @@ class AttentionBwdSpec(KernelSpec):
     def grid(self, batch: int, heads: int, kv_heads: int, max_seqlen_q: int,
              max_seqlen_k: int) -> tuple[int, int, int]:
         """The launch grid: "dot" and "dqout" a block per DOT_THREADS / (head_dim / 8) rows of
-        a head;
-        "dq" per ``block_m`` query rows of a head; "dkv" per ``block_n`` keys of a kv head,
-        times ``dsplit``; z the batch (sequences)."""
+        a head; "dq" per ``block_m`` query rows of a head; "dkv" per ``block_n`` keys of a kv
+        head, times ``dsplit``; z the batch (sequences)."""
         c = self.config
-        if self.kind in ("dot", "dqout"):
+        if self.kind in ROW_KINDS:
             rows = DOT_THREADS // (self.head_dim // 8)
             return (max(1, -(-max_seqlen_q // rows)), heads, batch)
         if self.kind == "dq":
@@ -614,8 +615,8 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     64 rows, ``step`` keys (dq) or queries (dkv) a step, dk and dv in ``dsplit`` column
     splits. Delta comes from the sm_80 backward's "dot" kernel. ``kind`` "dkvq" is the dkv
     kernel that also adds each step's dq into a float32 ``dq_accum`` by a bulk reduction
-    (head_dim 64
-    and 128, dsplit 1; the "dot" kernel zeroes it, the "dqout" one converts it)."""
+    (head_dim 64 and 128, dsplit 1; the "dot" kernel zeroes it, the "dqout" one converts
+    it)."""
 
     kind: str
     dtype: DType
@@ -674,10 +675,10 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     @property
     def params(self) -> tuple[Param, ...]:
         """The tensor maps of q, k, v and do; lse and delta (float32); dq, dk, dv; dq_accum
-        (float32, the dkvq kernel's);
-        cu_seqlens_q, cu_seqlens_k; the element strides of dq, dk, dv along batch, sequence
-        and head; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``, ``softcap``;
-        ``window_left``, ``window_right``. Both kernels take them all."""
+        (float32, the dkvq kernel's); cu_seqlens_q, cu_seqlens_k; the element strides of dq,
+        dk, dv along batch, sequence and head; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``;
+        ``scale``, ``softcap``; ``window_left``, ``window_right``. Every kernel takes them
+        all."""
         t = self.dtype.ctype
         return (*tensor_maps("tma_q", "tma_k", "tma_v", "tma_do"),
                 pointer("lse", "float", const=True), pointer("delta", "float", const=True),
@@ -709,16 +710,15 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
 
 def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
     """Whether the backward of ``family`` is the Hopper one-kernel backward (dq by bulk
-    reductions):
-    on "sm90" at head_dim 64 and 128 unless ``deterministic``."""
+    reductions): on "sm90" at head_dim 64 and 128 unless ``deterministic``."""
     return family == "sm90" and head_dim in (64, 128) and not deterministic
 
 
 def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bool = False,
                   **options) -> tuple:
     """The backward's kernels of ``family``, in launch order, for these options: "sm90" the
-    sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the sm_80
-    "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
+    sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the
+    sm_80 "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
     dkv; "sm80" the three sm_80 ones (deterministic)."""
     specs = make_bwd_specs(dtype, head_dim, **options)
     if fused_bwd(family, head_dim, deterministic):
