@@ -18,9 +18,10 @@
 //        read M-major), each warpgroup 64 of D's rows (D 128) or half the step's queries
 //        (D 64). The float32 tile goes to shared memory (two buffers) as it lies in dq_accum
 //        (masks.cuh's dq_accum_row, dq_accum_col: the step's rows one contiguous block),
-//        and one thread adds it there by one bulk reduction (cp.reduce.async.bulk .add.f32,
-//        as FlashAttention-3); the "dot" kernel zeroed dq_accum, the "dqout" one scales and
-//        converts it. Not deterministic.
+//        and a writer warp of the producer warpgroup adds it there by one bulk reduction
+//        (cp.reduce.async.bulk .add.f32, as FlashAttention-3), so that the consumers meet
+//        once a step (on dS^T), not twice; the "dot" kernel zeroed dq_accum, the "dqout" one
+//        scales and converts it. Not deterministic.
 // The producer warpgroup streams the tiles by TMA (4-D tensor maps over (D, seq, heads,
 // batch), 3-D packed), each 64-column chunk a box with the 128-byte swizzle.
 {% include "attention/sm90.cuh" %}
@@ -53,6 +54,9 @@ constexpr int QM = D / 64, NQ = QM == 2 ? STEP : STEP / 2;
 constexpr int DS_CHUNK = STEP * 128, DS_BYTES = (ROWS / 64) * DS_CHUNK;
 constexpr int DQ_BYTES = STEP * D * 4;                    // the float32 dQ tile's
 constexpr int DS_ALL = KIND == DKVQ ? 2 * DS_BYTES + 2 * DQ_BYTES : 0;
+// DKVQ's named barriers (0: __syncthreads, 1: both consumers' dS^T stored): a dq tile buffer
+// stored by both consumers (TILE_FULL + buffer), read by the writer warp (TILE_FREE + buffer)
+constexpr int TILE_FULL = 3, TILE_FREE = 5;
 static_assert(KIND != DKVQ || (DSPLIT == 1 && QM <= 2 && NQ % 16 == 0), "DKVQ: D 64 or 128");
 
 {{ wgmma_instr.ss("wgmma_s", spec.step, spec.dtype.value) }}
@@ -145,6 +149,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int warpgroup = tid / 128;
     if (warpgroup == 0) {
         warpgroup_registers_down<PRODUCER_REGS>();
+        if constexpr (KIND == DKVQ) if (tid >= 32 && tid < 64) {
+            // DKVQ's writer warp: each step's dq tile, once both consumers have stored it, added
+            // into dq_accum by one bulk reduction; the buffer is given back when it has been read
+            // (the consumers do not wait for each other or for the reduction)
+            const int lane = tid & 31;
+            for (int p = 0; p < 2 && p < steps; ++p)   // both buffers free at first
+                named_barrier_arrive(TILE_FREE + p, 256 + 32);
+            for (int it = 0; it < steps; ++it) {
+                named_barrier(TILE_FULL + (it & 1), 256 + 32);
+                if (lane == 0) {   // the whole tile (rows past the length: zeros, into padding)
+                    const long long hq = head * group + it / per_head;
+                    const int step0 = (first + it % per_head) * STEP;
+                    bulk_reduce_add_f32(dq_accum + dq_accum_row<VARLEN>(b, hq, step0,
+                                                                        cu_seqlens_q, B, H, S_q,
+                                                                        STEP) * D,
+                                        sDQ + (it & 1) * DQ_BYTES, DQ_BYTES);
+                    bulk_commit();
+                    bulk_wait_read<0>();
+                }
+                __syncwarp();
+                // (not after a buffer's last use: every arrival has its consumers' wait)
+                if (it + 2 < steps) named_barrier_arrive(TILE_FREE + (it & 1), 256 + 32);
+            }
+            if (lane == 0) bulk_wait<0>();   // the last reductions done
+            return;
+        }
         if (tid < (KV ? 32 : 1)) {   // DKV: the warp stages lse and delta
             const int hk = static_cast<int>(KIND == DQ ? head / group : head);
             if (tid == 0) mbar_expect_tx(own_full, 2 * OWN_BYTES);
@@ -197,7 +227,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 
     warpgroup_registers_up<CONSUMER_REGS>();
-    const int wg = warpgroup - 1, lane = tid & 31, warp = (tid / 32) & 3;
+    // (the warpgroup by a shuffle: the compiler then knows it is the same in the warp, and
+    // the descriptors made from it stay in uniform registers)
+    const int wg = __shfl_sync(0xffffffffu, warpgroup - 1, 0), lane = tid & 31;
+    const int warp = (tid / 32) & 3;
     const int g = lane >> 2, t = lane & 3;
     const int wrow = wg * 64 + warp * 16;     // the warp's first own row (query or key)
     // the thread's two own rows: their masks' intervals
@@ -247,15 +280,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // S = A B^T and dP = A2 B2^T: rows the thread's own (g, g + 8), columns the step's
         float sc[STEP / 2], dp[STEP / 2];
         wgmma_fence();
+        const unsigned long long da0 = descriptor(sA + wg * 64 * 128, 16, 1024),
+                                 db0 = descriptor(sB, 16, 1024),
+                                 da20 = descriptor(sA2 + wg * 64 * 128, 16, 1024),
+                                 db20 = descriptor(sB2, 16, 1024);
 #pragma unroll
         for (int kd = 0; kd < D / 16; ++kd) {
             const int c = kd / 4, kk = kd % 4;
-            const int a_off = c * OWN_CHUNK + wg * 64 * 128 + kk * 32;
-            const int b_off = c * STEP_CHUNK + kk * 32;
-            wgmma_s(sc, descriptor(sA + a_off, 16, 1024), descriptor(sB + b_off, 16, 1024),
-                    kd > 0);
-            wgmma_s(dp, descriptor(sA2 + a_off, 16, 1024), descriptor(sB2 + b_off, 16, 1024),
-                    kd > 0);
+            const int a_off = c * OWN_CHUNK + kk * 32, b_off = c * STEP_CHUNK + kk * 32;
+            wgmma_s(sc, descriptor_plus(da0, a_off), descriptor_plus(db0, b_off), kd > 0);
+            wgmma_s(dp, descriptor_plus(da20, a_off), descriptor_plus(db20, b_off), kd > 0);
         }
         wgmma_commit();
         // DKV: the thread's STEP / 4 query columns' lse and delta, staged by the producer
@@ -281,26 +315,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const bool partial = step0 < full_lo || step0 + STEP > full_hi ||
                              (KV && own0 + ROWS > seq.len_k) ||
                              (KIND == DQ && own0 + ROWS > seq.len_q);
-        // P and dS (DQ: S's layout) or P^T and dS^T (DKV): in place of sc and dp
-#pragma unroll
-        for (int i = 0; i < STEP / 2; ++i) {
+        // P and dS (DQ: S's layout) or P^T and dS^T (DKV): in place of sc and dp. Without a
+        // soft cap, the masks only where a block-uniform branch says the step has a masked
+        // element (the rest skip the compares); with one, S is needed for dS (1 - tanh^2),
+        // and keeping it for a second pass would spill, so the masks go in the same pass.
+        auto l2_of = [&](int i) {   // the lse (log2) and delta of element i's row or column
+            return KV ? col_l2[2 * (i / 4) + (i & 1)] : lse2[(i >> 1) & 1];
+        };
+        auto dl_of = [&](int i) { return KV ? col_dl[2 * (i / 4) + (i & 1)] : dl[(i >> 1) & 1]; };
+        auto masked = [&](int i) {
             const int hh = (i >> 1) & 1, col = step0 + 8 * (i / 4) + 2 * t + (i & 1);
-            float l2 = lse2[hh], dlt = dl[hh];
-            if constexpr (KV) {   // the column is a query: its lse and delta
-                l2 = col_l2[2 * (i / 4) + (i & 1)];
-                dlt = col_dl[2 * (i / 4) + (i & 1)];
+            return col < lo[hh] || col >= hi[hh];
+        };
+        if constexpr (SOFTCAP) {
+#pragma unroll
+            for (int i = 0; i < STEP / 2; ++i) {
+                const float th = sc[i];
+                float pv = exp2_approx(cap_out * th - l2_of(i));
+                if (partial && masked(i)) pv = 0.0f;
+                sc[i] = pv;
+                dp[i] = pv * (dp[i] - dl_of(i)) * (1.0f - th * th);
             }
-            const float th = sc[i];
-            float pv = exp2_approx((SOFTCAP ? cap_out * th : th * SL) - l2);
-            if (partial && (col < lo[hh] || col >= hi[hh])) pv = 0.0f;
-            float ds = pv * (dp[i] - dlt);
-            if constexpr (SOFTCAP) ds *= 1.0f - th * th;
-            sc[i] = pv;
-            dp[i] = ds;
+        } else {
+#pragma unroll
+            for (int i = 0; i < STEP / 2; ++i) sc[i] = exp2_approx(sc[i] * SL - l2_of(i));
+            if (partial) {
+#pragma unroll
+                for (int i = 0; i < STEP / 2; ++i)
+                    if (masked(i)) sc[i] = 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < STEP / 2; ++i) dp[i] = sc[i] * (dp[i] - dl_of(i));
         }
 
         // DQ: dQ += dS K; DKV: dV += P^T dO, dK += dS^T Q (this split's columns)
         wgmma_fence();
+        const unsigned long long dB = descriptor(sB, STEP_CHUNK, 1024),
+                                 dB2 = descriptor(sB2, STEP_CHUNK, 1024);
 #pragma unroll
         for (int kk = 0; kk < STEP / 16; ++kk) {
             unsigned da[4];
@@ -313,12 +364,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                   (((key >> 3) ^ (n & 7)) << 4), da);
             }
             if constexpr (KIND == DQ) {
-                wgmma_acc(acc, da, descriptor(sB + row, STEP_CHUNK, 1024), 1);
+                wgmma_acc(acc, da, descriptor_plus(dB, row), 1);
             } else {
                 unsigned pa[4];
                 a_fragment(pa, sc, kk);
-                wgmma_acc(acc2, pa, descriptor(sB2 + row, STEP_CHUNK, 1024), 1);
-                wgmma_acc(acc, da, descriptor(sB + row, STEP_CHUNK, 1024), 1);
+                wgmma_acc(acc2, pa, descriptor_plus(dB2, row), 1);
+                wgmma_acc(acc, da, descriptor_plus(dB, row), 1);
             }
         }
         wgmma_commit();
@@ -328,37 +379,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const unsigned sds = sDS + (it & 1) * DS_BYTES + n0 * 128;
             float dqt[NQ / 2];
             fence_proxy_async();
-            // the reducing warp's groups of two steps ago have read their buffer
-            if (tid == 128) bulk_wait_read<1>();
             named_barrier(1, 256);
             wgmma_fence();
+            const unsigned long long dk0 = descriptor(sA + m0 * OWN_CHUNK, OWN_CHUNK, 1024),
+                                     ds0 = descriptor(sds, 16, 1024);
 #pragma unroll
             for (int kk = 0; kk < ROWS / 16; ++kk)
-                wgmma_q(dqt, descriptor(sA + m0 * OWN_CHUNK + kk * 2048, OWN_CHUNK, 1024),
-                        descriptor(sds + (kk / 4) * DS_CHUNK + (kk % 4) * 32, 16, 1024),
-                        kk > 0);
+                wgmma_q(dqt, descriptor_plus(dk0, kk * 2048),
+                        descriptor_plus(ds0, (kk / 4) * DS_CHUNK + (kk % 4) * 32), kk > 0);
             wgmma_commit();
             wgmma_wait<1>();                  // dV and dK's: the stage is free
             __syncwarp();                     // the lanes' reads of it before lane 0 says so
             if (lane == 0) mbar_arrive(empty(s));
             wgmma_wait<0>();
-            // the tile to shared memory as in dq_accum: row n (a query), D permuted floats
+            // the tile to shared memory as in dq_accum: row n (a query), D permuted floats, once
+            // the writer warp has read what the buffer held two steps ago
+            named_barrier(TILE_FREE + (it & 1), 256 + 32);
             float* tile = reinterpret_cast<float*>(smem + (sDQ - base) + (it & 1) * DQ_BYTES);
+            // element i = 4 q + 2 b1 + b0 is row n = n0 + 8 q + 2 t + b0, column d = 64 m0 +
+            // 16 warp + g + 8 b1: n & 7 is 2 t + b0 (n0 a multiple of 8), so each (b0, b1) has
+            // one column (dq_accum_col) and its rows step by 8
+            static_assert(NQ % 8 == 0, "n0 and the rows' steps multiples of 8");
 #pragma unroll
-            for (int i = 0; i < NQ / 2; ++i) {
-                const int n = n0 + 8 * (i / 4) + 2 * t + (i & 1);
-                const int d = m0 * 64 + warp * 16 + g + 8 * ((i >> 1) & 1);
-                tile[n * D + dq_accum_col(n, d)] = dqt[i];
+            for (int bb = 0; bb < 4; ++bb) {
+                const int b0 = bb & 1, b1 = bb >> 1;
+                const int n = n0 + 2 * t + b0, d = m0 * 64 + warp * 16 + g + 8 * b1;
+                float* p = tile + n * D + dq_accum_col(n, d);
+#pragma unroll
+                for (int q = 0; q < NQ / 8; ++q) p[8 * q * D] = dqt[4 * q + 2 * b1 + b0];
             }
             fence_proxy_async();
-            named_barrier(2, 256);
-            if (tid == 128) {   // the whole tile (rows past the length: zeros, into padding)
-                const long long hq = head * group + it / per_head;
-                bulk_reduce_add_f32(dq_accum + dq_accum_row<VARLEN>(b, hq, step0, cu_seqlens_q,
-                                                                    B, H, S_q, STEP) * D,
-                                    sDQ + (it & 1) * DQ_BYTES, DQ_BYTES);
-                bulk_commit();
-            }
+            named_barrier_arrive(TILE_FULL + (it & 1), 256 + 32);   // for the writer warp
             continue;
         }
         wgmma_wait<0>();
@@ -366,9 +417,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 0) mbar_arrive(empty(s));
     }
 
-    if constexpr (KIND == DKVQ) {   // the last reductions have read shared memory
-        if (tid == 128) bulk_wait<0>();
-    }
     // Epilogue: the thread's rows (g, g + 8 of its warp) below the length, 4-byte pairs
     const float sc_out = static_cast<float>(scale);
 #pragma unroll

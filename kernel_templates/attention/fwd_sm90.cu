@@ -39,6 +39,11 @@ constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
 // their products (named barriers 1 and 2), so that one's softmax runs under the other's.
 constexpr bool OVERLAP = {{ "true" if spec.overlap else "false" }};
 constexpr bool PINGPONG = {{ "true" if spec.overlap else "false" }};
+// PERSISTENT: a block per multiprocessor takes tiles (query block, head, sequence) in turn,
+// the last query blocks (the most keys) first; the producer loads the next tile's Q and first
+// K, V while the consumers finish a tile and store it.
+constexpr bool PERSISTENT = {{ "true" if spec.persistent else "false" }};
+static_assert(!(PERSISTENT && OVERLAP), "the persistent kernel is the plain one");
 
 constexpr int THREADS = 384;                  // producer + 2 consumers
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;   // 128 x 40 + 256 x 232 <= 64 Ki
@@ -67,26 +72,64 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     auto k_full = [&](int s) { return bars + 8 + 8 * s; };
     auto v_full = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
     auto empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
+    const unsigned q_empty = bars + 8 + 8 * 3 * STAGES;   // (PERSISTENT) Q read by every warp
 
     const int tid = threadIdx.x;
-    const int b = blockIdx.z, h = blockIdx.y;
-    // causal: the last query blocks (the most keys) first, so that the longest blocks do not
-    // start last
-    const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-    const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
-    const long long q_row0 = seq.q_row0, k_row0 = seq.k_row0;
-    const int len_q = seq.len_q, len_k = seq.len_k;
-    if (m0 >= len_q) return;                  // the whole block: before any barrier
-    const int hk = static_cast<int>(h / (H / H_kv));
-    const Masks mask(len_q, len_k, CAUSAL, WINDOW, window_left, window_right);
-    const int m_last = min(m0 + BM, len_q) - 1;
-    const int k_begin = mask.lo(m0), k_end = mask.hi(m_last);
-    const int full_lo = mask.lo(m_last), full_hi = mask.hi(m0);
-    const int n_first = k_begin / BN;
-    const int n_blocks = k_end > k_begin ? ceil_div(k_end, BN) - n_first : 0;
+    // The tiles: one, (blockIdx.x, y, z), or (PERSISTENT) tile blockIdx.x, then every
+    // gridDim.x-th: sections of heads_group (sequence, head) pairs, heads fastest in one (a
+    // grouped-query head's K and V shared in L2), then the query blocks
+    const int m_blocks = PERSISTENT ? ceil_div(static_cast<int>(S_q), BM) : 1;
+    const long long n_tiles = PERSISTENT ? static_cast<long long>(m_blocks) * H * B : 1;
+    const long long t_first = PERSISTENT ? blockIdx.x : 0, t_step = PERSISTENT ? gridDim.x : 1;
+    struct Work {
+        long long q_row0, k_row0;
+        int b, h, hk, m0, len_q, len_k, n_first, n_blocks, full_lo, full_hi;
+    };
+    auto work_of = [&](long long t) {   // tile t's rows, keys and blocks of keys
+        Work w;
+        int mi;
+        if constexpr (PERSISTENT) {
+            // the (sequence, head) pairs in sections of heads_group (the last one may be
+            // smaller), a section's tiles in turn: a section's K and V fit in L2
+            const long long pairs = H * B, sec_tiles = m_blocks * heads_group;
+            const long long sec = t / sec_tiles, r = t - sec * sec_tiles;
+            const long long in_sec = min(heads_group, pairs - sec * heads_group);
+            const long long pair = sec * heads_group + r % in_sec;
+            mi = static_cast<int>(r / in_sec);
+            w.h = static_cast<int>(pair % H);
+            w.b = static_cast<int>(pair / H);
+            mi = CAUSAL ? m_blocks - 1 - mi : mi;
+        } else {
+            // causal: the last query blocks (the most keys) first, so that the longest blocks
+            // do not start last
+            mi = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+            w.h = blockIdx.y;
+            w.b = blockIdx.z;
+        }
+        w.m0 = mi * BM;
+        const Sequence<VARLEN> seq(w.b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
+        w.q_row0 = seq.q_row0;
+        w.k_row0 = seq.k_row0;
+        w.len_q = seq.len_q;
+        w.len_k = seq.len_k;
+        w.hk = static_cast<int>(w.h / (H / H_kv));
+        const Masks mask(w.len_q, w.len_k, CAUSAL, WINDOW, window_left, window_right);
+        const int m_last = min(w.m0 + BM, w.len_q) - 1;
+        const int k_begin = mask.lo(w.m0), k_end = mask.hi(m_last);
+        w.full_lo = mask.lo(m_last);
+        w.full_hi = mask.hi(w.m0);
+        w.n_first = k_begin / BN;
+        w.n_blocks = k_end > k_begin ? ceil_div(k_end, BN) - w.n_first : 0;
+        return w;
+    };
+    if constexpr (!PERSISTENT) {
+        const Work w = work_of(0);
+        if (w.m0 >= w.len_q) return;          // the whole block: before any barrier
+    }
 
     if (tid == 0) {
         mbar_init(q_full, 1);
+        mbar_init(q_empty, 2 * 4);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
@@ -100,17 +143,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (warpgroup == 0) {
         warpgroup_registers_down<PRODUCER_REGS>();
         if (tid == 0) {
-            mbar_expect_tx(q_full, Q_BYTES);
-            load_tile<BM, DC, VARLEN>(sQ, &tma_q, static_cast<int>(q_row0) + m0, h, b, q_full);
-            for (int it = 0; it < n_blocks; ++it) {
-                const int s = it % STAGES;
-                const int row = static_cast<int>(k_row0) + (n_first + it) * BN;
-                mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
-                const unsigned stage = sKV + s * 2 * KV_BYTES;
-                mbar_expect_tx(k_full(s), KV_BYTES);
-                load_tile<BN, DC, VARLEN>(stage, &tma_k, row, hk, b, k_full(s));
-                mbar_expect_tx(v_full(s), KV_BYTES);
-                load_tile<BN, DC, VARLEN>(stage + KV_BYTES, &tma_v, row, hk, b, v_full(s));
+            int g = 0, n = 0;                 // blocks of keys and tiles loaded so far
+            for (long long t = t_first; t < n_tiles; t += t_step) {
+                const Work w = work_of(t);
+                if (w.m0 >= w.len_q) continue;   // (PERSISTENT) past its sequence: skipped
+                if (n > 0) mbar_wait(q_empty, (n - 1) & 1);   // the last tile's Q read
+                mbar_expect_tx(q_full, Q_BYTES);
+                load_tile<BM, DC, VARLEN>(sQ, &tma_q, static_cast<int>(w.q_row0) + w.m0, w.h,
+                                          w.b, q_full);
+                for (int it = 0; it < w.n_blocks; ++it, ++g) {
+                    const int s = g % STAGES;
+                    const int row = static_cast<int>(w.k_row0) + (w.n_first + it) * BN;
+                    mbar_wait(empty(s), ((g / STAGES) & 1) ^ 1);
+                    const unsigned stage = sKV + s * 2 * KV_BYTES;
+                    mbar_expect_tx(k_full(s), KV_BYTES);
+                    load_tile<BN, DC, VARLEN>(stage, &tma_k, row, w.hk, w.b, k_full(s));
+                    mbar_expect_tx(v_full(s), KV_BYTES);
+                    load_tile<BN, DC, VARLEN>(stage + KV_BYTES, &tma_v, row, w.hk, w.b,
+                                              v_full(s));
+                }
+                ++n;
             }
         }
         return;
@@ -118,9 +170,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     // A consumer thread: its warpgroup's 64 rows, its warp's 16, its rows g and g + 8.
     warpgroup_registers_up<CONSUMER_REGS>();
-    const int wg = warpgroup - 1, lane = tid & 31, warp = (tid / 32) & 3;
+    // (the warpgroup by a shuffle: the compiler then knows it is the same in the warp, and
+    // the descriptors made from it stay in uniform registers)
+    const int wg = __shfl_sync(0xffffffffu, warpgroup - 1, 0), lane = tid & 31;
+    const int warp = (tid / 32) & 3;
     const int g = lane >> 2, t = lane & 3;
     const int wrow = wg * 64 + warp * 16;     // the warp's first row in the block
+    int g0 = 0, n_done = 0;                   // blocks of keys and tiles taken so far
+    for (long long tile = t_first; tile < n_tiles; tile += t_step) {
+    const Work w = work_of(tile);
+    if (w.m0 >= w.len_q) continue;
+    const int b = w.b, h = w.h, m0 = w.m0, len_q = w.len_q, n_first = w.n_first;
+    const int n_blocks = w.n_blocks, full_lo = w.full_lo, full_hi = w.full_hi;
+    const long long q_row0 = w.q_row0;
+    const Masks mask(len_q, w.len_k, CAUSAL, WINDOW, window_left, window_right);
     int lo[2], hi[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -138,28 +201,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.0f, 0.0f};
 
-    mbar_wait(q_full, 0);
+    mbar_wait(q_full, n_done & 1);
     auto issue_s = [&](float (&sc)[BN / 2], int it) {   // S of block it, committed
-        const int s = it % STAGES;
-        mbar_wait(k_full(s), (it / STAGES) & 1);
+        const int s = (g0 + it) % STAGES;
+        mbar_wait(k_full(s), ((g0 + it) / STAGES) & 1);
         wgmma_fence();
+        const unsigned long long dq = descriptor(sQ + wg * 64 * 128, 16, 1024);
+        const unsigned long long dk = descriptor(sKV + s * 2 * KV_BYTES, 16, 1024);
 #pragma unroll
         for (int kd = 0; kd < D / 16; ++kd) {
             const int c = kd / 4, kk = kd % 4;
-            wgmma_s(sc, descriptor(sQ + c * Q_CHUNK + wg * 64 * 128 + kk * 32, 16, 1024),
-                    descriptor(sKV + s * 2 * KV_BYTES + c * KV_CHUNK + kk * 32, 16, 1024),
-                    kd > 0);
+            wgmma_s(sc, descriptor_plus(dq, c * Q_CHUNK + kk * 32),
+                    descriptor_plus(dk, c * KV_CHUNK + kk * 32), kd > 0);
         }
         wgmma_commit();
     };
     auto issue_pv = [&](const unsigned (&pa)[BN / 16][4], int it) {   // O += P V, committed
-        const int s = it % STAGES;
-        mbar_wait(v_full(s), (it / STAGES) & 1);
+        const int s = (g0 + it) % STAGES;
+        mbar_wait(v_full(s), ((g0 + it) / STAGES) & 1);
         wgmma_fence();
+        const unsigned long long dv = descriptor(sKV + s * 2 * KV_BYTES + KV_BYTES, KV_CHUNK,
+                                                 1024);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_o(acc, pa[kk], descriptor(sKV + s * 2 * KV_BYTES + KV_BYTES + kk * 16 * 128,
-                                            KV_CHUNK, 1024), 1);
+            wgmma_o(acc, pa[kk], descriptor_plus(dv, kk * 16 * 128), 1);
         wgmma_commit();
     };
     // Block it's scores: capped, masked, then the online softmax: P as A fragments in pa, the
@@ -215,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int r = 0; r < 4; ++r) acc[4 * dt + r] *= corr[r >> 1];
     };
     auto release = [&](int it) {   // this warp is done with block it's stage
-        if (lane == 0) mbar_arrive(empty(it % STAGES));
+        if (lane == 0) mbar_arrive(empty((g0 + it) % STAGES));
     };
 
     float sc[BN / 2], corr[2];
@@ -225,8 +290,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int it = 0; it < n_blocks; ++it) {
             issue_s(sc, it);
             wgmma_wait<0>();
+            // (PERSISTENT) the tile's last read of Q: the producer may load the next tile's
+            if (PERSISTENT && it == n_blocks - 1 && lane == 0) mbar_arrive(q_empty);
             softmax(sc, pa, it, corr);
-            rescale(corr);
+            // O is rescaled only when a row's maximum grew: once the maxima settle (most
+            // blocks of a long row) the warp skips the D / 2 products (a factor of exactly 1)
+            if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
             issue_pv(pa, it);
             wgmma_wait<0>();
             release(it);
@@ -268,6 +337,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         release(n_blocks - 1);
     }
 
+    // (PERSISTENT) a tile without keys reads no Q: its buffer is free for the next tile's
+    if (PERSISTENT && n_blocks == 0 && lane == 0) mbar_arrive(q_empty);
+
     // Epilogue: o / l, lse, stores of the rows below the length
     T* op = o + (VARLEN ? 0 : b * ob) + (q_row0 + m0) * os + h * oh;
 #pragma unroll
@@ -288,4 +360,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             *reinterpret_cast<unsigned*>(op + r * os + 8 * dt + 2 * t) =
                 pack_f32x2<T>(acc[4 * dt + 2 * hh] * inv, acc[4 * dt + 2 * hh + 1] * inv);
     }
+    g0 += n_blocks;
+    ++n_done;
+    }   // the tiles
 }

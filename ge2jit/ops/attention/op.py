@@ -24,6 +24,7 @@ from numbers import Integral
 
 from ...errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from ...jit import fastlaunch
+from ...jit.device import sm_count
 from ...jit.fastlaunch import Map, Ptr
 from ...jit.loader import launcher_for
 from ...runtime.arrays import call_arguments, views
@@ -48,6 +49,7 @@ from .spec import (
     AttentionFwdSpec,
     AttentionSm90Config,
     candidates_for,
+    heads_group,
     spec_for,
 )
 
@@ -249,7 +251,7 @@ def _execute(fw, device_id: int, call: Call, native: dict):
     result = (o, lse) if call.return_lse else o
     if call.empty:
         return result, None
-    grid, block, smem, params = launch_params(call)
+    grid, block, smem, params = launch_params(call, sm_count(device_id))
     kernel = launcher_for(call.spec, device_id)
     launch = kernel.bind(grid, block, smem, **params)
     stream, ptr = fw.stream_getter(device_id), fw.ptr
@@ -663,7 +665,7 @@ def _config(config, d: int, key: dict, arch: int) -> tuple:
     return found, "pinned"
 
 
-def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:
+def launch_params(call: Call, sms: int = 0) -> tuple[tuple, tuple, int, dict]:
     """(grid, block, dynamic shared memory bytes, the kernel's scalar parameters by name) of
     a checked call that is not ``empty``: the strides (``qb`` .. ``oh``; the Hopper kernel's
     o's only: its inputs come by tensor maps), ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``,
@@ -672,7 +674,8 @@ def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:
     contiguous (what the op allocates). :func:`pointers` gives the pointer parameters,
     :func:`tensor_maps` the Hopper kernel's maps."""
     spec = call.spec
-    grid = spec.grid(call.batch, call.heads, call.seqlen_q)
+    grid = (spec.grid(call.batch, call.heads, call.seqlen_q, sms) if call.hopper
+            else spec.grid(call.batch, call.heads, call.seqlen_q))
     params = {}
     strided = (("o", call.out_strides),) if call.hopper else (
         ("q", call.q_strides), ("k", call.k_strides), ("v", call.v_strides),
@@ -682,6 +685,9 @@ def launch_params(call: Call) -> tuple[tuple, tuple, int, dict]:
     params.update(B=call.batch, H=call.heads, H_kv=call.kv_heads, S_q=call.seqlen_q,
                   S_k=call.seqlen_k, scale=call.scale, softcap=call.softcap,
                   window_left=call.window[0], window_right=call.window[1])
+    if call.hopper:
+        params["heads_group"] = heads_group(call.batch, call.heads, call.kv_heads,
+                                            call.seqlen_k, call.head_dim, call.q.itemsize)
     return grid, (spec.threads, 1, 1), spec.smem_bytes, params
 
 

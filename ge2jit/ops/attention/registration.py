@@ -3,6 +3,7 @@ checks it, its kernel and tiling (pinned, tuned or the head dimension's default)
 
 from __future__ import annotations
 
+from ...jit.device import sm_count
 from ...jit.nvrtc import arch_number
 from ...runtime.adapter import Configs, Planned, declare
 from ...runtime.dtypes import as_dtype
@@ -32,7 +33,7 @@ def _flops(call: Call) -> float:
 def _choose(call: Call, device_id: int) -> Planned:
     grid, block, smem = (1, 1, 1), (call.spec.threads, 1, 1), call.spec.smem_bytes
     if not call.empty:
-        grid, block, smem, _ = launch_params(call)
+        grid, block, smem, _ = launch_params(call, sm_count(device_id))
     return Planned((call.spec,), call.config.name, call.reason, grid, block, smem,
                    flops=_flops(call), detail=call.spec.kernel_name)
 

@@ -430,14 +430,20 @@ class AttentionSm90Config:
     """One tiling of the Hopper forward (``fwd_sm90.cu``): 128 query rows a block (two
     consumer warpgroups of 64), ``block_n`` keys a step through ``stages`` buffers;
     ``overlap``: a block's softmax under the previous block's P V product, the two consumers
-    taking turns (FlashAttention-3's intra-warpgroup overlap and ping-pong)."""
+    taking turns (FlashAttention-3's intra-warpgroup overlap and ping-pong); ``persistent``: a
+    block per multiprocessor taking the tiles in turn (the plain kernel only)."""
 
     block_n: int
     stages: int = 2
     overlap: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         check_field(self, "overlap", bool)
+        check_field(self, "persistent", bool)
+        if self.overlap and self.persistent:
+            raise ArgumentValueError("AttentionSm90Config: expected overlap or persistent, not "
+                                     "both")
         for name in ("block_n", "stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -453,15 +459,21 @@ class AttentionSm90Config:
 
     @property
     def name(self) -> str:
-        return f"h{self.block_n}s{self.stages}" + ("o" if self.overlap else "")
+        return (f"h{self.block_n}s{self.stages}" + ("o" if self.overlap else "")
+                + ("p" if self.persistent else ""))
 
 
 #: the Hopper forward's tilings per head dimension, the default first (taken on sm_90 devices
 #: unless a call pins an sm_80 config)
 SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
-    64: (AttentionSm90Config(128), AttentionSm90Config(128, overlap=True)),
-    128: (AttentionSm90Config(128), AttentionSm90Config(128, overlap=True)),
-    256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True)),
+    64: (AttentionSm90Config(192, persistent=True), AttentionSm90Config(128),
+         AttentionSm90Config(128, overlap=True), AttentionSm90Config(128, persistent=True)),
+    128: (AttentionSm90Config(128, persistent=True), AttentionSm90Config(128),
+          AttentionSm90Config(128, overlap=True), AttentionSm90Config(144),
+          AttentionSm90Config(160), AttentionSm90Config(176), AttentionSm90Config(192),
+          AttentionSm90Config(160, persistent=True), AttentionSm90Config(176, persistent=True)),
+    256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True),
+          AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True)),
 }
 SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
 
@@ -500,7 +512,7 @@ class _Hopper:
     def _flags(self) -> str:
         short = {"window": "win", "softcap": "cap", "write_lse": "lse"}
         return "".join(f"_{short.get(n, n)}" for n in self.FLAGS
-                       if n != "overlap" and getattr(self, n))
+                       if n not in ("overlap", "persistent") and getattr(self, n))
 
     @property
     def threads(self) -> int:
@@ -530,13 +542,14 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
     write_lse: bool = False
     stages: int = 2
     overlap: bool = False
+    persistent: bool = False
 
     template = "attention/fwd_sm90.cu"
-    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap")
+    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap", "persistent")
 
     @property
     def config(self) -> AttentionSm90Config:
-        return AttentionSm90Config(self.block_n, self.stages, self.overlap)
+        return AttentionSm90Config(self.block_n, self.stages, self.overlap, self.persistent)
 
     def __post_init__(self):
         check_field(self, "block_n", int)
@@ -552,28 +565,52 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
         """Q's tile, ``stages`` (K, V) tiles, the barriers; 1024 bytes of slack for the
         128-byte swizzle's alignment."""
         row = self.head_dim * 2
-        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (1 + 3 * self.stages)
+        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (2 + 3 * self.stages)
                 + 1024)
 
     @property
     def kernel_name(self) -> str:
         return (f"attn_fwd_sm90_{self.dtype.value}_d{self.head_dim}_n{self.block_n}"
-                f"s{self.stages}" + ("o" if self.overlap else "") + self._flags())
+                f"s{self.stages}" + ("o" if self.overlap else "") +
+                ("p" if self.persistent else "") + self._flags())
 
     @property
     def params(self) -> tuple[Param, ...]:
         """The tensor maps of q, k and v; o, lse, cu_seqlens_q, cu_seqlens_k; o's element
         strides (``ob, os, oh``); ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``,
-        ``softcap``; ``window_left``, ``window_right``."""
+        ``softcap``; ``window_left``, ``window_right``; ``heads_group`` (persistent: the
+        (sequence, head) pairs whose tiles are taken together, :func:`heads_group`)."""
         t = self.dtype.ctype
         return (*tensor_maps("tma_q", "tma_k", "tma_v"), pointer("o", t),
                 pointer("lse", "float"), pointer("cu_seqlens_q", "int", const=True),
                 pointer("cu_seqlens_k", "int", const=True),
                 *int64("ob", "os", "oh", "B", "H", "H_kv", "S_q", "S_k"),
-                *double("scale", "softcap"), *int64("window_left", "window_right"))
+                *double("scale", "softcap"), *int64("window_left", "window_right",
+                                                    "heads_group"))
 
-    def grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
-        return (max(1, -(-max_seqlen_q // 128)), heads, batch)
+    def grid(self, batch: int, heads: int, max_seqlen_q: int,
+             sms: int = 0) -> tuple[int, int, int]:
+        """A block per 128 query rows of each head of each sequence, or (``persistent``) one
+        per multiprocessor (``sms``), at most one per tile."""
+        blocks = max(1, -(-max_seqlen_q // 128))
+        if self.persistent:
+            return (max(1, min(blocks * heads * batch, sms or blocks * heads * batch)), 1, 1)
+        return (blocks, heads, batch)
+
+
+#: bytes of L2 the persistent forward's K and V of one section may take (FlashAttention-3's
+#: choice; H100 and H200 have 50 MB)
+L2_SECTION_BYTES = 32 << 20
+
+
+def heads_group(batch: int, heads: int, kv_heads: int, seqlen_k: int, head_dim: int,
+                itemsize: int = 2) -> int:
+    """The persistent forward's section: how many (sequence, head) pairs' tiles it takes
+    together, the query blocks of a section in turn: whole groups of heads sharing K and V,
+    as many as fit in :data:`L2_SECTION_BYTES` (at least one group)."""
+    kv_bytes = max(1, seqlen_k) * head_dim * itemsize * 2
+    group = heads // kv_heads
+    return max(1, min(batch * heads, max(1, L2_SECTION_BYTES // kv_bytes) * group))
 
 
 def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config | None = None,
@@ -584,7 +621,7 @@ def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config |
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     c = SM90_CONFIGS[head_dim][0] if config is None else config
     return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages,
-                                overlap=c.overlap, **options)
+                                overlap=c.overlap, persistent=c.persistent, **options)
 
 
 def spec_for(config, dtype: DType, head_dim: int, **options):

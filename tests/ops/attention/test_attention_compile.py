@@ -217,4 +217,15 @@ def test_the_hopper_spec_refuses_what_it_cannot_be():
     with pytest.raises(ArgumentTypeError, match="causal: expected bool"):
         AttentionFwdSm90Spec(DType.F16, 128, 128, causal=1)
     assert make_sm90_spec(DType.BF16, 128, causal=True).kernel_name == \
-        "attn_fwd_sm90_bf16_d128_n128s2_causal"
+        "attn_fwd_sm90_bf16_d128_n128s2p_causal"
+
+
+EVERY_SM90 = [(d, c) for d, cs in SM90_CONFIGS.items() for c in cs]
+
+
+@pytest.mark.parametrize("d, config", EVERY_SM90, ids=[f"{d}-{c.name}" for d, c in EVERY_SM90])
+@pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
+def test_every_hopper_candidate_compiles_without_spills(d, config, on, compile_cache):
+    spec = make_sm90_spec(DType.BF16, d, config=config, **{f: on for f in SM90_FLAGS})
+    entry = check_compiled(spec, "sm_90a", compile_cache)
+    assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90

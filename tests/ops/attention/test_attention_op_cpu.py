@@ -13,7 +13,14 @@ import pytest
 
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError, DeviceMismatchError
 from ge2jit.ops.attention import op
-from ge2jit.ops.attention.spec import CONFIGS, SM90_CONFIGS, AttentionConfig, make_sm90_spec
+from ge2jit.ops.attention.spec import (
+    CONFIGS,
+    L2_SECTION_BYTES,
+    SM90_CONFIGS,
+    AttentionConfig,
+    heads_group,
+    make_sm90_spec,
+)
 from ge2jit.runtime import tools
 from ge2jit.runtime.dtypes import DType
 
@@ -517,7 +524,12 @@ def test_the_hopper_launch_takes_tensor_maps_of_the_arrays_by_their_strides(hopp
     q, k, v = qkv(d=128)
     call = check(q, k, v, causal=True, return_lse=True)
     grid, block, smem, params = op.launch_params(call)
-    assert block == (384, 1, 1) and grid == (1, H, B) and smem == call.spec.smem_bytes
+    # the default at d128 is persistent: a block per SM (here none given: one per tile)
+    assert call.spec.persistent and grid == (H * B, 1, 1)
+    assert op.launch_params(call, sms=3)[0] == (3, 1, 1)
+    plain = check(q, k, v, causal=True, return_lse=True, config="h128s2")
+    assert op.launch_params(plain, sms=3)[0] == (1, H, B)
+    assert block == (384, 1, 1) and smem == call.spec.smem_bytes
     assert "qs" not in params and (params["ob"], params["os"], params["oh"]) == \
         (SQ * H * 128, H * 128, 128)
     assert set(op.pointers(call, q, None)) == {"o", "lse", "cu_seqlens_q", "cu_seqlens_k"}
@@ -534,6 +546,20 @@ def test_the_hopper_launch_takes_tensor_maps_of_the_arrays_by_their_strides(hopp
     assert op.map_geometry(bhsd)["tma_q"] == (0, (128, SQ, H, B), (128 * item, SQ * 128 * item,
                                                                    H * SQ * 128 * item),
                                               (64, 128, 1, 1))
+
+
+def test_the_persistent_forward_takes_heads_in_sections_that_fit_in_l2(hopper):
+    call = check(*qkv(d=128), causal=True, config="h128s2p")
+    _, _, _, params = op.launch_params(call, sms=132)
+    assert params["heads_group"] == heads_group(B, H, HKV, SK, 128) == B * H   # all fit
+    mib = 1 << 20
+    # one kv head of 16384 keys at d128 in 16-bit: 8 MiB, 4 in 32 MiB; a group of 4 q heads
+    assert heads_group(1, 32, 32, 16384, 128) == 4
+    assert heads_group(4, 32, 8, 16384, 128) == 16
+    assert heads_group(4, 32, 8, 4096, 128) == 64     # 16 kv heads of 2 MiB: 64 q heads
+    assert heads_group(1, 8, 1, 1 << 20, 128) == 8    # a group too big for L2: still whole
+    assert heads_group(2, 2, 2, 0, 64) == 4
+    assert L2_SECTION_BYTES == 32 * mib
 
 
 def test_packed_maps_and_strides_of_single_element_dims(hopper):

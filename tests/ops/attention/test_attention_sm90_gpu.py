@@ -22,10 +22,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory", "sm90"
 
 def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=False,
          window=None, softcap=None, scale=None, lse=False, bhsd=False, seqlens=None,
-         overlap=False):
+         overlap=False, config=None):
     h_kv = h if h_kv is None else h_kv
     rng = rng_for("sm90", dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, lse, bhsd,
-                  seqlens, overlap)
+                  seqlens, overlap, config)
     q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
     varlen = seqlens is not None
 
@@ -38,7 +38,7 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     o = cp.full(q.shape, np.nan, np.float32).astype(q.dtype)
     if bhsd:
         o = cp.ascontiguousarray(o.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    config = next(c for c in SM90_CONFIGS[d] if c.overlap == overlap)
+    config = config or next(c for c in SM90_CONFIGS[d] if c.overlap == overlap)
     spec = make_sm90_spec(SUPPORTED_DTYPES[dtype], d, config=config, causal=causal,
                           window=window is not None, softcap=bool(softcap), varlen=varlen,
                           write_lse=lse)
@@ -56,7 +56,8 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     left, right = window if window is not None else (-1, -1)
     stream = cp.cuda.get_current_stream()
     launcher_for(spec, cp.cuda.runtime.getDevice()).launch(
-        spec.grid(batch, h, lens_q), (spec.threads, 1, 1), spec.smem_bytes, stream.ptr,
+        # (persistent: 7 blocks, each taking several tiles, several of them past a sequence)
+        spec.grid(batch, h, lens_q, sms=7), (spec.threads, 1, 1), spec.smem_bytes, stream.ptr,
         tma_q=tensor_map_of(dtype, dq, 128, varlen),
         tma_k=tensor_map_of(dtype, dk, spec.block_n, varlen),
         tma_v=tensor_map_of(dtype, dv, spec.block_n, varlen), o=o.data.ptr, lse=lse_out.data.ptr,
@@ -64,7 +65,9 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
         cu_seqlens_k=0 if cu[1] is None else cu[1].data.ptr, ob=ob, os=os_, oh=oh, B=batch,
         H=h, H_kv=h_kv, S_q=lens_q, S_k=lens_k,
         scale=1.0 / math.sqrt(d) if scale is None else float(scale),
-        softcap=float(softcap or 0.0), window_left=left, window_right=right)
+        softcap=float(softcap or 0.0), window_left=left, window_right=right,
+        # (persistent: sections of 3 (sequence, head) pairs, the last one often smaller)
+        heads_group=3)
     stream.synchronize()
     o_host = cp.asnumpy(o).astype(np.float64)
     lse_host = cp.asnumpy(lse_out).astype(np.float64) if lse else None
@@ -112,3 +115,16 @@ def test_packed_sequences(d, overlap):
     seqlens = ([5, 0, 300, 130], [70, 3, 300, 0])
     _run("float16", d=d, h=4, h_kv=2, seqlens=seqlens, causal=True, lse=True, overlap=overlap)
     _run("bfloat16", d=d, h=4, seqlens=seqlens, window=(20, 20), overlap=overlap)
+
+
+EVERY = [(d, c) for d, cs in SM90_CONFIGS.items() for c in cs]
+
+
+@pytest.mark.parametrize("d, config", EVERY, ids=[f"{d}-{c.name}" for d, c in EVERY])
+def test_every_candidate_config(d, config):
+    _run("bfloat16", d=d, s_q=300, s_k=1000, config=config)
+    _run("float16", d=d, s_q=257, s_k=129, causal=True, lse=True, h=4, h_kv=2, config=config)
+    _run("bfloat16", d=d, s_q=200, s_k=333, window=(30, 10), softcap=10.0, config=config)
+    _run("bfloat16", d=d, h=4, seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), causal=True,
+         config=config)
+    _run("bfloat16", d=d, s_q=1000, s_k=1000, b=3, h=8, h_kv=2, causal=True, config=config)
