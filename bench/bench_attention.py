@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--backward", action="store_true",
                     help="also time the backward alone (a second table)")
+    ap.add_argument("--replot", metavar="JSON",
+                    help="draw --plot from a JSON this script wrote, timing nothing")
     add_quick(ap, f"shapes {QUICK_SHAPES}, 3 rounds")
     args = ap.parse_args(argv)
     quick_defaults(args, shapes=(SHAPES, QUICK_SHAPES), rounds=(9, 3))
@@ -176,6 +178,13 @@ def print_table(title: str, pairs: list, names: list) -> None:
 def main(argv=None) -> int:
     global torch
     args = parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            print("bench_attention: --replot needs --plot (the PNG to write)", file=sys.stderr)
+            return 2
+        with open(args.replot) as f:
+            plot(json.load(f), args.plot)
+        return 0
     torch = import_torch()
     if torch is None or not torch.cuda.is_available():
         print("bench_attention: needs PyTorch with a CUDA GPU", file=sys.stderr)
@@ -216,30 +225,49 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(meta, f, indent=1)
     if args.plot:
-        plot(rows, names, args.plot, meta)
+        plot(meta, args.plot)
     return 0
 
 
-def plot(rows, names, path, meta) -> None:
+def plot(meta: dict, path: str) -> None:
+    """A bar chart of ``meta`` (the JSON this script writes), a panel per mode: ge2jit's
+    default, the fastest of its other forward configs (pinned), each SDPA backend."""
     from common import pyplot
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-    for ax, mode in zip(axes, ("fwd", "fwd+bwd")):   # the backward alone is not drawn
-        sel = [r for r in rows if r["mode"] == mode]
-        width = 0.8 / len(names)
-        for i, n in enumerate(names):
-            ax.bar([j + i * width for j in range(len(sel))],
-                   [r["tflops"].get(n, 0.0) for r in sel], width, label=n)
+    modes = list(dict.fromkeys(r["mode"] for r in meta["rows"]))
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.2), sharey=True,
+                             squeeze=False)
+    bars = ("ge2jit", "ge2jit, fastest other config", *(f"torch {n}" for n in BACKENDS))
+    colors = dict(zip(bars, ("tab:blue", "tab:cyan", "tab:red", "tab:purple", "tab:gray")))
+    for ax, mode in zip(axes[0], modes):
+        sel = [r for r in meta["rows"] if r["mode"] == mode]
+
+        def value(r, name):
+            t = r["tflops"]
+            if name == bars[1]:
+                pinned = [v for n, v in t.items() if n.startswith("ge2jit ")
+                          and n != "ge2jit deterministic"]
+                return max(pinned, default=0.0)
+            return t.get(name, 0.0)
+
+        shown = [n for n in bars if any(value(r, n) for r in sel)]
+        width = 0.8 / len(shown)
+        for i, name in enumerate(shown):
+            ax.bar([j + i * width for j in range(len(sel))], [value(r, name) for r in sel],
+                   width, label=name, color=colors[name])
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sel))])
         ax.set_xticklabels([f"{r['batch']}x{r['seq']}\nH{r['heads']}/{r['kv_heads']} "
-                            f"D{r['head_dim']}{' causal' if r['causal'] else ''}"
+                            f"D{r['head_dim']}{' c' if r['causal'] else ''}"
                             for r in sel], fontsize=7)
         ax.set_title(f"{mode} (bfloat16)")
         ax.set_ylabel("TFLOP/s")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"attention, {meta.get('device', '')} {meta['date']} {meta['commit'] or ''}")
-    fig.tight_layout()
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.suptitle(f"attention, {meta.get('device', '')} {meta['date']} {meta['commit'] or ''}"
+                 " (c: causal)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
 
 

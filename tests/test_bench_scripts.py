@@ -156,3 +156,17 @@ def test_the_multi_gpu_check_refuses_an_unknown_variant(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == ("multi_gpu_check.sh: BENCH_VARIANTS: unknown variant "
                                    "default-ish")
+
+
+def test_the_attention_bench_redraws_its_plot_from_its_json(load, tmp_path, capsys):
+    """``--replot`` draws from the committed results without PyTorch or a GPU; it needs
+    ``--plot``."""
+    module = load(BENCH / "bench_attention.py")
+    results = str(BENCH / "results_attention.json")
+    assert module.main(["--replot", results]) == 2
+    assert capsys.readouterr().err.strip() == ("bench_attention: --replot needs --plot (the "
+                                               "PNG to write)")
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "a.png"
+    assert module.main(["--replot", results, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
