@@ -594,7 +594,8 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
         per multiprocessor (``sms``), at most one per tile."""
         blocks = max(1, -(-max_seqlen_q // 128))
         if self.persistent:
-            return (max(1, min(blocks * heads * batch, sms or blocks * heads * batch)), 1, 1)
+            tiles = max(1, blocks * heads * batch)
+            return (min(tiles, sms) if sms else tiles, 1, 1)
         return (blocks, heads, batch)
 
 
