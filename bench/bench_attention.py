@@ -123,8 +123,8 @@ def with_backward(cases, q, k, v):
 
 def backward_only(q, k, v, causal):
     """Name -> fn() of the backward alone, from a forward run once: ge2jit's default kernels
-    (and on sm_90 its deterministic form and the sm_80 kernels pinned), each torch backend's
-    autograd backward."""
+    (and on sm_90 its deterministic form, the sm_80 kernels and, at head_dim 64 and 128, the
+    one-kernel backward's wider step pinned), each torch backend's autograd backward."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ge2jit
@@ -140,6 +140,9 @@ def backward_only(q, k, v, causal):
             grad, qs, ks, vs, o, lse, deterministic=True, **kw)
         cases["ge2jit sm80"] = lambda: ge2jit.attention_backward(
             grad, qs, ks, vs, o, lse, config="sm80", **kw)
+        if qs.shape[-1] in (64, 128):   # the one-kernel backward's narrow step, pinned
+            cases["ge2jit sm90n"] = lambda: ge2jit.attention_backward(
+                grad, qs, ks, vs, o, lse, config="sm90n", **kw)
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     for name in BACKENDS:

@@ -149,6 +149,36 @@ def test_compiled_without_graph_breaks_matches_eager():
         assert torch.equal(eager, compiled)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_inside_autocast_float32_inputs_take_the_kernels_as_pytorchs_would(compiled):
+    """PyTorch's SDPA casts float32 inputs to the autocast type: so does ge2jit's, which
+    then runs its own kernels (the bits of a call on bfloat16 inputs, not the fallback's),
+    eagerly and compiled, the leaves' float32 gradients matching PyTorch's under the same
+    autocast."""
+    q, k, v = _qkv(dtype=torch.float32)
+    results = []
+    for sdpa in (gt.scaled_dot_product_attention, F.scaled_dot_product_attention):
+        def f(q, k, v, sdpa=sdpa):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return sdpa(q, k, v, is_causal=True, enable_gqa=True)
+
+        fn = torch.compile(f, fullgraph=True) if compiled else f
+        out = fn(q, k, v)
+        assert out.dtype == torch.bfloat16
+        out.float().square().sum().backward()
+        results.append([out.detach().double(), *(x.grad.double() for x in (q, k, v))])
+        for x in (q, k, v):
+            assert x.grad.dtype == torch.float32
+            x.grad = None
+    ours, theirs = results
+    for got, want in zip(ours, theirs):
+        _close(got, want, 2e-2)
+    with torch.no_grad():
+        direct = gt.scaled_dot_product_attention(*(x.to(torch.bfloat16) for x in (q, k, v)),
+                                                 is_causal=True, enable_gqa=True)
+    assert torch.equal(ours[0], direct.double())   # ge2jit's kernels ran
+
+
 def test_capture_and_replay():
     q, k, v = _qkv(grad=False)
     gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # prepared

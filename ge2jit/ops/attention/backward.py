@@ -34,8 +34,9 @@ ARRAYS = ("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "dq_o
 #: the other arguments, in the order of the signature
 OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k",
            "deterministic", "layout", "config")
-#: the backward's kernels by name: the Hopper ones (sm_90 only) and the sm_80 ones
-FAMILIES = ("sm90", "sm80")
+#: the backward's kernels by name: the Hopper ones (the default on sm_90), the Hopper one-kernel
+#: backward pinned to its wide or its narrow step, the sm_80 ones
+FAMILIES = ("sm90", "sm90w", "sm90n", "sm80")
 _DQ, _DK, _DV, _DELTA, _ACC = 8, 9, 10, 11, 12
 _PREPARED = PreparedCalls("attention_backward")
 #: the compiled path's programs: the arrays, the slots of delta and of the one-kernel
@@ -106,7 +107,11 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         out: None (new arrays, contiguous), or ``(dq, dk, dv)``: arrays of q's, k's and v's
             shapes and type with their layout rules, apart from every input and each other.
         config: None (on sm_90 the Hopper kernels, elsewhere the sm_80 ones), or "sm80" or
-            "sm90" (sm_90 only) to pin them.
+            "sm90" (sm_90 only) to pin them. The Hopper one-kernel backward takes a wide step
+            (96 queries at head_dim 64, 64 at 128) where its registers do not spill (no
+            softcap, and at head_dim 128 no window nor packed sequences), else a narrow one
+            (64 and 48); "sm90w" and "sm90n" (sm_90 only) pin one of them ("sm90w" refuses
+            the options it cannot take).
 
     Returns:
         ``(dq, dk, dv)`` in q's framework, on PyTorch's current stream for tensors.
@@ -211,7 +216,7 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
 def _family(config, arch: int) -> str:
     """The backward's kernels: ``config`` pinned, else the Hopper ones on sm_90 (``arch``
     90; 80 for a call without keys or queries), else the sm_80 ones."""
-    choices = FAMILIES if arch == 90 else FAMILIES[1:]
+    choices = FAMILIES if arch == 90 else tuple(f for f in FAMILIES if not f.startswith("sm90"))
     if config is None:
         return choices[0]
     if not isinstance(config, str):

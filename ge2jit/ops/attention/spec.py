@@ -466,12 +466,14 @@ class AttentionSm90Config:
 #: the Hopper forward's tilings per head dimension, the default first (taken on sm_90 devices
 #: unless a call pins an sm_80 config)
 SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
-    64: (AttentionSm90Config(192, persistent=True), AttentionSm90Config(128),
-         AttentionSm90Config(128, overlap=True), AttentionSm90Config(128, persistent=True)),
+    64: (AttentionSm90Config(256, persistent=True), AttentionSm90Config(128),
+         AttentionSm90Config(128, overlap=True), AttentionSm90Config(128, persistent=True),
+         AttentionSm90Config(192, persistent=True), AttentionSm90Config(192, 3, persistent=True)),
     128: (AttentionSm90Config(128, persistent=True), AttentionSm90Config(128),
           AttentionSm90Config(128, overlap=True), AttentionSm90Config(144),
           AttentionSm90Config(160), AttentionSm90Config(176), AttentionSm90Config(192),
-          AttentionSm90Config(160, persistent=True), AttentionSm90Config(176, persistent=True)),
+          AttentionSm90Config(160, persistent=True), AttentionSm90Config(176, persistent=True),
+          AttentionSm90Config(128, 3, persistent=True)),
     256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True),
           AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True)),
 }
@@ -641,8 +643,27 @@ def spec_for(config, dtype: DType, head_dim: int, **options):
 #: head_dim -> (dq step, dkv step, dkv column splits, dq stages, dkv stages) of the Hopper
 #: backward
 SM90_BWD = {64: (64, 64, 1, 2, 2), 128: (64, 48, 1, 2, 2), 256: (32, 32, 2, 2, 2)}
-#: the one-kernel backward's (dkvq) queries a step and pipeline stages per head dimension
+#: the one-kernel backward's (dkvq) queries a step and pipeline stages per head dimension: the
+#: narrow step, taken where the wide one would spill (or pinned by config "sm90n")
 SM90_BWD_FUSED = {64: (64, 2), 128: (48, 2)}
+#: the one-kernel backward's wide step (the default where it applies; pinned by config
+#: "sm90w"), and the options with which it would spill registers (ptxas for sm_90a)
+SM90_BWD_WIDE = {64: 96, 128: 64}
+WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen")}
+
+
+def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> str | None:
+    """Why the wide one-kernel backward ("sm90w") cannot take a call of ``head_dim`` with
+    these options (``causal``, ``window``, ``softcap``, ``varlen``), or None."""
+    if head_dim not in SM90_BWD_WIDE:
+        return f"head_dim 64 or 128, got {head_dim}"
+    if deterministic:
+        return "deterministic=False (it adds dq by reductions in any order)"
+    spills = [n for n in WIDE_SPILLS[head_dim] if options.get(n)]
+    if spills:
+        return (f"none of {', '.join(WIDE_SPILLS[head_dim])} at head_dim {head_dim} (its "
+                f"registers would spill), got {', '.join(spills)}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -748,8 +769,10 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
 
 def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
     """Whether the backward of ``family`` is the Hopper one-kernel backward (dq by bulk
-    reductions): on "sm90" at head_dim 64 and 128 unless ``deterministic``."""
-    return family == "sm90" and head_dim in (64, 128) and not deterministic
+    reductions): on "sm90" and "sm90n" at head_dim 64 and 128 unless ``deterministic``, and
+    "sm90w" (its wide step, :func:`wide_bwd_refusal` says where)."""
+    return (family == "sm90w"
+            or (family in ("sm90", "sm90n") and head_dim in (64, 128) and not deterministic))
 
 
 def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bool = False,
@@ -757,14 +780,22 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     """The backward's kernels of ``family``, in launch order, for these options: "sm90" the
     sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the
     sm_80 "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
-    dkv; "sm80" the three sm_80 ones (deterministic)."""
+    dkv. The one-kernel backward takes ``SM90_BWD_WIDE``'s step where
+    :func:`wide_bwd_refusal` gives no reason, else ``SM90_BWD_FUSED``'s; "sm90w" pins the wide
+    step (refusing where it would spill), "sm90n" the narrow one. "sm80": the three sm_80
+    kernels (deterministic)."""
+    why = wide_bwd_refusal(head_dim, deterministic, **options)
+    if family == "sm90w" and why is not None:
+        raise ArgumentValueError(f"config: 'sm90w' takes {why}")
     specs = make_bwd_specs(dtype, head_dim, **options)
     if fused_bwd(family, head_dim, deterministic):
         step, stages = SM90_BWD_FUSED[head_dim]
+        if family == "sm90w" or (family == "sm90" and why is None):
+            step = SM90_BWD_WIDE[head_dim]
         fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages, **options)
         out = AttentionBwdSpec("dqout", dtype, head_dim, specs[0].config,
                                varlen=specs[0].varlen)
         return (specs[0], fused, out)
-    if family == "sm90":
+    if family in ("sm90", "sm90n"):
         return (specs[0], *make_bwd_sm90_specs(dtype, head_dim, **options))
     return specs

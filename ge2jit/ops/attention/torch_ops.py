@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import Differentiable, warn_once
+from ...runtime.torchlib import Differentiable, autocast_dtype, warn_once
 from . import backward as _backward
 from . import op as _op
 from .spec import HEAD_DIMS
@@ -90,6 +90,16 @@ def _grads(ctx, do, dlse, *, backward):
     return (dq, dk, dv) + (None,) * 10
 
 
+def _autocast(*tensors):
+    """The tensors as autocast casts a matrix product's inputs in the current region (CUDA
+    floating tensors other than float64 to the region's type), else unchanged."""
+    dtype = autocast_dtype("cuda")
+    if dtype is None:
+        return tensors
+    return tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_cuda and x.is_floating_point()
+                 and x.dtype not in (dtype, torch.float64) else x for x in tensors)
+
+
 _ATTENTION = Differentiable("attention", _forward, fake=_fake, setup=_setup, grads=_grads,
                             backward=_backward_impl, backward_fake=_backward_fake)
 
@@ -106,7 +116,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     (``layout="bhsd"``: heads first), or packed (total, H, D)
     with ``cu_seqlens_q``, ``cu_seqlens_k`` (int32) and the longest lengths. Returns the output
     (with ``return_lse``, also the log-sum-exp, which carries no gradient). As custom ops
-    under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly."""
+    under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly.
+    Inside ``torch.autocast``, float32 q, k and v are cast to the region's type first."""
+    q, k, v = _autocast(q, k, v)
     d = q.shape[-1] if q.dim() else 0
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -155,8 +167,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     float16 or bfloat16, head_dim 64, 128 or 256, ``is_causal``, ``scale``, ``enable_gqa``
     (H_kv dividing H). What they do not do (an ``attn_mask``, dropout, other types or head
     dims, ``is_causal`` with S_q != S_k, which PyTorch aligns top-left) goes to PyTorch's
-    own function, with a warning naming the reason once per reason. Differentiable; under
-    ``torch.compile`` the custom ops ``torch.ops.ge2jit.attention`` and its backward."""
+    own function, with a warning naming the reason once per reason. Inside ``torch.autocast``
+    float32 inputs are cast to the region's type first, as PyTorch's function does.
+    Differentiable; under ``torch.compile`` the custom ops ``torch.ops.ge2jit.attention`` and
+    its backward."""
+    if attn_mask is None:   # inside torch.autocast, as PyTorch's: float32 in, the region's type
+        query, key, value = _autocast(query, key, value)
     why = _why_not(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         warn_once(f"ge2jit.torch.scaled_dot_product_attention: {why}; this call runs "

@@ -19,12 +19,14 @@ from ge2jit.ops.attention.spec import (
     MAX_SMEM_SM80,
     MAX_SMEM_SM90,
     SM90_BWD,
+    SM90_BWD_WIDE,
     AttentionBwdConfig,
     AttentionBwdSm90Spec,
     AttentionBwdSpec,
     bwd_specs_for,
     make_bwd_sm90_specs,
     make_bwd_specs,
+    wide_bwd_refusal,
 )
 from ge2jit.runtime.dtypes import DType
 
@@ -120,7 +122,7 @@ def test_spec_validation(make, error, match):
                          ids=["f16-off", "bf16-on"])
 def test_the_hopper_kernels_compile_without_spills(d, dtype, on, compile_cache):
     flags = dict(causal=on, window=on, softcap=on, varlen=on)
-    specs = [*make_bwd_sm90_specs(dtype, d, **flags), *bwd_specs_for("sm90", dtype, d, **flags)]
+    specs = [*make_bwd_sm90_specs(dtype, d, **flags), *bwd_specs_for("sm90n", dtype, d, **flags)]
     for spec in specs:
         if spec.template != "attention/bwd_sm90.cu":   # the sm_80 dot and dqout kernels
             check_compiled(spec, "sm_80", compile_cache)
@@ -135,6 +137,42 @@ def test_the_hopper_kernels_compile_without_spills(d, dtype, on, compile_cache):
         "dot", "dq", "dkv"]
     if d in (64, 128):
         assert "cp.reduce.async.bulk" in render(bwd_specs_for("sm90", dtype, d, **flags)[1])
+
+
+#: (head_dim, options) the wide one-kernel backward ("sm90w") takes: every option it does not
+#: refuse, each dtype
+_FLAGS = [dict(zip(("causal", "window", "varlen"), map(bool, bits)))
+          for bits in ((0, 0, 0), (1, 0, 0), (1, 1, 1))]
+WIDE = [(d, f) for d in sorted(SM90_BWD_WIDE) for f in _FLAGS if wide_bwd_refusal(d, **f) is None]
+
+
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("d, flags", WIDE, ids=[f"{d}-{''.join(k[0] for k, v in f.items() if v)}"
+                                                for d, f in WIDE])
+def test_the_wide_one_kernel_backward_compiles_without_spills(d, flags, dtype, compile_cache):
+    dot, fused, out = bwd_specs_for("sm90w", dtype, d, **flags)
+    assert (dot.kind, fused.kind, out.kind) == ("dot", "dkvq", "dqout")
+    assert fused.step == SM90_BWD_WIDE[d] > bwd_specs_for("sm90n", dtype, d, **flags)[1].step
+    assert bwd_specs_for("sm90", dtype, d, **flags)[1] == fused   # the default where it applies
+    entry = check_compiled(fused, "sm_90a", compile_cache)
+    assert entry.registers <= 168 and fused.smem_bytes <= MAX_SMEM_SM90
+
+
+def test_the_wide_one_kernel_backward_refuses_what_would_spill():
+    assert [d for d, f in WIDE if not any(f.values())] == [64, 128]
+    assert any(d == 64 and f["varlen"] for d, f in WIDE)   # packed sequences at 64 keep
+    for d, options, words in ((128, dict(softcap=True), "softcap, window, varlen"),
+                              (128, dict(varlen=True), "got varlen"),
+                              (64, dict(softcap=True, causal=True), "got softcap"),
+                              (256, {}, "head_dim 64 or 128, got 256")):
+        with pytest.raises(ArgumentValueError, match=r"^config: 'sm90w' takes .*" + words):
+            bwd_specs_for("sm90w", DType.BF16, d, **options)
+        if d in SM90_BWD_WIDE:   # the default takes the narrow step there
+            narrow = bwd_specs_for("sm90n", DType.BF16, d, **options)
+            assert bwd_specs_for("sm90", DType.BF16, d, **options) == narrow
+            assert narrow[1].step < SM90_BWD_WIDE[d]
+    with pytest.raises(ArgumentValueError, match="deterministic=False"):
+        bwd_specs_for("sm90w", DType.BF16, 128, deterministic=True)
 
 
 def test_the_hopper_backward_spec_refuses_what_it_cannot_be():

@@ -184,8 +184,34 @@ def test_on_sm_90_the_hopper_kernels_and_sm80_pinned(monkeypatch):
                  v=arr((B, 0, HKV, D))).family == "sm80"   # no keys: nothing to map
 
 
+def test_the_wide_one_kernel_backward_is_pinned_where_it_applies(monkeypatch):
+    from ge2jit.ops.attention import op
+    from ge2jit.ops.attention.registration import _choose_backward
+
+    monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
+    wide = check(config="sm90w")
+    dot, dkvq, out = wide.specs
+    assert wide.family == "sm90w" and dkvq.kind == "dkvq" and dkvq.step == 64   # head_dim 128
+    assert bwd.accum_shape(wide) == (B, H, 64, D)
+    assert bwd.launch_params(wide)[1]["dq_pad"] == 64
+    assert _choose_backward(wide, 0).config == "sm90w"
+    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90w' takes none of softcap, "
+                                                 r"window, varlen at head_dim 128 \(its "
+                                                 r"registers would spill\), got window$"):
+        check(config="sm90w", window=(4, 4))
+    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90w' takes deterministic=False"):
+        check(config="sm90w", deterministic=True)
+    # the default takes the wide step where it applies, the narrow one elsewhere
+    assert check().specs == wide.specs and check().family == "sm90"
+    narrow = check(config="sm90n")
+    assert narrow.specs[1].kind == "dkvq" and narrow.specs[1].step == 48
+    assert check(window=(4, 4)).specs == check(config="sm90n", window=(4, 4)).specs
+
+
 def test_the_hopper_kernels_are_refused_elsewhere_and_a_bad_config_in_one_line():
-    with pytest.raises(ArgumentValueError, match="^config: expected one of 'sm80' on this GPU"):
-        check(config="sm90")
+    for name in ("sm90", "sm90w", "sm90n"):
+        with pytest.raises(ArgumentValueError, match="^config: expected one of 'sm80' on this "
+                                                     "GPU"):
+            check(config=name)
     with pytest.raises(ArgumentTypeError, match="^config: expected None or a name"):
         check(config=3)

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("free_gpu_memory")]
 
 def _run(dtype="bfloat16", *, b=2, s_q=77, s_k=90, h=4, h_kv=None, d=64, causal=False,
          window=None, softcap=None, scale=None, seqlens=None, bhsd=False, given=False,
-         seed=(), check_repeat=False, deterministic=False):
+         seed=(), check_repeat=False, deterministic=False, config=None):
     h_kv = h if h_kv is None else h_kv
     rng = rng_for("bwd", dtype, b, s_q, s_k, h, h_kv, d, causal, window, softcap, scale,
                   seqlens, bhsd, given, *seed)
@@ -50,6 +50,8 @@ def _run(dtype="bfloat16", *, b=2, s_q=77, s_k=90, h=4, h_kv=None, d=64, causal=
                     for n in ("q", "k", "v"))
     if deterministic:
         kw["deterministic"] = True
+    if config is not None:
+        kw["config"] = config
     grads = ge2jit.attention_backward(dev["do"], dev["q"], dev["k"], dev["v"], o, lse,
                                       out=out, **kw)
     if given:
@@ -145,3 +147,19 @@ def test_zero_sizes():
     lse = cp.zeros((2, 4, 0), cp.float32)
     dq, dk, dv = ge2jit.attention_backward(q, q, k, k, q, lse)
     assert dq.shape == q.shape and (cp.asnumpy(dk) == 0).all() and (cp.asnumpy(dv) == 0).all()
+
+
+@pytest.mark.usefixtures("sm90")
+@pytest.mark.parametrize("options", [
+    dict(d=64), dict(d=128, causal=True, s_q=300, s_k=500), dict(d=64, bhsd=True, given=True),
+    dict(d=64, seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), h=4, h_kv=2, causal=True),
+    dict(d=64, window=(30, 10), h_kv=1), dict(d=128, h=8, h_kv=2, s_q=1000, s_k=1000),
+    dict(d=128, check_repeat=True, s_q=200, s_k=200),
+], ids=str)
+@pytest.mark.parametrize("config", ["sm90w", "sm90n"])
+def test_the_one_kernel_backward_pinned_through_the_op(config, options):
+    """``config="sm90w"`` and ``"sm90n"``: the op's dq scratch and its conversion at the wide
+    and at the narrow step."""
+    if config == "sm90w" and options.get("window") and options["d"] == 128:
+        pytest.skip("refused: covered by the CPU tests")
+    _run("bfloat16", config=config, **options)

@@ -28,7 +28,8 @@ def _strides(x, varlen):
 def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=False,
          window=None, softcap=None, scale=None, seqlens=None, fused=False):
     """``fused``: the one-kernel backward (dkvq: dq added into a zeroed float32 array by
-    atomics, scaled and rounded here) in place of the dq and dkv kernels."""
+    atomics, scaled and rounded here) in place of the dq and dkv kernels, at its narrow step
+    (config "sm90n"); "wide": at its wide step (config "sm90w")."""
     h_kv = h if h_kv is None else h_kv
     rng = rng_for("bwd sm90", dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, seqlens)
     q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
@@ -54,7 +55,8 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
              for n, x in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
     flags = dict(causal=causal, window=window is not None, softcap=bool(softcap), varlen=varlen)
     if fused:
-        specs = bwd_specs_for("sm90", SUPPORTED_DTYPES[dtype], d, **flags)[1:2]
+        family = "sm90w" if fused == "wide" else "sm90n"
+        specs = bwd_specs_for(family, SUPPORTED_DTYPES[dtype], d, **flags)[1:2]
         assert specs[0].kind == "dkvq"
     else:
         specs = make_bwd_sm90_specs(SUPPORTED_DTYPES[dtype], d, **flags)
@@ -143,3 +145,14 @@ def test_packed_sequences(d):
 ], ids=str)
 def test_the_one_kernel_backward(options):
     _run(options.pop("dtype", "bfloat16"), fused=True, **options)
+
+
+@pytest.mark.parametrize("options", [
+    dict(d=64), dict(d=128), dict(d=64, dtype="float16", s_q=96, s_k=96, b=1, h=1),
+    dict(d=128, causal=True, s_q=100, s_k=400), dict(d=128, causal=True, s_q=400, s_k=100),
+    dict(d=64, window=(30, 10)), dict(d=128, h=8, h_kv=2, causal=True),
+    dict(d=64, h=8, h_kv=1, s_q=385), dict(d=128, scale=0.05, s_q=1000, s_k=700),
+    dict(d=64, seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), h=4, h_kv=2, causal=True),
+], ids=str)
+def test_the_wide_one_kernel_backward(options):
+    _run(options.pop("dtype", "bfloat16"), fused="wide", **options)
