@@ -40,11 +40,19 @@ from ..ops.cross_entropy.torch_ops import cross_entropy
 from ..ops.gemm import torch_patterns as _gemm_patterns  # noqa: F401 - registers
 from ..ops.gemm.gated import interleave_gate_up, split_gate_up
 from ..ops.gemm.torch_modules import MLP, GatedMLP, Linear
-from ..ops.gemm.torch_ops import gated_mlp, gemm_bias_act, gemm_gated, mlp
+from ..ops.gemm.torch_ops import (
+    gated_mlp,
+    gated_mlp_pair,
+    gemm_bias_act,
+    gemm_gated,
+    mlp,
+    pair_gate_up_,
+)
 from ..ops.norm import torch_patterns as _norm_patterns  # noqa: F401 - registers
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 from ..ops.norm.torch_ops import layer_norm, rms_norm
 from ..ops.quantize.torch_ops import quantize_fp8
+from ..ops.rope import torch_patterns as _rope_patterns  # noqa: F401 - registers
 from ..ops.rope.hf import apply_rotary_pos_emb
 from ..ops.rope.torch_ops import rope
 from ..ops.softmax.torch_ops import softmax
@@ -55,7 +63,8 @@ from .fp8 import linear_fp8
 from .patch import patch
 
 __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act", "gemm_gated",
-           "gated_mlp", "interleave_gate_up", "split_gate_up", "mlp", "softmax",
+           "gated_mlp", "gated_mlp_pair", "pair_gate_up_", "interleave_gate_up", "split_gate_up",
+           "mlp", "softmax",
            "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "quantize_fp8",
            "linear_fp8", "rope",
            "apply_rotary_pos_emb", "attention", "scaled_dot_product_attention",

@@ -76,13 +76,16 @@ def compile(model, *, inductor: bool = True, only: list[str] | None = None,
     name (a causal batch then passes no mask, which transformers would otherwise make while
     compiling) and, for a causal LM, its head and loss fused (training on labels returns the
     loss without logits: logits the model returns would have to be made whole in any
-    graph)."""
+    graph) and its gated MLPs' gate and up weights put in one storage (``gated_mlp``'s
+    pattern then reads them without a copy)."""
     if hf and isinstance(model, torch.nn.Module) and hasattr(model, "config"):
-        from .patch import patch
+        from .patch import pair_gated_mlps, patch
 
-        patch(model, linears=False, norms=False,
-              head=only is None or "linear_cross_entropy" in only,
-              attention=only is None or "scaled_dot_product_attention" in only)
+        report = patch(model, linears=False, norms=False,
+                       head=only is None or "linear_cross_entropy" in only,
+                       attention=only is None or "scaled_dot_product_attention" in only)
+        if only is None or "gated_mlp" in only:
+            pair_gated_mlps(model, report)
     return torch.compile(model, backend=functools.partial(backend, inductor=inductor,
                                                           only=only, mode=mode), **kwargs)
 

@@ -23,20 +23,29 @@ What it replaces, by structure:
 
 Modules whose parameters are on the CPU are left (ge2jit's layers run on CUDA devices;
 ``meta`` parameters, of a model to be materialized later, are taken). What is left, and why, is
-in the returned report. Hugging Face's gated MLPs (LLaMA's ``gate_proj``/``up_proj``) are left:
-ge2jit's gated GEMM reads the two weights interleaved, which would take a copy of them.
+in the returned report.
+
+- a Hugging Face gated MLP (LLaMA's, Mistral's, Qwen2's: ``gate_proj``, ``up_proj``,
+  ``down_proj`` Linears without bias and an activation the gated GEMM has): one
+  ``ge2jit.torch.gated_mlp_pair`` (the gated GEMM and its chained backward), the module's
+  Linears kept; the gate's and up's weights are put in one storage, rows alternating
+  (``pair_gate_up_``: each keeps its ``Parameter`` object and values), which the gated GEMM
+  reads without a copy. ``ge2jit.torch.compile`` pairs them too (its graph pattern then finds
+  the MLP).
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ..composed.hf import head_loss_refusal, install_head_loss
+from ..ops.gemm.gated import GATED_ACTS
 from ..ops.gemm.torch_modules import Linear
-from ..ops.gemm.torch_ops import gemm_bias_act
+from ..ops.gemm.torch_ops import gated_mlp_pair, gemm_bias_act, pair_gate_up_
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
 
 __all__ = ["patch", "PatchReport"]
@@ -151,6 +160,40 @@ def _norm(module) -> nn.Module | None:
     return None
 
 
+def _is_gated_mlp(module, biases: bool = False) -> bool:
+    """A Hugging Face gated MLP: ``gate_proj``, ``up_proj`` and ``down_proj`` Linears without
+    bias (with ``biases``: with or without) of matching shapes and an ``act_fn``."""
+    linears = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return (type(module).__name__.endswith("MLP") and hasattr(module, "act_fn")
+            and all(type(m) is nn.Linear and (biases or m.bias is None) for m in linears)
+            and linears[0].weight.shape == linears[1].weight.shape)
+
+
+def _gated_act(module) -> str | None:
+    """The gated GEMM's name of a gated MLP's activation, else None."""
+    act = _activation(module.act_fn)
+    return act if act in GATED_ACTS else None
+
+
+def _gated_forward(self, x):
+    """A gated MLP module's forward (bound to it by ``patch``) by ``gated_mlp_pair`` on its own
+    Linears' weights, read at each call (a module moved or re-paired keeps working)."""
+    y = gated_mlp_pair(x.reshape(-1, x.shape[-1]), self.gate_proj.weight, self.up_proj.weight,
+                       self.down_proj.weight, self._ge2jit_act)
+    return y.reshape(*x.shape[:-1], self.down_proj.weight.shape[0])
+
+
+def pair_gated_mlps(model: nn.Module, report: PatchReport) -> None:
+    """Put each Hugging Face gated MLP's gate and up weights in one storage (``pair_gate_up_``)
+    for ``ge2jit.torch.compile``'s gated MLP pattern."""
+    for path, module in model.named_modules():
+        if _is_gated_mlp(module) and _gated_act(module) is not None and \
+                _placeable(module, path, report):
+            if pair_gate_up_(module.gate_proj.weight, module.up_proj.weight):
+                report.replaced.append((path, "gate and up weights apart",
+                                        "one storage, rows alternating"))
+
+
 def patch_head(model: nn.Module, report: PatchReport) -> None:
     """The head-and-loss replacement of ``patch`` alone (``ge2jit.torch.compile`` makes it
     too: a model that returns its logits keeps them alive in any graph)."""
@@ -186,10 +229,20 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
                 module.act = nn.Identity()
                 report.replaced.append((f"{prefix}c_fc", "Conv1D + activation",
                                         f"ge2jit GEMM(act={act!r})"))
-        if linears and type(module).__name__.endswith("MLP") and \
-                all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")):
-            report.left.append((path, "a gated MLP: ge2jit's gated GEMM reads the gate's and "
-                                      "up's weights interleaved (a copy; not done)"))
+        if linears and _is_gated_mlp(module, biases=True) and not _is_gated_mlp(module):
+            report.left.append((path, "a gated MLP with biases (not fused yet)"))
+        if linears and _is_gated_mlp(module):
+            act = _gated_act(module)
+            if act is None:
+                report.left.append((path, f"a gated MLP with activation "
+                                          f"{type(module.act_fn).__name__} (the gated GEMM "
+                                          f"lacks it)"))
+            elif _placeable(module, path, report):
+                pair_gate_up_(module.gate_proj.weight, module.up_proj.weight)
+                module._ge2jit_act = act
+                module.forward = types.MethodType(_gated_forward, module)
+                report.replaced.append((path, f"gated MLP ({type(module.act_fn).__name__})",
+                                        f"ge2jit gated_mlp_pair(act={act!r})"))
         if norms:
             for name, child in list(module.named_children()):
                 new = _norm(child)

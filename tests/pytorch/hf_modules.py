@@ -60,9 +60,10 @@ class LlamaMLP(torch.nn.Module):
         self.gate_proj = torch.nn.Linear(d, hidden, bias=False, **kw)
         self.up_proj = torch.nn.Linear(d, hidden, bias=False, **kw)
         self.down_proj = torch.nn.Linear(hidden, d, bias=False, **kw)
+        self.act_fn = torch.nn.SiLU()   # transformers' ACT2FN["silu"]
 
     def forward(self, x):
-        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Config:

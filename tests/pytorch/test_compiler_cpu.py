@@ -155,8 +155,8 @@ def test_only_runs_the_named_patterns():
     assert [p for p, _, _ in report.fused] == ["linear_activation"]
     assert torch._C._nn.scaled_dot_product_attention in _calls(gm)
     assert [p.name for p in gt.compiler.patterns()] == [
-        "rms_norm", "layer_norm", "linear_cross_entropy", "scaled_dot_product_attention",
-        "linear_activation"]
+        "rms_norm", "layer_norm", "gated_mlp", "linear_cross_entropy",
+        "scaled_dot_product_attention", "linear_activation", "rotary"]
 
 
 class _Block(torch.nn.Module):

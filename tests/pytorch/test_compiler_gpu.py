@@ -117,3 +117,49 @@ def test_norms_take_their_residual_adds():
     ops = sorted(op for _, _, op in gt.compiler.reports[-1].fused)
     assert ops == ["gemm_bias_act(act='gelu')", "gemm_bias_act(act='relu')", "layer_norm(residual)",
                    "rms_norm"], ops
+
+
+def _rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
+
+
+class Rotary(torch.nn.Module):
+    """q and k projections rotated as Hugging Face's LLaMA does (the angle table made in the
+    graph: ``cat((freqs, freqs), -1)``, its cos and sin cast to x's type), then mixed."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(D, D, bias=False), torch.nn.Linear(D, D // 2)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2)
+        k = self.k(x).view(b, s, HEADS // 2, HEAD_DIM).transpose(1, 2)
+        inv = 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2, device=x.device,
+                                           dtype=torch.float32) / HEAD_DIM)
+        freqs = (torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * inv)[None]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(dtype=x.dtype), emb.sin().to(dtype=x.dtype)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q * k.repeat_interleave(2, dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_the_rotary_embedding_becomes_ge2jits_rope(dtype):
+    torch.manual_seed(0)
+    model = Rotary().cuda().to(dtype)
+    ref = Rotary().cuda().double()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(2, 77, D, device="cuda")
+    want = run_backward(ref, x.double())
+    eager = relative_errors(run_backward(model, x.to(dtype)), want)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    got = relative_errors(run_backward(gt.compile(model, fullgraph=True), x.to(dtype)), want)
+    unit = 2 ** -8 if dtype == torch.bfloat16 else 2 ** -20
+    for g, e in zip(got, eager):
+        assert g <= 1.5 * e + unit, (got, eager)
+    fused = [(p, op) for p, _, op in gt.compiler.reports[-1].fused]
+    assert fused.count(("rotary", "rope")) == 2, gt.compiler.reports[-1]

@@ -46,10 +46,15 @@ def test_a_decoder_is_patched_with_its_parameters_shared(hf_registered):
     assert type(head[2]) is nn.Linear and isinstance(head[3], nn.ELU)   # ELU: not ge2jit's
     assert model.config._attn_implementation == "ge2jit" and hf_registered == ["ge2jit"]
     assert sorted(p for p, _, _ in report.replaced) == [
-        "", "gpt2_mlp.c_fc", "head.0", "input_layernorm", "ln_f"]
-    assert report.left == [("mlp", "a gated MLP: ge2jit's gated GEMM reads the gate's and up's "
-                                   "weights interleaved (a copy; not done)")]
-    assert str(report).startswith("replaced 5, left 1")
+        "", "gpt2_mlp.c_fc", "head.0", "input_layernorm", "ln_f", "mlp"]
+    assert report.left == []
+    assert str(report).startswith("replaced 6, left 0")
+    # the gated MLP: its Linears kept, gate's and up's weights one storage, rows alternating
+    mlp = model.mlp
+    assert type(mlp.gate_proj) is nn.Linear and mlp.forward.__func__.__name__ == "_gated_forward"
+    assert mlp._ge2jit_act == "silu"
+    assert mlp.gate_proj.weight.stride() == (2 * 64, 1)
+    assert mlp.up_proj.weight.storage_offset() == mlp.gate_proj.weight.storage_offset() + 64
 
 
 def test_an_optimizer_built_before_still_steps_the_parameters():
@@ -96,3 +101,18 @@ def test_without_transformers_the_attention_is_left(monkeypatch):
     assert report.left[-1][0] == "" and report.left[-1][1].startswith(
         "attention: transformers is not importable")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_gated_mlp_with_biases_is_left_with_the_reason():
+    from .hf_modules import LlamaMLP
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = LlamaMLP(16, 32, device="meta")
+            self.mlp.gate_proj = nn.Linear(16, 32, device="meta")   # Qwen-style mlp_bias
+
+    model = Block()
+    report = gt.patch(model, attention=False)
+    assert report.left == [("mlp", "a gated MLP with biases (not fused yet)")]
+    assert "forward" not in vars(model.mlp)

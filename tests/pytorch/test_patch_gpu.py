@@ -29,13 +29,20 @@ def test_a_patched_decoder_matches_the_untouched_one():
     eager = relative_errors(run_backward(model, x.bfloat16()), want)
     model.zero_grad(set_to_none=True)
     report = gt.patch(model, attention=False)
-    assert len(report.replaced) == 4, str(report)
+    assert len(report.replaced) == 5, str(report)   # with the gated MLP
+    assert model.mlp.forward.__func__.__name__ == "_gated_forward"
     got = relative_errors(run_backward(model, x.bfloat16()), want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
     before = model.ln_f.weight.detach().clone()
+    gate_before = model.mlp.gate_proj.weight.detach().clone()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert not torch.equal(model.ln_f.weight, before)
+    # the paired weights step in place: still one storage, each by its own gradient
+    mlp = model.mlp
+    assert mlp.gate_proj.weight.stride() == (128, 1)
+    want = gate_before.float() - 0.1 * mlp.gate_proj.weight.grad.float()
+    torch.testing.assert_close(mlp.gate_proj.weight.float(), want, rtol=2 ** -7, atol=1e-6)
 
 
 def _hf_models(kind: str, vocab: int = 1000):

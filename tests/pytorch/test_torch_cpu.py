@@ -20,6 +20,7 @@ def _functions(gt) -> dict:
         "gemm_bias_act": (lambda: gt.gemm_bias_act(X, w), "a"),
         "gemm_gated": (lambda: gt.gemm_gated(X, w), "a"),
         "gated_mlp": (lambda: gt.gated_mlp(X, w, None, torch.ones(8, 4), None), "x"),
+        "gated_mlp_pair": (lambda: gt.gated_mlp_pair(X, w, w, torch.ones(8, 8)), "x"),
         "mlp": (lambda: gt.mlp(X, [w], [None], ["relu"]), "x"),
         "linear_fp8": (lambda: gt.linear_fp8(X, w), "a"),
         "softmax": (lambda: gt.softmax(X), "x"),
@@ -39,8 +40,8 @@ def _functions(gt) -> dict:
 
 def test_the_cpu_calls_cover_every_function(gt):
     layers = {"Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm"}
-    helpers = {"interleave_gate_up", "split_gate_up", "precision_for", "FLOAT32_PRECISION",
-               "NAMESPACE", "register_hf_attention"}
+    helpers = {"interleave_gate_up", "split_gate_up", "pair_gate_up_", "precision_for",
+               "FLOAT32_PRECISION", "NAMESPACE", "register_hf_attention"}
     # PyTorch's signature: PyTorch's function for what the kernels do not take, CPU tensors
     # too (test_attention_fakes_and_the_fallback_to_pytorch); the compiler backend's
     # (tests/pytorch/test_compiler_cpu.py)

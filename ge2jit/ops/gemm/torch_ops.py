@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ...jit.fastlaunch import MISS
 from ...runtime.torchlib import (
+    Differentiable,
     absent,
     autocast_dtype,
     cast,
@@ -371,6 +372,136 @@ def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs
 
     return [x.new_empty(x.shape) if needs_x else absent(gy), like(gate_up), like(gate_up_bias),
             like(down), like(down_bias)]
+
+
+# --- a gated MLP on two weights (a model's gate and up projections) -----------------------
+
+def gate_up_view(w_gate: Tensor, w_up: Tensor) -> Tensor | None:
+    """The (2 * hidden, d) weight with rows alternating gate and up that ``gated_mlp`` takes,
+    as a view over ``w_gate``'s and ``w_up``'s own memory, where it is one: up's rows right
+    after gate's in one storage (each of (hidden, d) with strides (2 d, 1), up's first element
+    d after gate's: what :func:`pair_gate_up_` makes). Else None."""
+    if (w_gate.dim() != 2 or w_gate.shape != w_up.shape or w_gate.dtype != w_up.dtype
+            or w_gate.device != w_up.device):
+        return None
+    n, d = w_gate.shape
+    if n == 0 or d == 0 or w_gate.stride() != (2 * d, 1) or w_up.stride() != (2 * d, 1):
+        return None
+    if (w_up.untyped_storage().data_ptr() != w_gate.untyped_storage().data_ptr()
+            or w_up.storage_offset() != w_gate.storage_offset() + d):
+        return None
+    return w_gate.as_strided((2 * n, d), (d, 1), w_gate.storage_offset())
+
+
+def _gate_up_of(w_gate: Tensor, w_up: Tensor) -> Tensor:
+    """``gate_up_view``, or where the weights are apart their rows interleaved (a copy)."""
+    view = gate_up_view(w_gate, w_up)
+    return view if view is not None else torch.stack((w_gate, w_up), 1).flatten(0, 1)
+
+
+def pair_gate_up_(w_gate: torch.nn.Parameter, w_up: torch.nn.Parameter) -> bool:
+    """Put two (hidden, d) weights in one storage, rows alternating, in place: each keeps its
+    ``Parameter`` object, values and shape (its ``data`` becomes a strided view), so modules,
+    state dicts and optimizers made before keep working, and ``gated_mlp_pair`` then reads
+    them as one weight without a copy. False (nothing changed) where they are already paired
+    or cannot be (other shapes, types or devices, or tensor subclasses such as DTensor)."""
+    if gate_up_view(w_gate, w_up) is not None:
+        return False
+    if (w_gate.dim() != 2 or w_gate.shape != w_up.shape or w_gate.dtype != w_up.dtype
+            or w_gate.device != w_up.device or w_gate.numel() == 0
+            or any(type(w.data) is not torch.Tensor for w in (w_gate, w_up))):
+        return False   # (a subclass's data, such as FSDP's sharded DTensor, is left as it is)
+    with torch.no_grad():
+        both = torch.stack((w_gate.detach(), w_up.detach()), 1)   # (hidden, 2, d)
+    w_gate.data, w_up.data = both[:, 0], both[:, 1]
+    return True
+
+
+def _gated_mlp_pair(x: Tensor, w_gate: Tensor, w_up: Tensor, down: Tensor, act: str,
+                    precision: str | None, save: bool
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``_gated_mlp`` of ``_gate_up_of(w_gate, w_up)`` without biases: ``(Y, H, Z, gate_up16,
+    down16)``, all but Y empty without ``save`` (a tuple: the eager Function's outputs)."""
+    out = _gated_mlp(x, _gate_up_of(w_gate, w_up), None, down, None, act, precision, save)
+    return tuple(out) if save else (out[0], *(absent(x) for _ in range(4)))
+
+
+def _gated_mlp_pair_fake(x, w_gate, w_up, down, act, precision, save):
+    m, n = x.shape[0], w_gate.shape[0]
+    y = x.new_empty((m, down.shape[0]))
+    if not save:
+        return (y, *(absent(x) for _ in range(4)))
+    gate_up = w_gate.new_empty((2 * n, w_gate.shape[1]))
+    return (y, x.new_empty((m, down.shape[1])), x.new_empty((m, 2 * n)),
+            lowered_like(gate_up, x), lowered_like(down, x))
+
+
+def _gated_mlp_pair_setup(ctx, inputs, output):
+    x, w_gate, w_up, down, act, precision, save = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
+    ctx.scalars = (act, precision)
+    ctx.save_for_backward(x, w_gate, w_up, down, *output[1:])
+
+
+def _gated_mlp_pair_grads(ctx, gy, *unused, backward):
+    if gy is None:
+        return (None,) * 7
+    x, w_gate, w_up, down, h, z, gate_up16, down16 = ctx.saved_tensors
+    act, precision = ctx.scalars
+    gx, g_gate, g_up, g_down = backward(gy, x, w_gate, w_up, down, h, z, act, precision,
+                                        bool(ctx.needs_input_grad[0]), gate_up16, down16)
+    return (gx if ctx.needs_input_grad[0] else None, g_gate, g_up, g_down, None, None, None)
+
+
+def _gated_mlp_pair_backward(gy: Tensor, x: Tensor, w_gate: Tensor, w_up: Tensor,
+                             down: Tensor, h: Tensor, z: Tensor, act: str,
+                             precision: str | None, needs_x: bool,
+                             gate_up16: Tensor | None = None,
+                             down16: Tensor | None = None) -> list[Tensor]:
+    """``[dX, d w_gate, d w_up, d down]`` of ``gated_mlp_pair`` (dX empty where not wanted):
+    ``_gated_mlp_backward``'s chain, the interleaved weight's gradient split in two. H and Z
+    empty (a forward without ``save``) are made again."""
+    if h.numel() == 0 and x.shape[0] > 0 and w_gate.shape[0] > 0:
+        _, h, z, gate_up16, down16 = _gated_mlp_pair(x, w_gate, w_up, down, act, precision,
+                                                     True)
+    gx, g_gate_up, _, g_down, _ = _gated_chain_backward(
+        gy, x, _gate_up_of(w_gate, w_up), None, down, None, h, z, act, precision, needs_x,
+        gate_up16, down16)
+    return [gx if gx is not None else absent(gy), g_gate_up[0::2].contiguous(),
+            g_gate_up[1::2].contiguous(), g_down]
+
+
+def _gated_mlp_pair_backward_fake(gy, x, w_gate, w_up, down, h, z, act, precision, needs_x,
+                                  gate_up16=None, down16=None):
+    def like(t):
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    return [x.new_empty(x.shape) if needs_x else absent(gy), like(w_gate), like(w_up),
+            like(down)]
+
+
+_GATED_MLP_PAIR = Differentiable(
+    "gated_mlp_pair", _gated_mlp_pair, fake=_gated_mlp_pair_fake,
+    setup=_gated_mlp_pair_setup, grads=_gated_mlp_pair_grads,
+    backward=_gated_mlp_pair_backward, backward_fake=_gated_mlp_pair_backward_fake)
+
+
+def gated_mlp_pair(x: Tensor, w_gate: Tensor, w_up: Tensor, down: Tensor, act: str = "silu",
+                   *, precision: str | None = None) -> Tensor:
+    """``down(act(x @ w_gate.T) * (x @ w_up.T))``, a model's gated MLP on its own weights
+    (``nn.Linear``'s (hidden, d) gate and up, (d, hidden) down; no biases), as
+    ``gated_mlp``: one gated GEMM, its chained backward (``torch.ops.ge2jit.gated_mlp_pair``).
+    The gated GEMM reads gate's and up's rows alternating: where :func:`pair_gate_up_` has
+    put them so (``ge2jit.torch.compile`` and ``patch`` do, for Hugging Face's MLPs) that is
+    a view of them, elsewhere a copy each call. Their gradients come back apart (each
+    contiguous). Precision and autocast as in ``gemm_bias_act``."""
+    dtype = autocast_dtype()
+    x, down = cast(x, dtype), weight_cast(down, dtype)
+    w_gate, w_up = weight_cast(w_gate, dtype), weight_cast(w_up, dtype)
+    precision = precision_for(x.dtype, precision)
+    save = needs_grad(x, w_gate, w_up, down)
+    return _GATED_MLP_PAIR(x, w_gate, w_up, down, act, precision, save)[0]
 
 
 # --- a chained stack of layers -------------------------------------------------------------

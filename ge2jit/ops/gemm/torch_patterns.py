@@ -1,17 +1,25 @@
-"""The compiler backend's GEMM pattern (``ge2jit.torch.compiler``): a Linear whose only user
+"""The compiler backend's GEMM patterns (``ge2jit.torch.compiler``): a Linear whose only user
 is an activation ge2jit's epilogue has (relu, leaky_relu, gelu, gelu with tanh, silu, sigmoid,
 tanh) becomes one ``ge2jit.torch.gemm_bias_act``: the bias and the activation applied in the
 GEMM's epilogue, forward and backward. A Linear whose output has another user, an activation
 ge2jit lacks, an input not on a CUDA device or of another type, or a Linear inside autocast is
-left alone, and the report says why."""
+left alone, and the report says why.
+
+A gated MLP, ``down(act(gate(x)) * up(x))`` with three Linears without bias (LLaMA's, Mistral's,
+Qwen2's: silu; Gemma's: gelu with tanh), becomes one ``ge2jit.torch.gated_mlp_pair``: the gated
+GEMM and its chained backward. Left alone, with the reason: biases, an intermediate with
+another user, an activation the gated GEMM lacks, the types or devices above."""
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.nn.functional as F
 
 from ...runtime.torchpasses import Fusion, Pattern, Skip, argument, register_pattern, tensor_of
-from .torch_ops import gemm_bias_act
+from .gated import GATED_ACTS
+from .torch_ops import gated_mlp_pair, gemm_bias_act
 
 NAME = "linear_activation"
 _LINEAR = {torch._C._nn.linear, F.linear}
@@ -88,3 +96,80 @@ def match(node):
 
 
 register_pattern(Pattern(NAME, "gemm_bias_act", match))
+
+
+GATED = "gated_mlp"
+_MUL = {operator.mul, torch.mul}
+
+
+def gated_linear(x, w_gate, w_up, down, act: str):
+    """``F.linear(act(F.linear(x, w_gate)) * F.linear(x, w_up), down)`` by ge2jit (x of any
+    leading dimensions)."""
+    y = gated_mlp_pair(x.reshape(-1, x.shape[-1]), w_gate, w_up, down, act)
+    return y.reshape(*x.shape[:-1], down.shape[0])
+
+
+def _linear_of(node):
+    """(x, weight, bias) of a Linear call, else None."""
+    if not (hasattr(node, "op") and node.op == "call_function" and node.target in _LINEAR):
+        return None
+    return argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
+
+
+def match_gated(node):
+    down = _linear_of(node)
+    if down is None:
+        return None
+    h, w_down, down_bias = down
+    if not (hasattr(h, "op") and h.op == "call_function" and h.target in _MUL
+            and len(h.args) == 2 and not h.kwargs):
+        return None
+    for act_node, up_node in (h.args, h.args[::-1]):
+        found = _activation(act_node) if hasattr(act_node, "op") else None
+        up = _linear_of(up_node)
+        if found is None or up is None:
+            continue
+        act, gate_node, _ = found
+        gate = _linear_of(gate_node)
+        if gate is None or gate[0] is not up[0]:
+            continue
+        return _gated_found(node, h, act_node, gate_node, up_node, act, gate, up, w_down,
+                            down_bias)
+    return None
+
+
+def _gated_found(node, h, act_node, gate_node, up_node, act, gate, up, w_down, down_bias):
+    (x, w_gate, gate_bias), (_, w_up, up_bias) = gate, up
+    nodes = [gate_node, act_node, up_node, h, node]
+    tx, ty = tensor_of(x), tensor_of(node)
+    weights = [tensor_of(w) for w in (w_gate, w_up, w_down)]
+    why = None
+    if act not in GATED_ACTS:
+        why = f"activation {act} (the gated GEMM takes {', '.join(GATED_ACTS)})"
+    elif any(b is not None for b in (gate_bias, up_bias, down_bias)):
+        why = "biases (not fused yet)"
+    elif any(len(n.users) != 1 for n in nodes[:-1]):
+        why = "a part of the MLP has another user"
+    elif tx is None or ty is None or any(w is None for w in weights):
+        why = "no recorded tensors for its inputs"
+    elif not (tx.is_cuda and all(w.is_cuda for w in weights)):
+        why = "tensors not on a CUDA device"
+    elif ty.dtype != tx.dtype or any(w.dtype != tx.dtype for w in weights):
+        why = (f"types {tx.dtype} (x), {weights[0].dtype} (weights) -> {ty.dtype} (inside "
+               "autocast, or mixed: not fused yet)")
+    elif tx.dtype not in _TYPES:
+        why = f"dtype {tx.dtype} (ge2jit's GEMM takes float16, bfloat16 and float32)"
+    elif tx.dim() < 2 or weights[0].shape != weights[1].shape or \
+            weights[2].shape[1] != weights[0].shape[0]:
+        why = "shapes that are no gated MLP's"
+    if why is not None:
+        return Skip(GATED, node.name, why)
+
+    def build(graph):
+        return graph.call_function(gated_linear, (x, w_gate, w_up, w_down, act))
+
+    return Fusion(GATED, nodes, f"gated_mlp(act={act!r})", build)
+
+
+# before the Linear + activation pattern, which would take the gate's Linear alone
+register_pattern(Pattern(GATED, "gated_mlp", match_gated, priority=90))
