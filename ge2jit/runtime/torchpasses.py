@@ -22,7 +22,11 @@ import torch.fx as fx
 _META = ("example_value", "val", "stack_trace", "nn_module_stack")
 
 __all__ = ["Pattern", "Fusion", "Skip", "Report", "register_pattern", "patterns", "rewrite",
-           "tensor_of", "argument"]
+           "tensor_of", "argument", "is_call", "binary_args", "ADD", "MUL"]
+
+#: the targets a graph records for a sum and for a product of two values
+ADD = frozenset({operator.add, torch.add})
+MUL = frozenset({operator.mul, torch.mul})
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,22 @@ def tensor_of(node) -> torch.Tensor | None:
         return None
     value = node.meta.get("example_value", node.meta.get("val"))
     return value if isinstance(value, torch.Tensor) else None
+
+
+def is_call(node, functions=(), methods=()) -> bool:
+    """Whether ``node`` is a graph node calling one of ``functions`` or of ``methods`` (by
+    name); False for constants and None."""
+    return (isinstance(node, fx.Node)
+            and ((node.op == "call_function" and node.target in functions)
+                 or (node.op == "call_method" and node.target in methods)))
+
+
+def binary_args(node, functions) -> tuple | None:
+    """The two positional arguments of a call of one of ``functions`` without keywords (``a
+    + b``, ``a * b`` with ``ADD``, ``MUL``), else None."""
+    if is_call(node, functions) and len(node.args) == 2 and not node.kwargs:
+        return node.args
+    return None
 
 
 def argument(node: fx.Node, index: int, name: str, default=None):

@@ -376,16 +376,21 @@ def _(gy, x, gate_up, gate_up_bias, down, down_bias, h, z, act, precision, needs
 
 # --- a gated MLP on two weights (a model's gate and up projections) -----------------------
 
+def _alike(w_gate: Tensor, w_up: Tensor) -> bool:
+    """Two non-empty 2-D weights of one shape, type and device: a gate and up pair."""
+    return (w_gate.dim() == 2 and w_gate.shape == w_up.shape and w_gate.dtype == w_up.dtype
+            and w_gate.device == w_up.device and w_gate.numel() > 0)
+
+
 def gate_up_view(w_gate: Tensor, w_up: Tensor) -> Tensor | None:
     """The (2 * hidden, d) weight with rows alternating gate and up that ``gated_mlp`` takes,
     as a view over ``w_gate``'s and ``w_up``'s own memory, where it is one: up's rows right
     after gate's in one storage (each of (hidden, d) with strides (2 d, 1), up's first element
     d after gate's: what :func:`pair_gate_up_` makes). Else None."""
-    if (w_gate.dim() != 2 or w_gate.shape != w_up.shape or w_gate.dtype != w_up.dtype
-            or w_gate.device != w_up.device):
+    if not _alike(w_gate, w_up):
         return None
     n, d = w_gate.shape
-    if n == 0 or d == 0 or w_gate.stride() != (2 * d, 1) or w_up.stride() != (2 * d, 1):
+    if w_gate.stride() != (2 * d, 1) or w_up.stride() != (2 * d, 1):
         return None
     if (w_up.untyped_storage().data_ptr() != w_gate.untyped_storage().data_ptr()
             or w_up.storage_offset() != w_gate.storage_offset() + d):
@@ -405,10 +410,7 @@ def pair_gate_up_(w_gate: torch.nn.Parameter, w_up: torch.nn.Parameter) -> bool:
     state dicts and optimizers made before keep working, and ``gated_mlp_pair`` then reads
     them as one weight without a copy. False (nothing changed) where they are already paired
     or cannot be (other shapes, types or devices, or tensor subclasses such as DTensor)."""
-    if gate_up_view(w_gate, w_up) is not None:
-        return False
-    if (w_gate.dim() != 2 or w_gate.shape != w_up.shape or w_gate.dtype != w_up.dtype
-            or w_gate.device != w_up.device or w_gate.numel() == 0
+    if (not _alike(w_gate, w_up) or gate_up_view(w_gate, w_up) is not None
             or any(type(w.data) is not torch.Tensor for w in (w_gate, w_up))):
         return False   # (a subclass's data, such as FSDP's sharded DTensor, is left as it is)
     with torch.no_grad():

@@ -12,12 +12,20 @@ another user, an activation the gated GEMM lacks, the types or devices above."""
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.nn.functional as F
 
-from ...runtime.torchpasses import Fusion, Pattern, Skip, argument, register_pattern, tensor_of
+from ...runtime.torchpasses import (
+    MUL,
+    Fusion,
+    Pattern,
+    Skip,
+    argument,
+    binary_args,
+    is_call,
+    register_pattern,
+    tensor_of,
+)
 from .gated import GATED_ACTS
 from .torch_ops import gated_mlp_pair, gemm_bias_act
 
@@ -41,9 +49,11 @@ def linear_act(x, weight, bias, act: str, leaky_slope: float):
 
 def _activation(node):
     """(act, its input node, leaky slope) of an activation call, else None."""
-    if node.op == "call_method" and node.target in _METHODS and len(node.args) == 1:
+    if not is_call(node, _FUNCTIONS, _METHODS):
+        return None
+    if node.op == "call_method" and len(node.args) == 1:
         return _METHODS[node.target], node.args[0], 0.01
-    if node.op != "call_function" or node.target not in _FUNCTIONS:
+    if node.op != "call_function":
         return None
     act = _FUNCTIONS[node.target]
     if act in ("relu", "silu") and argument(node, 1, "inplace", False):
@@ -61,15 +71,29 @@ def _activation(node):
     return act, node.args[0] if node.args else node.kwargs.get("input"), float(slope)
 
 
+def gated_linear(x, w_gate, w_up, down, act: str):
+    """``F.linear(act(F.linear(x, w_gate)) * F.linear(x, w_up), down)`` by ge2jit (x of any
+    leading dimensions)."""
+    y = gated_mlp_pair(x.reshape(-1, x.shape[-1]), w_gate, w_up, down, act)
+    return y.reshape(*x.shape[:-1], down.shape[0])
+
+
+def _linear_of(node):
+    """(x, weight, bias) of a Linear call, else None."""
+    if not is_call(node, _LINEAR):
+        return None
+    return argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
+
+
 def match(node):
     found = _activation(node)
     if found is None:
         return None
     act, linear, slope = found
-    if not (hasattr(linear, "op") and linear.op == "call_function" and linear.target in _LINEAR):
+    parts = _linear_of(linear)
+    if parts is None:
         return None
-    x, weight = argument(linear, 0, "input"), argument(linear, 1, "weight")
-    bias = argument(linear, 2, "bias")
+    x, weight, bias = parts
     tx, tw, tb, ty = tensor_of(x), tensor_of(weight), tensor_of(bias), tensor_of(linear)
     why = None
     if len(linear.users) != 1:
@@ -99,21 +123,6 @@ register_pattern(Pattern(NAME, "gemm_bias_act", match))
 
 
 GATED = "gated_mlp"
-_MUL = {operator.mul, torch.mul}
-
-
-def gated_linear(x, w_gate, w_up, down, act: str):
-    """``F.linear(act(F.linear(x, w_gate)) * F.linear(x, w_up), down)`` by ge2jit (x of any
-    leading dimensions)."""
-    y = gated_mlp_pair(x.reshape(-1, x.shape[-1]), w_gate, w_up, down, act)
-    return y.reshape(*x.shape[:-1], down.shape[0])
-
-
-def _linear_of(node):
-    """(x, weight, bias) of a Linear call, else None."""
-    if not (hasattr(node, "op") and node.op == "call_function" and node.target in _LINEAR):
-        return None
-    return argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
 
 
 def match_gated(node):
@@ -121,11 +130,11 @@ def match_gated(node):
     if down is None:
         return None
     h, w_down, down_bias = down
-    if not (hasattr(h, "op") and h.op == "call_function" and h.target in _MUL
-            and len(h.args) == 2 and not h.kwargs):
+    factors = binary_args(h, MUL)
+    if factors is None:
         return None
-    for act_node, up_node in (h.args, h.args[::-1]):
-        found = _activation(act_node) if hasattr(act_node, "op") else None
+    for act_node, up_node in (factors, factors[::-1]):
+        found = _activation(act_node)
         up = _linear_of(up_node)
         if found is None or up is None:
             continue

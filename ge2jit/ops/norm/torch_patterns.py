@@ -13,20 +13,23 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from ...runtime.torchpasses import Fusion, Pattern, Skip, argument, register_pattern, tensor_of
+from ...runtime.torchpasses import (
+    ADD,
+    MUL,
+    Fusion,
+    Pattern,
+    Skip,
+    argument,
+    binary_args,
+    is_call,
+    register_pattern,
+    tensor_of,
+)
 from .torch_ops import layer_norm, rms_norm
 
 _TYPES = (torch.float16, torch.bfloat16, torch.float32)
 _RMS = {torch.rms_norm, getattr(F, "rms_norm", torch.rms_norm)}
 _LN = {F.layer_norm, torch.layer_norm}
-_ADD = {operator.add, torch.add}
-_MUL = {operator.mul, torch.mul}
-
-
-def _call(node, functions=(), methods=()) -> bool:
-    return (node is not None and hasattr(node, "op")
-            and ((node.op == "call_function" and node.target in functions)
-                 or (node.op == "call_method" and node.target in methods)))
 
 
 def _single_use(nodes, last) -> bool:
@@ -38,9 +41,9 @@ def _single_use(nodes, last) -> bool:
 def _float32_of(node):
     """The node that ``node`` casts to float32 (``.to(torch.float32)``, ``.float()``), or
     ``node`` itself (already float32), or None."""
-    if _call(node, methods=("float",)) and len(node.args) == 1:
+    if is_call(node, methods=("float",)) and len(node.args) == 1:
         return node.args[0]
-    if _call(node, methods=("to", "type")) and len(node.args) == 2 and \
+    if is_call(node, methods=("to", "type")) and len(node.args) == 2 and \
             node.args[1] is torch.float32:
         return node.args[0]
     t = tensor_of(node)
@@ -50,31 +53,31 @@ def _float32_of(node):
 def _hf_rms_norm(final):
     """(chain nodes in order, x, weight, eps) of Hugging Face's RMSNorm ending at ``final``
     (``weight * normed.to(dtype)``), else None."""
-    if not _call(final, _MUL) or len(final.args) != 2:
+    if not is_call(final, MUL) or len(final.args) != 2:
         return None
     for weight, rest in (final.args, final.args[::-1]):
         cast, dtype_of = rest, None
-        if _call(rest, methods=("to",)) and len(rest.args) == 2:   # back to the input's type
-            if _call(rest.args[1], (getattr,)) and rest.args[1].args[1:] == ("dtype",):
+        if is_call(rest, methods=("to",)) and len(rest.args) == 2:   # back to the input's type
+            if is_call(rest.args[1], (getattr,)) and rest.args[1].args[1:] == ("dtype",):
                 dtype_of = rest.args[1]   # x.dtype read in the graph (FX's trace)
             elif not isinstance(rest.args[1], torch.dtype):
                 continue
             rest = rest.args[0]
-        if not _call(rest, _MUL) or len(rest.args) != 2:
+        if not is_call(rest, MUL) or len(rest.args) != 2:
             continue
         for h32, r in (rest.args, rest.args[::-1]):
-            if not (_call(r, (torch.rsqrt,), ("rsqrt",)) and len(r.args) == 1):
+            if not (is_call(r, (torch.rsqrt,), ("rsqrt",)) and len(r.args) == 1):
                 continue
             add = r.args[0]
-            if not (_call(add, _ADD) and len(add.args) == 2 and isinstance(add.args[1], float)):
+            if not (is_call(add, ADD) and len(add.args) == 2 and isinstance(add.args[1], float)):
                 continue
             mean = add.args[0]
-            if not (_call(mean, (torch.mean,), ("mean",)) and
+            if not (is_call(mean, (torch.mean,), ("mean",)) and
                     argument(mean, 1, "dim") in (-1, [-1], (-1,)) and
                     mean.kwargs.get("keepdim", len(mean.args) > 2 and mean.args[2]) is True):
                 continue
             power = mean.args[0]
-            if not (_call(power, (torch.pow, operator.pow), ("pow",)) and
+            if not (is_call(power, (torch.pow, operator.pow), ("pow",)) and
                     power.args[1:] == (2,) and power.args[0] is h32):
                 continue
             x = _float32_of(h32)
@@ -89,9 +92,10 @@ def _hf_rms_norm(final):
 
 def _residual(x):
     """(a, b) when ``x`` is ``a + b`` of two tensors of x's shape and type, else None."""
-    if not (_call(x, _ADD) and len(x.args) == 2 and not x.kwargs):
+    args = binary_args(x, ADD)
+    if args is None:
         return None
-    a, b = x.args
+    a, b = args
     ta, tb, tx = tensor_of(a), tensor_of(b), tensor_of(x)
     if ta is None or tb is None or tx is None:
         return None
@@ -132,7 +136,7 @@ def _fusion(name, chain, x, build_args, fn):
 
 
 def match_rms(node):
-    if _call(node, _RMS):
+    if is_call(node, _RMS):
         x, shape = argument(node, 0, "input"), argument(node, 1, "normalized_shape")
         weight, eps = argument(node, 2, "weight"), argument(node, 3, "eps")
         chain = [node]
@@ -156,7 +160,7 @@ def match_rms(node):
 
 
 def match_ln(node):
-    if not _call(node, _LN):
+    if not is_call(node, _LN):
         return None
     x, shape = argument(node, 0, "input"), argument(node, 1, "normalized_shape")
     weight, bias = argument(node, 2, "weight"), argument(node, 3, "bias")

@@ -17,12 +17,21 @@ import operator
 
 import torch
 
-from ...runtime.torchpasses import Fusion, Pattern, Skip, argument, register_pattern, tensor_of
+from ...runtime.torchpasses import (
+    ADD,
+    MUL,
+    Fusion,
+    Pattern,
+    Skip,
+    argument,
+    binary_args,
+    is_call,
+    register_pattern,
+    tensor_of,
+)
 from .torch_ops import rope
 
 NAME = "rotary"
-_ADD = {operator.add, torch.add}
-_MUL = {operator.mul, torch.mul}
 _NEG = {operator.neg, torch.neg}
 _TYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -38,22 +47,9 @@ def rotate(x, cos, sin, unsqueeze_dim: int):
     return y.transpose(1, 2) if swap else y
 
 
-def _is(node, functions=(), methods=()) -> bool:
-    return (hasattr(node, "op")
-            and ((node.op == "call_function" and node.target in functions)
-                 or (node.op == "call_method" and node.target in methods)))
-
-
-def _pair(node, functions):
-    """The two arguments of a binary call of one of ``functions``, else None."""
-    if _is(node, functions=functions) and len(node.args) == 2 and not node.kwargs:
-        return node.args
-    return None
-
-
 def _slice_of(node, x, half: int, first: bool) -> bool:
     """Whether ``node`` is ``x[..., :half]`` (``first``) or ``x[..., half:]``."""
-    if not (_is(node, functions=(operator.getitem,)) and node.args[0] is x):
+    if not (is_call(node, functions=(operator.getitem,)) and node.args[0] is x):
         return False
     index = node.args[1]
     if not (isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis
@@ -67,13 +63,13 @@ def _slice_of(node, x, half: int, first: bool) -> bool:
 def _rotated_half(node, x, half: int):
     """The chain of ``cat((-x[..., half:], x[..., :half]), -1)`` at ``node``: [x2, neg, x1,
     cat], else None."""
-    if not _is(node, functions=(torch.cat,)):
+    if not is_call(node, functions=(torch.cat,)):
         return None
     parts, dim = argument(node, 0, "tensors"), argument(node, 1, "dim", 0)
     if dim not in (-1, 3) or not isinstance(parts, (tuple, list)) or len(parts) != 2:
         return None
     neg, x1 = parts
-    if not (_is(neg, functions=_NEG, methods=("neg",)) and len(neg.args) == 1):
+    if not (is_call(neg, functions=_NEG, methods=("neg",)) and len(neg.args) == 1):
         return None
     x2 = neg.args[0]
     if not (_slice_of(x2, x, half, False) and _slice_of(x1, x, half, True)):
@@ -84,7 +80,7 @@ def _rotated_half(node, x, half: int):
 def _a_dtype(a) -> bool:
     """Whether a cast's argument is a type: a constant, or a tensor's ``.dtype`` read in the
     graph (FX's trace)."""
-    return isinstance(a, torch.dtype) or (_is(a, functions=(getattr,))
+    return isinstance(a, torch.dtype) or (is_call(a, functions=(getattr,))
                                            and a.args[1:] == ("dtype",))
 
 
@@ -92,26 +88,26 @@ def _table(node, kind: str):
     """(the table before its unsqueeze, the unsqueeze's dim, the angles node) when ``node`` is
     ``unsqueeze(t, dim)`` and ``t`` is ``cos(emb)`` / ``sin(emb)`` (``kind``) through casts
     and products by constants, with ``emb = cat((f, f), -1)``; else None."""
-    if not _is(node, functions=(torch.unsqueeze,), methods=("unsqueeze",)):
+    if not is_call(node, functions=(torch.unsqueeze,), methods=("unsqueeze",)):
         return None
     table, dim = node.args[0], argument(node, 1, "dim")
     if dim not in (1, 2):
         return None
     t = table
     while True:
-        if _is(t, methods=("to",)) and len(t.args) <= 2 and set(t.kwargs) <= {"dtype"} \
+        if is_call(t, methods=("to",)) and len(t.args) <= 2 and set(t.kwargs) <= {"dtype"} \
                 and all(_a_dtype(a) for a in (*t.args[1:], *t.kwargs.values())):
             t = t.args[0]
-        elif _is(t, methods=("float",)) and len(t.args) == 1:
+        elif is_call(t, methods=("float",)) and len(t.args) == 1:
             t = t.args[0]
-        elif _pair(t, _MUL) is not None and any(isinstance(a, (int, float)) for a in t.args):
+        elif binary_args(t, MUL) is not None and any(isinstance(a, (int, float)) for a in t.args):
             t = next(a for a in t.args if not isinstance(a, (int, float)))
         else:
             break
-    if not (_is(t, functions=(getattr(torch, kind),), methods=(kind,)) and len(t.args) == 1):
+    if not (is_call(t, functions=(getattr(torch, kind),), methods=(kind,)) and len(t.args) == 1):
         return None
     emb = t.args[0]
-    if not _is(emb, functions=(torch.cat,)):
+    if not is_call(emb, functions=(torch.cat,)):
         return None
     parts, cat_dim = argument(emb, 0, "tensors"), argument(emb, 1, "dim", 0)
     if not (isinstance(parts, (tuple, list)) and len(parts) == 2 and parts[0] is parts[1]):
@@ -123,11 +119,11 @@ def _table(node, kind: str):
 
 
 def match(node):
-    args = _pair(node, _ADD)
+    args = binary_args(node, ADD)
     if args is None:
         return None
     for direct, rotated in (args, args[::-1]):
-        d, r = _pair(direct, _MUL), _pair(rotated, _MUL)
+        d, r = binary_args(direct, MUL), binary_args(rotated, MUL)
         if d is None or r is None:
             continue
         for x, c in (d, d[::-1]):
