@@ -429,21 +429,27 @@ MAX_SMEM_SM90 = 227 * 1024
 class AttentionSm90Config:
     """One tiling of the Hopper forward (``fwd_sm90.cu``): 128 query rows a block (two
     consumer warpgroups of 64), ``block_n`` keys a step through ``stages`` buffers;
-    ``overlap``: a block's softmax under the previous block's P V product, the two consumers
-    taking turns (FlashAttention-3's intra-warpgroup overlap and ping-pong); ``persistent``: a
-    block per multiprocessor taking the tiles in turn (the plain kernel only)."""
+    ``overlap``: a block's softmax under the previous block's P V product (FlashAttention-3's
+    intra-warpgroup overlap); ``pingpong`` (with ``overlap``; None: as ``overlap``): the two
+    consumers taking turns at the tensor cores, so that one's softmax runs under the other's
+    products; ``persistent``: a block per multiprocessor taking the tiles in turn. Named
+    ``h{block_n}s{stages}``, then ``o`` (overlap and ping-pong) or ``i`` (overlap alone), then
+    ``p`` (persistent)."""
 
     block_n: int
     stages: int = 2
     overlap: bool = False
     persistent: bool = False
+    pingpong: bool | None = None
 
     def __post_init__(self):
         check_field(self, "overlap", bool)
         check_field(self, "persistent", bool)
-        if self.overlap and self.persistent:
-            raise ArgumentValueError("AttentionSm90Config: expected overlap or persistent, not "
-                                     "both")
+        if self.pingpong is None:
+            object.__setattr__(self, "pingpong", self.overlap)
+        check_field(self, "pingpong", bool)
+        if self.pingpong and not self.overlap:
+            raise ArgumentValueError("AttentionSm90Config: expected pingpong only with overlap")
         for name in ("block_n", "stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -459,8 +465,13 @@ class AttentionSm90Config:
 
     @property
     def name(self) -> str:
-        return (f"h{self.block_n}s{self.stages}" + ("o" if self.overlap else "")
-                + ("p" if self.persistent else ""))
+        return f"h{self.block_n}s{self.stages}" + _suffix(self)
+
+
+def _suffix(c) -> str:
+    """A Hopper forward's name after its stages: ``o`` (overlap and ping-pong) or ``i``
+    (overlap alone), then ``p`` (persistent)."""
+    return (("o" if c.pingpong else "i") if c.overlap else "") + ("p" if c.persistent else "")
 
 
 #: the Hopper forward's tilings per head dimension, the default first (taken on sm_90 devices
@@ -468,12 +479,19 @@ class AttentionSm90Config:
 SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
     64: (AttentionSm90Config(256, persistent=True), AttentionSm90Config(128),
          AttentionSm90Config(128, overlap=True), AttentionSm90Config(128, persistent=True),
-         AttentionSm90Config(192, persistent=True), AttentionSm90Config(192, 3, persistent=True)),
+         AttentionSm90Config(192, persistent=True), AttentionSm90Config(192, 3, persistent=True),
+         AttentionSm90Config(128, overlap=True, persistent=True),
+         AttentionSm90Config(128, overlap=True, persistent=True, pingpong=False),
+         AttentionSm90Config(192, overlap=True, persistent=True, pingpong=False)),
     128: (AttentionSm90Config(128, persistent=True), AttentionSm90Config(128),
           AttentionSm90Config(128, overlap=True), AttentionSm90Config(144),
           AttentionSm90Config(160), AttentionSm90Config(176), AttentionSm90Config(192),
           AttentionSm90Config(160, persistent=True), AttentionSm90Config(176, persistent=True),
-          AttentionSm90Config(128, 3, persistent=True)),
+          AttentionSm90Config(128, 3, persistent=True),
+          AttentionSm90Config(128, overlap=True, pingpong=False),
+          AttentionSm90Config(128, overlap=True, persistent=True),
+          AttentionSm90Config(128, overlap=True, persistent=True, pingpong=False),
+          AttentionSm90Config(160, overlap=True, persistent=True, pingpong=False)),
     256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True),
           AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True)),
 }
@@ -514,7 +532,7 @@ class _Hopper:
     def _flags(self) -> str:
         short = {"window": "win", "softcap": "cap", "write_lse": "lse"}
         return "".join(f"_{short.get(n, n)}" for n in self.FLAGS
-                       if n not in ("overlap", "persistent") and getattr(self, n))
+                       if n not in ("overlap", "persistent", "pingpong") and getattr(self, n))
 
     @property
     def threads(self) -> int:
@@ -545,15 +563,22 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
     stages: int = 2
     overlap: bool = False
     persistent: bool = False
+    pingpong: bool | None = None   # None: as overlap
 
     template = "attention/fwd_sm90.cu"
-    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap", "persistent")
+    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap", "persistent",
+             "pingpong")
 
     @property
     def config(self) -> AttentionSm90Config:
-        return AttentionSm90Config(self.block_n, self.stages, self.overlap, self.persistent)
+        return AttentionSm90Config(self.block_n, self.stages, self.overlap, self.persistent,
+                                   self.pingpong)
 
     def __post_init__(self):
+        if self.pingpong is None:
+            object.__setattr__(self, "pingpong", self.overlap)
+        if self.pingpong is True and self.overlap is not True:
+            raise ArgumentValueError("AttentionFwdSm90Spec: expected pingpong only with overlap")
         check_field(self, "block_n", int)
         check_field(self, "stages", int)
         if self.block_n % 16 or not 16 <= self.block_n <= 256 or self.stages not in (2, 3):
@@ -564,17 +589,16 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
 
     @property
     def smem_bytes(self) -> int:
-        """Q's tile, ``stages`` (K, V) tiles, the barriers; 1024 bytes of slack for the
-        128-byte swizzle's alignment."""
+        """Q's tile, ``stages`` (K, V) tiles, the barriers, (``overlap``) a 4-byte slot per
+        consumer thread; 1024 bytes of slack for the 128-byte swizzle's alignment."""
         row = self.head_dim * 2
         return (128 * row + self.stages * 2 * self.block_n * row + 8 * (2 + 3 * self.stages)
-                + 1024)
+                + (4 * 256 if self.overlap else 0) + 1024)
 
     @property
     def kernel_name(self) -> str:
         return (f"attn_fwd_sm90_{self.dtype.value}_d{self.head_dim}_n{self.block_n}"
-                f"s{self.stages}" + ("o" if self.overlap else "") +
-                ("p" if self.persistent else "") + self._flags())
+                f"s{self.stages}" + _suffix(self) + self._flags())
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -624,7 +648,8 @@ def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config |
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     c = SM90_CONFIGS[head_dim][0] if config is None else config
     return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages,
-                                overlap=c.overlap, persistent=c.persistent, **options)
+                                overlap=c.overlap, persistent=c.persistent,
+                                pingpong=c.pingpong, **options)
 
 
 def spec_for(config, dtype: DType, head_dim: int, **options):
