@@ -307,9 +307,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             release(it);
         }
     } else if (n_blocks > 0) {
-        // block it's S is issued, then block it - 1's P V (P of it - 1 in pa), then block
-        // it's softmax runs while P V does (anchor_wait keeps the wait after it); once P V is
-        // done O is rescaled and P of block it packed into pa. With PINGPONG a
+        // block it's S is issued, O rescaled by block it - 1's factor while S runs, then
+        // block it - 1's P V issued (P of it - 1 in pa); block it's softmax runs while P V does
+        // (anchor_wait keeps the wait after it); once P V is done P of block it is packed into
+        // pa (FlashAttention-3's order). With PINGPONG a
         // consumer issues its two products in its turn (barrier 1 + wg) and then lets the
         // other go (it skips its last arrival, which nobody waits for).
         if (PINGPONG && wg == 1) named_barrier_arrive(1, 256);   // consumer 0 goes first
@@ -318,13 +319,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (PINGPONG && !(wg == 1 && n_blocks == 1)) named_barrier_arrive(2 - wg, 256);
         wgmma_wait<0>();
         if (PERSISTENT && n_blocks == 1 && lane == 0) mbar_arrive(q_empty);   // Q's last read
-        softmax(sc, 0, corr);
+        softmax(sc, 0, corr);            // (O is 0: its factor changes nothing)
         pack(sc, pa);
-        rescale(corr);
 #pragma unroll 1
         for (int it = 1; it < n_blocks; ++it) {
             if (PINGPONG) named_barrier(1 + wg, 256);
             issue_s(sc, it);
+            rescale(corr);               // block it - 1's factor (O is not in flight)
             issue_pv(pa, it - 1);
             if (PINGPONG && !(wg == 1 && it == n_blocks - 1)) named_barrier_arrive(2 - wg, 256);
             wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
@@ -338,9 +339,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             fence_operands(pa);          // P of it - 1 and O live until P V is done
             fence_operands(acc);
             release(it - 1);
-            rescale(corr);
             pack(sc, pa);
         }
+        rescale(corr);
         issue_pv(pa, n_blocks - 1);
         wgmma_wait<0>();
         release(n_blocks - 1);
