@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     auto v_full = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
     auto empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
     const unsigned q_empty = bars + 8 + 8 * 3 * STAGES;   // (PERSISTENT) Q read by every warp
-    // (OVERLAP) a consumer thread's 4-byte slot for anchor_wait, after the barriers
+    // (OVERLAP) a consumer warp's 4-byte slot for anchor_wait, after the barriers
     const unsigned anchors = bars + 8 * (2 + 3 * STAGES);
 
     const int tid = threadIdx.x;
@@ -334,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             softmax(sc, it, corr);
             // the row sums need every exponential: the wait stays after them (else ptxas
             // hoists it above the softmax to pack P early, and nothing overlaps P V)
-            anchor_wait(anchors + 4 * (tid - 128), row_sum[0] + row_sum[1]);
+            if (lane == 0) anchor_wait(anchors + 4 * (tid / 32 - 4), row_sum[0] + row_sum[1]);
             wgmma_wait<0>();             // P V of block it - 1: O holds it
             fence_operands(pa);          // P of it - 1 and O live until P V is done
             fence_operands(acc);

@@ -55,7 +55,8 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][M]) {
 // Keeps a wgmma.wait_group after the work that should overlap the pending wgmma: ptxas moves a
 // wait up freely (to schedule what follows it early, e.g. packing the next A fragments), but
 // keeps it in order with shared-memory accesses. A store of `v` (a value that needs all of that
-// work) to this thread's own 4-byte slot at `addr` just before the wait anchors it there.
+// work) to a 4-byte slot at `addr` that nothing reads, just before the wait, anchors it there;
+// one lane of a warp storing is enough (a warp issues its instructions in one stream).
 __device__ __forceinline__ void anchor_wait(unsigned addr, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(v) : "memory");
 }
