@@ -491,9 +491,12 @@ SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
           AttentionSm90Config(128, overlap=True, pingpong=False),
           AttentionSm90Config(128, overlap=True, persistent=True),
           AttentionSm90Config(128, overlap=True, persistent=True, pingpong=False),
-          AttentionSm90Config(160, overlap=True, persistent=True, pingpong=False)),
+          AttentionSm90Config(160, overlap=True, persistent=True, pingpong=False),
+          AttentionSm90Config(176, overlap=True, persistent=True, pingpong=False),
+          AttentionSm90Config(176, overlap=True, persistent=True)),
     256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True),
-          AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True)),
+          AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True),
+          AttentionSm90Config(80, overlap=True, persistent=True, pingpong=False)),
 }
 SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
 
