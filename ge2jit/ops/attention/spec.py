@@ -219,10 +219,11 @@ class AttentionFwdSpec(KernelSpec):
                 *double("scale", "softcap"),
                 *int64("window_left", "window_right"))
 
-    def grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+    def grid(self, batch: int, heads: int, max_seqlen_q: int,
+             sms: int = 0) -> tuple[int, int, int]:
         """(ceil(S_q / block_m), H, B): one block per ``block_m`` query rows of a head of a
         sequence (with ``varlen``, ``max_seqlen_q`` the longest; blocks past a sequence's
-        length exit)."""
+        length exit). ``sms`` (the Hopper forward's persistent grid) changes nothing."""
         bm = self.config.block_m
         return (max(1, -(-max_seqlen_q // bm)), heads, batch)
 
