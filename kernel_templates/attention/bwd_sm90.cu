@@ -98,8 +98,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // DKV, stage s: the step's STEP query columns' lse (log2 units, +inf past the length or
     // seeing nothing), then their delta (0 past the length), written by the producer's warp
     const unsigned sCol = bars + 128;
-    // a consumer warp's 4-byte slot for anchor_wait, after the barriers (at most 72 bytes)
-    const unsigned anchors = bars + 96;
     auto col_values = [&](int s) { return reinterpret_cast<float*>(smem + (sCol - base)) +
                                           2 * STEP * s; };
 
@@ -286,18 +284,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                  db0 = descriptor(sB, 16, 1024),
                                  da20 = descriptor(sA2 + wg * 64 * 128, 16, 1024),
                                  db20 = descriptor(sB2, 16, 1024);
-        // (two groups, S's first: without a soft cap P is made while dP's products run)
 #pragma unroll
         for (int kd = 0; kd < D / 16; ++kd) {
             const int c = kd / 4, kk = kd % 4;
             const int a_off = c * OWN_CHUNK + kk * 32, b_off = c * STEP_CHUNK + kk * 32;
             wgmma_s(sc, descriptor_plus(da0, a_off), descriptor_plus(db0, b_off), kd > 0);
-        }
-        wgmma_commit();
-#pragma unroll
-        for (int kd = 0; kd < D / 16; ++kd) {
-            const int c = kd / 4, kk = kd % 4;
-            const int a_off = c * OWN_CHUNK + kk * 32, b_off = c * STEP_CHUNK + kk * 32;
             wgmma_s(dp, descriptor_plus(da20, a_off), descriptor_plus(db20, b_off), kd > 0);
         }
         wgmma_commit();
@@ -315,8 +306,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 col_dl[2 * j + 1] = d.y;
             }
         }
-        wgmma_wait<SOFTCAP ? 0 : 1>();   // S (and with a soft cap dP)
-        fence_operands(sc);
+        wgmma_wait<0>();
 
         if constexpr (SOFTCAP) {
 #pragma unroll
@@ -354,15 +344,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int i = 0; i < STEP / 2; ++i)
                     if (masked(i)) sc[i] = 0.0f;
             }
-            // P is made while dP's products run: a store of a value that needs every element
-            // of P (lane 0's, to its warp's slot) keeps the wait after it (else ptxas hoists
-            // the wait above the exponentials to start dS early)
-            float all = 0.0f;
-#pragma unroll
-            for (int i = 0; i < STEP / 2; ++i) all += sc[i];
-            if (lane == 0) anchor_wait(anchors + 4 * (tid / 32 - 4), all);
-            wgmma_wait<0>();                 // dP
-            fence_operands(dp);
 #pragma unroll
             for (int i = 0; i < STEP / 2; ++i) dp[i] = sc[i] * (dp[i] - dl_of(i));
         }

@@ -72,10 +72,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned q_full = bars;
     auto k_full = [&](int s) { return bars + 8 + 8 * s; };
     auto v_full = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
-    auto empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
-    const unsigned q_empty = bars + 8 + 8 * 3 * STAGES;   // (PERSISTENT) Q read by every warp
+    // stage s's K and V read by every consumer warp: the overlapped loop frees K once S is
+    // made and V once P V is, so the producer loads the next K while V is still read
+    auto k_empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
+    auto v_empty = [&](int s) { return bars + 8 + 8 * (3 * STAGES + s); };
+    const unsigned q_empty = bars + 8 + 8 * 4 * STAGES;   // (PERSISTENT) Q read by every warp
     // (OVERLAP) a consumer warp's 4-byte slot for anchor_wait, after the barriers
-    const unsigned anchors = bars + 8 * (2 + 3 * STAGES);
+    const unsigned anchors = bars + 8 * (2 + 4 * STAGES);
 
     const int tid = threadIdx.x;
     // The tiles: one, (blockIdx.x, y, z), or (PERSISTENT) tile blockIdx.x, then every
@@ -136,7 +139,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(empty(s), 2 * 4);        // each consumer warp
+            mbar_init(k_empty(s), 2 * 4);      // each consumer warp
+            mbar_init(v_empty(s), 2 * 4);
         }
         mbar_fence_init();
     }
@@ -157,10 +161,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int it = 0; it < w.n_blocks; ++it, ++g) {
                     const int s = g % STAGES;
                     const int row = static_cast<int>(w.k_row0) + (w.n_first + it) * BN;
-                    mbar_wait(empty(s), ((g / STAGES) & 1) ^ 1);
                     const unsigned stage = sKV + s * 2 * KV_BYTES;
+                    mbar_wait(k_empty(s), ((g / STAGES) & 1) ^ 1);
                     mbar_expect_tx(k_full(s), KV_BYTES);
                     load_tile<BN, DC, VARLEN>(stage, &tma_k, row, w.hk, w.b, k_full(s));
+                    mbar_wait(v_empty(s), ((g / STAGES) & 1) ^ 1);
                     mbar_expect_tx(v_full(s), KV_BYTES);
                     load_tile<BN, DC, VARLEN>(stage + KV_BYTES, &tma_v, row, w.hk, w.b,
                                               v_full(s));
@@ -284,8 +289,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[4 * dt + r] *= corr[r >> 1];
     };
-    auto release = [&](int it) {   // this warp is done with block it's stage
-        if (lane == 0) mbar_arrive(empty((g0 + it) % STAGES));
+    auto release_k = [&](int it) {   // this warp is done with block it's K
+        if (lane == 0) mbar_arrive(k_empty((g0 + it) % STAGES));
+    };
+    auto release_v = [&](int it) {   // ... and with its V
+        if (lane == 0) mbar_arrive(v_empty((g0 + it) % STAGES));
     };
 
     float sc[BN / 2], corr[2];
@@ -295,6 +303,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int it = 0; it < n_blocks; ++it) {
             issue_s(sc, it);
             wgmma_wait<0>();
+            release_k(it);
             // (PERSISTENT) the tile's last read of Q: the producer may load the next tile's
             if (PERSISTENT && it == n_blocks - 1 && lane == 0) mbar_arrive(q_empty);
             softmax(sc, it, corr);
@@ -304,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
             issue_pv(pa, it);
             wgmma_wait<0>();
-            release(it);
+            release_v(it);
         }
     } else if (n_blocks > 0) {
         // block it's S is issued, O rescaled by block it - 1's factor while S runs, then
@@ -318,6 +327,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         issue_s(sc, 0);
         if (PINGPONG && !(wg == 1 && n_blocks == 1)) named_barrier_arrive(2 - wg, 256);
         wgmma_wait<0>();
+        release_k(0);
         if (PERSISTENT && n_blocks == 1 && lane == 0) mbar_arrive(q_empty);   // Q's last read
         softmax(sc, 0, corr);            // (O is 0: its factor changes nothing)
         pack(sc, pa);
@@ -325,11 +335,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int it = 1; it < n_blocks; ++it) {
             if (PINGPONG) named_barrier(1 + wg, 256);
             issue_s(sc, it);
-            rescale(corr);               // block it - 1's factor (O is not in flight)
+            // block it - 1's factor (O is not in flight), skipped as above where it is 1
+            if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
             issue_pv(pa, it - 1);
             if (PINGPONG && !(wg == 1 && it == n_blocks - 1)) named_barrier_arrive(2 - wg, 256);
             wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
             fence_operands(sc);
+            release_k(it);
             if (PERSISTENT && it == n_blocks - 1 && lane == 0) mbar_arrive(q_empty);
             softmax(sc, it, corr);
             // the row sums need every exponential: the wait stays after them (else ptxas
@@ -338,13 +350,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<0>();             // P V of block it - 1: O holds it
             fence_operands(pa);          // P of it - 1 and O live until P V is done
             fence_operands(acc);
-            release(it - 1);
+            release_v(it - 1);
             pack(sc, pa);
         }
-        rescale(corr);
+        if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
         issue_pv(pa, n_blocks - 1);
         wgmma_wait<0>();
-        release(n_blocks - 1);
+        release_v(n_blocks - 1);
     }
 
     // (PERSISTENT) a tile without keys reads no Q: its buffer is free for the next tile's

@@ -596,7 +596,7 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
         """Q's tile, ``stages`` (K, V) tiles, the barriers, (``overlap``) a 4-byte slot per
         consumer warp; 1024 bytes of slack for the 128-byte swizzle's alignment."""
         row = self.head_dim * 2
-        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (2 + 3 * self.stages)
+        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (2 + 4 * self.stages)
                 + (4 * 8 if self.overlap else 0) + 1024)
 
     @property
