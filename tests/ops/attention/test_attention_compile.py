@@ -218,7 +218,7 @@ def test_the_hopper_spec_refuses_what_it_cannot_be():
     with pytest.raises(ArgumentTypeError, match="causal: expected bool"):
         AttentionFwdSm90Spec(DType.F16, 128, 128, causal=1)
     assert make_sm90_spec(DType.BF16, 128, causal=True).kernel_name == \
-        "attn_fwd_sm90_bf16_d128_n128s2p_causal"
+        "attn_fwd_sm90_bf16_d128_n128s2ip_causal"
 
 
 def test_the_hopper_configs_name_overlap_pingpong_and_persistence():
