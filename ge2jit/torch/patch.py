@@ -178,9 +178,8 @@ def _gated_act(module) -> str | None:
 def _gated_forward(self, x):
     """A gated MLP module's forward (bound to it by ``patch``) by ``gated_mlp_pair`` on its own
     Linears' weights, read at each call (a module moved or re-paired keeps working)."""
-    y = gated_mlp_pair(x.reshape(-1, x.shape[-1]), self.gate_proj.weight, self.up_proj.weight,
-                       self.down_proj.weight, self._ge2jit_act)
-    return y.reshape(*x.shape[:-1], self.down_proj.weight.shape[0])
+    return gated_mlp_pair(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                          self._ge2jit_act)
 
 
 def pair_gated_mlps(model: nn.Module, report: PatchReport) -> None:

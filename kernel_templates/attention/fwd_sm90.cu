@@ -38,12 +38,13 @@ constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
 // i - 1 kept in registers as A fragments). PINGPONG: the two consumers take turns issuing
 // their products (named barriers 1 and 2), so that one's softmax runs under the other's.
 constexpr bool OVERLAP = {{ "true" if spec.overlap else "false" }};
-constexpr bool PINGPONG = {{ "true" if spec.overlap else "false" }};
+constexpr bool PINGPONG = {{ "true" if spec.pingpong else "false" }};
 // PERSISTENT: a block per multiprocessor takes tiles (query block, head, sequence) in turn,
 // the last query blocks (the most keys) first; the producer loads the next tile's Q and first
-// K, V while the consumers finish a tile and store it.
+// K, V while the consumers finish a tile and store it. (With PINGPONG each tile begins with
+// consumer 0's turn and ends with every turn taken: the barriers carry nothing across tiles.)
 constexpr bool PERSISTENT = {{ "true" if spec.persistent else "false" }};
-static_assert(!(PERSISTENT && OVERLAP), "the persistent kernel is the plain one");
+static_assert(OVERLAP || !PINGPONG, "ping-pong takes the overlapped loop");
 
 constexpr int THREADS = 384;                  // producer + 2 consumers
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;   // 128 x 40 + 256 x 232 <= 64 Ki
@@ -71,8 +72,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned q_full = bars;
     auto k_full = [&](int s) { return bars + 8 + 8 * s; };
     auto v_full = [&](int s) { return bars + 8 + 8 * (STAGES + s); };
-    auto empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
-    const unsigned q_empty = bars + 8 + 8 * 3 * STAGES;   // (PERSISTENT) Q read by every warp
+    // stage s's K and V read by every consumer warp: the overlapped loop frees K once S is
+    // made and V once P V is, so the producer loads the next K while V is still read
+    auto k_empty = [&](int s) { return bars + 8 + 8 * (2 * STAGES + s); };
+    auto v_empty = [&](int s) { return bars + 8 + 8 * (3 * STAGES + s); };
+    const unsigned q_empty = bars + 8 + 8 * 4 * STAGES;   // (PERSISTENT) Q read by every warp
+    // (OVERLAP) a consumer warp's 4-byte slot for anchor_wait, after the barriers
+    const unsigned anchors = bars + 8 * (2 + 4 * STAGES);
 
     const int tid = threadIdx.x;
     // The tiles: one, (blockIdx.x, y, z), or (PERSISTENT) tile blockIdx.x, then every
@@ -133,7 +139,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(empty(s), 2 * 4);        // each consumer warp
+            mbar_init(k_empty(s), 2 * 4);      // each consumer warp
+            mbar_init(v_empty(s), 2 * 4);
         }
         mbar_fence_init();
     }
@@ -154,10 +161,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int it = 0; it < w.n_blocks; ++it, ++g) {
                     const int s = g % STAGES;
                     const int row = static_cast<int>(w.k_row0) + (w.n_first + it) * BN;
-                    mbar_wait(empty(s), ((g / STAGES) & 1) ^ 1);
                     const unsigned stage = sKV + s * 2 * KV_BYTES;
+                    mbar_wait(k_empty(s), ((g / STAGES) & 1) ^ 1);
                     mbar_expect_tx(k_full(s), KV_BYTES);
                     load_tile<BN, DC, VARLEN>(stage, &tma_k, row, w.hk, w.b, k_full(s));
+                    mbar_wait(v_empty(s), ((g / STAGES) & 1) ^ 1);
                     mbar_expect_tx(v_full(s), KV_BYTES);
                     load_tile<BN, DC, VARLEN>(stage + KV_BYTES, &tma_v, row, w.hk, w.b,
                                               v_full(s));
@@ -227,10 +235,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             wgmma_o(acc, pa[kk], descriptor_plus(dv, kk * 16 * 128), 1);
         wgmma_commit();
     };
-    // Block it's scores: capped, masked, then the online softmax: P as A fragments in pa, the
-    // row maximum and sum updated; corr[hh]: the factor of what O holds (applied by the caller).
-    auto softmax = [&](float (&sc)[BN / 2], unsigned (&pa)[BN / 16][4], int it,
-                       float (&corr)[2]) {
+    // Block it's scores: capped, masked, then the online softmax: P (unnormalized, float32) in
+    // place of S, the row maximum and sum updated; corr[hh]: the factor of what O holds
+    // (applied by the caller). pack() then makes P the A fragments of O += P V.
+    auto softmax = [&](float (&sc)[BN / 2], int it, float (&corr)[2]) {
         const int n0 = (n_first + it) * BN;
         if constexpr (SOFTCAP) {
 #pragma unroll
@@ -265,6 +273,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             row_sum[hh] = row_sum[hh] * corr[hh] + sum;
         }
+    };
+    auto pack = [&](const float (&sc)[BN / 2], unsigned (&pa)[BN / 16][4]) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             pa[kk][0] = pack_f32x2<T>(sc[8 * kk], sc[8 * kk + 1]);
@@ -279,8 +289,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[4 * dt + r] *= corr[r >> 1];
     };
-    auto release = [&](int it) {   // this warp is done with block it's stage
-        if (lane == 0) mbar_arrive(empty((g0 + it) % STAGES));
+    auto release_k = [&](int it) {   // this warp is done with block it's K
+        if (lane == 0) mbar_arrive(k_empty((g0 + it) % STAGES));
+    };
+    auto release_v = [&](int it) {   // ... and with its V
+        if (lane == 0) mbar_arrive(v_empty((g0 + it) % STAGES));
     };
 
     float sc[BN / 2], corr[2];
@@ -290,19 +303,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int it = 0; it < n_blocks; ++it) {
             issue_s(sc, it);
             wgmma_wait<0>();
+            release_k(it);
             // (PERSISTENT) the tile's last read of Q: the producer may load the next tile's
             if (PERSISTENT && it == n_blocks - 1 && lane == 0) mbar_arrive(q_empty);
-            softmax(sc, pa, it, corr);
+            softmax(sc, it, corr);
+            pack(sc, pa);
             // O is rescaled only when a row's maximum grew: once the maxima settle (most
             // blocks of a long row) the warp skips the D / 2 products (a factor of exactly 1)
             if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
             issue_pv(pa, it);
             wgmma_wait<0>();
-            release(it);
+            release_v(it);
         }
     } else if (n_blocks > 0) {
-        // block it's S is issued, then block it - 1's P V (P of it - 1 in pa), then block
-        // it's softmax runs while P V does; O is rescaled once P V is done. With PINGPONG a
+        // block it's S is issued, O rescaled by block it - 1's factor while S runs, then
+        // block it - 1's P V issued (P of it - 1 in pa); block it's softmax runs while P V does
+        // (anchor_wait keeps the wait after it); once P V is done P of block it is packed into
+        // pa (FlashAttention-3's order). With PINGPONG a
         // consumer issues its two products in its turn (barrier 1 + wg) and then lets the
         // other go (it skips its last arrival, which nobody waits for).
         if (PINGPONG && wg == 1) named_barrier_arrive(1, 256);   // consumer 0 goes first
@@ -310,31 +327,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         issue_s(sc, 0);
         if (PINGPONG && !(wg == 1 && n_blocks == 1)) named_barrier_arrive(2 - wg, 256);
         wgmma_wait<0>();
-        softmax(sc, pa, 0, corr);
-        rescale(corr);
+        release_k(0);
+        if (PERSISTENT && n_blocks == 1 && lane == 0) mbar_arrive(q_empty);   // Q's last read
+        softmax(sc, 0, corr);            // (O is 0: its factor changes nothing)
+        pack(sc, pa);
 #pragma unroll 1
         for (int it = 1; it < n_blocks; ++it) {
             if (PINGPONG) named_barrier(1 + wg, 256);
             issue_s(sc, it);
+            // block it - 1's factor (O is not in flight), skipped as above where it is 1
+            if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
             issue_pv(pa, it - 1);
             if (PINGPONG && !(wg == 1 && it == n_blocks - 1)) named_barrier_arrive(2 - wg, 256);
             wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
             fence_operands(sc);
-            unsigned pa_next[BN / 16][4];
-            softmax(sc, pa_next, it, corr);
+            release_k(it);
+            if (PERSISTENT && it == n_blocks - 1 && lane == 0) mbar_arrive(q_empty);
+            softmax(sc, it, corr);
+            // the row sums need every exponential: the wait stays after them (else ptxas
+            // hoists it above the softmax to pack P early, and nothing overlaps P V)
+            if (lane == 0) anchor_wait(anchors + 4 * (tid / 32 - 4), row_sum[0] + row_sum[1]);
             wgmma_wait<0>();             // P V of block it - 1: O holds it
             fence_operands(pa);          // P of it - 1 and O live until P V is done
             fence_operands(acc);
-            release(it - 1);
-            rescale(corr);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) pa[kk][r] = pa_next[kk][r];
+            release_v(it - 1);
+            pack(sc, pa);
         }
+        if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
         issue_pv(pa, n_blocks - 1);
         wgmma_wait<0>();
-        release(n_blocks - 1);
+        release_v(n_blocks - 1);
     }
 
     // (PERSISTENT) a tile without keys reads no Q: its buffer is free for the next tile's

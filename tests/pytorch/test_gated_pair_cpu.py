@@ -17,7 +17,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp  # noqa: E402
 
 import ge2jit.torch as gt  # noqa: E402
 from ge2jit.ops.gemm.torch_ops import gate_up_view  # noqa: E402
-from ge2jit.ops.gemm.torch_patterns import gated_linear, linear_act  # noqa: E402
+from ge2jit.ops.gemm.torch_patterns import linear_act  # noqa: E402
 from ge2jit.torch.compiler import rewrite  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -121,8 +121,8 @@ def _calls(gm) -> list:
 def test_a_gated_mlp_becomes_one_op_before_the_linear_activation_pattern(fn, act):
     gm = _traced(fn, *SHAPES)
     report = rewrite(gm)   # every pattern: the gate's Linear + act is not taken alone
-    assert _calls(gm) == [gated_linear]
-    (node,) = [n for n in gm.graph.nodes if n.target is gated_linear]
+    assert _calls(gm) == [gt.gated_mlp_pair]
+    (node,) = [n for n in gm.graph.nodes if n.target is gt.gated_mlp_pair]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     assert list(node.args) == [*placeholders, act]
     assert report.fused == [("gated_mlp", [n for n in report.fused[0][1]],
@@ -156,7 +156,7 @@ def test_gated_near_misses_are_left_with_the_reason(fn, device, dtypes, reason):
     report = rewrite(gm, only=["gated_mlp"])
     assert report.fused == [] and [s.pattern for s in report.skipped] == ["gated_mlp"]
     assert report.skipped[0].reason.startswith(reason), report.skipped[0].reason
-    assert gated_linear not in _calls(gm) and linear_act not in _calls(gm)
+    assert gt.gated_mlp_pair not in _calls(gm) and linear_act not in _calls(gm)
 
 
 def test_a_hugging_face_llama_graph_is_recognized():

@@ -206,8 +206,8 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
                     lambda other: "")
     family = _family(family, 80 if fwd.empty or fwd.no_keys else fwd.arch)
     specs = bwd_specs_for(family, fwd.dtype, fwd.head_dim, deterministic=a["deterministic"],
-                          causal=fwd.causal, window=fwd.spec.window, softcap=fwd.spec.softcap,
-                          varlen=fwd.varlen)
+                          seqlen_q=fwd.seqlen_q, causal=fwd.causal, window=fwd.spec.window,
+                          softcap=fwd.spec.softcap, varlen=fwd.varlen)
     return BackwardCall(fwd, a["do"], a["o"], a["lse"], outs["dq_out"], outs["dk_out"],
                         outs["dv_out"], strides["do"], strides["o"], strides["dq_out"],
                         strides["dk_out"], strides["dv_out"], specs, family)

@@ -674,8 +674,7 @@ def launch_params(call: Call, sms: int = 0) -> tuple[tuple, tuple, int, dict]:
     contiguous (what the op allocates). :func:`pointers` gives the pointer parameters,
     :func:`tensor_maps` the Hopper kernel's maps."""
     spec = call.spec
-    grid = (spec.grid(call.batch, call.heads, call.seqlen_q, sms) if call.hopper
-            else spec.grid(call.batch, call.heads, call.seqlen_q))
+    grid = spec.grid(call.batch, call.heads, call.seqlen_q, sms)
     params = {}
     strided = (("o", call.out_strides),) if call.hopper else (
         ("q", call.q_strides), ("k", call.k_strides), ("v", call.v_strides),

@@ -219,10 +219,11 @@ class AttentionFwdSpec(KernelSpec):
                 *double("scale", "softcap"),
                 *int64("window_left", "window_right"))
 
-    def grid(self, batch: int, heads: int, max_seqlen_q: int) -> tuple[int, int, int]:
+    def grid(self, batch: int, heads: int, max_seqlen_q: int,
+             sms: int = 0) -> tuple[int, int, int]:
         """(ceil(S_q / block_m), H, B): one block per ``block_m`` query rows of a head of a
         sequence (with ``varlen``, ``max_seqlen_q`` the longest; blocks past a sequence's
-        length exit)."""
+        length exit). ``sms`` (the Hopper forward's persistent grid) changes nothing."""
         bm = self.config.block_m
         return (max(1, -(-max_seqlen_q // bm)), heads, batch)
 
@@ -429,21 +430,27 @@ MAX_SMEM_SM90 = 227 * 1024
 class AttentionSm90Config:
     """One tiling of the Hopper forward (``fwd_sm90.cu``): 128 query rows a block (two
     consumer warpgroups of 64), ``block_n`` keys a step through ``stages`` buffers;
-    ``overlap``: a block's softmax under the previous block's P V product, the two consumers
-    taking turns (FlashAttention-3's intra-warpgroup overlap and ping-pong); ``persistent``: a
-    block per multiprocessor taking the tiles in turn (the plain kernel only)."""
+    ``overlap``: a block's softmax under the previous block's P V product (FlashAttention-3's
+    intra-warpgroup overlap); ``pingpong`` (with ``overlap``; None: as ``overlap``): the two
+    consumers taking turns at the tensor cores, so that one's softmax runs under the other's
+    products; ``persistent``: a block per multiprocessor taking the tiles in turn. Named
+    ``h{block_n}s{stages}``, then ``o`` (overlap and ping-pong) or ``i`` (overlap alone), then
+    ``p`` (persistent)."""
 
     block_n: int
     stages: int = 2
     overlap: bool = False
     persistent: bool = False
+    pingpong: bool | None = None
 
     def __post_init__(self):
         check_field(self, "overlap", bool)
         check_field(self, "persistent", bool)
-        if self.overlap and self.persistent:
-            raise ArgumentValueError("AttentionSm90Config: expected overlap or persistent, not "
-                                     "both")
+        if self.pingpong is None:
+            object.__setattr__(self, "pingpong", self.overlap)
+        check_field(self, "pingpong", bool)
+        if self.pingpong and not self.overlap:
+            raise ArgumentValueError("AttentionSm90Config: expected pingpong only with overlap")
         for name in ("block_n", "stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -459,8 +466,13 @@ class AttentionSm90Config:
 
     @property
     def name(self) -> str:
-        return (f"h{self.block_n}s{self.stages}" + ("o" if self.overlap else "")
-                + ("p" if self.persistent else ""))
+        return f"h{self.block_n}s{self.stages}" + _suffix(self)
+
+
+def _suffix(c) -> str:
+    """A Hopper forward's name after its stages: ``o`` (overlap and ping-pong) or ``i``
+    (overlap alone), then ``p`` (persistent)."""
+    return (("o" if c.pingpong else "i") if c.overlap else "") + ("p" if c.persistent else "")
 
 
 #: the Hopper forward's tilings per head dimension, the default first (taken on sm_90 devices
@@ -468,14 +480,24 @@ class AttentionSm90Config:
 SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
     64: (AttentionSm90Config(256, persistent=True), AttentionSm90Config(128),
          AttentionSm90Config(128, overlap=True), AttentionSm90Config(128, persistent=True),
-         AttentionSm90Config(192, persistent=True), AttentionSm90Config(192, 3, persistent=True)),
-    128: (AttentionSm90Config(128, persistent=True), AttentionSm90Config(128),
+         AttentionSm90Config(192, persistent=True), AttentionSm90Config(192, 3, persistent=True),
+         AttentionSm90Config(128, overlap=True, persistent=True),
+         AttentionSm90Config(128, overlap=True, persistent=True, pingpong=False),
+         AttentionSm90Config(192, overlap=True, persistent=True, pingpong=False)),
+    128: (AttentionSm90Config(128, overlap=True, persistent=True, pingpong=False),
+          AttentionSm90Config(128, persistent=True), AttentionSm90Config(128),
           AttentionSm90Config(128, overlap=True), AttentionSm90Config(144),
           AttentionSm90Config(160), AttentionSm90Config(176), AttentionSm90Config(192),
           AttentionSm90Config(160, persistent=True), AttentionSm90Config(176, persistent=True),
-          AttentionSm90Config(128, 3, persistent=True)),
+          AttentionSm90Config(128, 3, persistent=True),
+          AttentionSm90Config(128, overlap=True, pingpong=False),
+          AttentionSm90Config(128, overlap=True, persistent=True),
+          AttentionSm90Config(160, overlap=True, persistent=True, pingpong=False),
+          AttentionSm90Config(176, overlap=True, persistent=True, pingpong=False),
+          AttentionSm90Config(176, overlap=True, persistent=True)),
     256: (AttentionSm90Config(64), AttentionSm90Config(64, overlap=True),
-          AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True)),
+          AttentionSm90Config(64, persistent=True), AttentionSm90Config(80, persistent=True),
+          AttentionSm90Config(80, overlap=True, persistent=True, pingpong=False)),
 }
 SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
 
@@ -514,7 +536,7 @@ class _Hopper:
     def _flags(self) -> str:
         short = {"window": "win", "softcap": "cap", "write_lse": "lse"}
         return "".join(f"_{short.get(n, n)}" for n in self.FLAGS
-                       if n not in ("overlap", "persistent") and getattr(self, n))
+                       if n not in ("overlap", "persistent", "pingpong") and getattr(self, n))
 
     @property
     def threads(self) -> int:
@@ -545,15 +567,22 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
     stages: int = 2
     overlap: bool = False
     persistent: bool = False
+    pingpong: bool | None = None   # None: as overlap
 
     template = "attention/fwd_sm90.cu"
-    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap", "persistent")
+    FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap", "persistent",
+             "pingpong")
 
     @property
     def config(self) -> AttentionSm90Config:
-        return AttentionSm90Config(self.block_n, self.stages, self.overlap, self.persistent)
+        return AttentionSm90Config(self.block_n, self.stages, self.overlap, self.persistent,
+                                   self.pingpong)
 
     def __post_init__(self):
+        if self.pingpong is None:
+            object.__setattr__(self, "pingpong", self.overlap)
+        if self.pingpong is True and self.overlap is not True:
+            raise ArgumentValueError("AttentionFwdSm90Spec: expected pingpong only with overlap")
         check_field(self, "block_n", int)
         check_field(self, "stages", int)
         if self.block_n % 16 or not 16 <= self.block_n <= 256 or self.stages not in (2, 3):
@@ -564,17 +593,16 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
 
     @property
     def smem_bytes(self) -> int:
-        """Q's tile, ``stages`` (K, V) tiles, the barriers; 1024 bytes of slack for the
-        128-byte swizzle's alignment."""
+        """Q's tile, ``stages`` (K, V) tiles, the barriers, (``overlap``) a 4-byte slot per
+        consumer warp; 1024 bytes of slack for the 128-byte swizzle's alignment."""
         row = self.head_dim * 2
-        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (2 + 3 * self.stages)
-                + 1024)
+        return (128 * row + self.stages * 2 * self.block_n * row + 8 * (2 + 4 * self.stages)
+                + (4 * 8 if self.overlap else 0) + 1024)
 
     @property
     def kernel_name(self) -> str:
         return (f"attn_fwd_sm90_{self.dtype.value}_d{self.head_dim}_n{self.block_n}"
-                f"s{self.stages}" + ("o" if self.overlap else "") +
-                ("p" if self.persistent else "") + self._flags())
+                f"s{self.stages}" + _suffix(self) + self._flags())
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -624,7 +652,8 @@ def make_sm90_spec(dtype: DType, head_dim: int, *, config: AttentionSm90Config |
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     c = SM90_CONFIGS[head_dim][0] if config is None else config
     return AttentionFwdSm90Spec(dtype, head_dim, c.block_n, stages=c.stages,
-                                overlap=c.overlap, persistent=c.persistent, **options)
+                                overlap=c.overlap, persistent=c.persistent,
+                                pingpong=c.pingpong, **options)
 
 
 def spec_for(config, dtype: DType, head_dim: int, **options):
@@ -649,6 +678,10 @@ SM90_BWD_FUSED = {64: (64, 2), 128: (48, 2)}
 #: the one-kernel backward's wide step (the default where it applies; pinned by config
 #: "sm90w"), and the options with which it would spill registers (ptxas for sm_90a)
 SM90_BWD_WIDE = {64: 96, 128: 64}
+#: the fewest queries (a sequence's, or max_seqlen_q) from which the default takes the wide step
+#: at a head dimension: below 2048 at 64 the narrow step of 64 is faster (an H200: 1.07x at
+#: 1024 causal queries, 1.14x at 512, where a causal block's last step of 96 is mostly masked)
+WIDE_MIN_QUERIES = {64: 2048, 128: 0}
 WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen")}
 
 
@@ -776,12 +809,13 @@ def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
 
 
 def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bool = False,
-                  **options) -> tuple:
+                  seqlen_q: int | None = None, **options) -> tuple:
     """The backward's kernels of ``family``, in launch order, for these options: "sm90" the
     sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the
     sm_80 "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
     dkv. The one-kernel backward takes ``SM90_BWD_WIDE``'s step where
-    :func:`wide_bwd_refusal` gives no reason, else ``SM90_BWD_FUSED``'s; "sm90w" pins the wide
+    :func:`wide_bwd_refusal` gives no reason and there are ``WIDE_MIN_QUERIES`` queries
+    (``seqlen_q``; None: as many as needed), else ``SM90_BWD_FUSED``'s; "sm90w" pins the wide
     step (refusing where it would spill), "sm90n" the narrow one. "sm80": the three sm_80
     kernels (deterministic)."""
     why = wide_bwd_refusal(head_dim, deterministic, **options)
@@ -790,7 +824,8 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     specs = make_bwd_specs(dtype, head_dim, **options)
     if fused_bwd(family, head_dim, deterministic):
         step, stages = SM90_BWD_FUSED[head_dim]
-        if family == "sm90w" or (family == "sm90" and why is None):
+        long = seqlen_q is None or seqlen_q >= WIDE_MIN_QUERIES[head_dim]
+        if family == "sm90w" or (family == "sm90" and why is None and long):
             step = SM90_BWD_WIDE[head_dim]
         fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages, **options)
         out = AttentionBwdSpec("dqout", dtype, head_dim, specs[0].config,

@@ -96,12 +96,16 @@ TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
 
 def _backward_kernels(v, config, *, arch: str, sms: int) -> list:
     """The backward's kernels for the architecture (``attention_backward``'s choice): on sm_90
-    the Hopper ones (with the sm_80 "dot" and "dqout" kernels), elsewhere the sm_80 ones."""
+    the Hopper ones (with the sm_80 "dot" and "dqout" kernels), elsewhere the sm_80 ones; the
+    one-kernel backward's steps for long and for short sequences where they differ."""
     from ...jit.nvrtc import arch_number
 
-    return list(bwd_specs_for("sm90" if arch_number(arch) == 90 else "sm80", TYPES[v.dtypes],
-                              v.head_dims, deterministic=v.deterministic, causal=v.causal,
-                              window=v.window, softcap=v.softcap, varlen=v.varlen))
+    family = "sm90" if arch_number(arch) == 90 else "sm80"
+    specs = [spec for seqlen_q in (None, 1)
+             for spec in bwd_specs_for(family, TYPES[v.dtypes], v.head_dims, seqlen_q=seqlen_q,
+                                       deterministic=v.deterministic, causal=v.causal,
+                                       window=v.window, softcap=v.softcap, varlen=v.varlen)]
+    return list(dict.fromkeys(specs))
 
 
 BACKWARD_TABLE = Table({**{name: key for name, key in KEYS.items() if name != "lse"},

@@ -493,7 +493,8 @@ def gated_mlp_pair(x: Tensor, w_gate: Tensor, w_up: Tensor, down: Tensor, act: s
                    *, precision: str | None = None) -> Tensor:
     """``down(act(x @ w_gate.T) * (x @ w_up.T))``, a model's gated MLP on its own weights
     (``nn.Linear``'s (hidden, d) gate and up, (d, hidden) down; no biases), as
-    ``gated_mlp``: one gated GEMM, its chained backward (``torch.ops.ge2jit.gated_mlp_pair``).
+    ``gated_mlp``: one gated GEMM, its chained backward (``torch.ops.ge2jit.gated_mlp_pair``);
+    x of (..., d), its leading dimensions kept.
     The gated GEMM reads gate's and up's rows alternating: where :func:`pair_gate_up_` has
     put them so (``ge2jit.torch.compile`` and ``patch`` do, for Hugging Face's MLPs) that is
     a view of them, elsewhere a copy each call. Their gradients come back apart (each
@@ -503,7 +504,10 @@ def gated_mlp_pair(x: Tensor, w_gate: Tensor, w_up: Tensor, down: Tensor, act: s
     w_gate, w_up = weight_cast(w_gate, dtype), weight_cast(w_up, dtype)
     precision = precision_for(x.dtype, precision)
     save = needs_grad(x, w_gate, w_up, down)
-    return _GATED_MLP_PAIR(x, w_gate, w_up, down, act, precision, save)[0]
+    if x.dim() in (0, 2):   # (a 0-D x is refused by the op, in one line)
+        return _GATED_MLP_PAIR(x, w_gate, w_up, down, act, precision, save)[0]
+    y = _GATED_MLP_PAIR(x.reshape(-1, x.shape[-1]), w_gate, w_up, down, act, precision, save)[0]
+    return y.reshape(*x.shape[:-1], down.shape[0])
 
 
 # --- a chained stack of layers -------------------------------------------------------------

@@ -71,13 +71,6 @@ def _activation(node):
     return act, node.args[0] if node.args else node.kwargs.get("input"), float(slope)
 
 
-def gated_linear(x, w_gate, w_up, down, act: str):
-    """``F.linear(act(F.linear(x, w_gate)) * F.linear(x, w_up), down)`` by ge2jit (x of any
-    leading dimensions)."""
-    y = gated_mlp_pair(x.reshape(-1, x.shape[-1]), w_gate, w_up, down, act)
-    return y.reshape(*x.shape[:-1], down.shape[0])
-
-
 def _linear_of(node):
     """(x, weight, bias) of a Linear call, else None."""
     if not is_call(node, _LINEAR):
@@ -175,7 +168,7 @@ def _gated_found(node, h, act_node, gate_node, up_node, act, gate, up, w_down, d
         return Skip(GATED, node.name, why)
 
     def build(graph):
-        return graph.call_function(gated_linear, (x, w_gate, w_up, w_down, act))
+        return graph.call_function(gated_mlp_pair, (x, w_gate, w_up, w_down, act))
 
     return Fusion(GATED, nodes, f"gated_mlp(act={act!r})", build)
 

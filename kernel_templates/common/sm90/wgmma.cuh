@@ -51,3 +51,12 @@ __device__ __forceinline__ void fence_operands(unsigned (&r)[N][M]) {
 #pragma unroll
         for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
+
+// Keeps a wgmma.wait_group after the work that should overlap the pending wgmma: ptxas moves a
+// wait up freely (to schedule what follows it early, e.g. packing the next A fragments), but
+// keeps it in order with shared-memory accesses. A store of `v` (a value that needs all of that
+// work) to a 4-byte slot at `addr` that nothing reads, just before the wait, anchors it there;
+// one lane of a warp storing is enough (a warp issues its instructions in one stream).
+__device__ __forceinline__ void anchor_wait(unsigned addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(v) : "memory");
+}

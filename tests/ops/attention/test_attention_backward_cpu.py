@@ -208,6 +208,32 @@ def test_the_wide_one_kernel_backward_is_pinned_where_it_applies(monkeypatch):
     assert check(window=(4, 4)).specs == check(config="sm90n", window=(4, 4)).specs
 
 
+def test_at_head_dim_64_the_wide_step_waits_for_long_sequences(monkeypatch):
+    from ge2jit.ops.attention import op
+    from ge2jit.ops.attention.spec import WIDE_MIN_QUERIES, bwd_specs_for
+
+    monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
+    long_q = WIDE_MIN_QUERIES[64]
+
+    def call(s_q, **over):
+        q = arr((1, s_q, H, 64))
+        return check(do=q, q=q, o=arr((1, s_q, H, 64)), k=arr((1, SK, HKV, 64)),
+                     v=arr((1, SK, HKV, 64)), lse=arr((1, H, s_q), np.float32), **over)
+
+    assert call(long_q).specs[1].step == 96 and call(long_q - 1).specs[1].step == 64
+    assert call(long_q - 1, config="sm90w").specs[1].step == 96        # pinned: wide anyway
+    assert call(long_q, config="sm90n").specs[1].step == 64
+    assert call(long_q - 1).specs == call(long_q - 1, config="sm90n").specs
+    # head_dim 128 takes its wide step at any length; no length given: the long sequences'
+    assert bwd_specs_for("sm90", DType.BF16, 128, seqlen_q=1)[1].step == 64
+    assert bwd_specs_for("sm90", DType.BF16, 64)[1].step == 96
+    # a warm-up of head_dim 64 compiles both steps
+    from ge2jit.ops.attention.warmup import BACKWARD_TABLE
+
+    entry = BACKWARD_TABLE.validate_entry({"head_dims": [64]})
+    assert {s.step for s in BACKWARD_TABLE.expand(entry, "sm_90") if s.kind == "dkvq"} == {64, 96}
+
+
 def test_the_hopper_kernels_are_refused_elsewhere_and_a_bad_config_in_one_line():
     for name in ("sm90", "sm90w", "sm90n"):
         with pytest.raises(ArgumentValueError, match="^config: expected one of 'sm80' on this "

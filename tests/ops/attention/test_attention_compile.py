@@ -26,6 +26,7 @@ from ge2jit.ops.attention.spec import (
     AttentionConfig,
     AttentionFwdSm90Spec,
     AttentionFwdSpec,
+    AttentionSm90Config,
     make_sm90_spec,
     make_spec,
 )
@@ -217,7 +218,32 @@ def test_the_hopper_spec_refuses_what_it_cannot_be():
     with pytest.raises(ArgumentTypeError, match="causal: expected bool"):
         AttentionFwdSm90Spec(DType.F16, 128, 128, causal=1)
     assert make_sm90_spec(DType.BF16, 128, causal=True).kernel_name == \
-        "attn_fwd_sm90_bf16_d128_n128s2p_causal"
+        "attn_fwd_sm90_bf16_d128_n128s2ip_causal"
+
+
+def test_the_hopper_configs_name_overlap_pingpong_and_persistence():
+    """``o``: the intra-warpgroup overlap with ping-pong; ``i``: the overlap alone; ``p``:
+    persistent, with either; ping-pong without the overlap is refused in one line."""
+    for config, name in ((AttentionSm90Config(128), "h128s2"),
+                         (AttentionSm90Config(128, overlap=True), "h128s2o"),
+                         (AttentionSm90Config(128, overlap=True, pingpong=False), "h128s2i"),
+                         (AttentionSm90Config(160, overlap=True, persistent=True), "h160s2op"),
+                         (AttentionSm90Config(128, 3, True, True, False), "h128s3ip")):
+        assert config.name == name
+        spec = make_sm90_spec(DType.BF16, 128, config=config, causal=True)
+        assert spec.config == config and spec.pingpong == config.pingpong
+        assert spec.kernel_name == f"attn_fwd_sm90_bf16_d128_n{name[1:]}_causal"
+        source = render(spec)
+        assert ("constexpr bool PINGPONG = true;" in source) == config.pingpong
+        assert ("constexpr bool OVERLAP = true;" in source) == config.overlap
+    with pytest.raises(ArgumentValueError, match="^AttentionSm90Config: expected pingpong only "
+                                                 "with overlap$"):
+        AttentionSm90Config(128, pingpong=True)
+    with pytest.raises(ArgumentValueError, match="pingpong only with overlap"):
+        AttentionFwdSm90Spec(DType.BF16, 128, 128, pingpong=True)
+    with pytest.raises(ArgumentTypeError, match="pingpong: expected bool"):
+        AttentionSm90Config(128, overlap=True, pingpong=1)
+    assert AttentionFwdSm90Spec(DType.BF16, 128, 128, overlap=True).pingpong is True
 
 
 EVERY_SM90 = [(d, c) for d, cs in SM90_CONFIGS.items() for c in cs]
