@@ -14,6 +14,7 @@ from .spec import (
     AttentionSm90Config,
     bwd_specs_for,
     candidates_for,
+    fused_step_reason,
     spec_for,
 )
 from .warmup import BACKWARD_TABLE, TABLE, parse_config
@@ -44,8 +45,14 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
     main = next(i for i, (s, *_) in enumerate(launches) if s.kind in ("dkv", "dkvq"))
     spec, grid, block, smem = launches[main]
     others = tuple(s for i, s in enumerate(call.specs) if i != main)
-    form = ("one kernel, dq added up by bulk reductions (deterministic=True: two kernels)"
-            if spec.kind == "dkvq" else "dq and dk-dv kernels, deterministic")
+    form = "dq and dk-dv kernels, deterministic"
+    if spec.kind == "dkvq":
+        f = call.fwd
+        step = fused_step_reason(call.family, f.head_dim, spec.step, f.seqlen_q,
+                                 causal=f.causal, window=f.spec.window, softcap=f.spec.softcap,
+                                 varlen=f.varlen)
+        form = (f"one kernel, dq added up by bulk reductions (deterministic=True: two "
+                f"kernels), {step}")
     return Planned((spec, *others), call.family, "fixed", grid, block, smem,
                    flops=2.5 * _flops(call.fwd), detail=f"{spec.kernel_name}, {form}")
 

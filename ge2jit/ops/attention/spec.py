@@ -699,6 +699,22 @@ def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> s
     return None
 
 
+def fused_step_reason(family: str, head_dim: int, step: int, seqlen_q: int | None = None,
+                      **options) -> str:
+    """Why the one-kernel backward of ``family`` takes ``step`` queries a step (for
+    ``explain``); ``options`` as :func:`wide_bwd_refusal`'s."""
+    pinned = " (pinned)" if family in ("sm90w", "sm90n") else ""
+    if step == SM90_BWD_WIDE.get(head_dim):
+        return f"the wide step of {step} queries{pinned}"
+    why = None if pinned else wide_bwd_refusal(head_dim, **options)
+    if pinned or head_dim not in SM90_BWD_WIDE:
+        return f"the narrow step of {step} queries{pinned}"
+    if why is not None:
+        return f"the narrow step of {step} queries (the wide one takes {why})"
+    return (f"the narrow step of {step} queries (the wide one from "
+            f"{WIDE_MIN_QUERIES[head_dim]} queries at head_dim {head_dim}, got {seqlen_q})")
+
+
 @dataclass(frozen=True)
 class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     """The dq or dkv kernel of the attention backward on Hopper (sm_90a, ``bwd_sm90.cu``): a

@@ -224,6 +224,18 @@ def test_at_head_dim_64_the_wide_step_waits_for_long_sequences(monkeypatch):
     assert call(long_q - 1, config="sm90w").specs[1].step == 96        # pinned: wide anyway
     assert call(long_q, config="sm90n").specs[1].step == 64
     assert call(long_q - 1).specs == call(long_q - 1, config="sm90n").specs
+    # explain says which step and why
+    from ge2jit.ops.attention.registration import _choose_backward
+
+    assert _choose_backward(call(long_q - 1), 0).detail.endswith(
+        f"the narrow step of 64 queries (the wide one from {long_q} queries at head_dim 64, "
+        f"got {long_q - 1})")
+    assert _choose_backward(call(long_q), 0).detail.endswith("the wide step of 96 queries")
+    assert _choose_backward(call(long_q, config="sm90n"), 0).detail.endswith(
+        "the narrow step of 64 queries (pinned)")
+    assert _choose_backward(call(long_q, softcap=5.0), 0).detail.endswith(
+        "the narrow step of 64 queries (the wide one takes none of softcap at head_dim 64 (its "
+        "registers would spill), got softcap)")
     # head_dim 128 takes its wide step at any length; no length given: the long sequences'
     assert bwd_specs_for("sm90", DType.BF16, 128, seqlen_q=1)[1].step == 64
     assert bwd_specs_for("sm90", DType.BF16, 64)[1].step == 96
