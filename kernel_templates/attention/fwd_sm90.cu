@@ -283,7 +283,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             pa[kk][3] = pack_f32x2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
     };
+    // O times the rows' factors; skipped by a warp whose factors are all exactly 1 (once the
+    // maxima settle, most blocks of a long row), the D / 2 products changing nothing
     auto rescale = [&](const float (&corr)[2]) {
+        if (__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) return;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
@@ -308,9 +311,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (PERSISTENT && it == n_blocks - 1 && lane == 0) mbar_arrive(q_empty);
             softmax(sc, it, corr);
             pack(sc, pa);
-            // O is rescaled only when a row's maximum grew: once the maxima settle (most
-            // blocks of a long row) the warp skips the D / 2 products (a factor of exactly 1)
-            if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
+            rescale(corr);
             issue_pv(pa, it);
             wgmma_wait<0>();
             release_v(it);
@@ -335,8 +336,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int it = 1; it < n_blocks; ++it) {
             if (PINGPONG) named_barrier(1 + wg, 256);
             issue_s(sc, it);
-            // block it - 1's factor (O is not in flight), skipped as above where it is 1
-            if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
+            rescale(corr);               // block it - 1's factor (O is not in flight)
             issue_pv(pa, it - 1);
             if (PINGPONG && !(wg == 1 && it == n_blocks - 1)) named_barrier_arrive(2 - wg, 256);
             wgmma_wait<1>();             // S of block it (P V of it - 1 may still run)
@@ -353,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             release_v(it - 1);
             pack(sc, pa);
         }
-        if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) rescale(corr);
+        rescale(corr);
         issue_pv(pa, n_blocks - 1);
         wgmma_wait<0>();
         release_v(n_blocks - 1);
