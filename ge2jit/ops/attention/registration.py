@@ -14,7 +14,7 @@ from .spec import (
     AttentionSm90Config,
     bwd_specs_for,
     candidates_for,
-    fused_step_reason,
+    fused_step,
     spec_for,
 )
 from .warmup import BACKWARD_TABLE, TABLE, parse_config
@@ -48,9 +48,8 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
     form = "dq and dk-dv kernels, deterministic"
     if spec.kind == "dkvq":
         f = call.fwd
-        step = fused_step_reason(call.family, f.head_dim, spec.step, f.seqlen_q,
-                                 causal=f.causal, window=f.spec.window, softcap=f.spec.softcap,
-                                 varlen=f.varlen)
+        _, step = fused_step(call.family, f.head_dim, f.seqlen_q, causal=f.causal,
+                             window=f.spec.window, softcap=f.spec.softcap, varlen=f.varlen)
         form = (f"one kernel, dq added up by bulk reductions (deterministic=True: two "
                 f"kernels), {step}")
     return Planned((spec, *others), call.family, "fixed", grid, block, smem,

@@ -446,11 +446,7 @@ class AttentionSm90Config:
     def __post_init__(self):
         check_field(self, "overlap", bool)
         check_field(self, "persistent", bool)
-        if self.pingpong is None:
-            object.__setattr__(self, "pingpong", self.overlap)
-        check_field(self, "pingpong", bool)
-        if self.pingpong and not self.overlap:
-            raise ArgumentValueError("AttentionSm90Config: expected pingpong only with overlap")
+        _resolve_pingpong(self)
         for name in ("block_n", "stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -467,6 +463,16 @@ class AttentionSm90Config:
     @property
     def name(self) -> str:
         return f"h{self.block_n}s{self.stages}" + _suffix(self)
+
+
+def _resolve_pingpong(c) -> None:
+    """A Hopper forward config's or spec's ``pingpong``: None becomes ``overlap``; a bool, and
+    True only with ``overlap``."""
+    if c.pingpong is None:
+        object.__setattr__(c, "pingpong", c.overlap)
+    check_field(c, "pingpong", bool)
+    if c.pingpong and c.overlap is not True:
+        raise ArgumentValueError(f"{type(c).__name__}: expected pingpong only with overlap")
 
 
 def _suffix(c) -> str:
@@ -579,10 +585,7 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
                                    self.pingpong)
 
     def __post_init__(self):
-        if self.pingpong is None:
-            object.__setattr__(self, "pingpong", self.overlap)
-        if self.pingpong is True and self.overlap is not True:
-            raise ArgumentValueError("AttentionFwdSm90Spec: expected pingpong only with overlap")
+        _resolve_pingpong(self)
         check_field(self, "block_n", int)
         check_field(self, "stages", int)
         if self.block_n % 16 or not 16 <= self.block_n <= 256 or self.stages not in (2, 3):
@@ -699,20 +702,25 @@ def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> s
     return None
 
 
-def fused_step_reason(family: str, head_dim: int, step: int, seqlen_q: int | None = None,
-                      **options) -> str:
-    """Why the one-kernel backward of ``family`` takes ``step`` queries a step (for
-    ``explain``); ``options`` as :func:`wide_bwd_refusal`'s."""
-    pinned = " (pinned)" if family in ("sm90w", "sm90n") else ""
-    if step == SM90_BWD_WIDE.get(head_dim):
-        return f"the wide step of {step} queries{pinned}"
-    why = None if pinned else wide_bwd_refusal(head_dim, **options)
-    if pinned or head_dim not in SM90_BWD_WIDE:
-        return f"the narrow step of {step} queries{pinned}"
+def fused_step(family: str, head_dim: int, seqlen_q: int | None = None, **options
+               ) -> tuple[int, str]:
+    """(queries a step, why) of the one-kernel backward of ``family`` at ``head_dim``:
+    "sm90w" and "sm90n" pin the wide and the narrow step; "sm90" takes the wide one where
+    :func:`wide_bwd_refusal` gives no reason (``options`` as its) and there are
+    ``WIDE_MIN_QUERIES`` queries (``seqlen_q``; None: as many as needed)."""
+    narrow, wide = SM90_BWD_FUSED[head_dim][0], SM90_BWD_WIDE[head_dim]
+    if family == "sm90w":
+        return wide, f"the wide step of {wide} queries (pinned)"
+    if family == "sm90n":
+        return narrow, f"the narrow step of {narrow} queries (pinned)"
+    why = wide_bwd_refusal(head_dim, **options)
     if why is not None:
-        return f"the narrow step of {step} queries (the wide one takes {why})"
-    return (f"the narrow step of {step} queries (the wide one from "
-            f"{WIDE_MIN_QUERIES[head_dim]} queries at head_dim {head_dim}, got {seqlen_q})")
+        return narrow, f"the narrow step of {narrow} queries (the wide one takes {why})"
+    if seqlen_q is not None and seqlen_q < WIDE_MIN_QUERIES[head_dim]:
+        return narrow, (f"the narrow step of {narrow} queries (the wide one from "
+                        f"{WIDE_MIN_QUERIES[head_dim]} queries at head_dim {head_dim}, got "
+                        f"{seqlen_q})")
+    return wide, f"the wide step of {wide} queries"
 
 
 @dataclass(frozen=True)
@@ -829,20 +837,16 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     """The backward's kernels of ``family``, in launch order, for these options: "sm90" the
     sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the
     sm_80 "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
-    dkv. The one-kernel backward takes ``SM90_BWD_WIDE``'s step where
-    :func:`wide_bwd_refusal` gives no reason and there are ``WIDE_MIN_QUERIES`` queries
-    (``seqlen_q``; None: as many as needed), else ``SM90_BWD_FUSED``'s; "sm90w" pins the wide
-    step (refusing where it would spill), "sm90n" the narrow one. "sm80": the three sm_80
-    kernels (deterministic)."""
-    why = wide_bwd_refusal(head_dim, deterministic, **options)
-    if family == "sm90w" and why is not None:
+    dkv. The one-kernel backward's step is :func:`fused_step`'s
+    ("sm90w" pins the wide step, refusing where it would spill; "sm90n" the narrow one).
+    "sm80": the three sm_80 kernels (deterministic)."""
+    why = wide_bwd_refusal(head_dim, deterministic, **options) if family == "sm90w" else None
+    if why is not None:
         raise ArgumentValueError(f"config: 'sm90w' takes {why}")
     specs = make_bwd_specs(dtype, head_dim, **options)
     if fused_bwd(family, head_dim, deterministic):
-        step, stages = SM90_BWD_FUSED[head_dim]
-        long = seqlen_q is None or seqlen_q >= WIDE_MIN_QUERIES[head_dim]
-        if family == "sm90w" or (family == "sm90" and why is None and long):
-            step = SM90_BWD_WIDE[head_dim]
+        step, _ = fused_step(family, head_dim, seqlen_q, **options)
+        stages = SM90_BWD_FUSED[head_dim][1]
         fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages, **options)
         out = AttentionBwdSpec("dqout", dtype, head_dim, specs[0].config,
                                varlen=specs[0].varlen)

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import Differentiable, autocast_dtype, warn_once
+from ...runtime.torchlib import Differentiable, autocast_dtype, cast, warn_once
 from . import backward as _backward
 from . import op as _op
 from .spec import HEAD_DIMS
@@ -94,10 +94,8 @@ def _autocast(*tensors):
     """The tensors as autocast casts a matrix product's inputs in the current region (CUDA
     floating tensors other than float64 to the region's type), else unchanged."""
     dtype = autocast_dtype("cuda")
-    if dtype is None:
-        return tensors
-    return tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_cuda and x.is_floating_point()
-                 and x.dtype not in (dtype, torch.float64) else x for x in tensors)
+    return tuple(cast(x, dtype) if isinstance(x, Tensor) and x.is_cuda
+                 and x.dtype != torch.float64 else x for x in tensors)
 
 
 _ATTENTION = Differentiable("attention", _forward, fake=_fake, setup=_setup, grads=_grads,
