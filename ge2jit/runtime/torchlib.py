@@ -326,6 +326,9 @@ class Differentiable:
     - ``backward(*args)`` and ``backward_fake``: the backward op's implementation and fake
       (``torch.ops.ge2jit.<name>_backward``);
     - ``setup(ctx, inputs, output)``: what the backward needs, saved on ``ctx``;
+    - ``inference(*inputs)`` and ``inference_fake`` (optional): the call where no gradient
+      is recorded, without what only the backward reads (attention's log-sum-exp):
+      ``torch.ops.ge2jit.<name>_inference``, taken by ``infer``;
     - ``grads(ctx, *grad_outputs, backward=...)``: the inputs' gradients, computed by calling
       ``backward`` (the backward op when the call is traced, its implementation in eager mode).
 
@@ -333,14 +336,25 @@ class Differentiable:
     (``register_autograd``), and the eager ``autograd.Function`` over the same
     implementations (``eager_function``). Calling it dispatches a call: traced
     (``torch.compile``, fake or meta tensors) → the custom op; a gradient to record → the
-    eager Function (``fast_apply``); else the implementation itself. ``op``,
-    ``backward_op`` and ``function`` are the three (``function_name``: the Function's class
+    eager Function (``fast_apply``); else the implementation itself. ``infer`` dispatches
+    the same way to the inference op or implementation, for a call that records no
+    gradient (``needs_grad`` false: the caller asks). ``op``, ``backward_op``,
+    ``inference_op`` (None without one) and ``function`` are the ops and the Function
+    (``function_name``: the Function's class
     name, by default ``_<Name>Function``). ``device``/``library``: as
     ``define_op``'s (tests define CPU ops)."""
 
     def __init__(self, name: str, forward, *, fake, setup, grads, backward, backward_fake,
-                 function_name: str | None = None, device: str = "CUDA", library=None):
+                 inference=None, inference_fake=None, function_name: str | None = None,
+                 device: str = "CUDA", library=None):
+        if (inference is None) != (inference_fake is None):
+            raise TypeError("Differentiable: expected inference and inference_fake together")
         self.forward = forward
+        self.inference = inference
+        self.inference_op = None
+        if inference is not None:
+            self.inference_op = define_op(name + "_inference", inference, device, library)
+            register_fake(self.inference_op)(inference_fake)
         self.op = define_op(name, forward, device, library)
         register_fake(self.op)(fake)
         self.backward_op = define_op(name + "_backward", backward, device, library)
@@ -361,16 +375,30 @@ class Differentiable:
         self._names = tuple(params[i].name for i in self._positions)
         self._cuda = device == "CUDA"
 
+    def _traced(self, tensors) -> bool:
+        if self._cuda:
+            return traced(*tensors, names=self._names)
+        return torch.compiler.is_compiling() or any(
+            isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta)
+            for t in tensors)
+
     def __call__(self, *args):
         tensors = [args[i] for i in self._positions]
-        if (traced(*tensors, names=self._names) if self._cuda
-                else torch.compiler.is_compiling() or any(
-                    isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta)
-                    for t in tensors)):
+        if self._traced(tensors):
             return self.op(*args)
         if needs_grad(*tensors):
             return self._apply(*args)
         return self.forward(*args)
+
+    def infer(self, *args):
+        """The inference op (traced) or implementation (eager) on ``args``: for a call whose
+        caller has checked that no gradient is recorded (``needs_grad``)."""
+        if self.inference is None:
+            raise TypeError(f"{self!r}: no inference implementation")
+        tensors = [args[i] for i in self._positions]
+        if self._traced(tensors):
+            return self.inference_op(*args)
+        return self.inference(*args)
 
     def __repr__(self) -> str:
         return f"Differentiable({self.op})"

@@ -131,6 +131,49 @@ def test_opcheck():
                            0, 0, True, 0.125, -1, -1, 0.0, True))
 
 
+def _kernels(fn) -> list[str]:
+    """The names of the CUDA kernels ``fn()`` launches (after a first call that compiles)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_call_that_records_no_gradient_runs_the_kernel_without_lse(compiled):
+    """Only the backward reads the log-sum-exp: under no_grad, inference_mode or on tensors
+    that need no gradient, the forward kernel that writes none runs (the op
+    ``attention_inference`` when compiled), with the bits of the training call's output."""
+    q, k, v = _qkv(s_q=256, s_k=256)
+
+    def f(q, k, v):
+        return gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    fn = torch.compile(f, fullgraph=True) if compiled else f
+    trained = fn(q, k, v)
+    assert trained.requires_grad
+    names = _kernels(lambda: fn(q, k, v))
+    assert any(n.startswith("attn_fwd") and n.endswith("_lse") for n in names), names
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            out = fn(q, k, v)
+            names = _kernels(lambda: fn(q, k, v))
+        assert not out.requires_grad and torch.equal(out, trained.detach())
+        forward = [n for n in names if n.startswith("attn_fwd")]
+        assert len(forward) == 1 and not forward[0].endswith("_lse"), names
+    detached = [x.detach() for x in (q, k, v)]
+    assert torch.equal(fn(*detached), trained.detach())
+    o, lse = gt.attention(*(x.detach().transpose(1, 2) for x in (q, k, v)), causal=True,
+                          return_lse=True)   # asked for: written, also without a gradient
+    assert lse.shape == (2, 4, 256) and torch.isfinite(lse).all()
+    torch.library.opcheck(torch.ops.ge2jit.attention_inference.default,
+                          (*detached, None, None, 0, 0, True, 0.125, -1, -1, 0.0, True))
+
+
 def test_compiled_without_graph_breaks_matches_eager():
     q, k, v = _qkv()
 

@@ -386,6 +386,10 @@ def _cube():
     def cube_backward(gy: torch.Tensor, x: torch.Tensor, k: float) -> torch.Tensor:
         return 3.0 * k * x * x * gy
 
+    def cube_inference(x: torch.Tensor, k: float) -> torch.Tensor:
+        ran.append("inference")
+        return x * x * x * k
+
     def setup(ctx, inputs, output):
         ctx.k = inputs[1]
         ctx.save_for_backward(inputs[0])
@@ -397,6 +401,7 @@ def _cube():
     _CUBE.update(lib=lib, op=Differentiable(
         "cube", cube, fake=lambda x, k: torch.empty_like(x), setup=setup, grads=grads,
         backward=cube_backward, backward_fake=lambda gy, x, k: torch.empty_like(x),
+        inference=cube_inference, inference_fake=lambda x, k: torch.empty_like(x),
         device="CPU", library=lib))
     return _CUBE
 
@@ -428,6 +433,33 @@ def test_a_differentiable_op_takes_the_path_each_call_needs():
         cube(x)
 
 
+def test_a_differentiable_ops_inference_path_eager_and_compiled():
+    """``infer``: the inference implementation eagerly, the op ``<name>_inference`` when
+    traced (its fake giving the shapes)."""
+    from ge2jit.runtime.torchlib import Differentiable
+
+    toy = _cube()
+    cube, ran = toy["op"], toy["ran"]
+    assert cube.inference_op._name == "ge2jit_toy_diff::cube_inference"
+    x = torch.randn(5, dtype=torch.float64)
+    ran.clear()
+    assert torch.allclose(cube.infer(x, 2.0), 2 * x**3) and ran == ["inference"]
+    traced = []
+
+    def backend(gm, inputs):
+        traced.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        y = torch.compile(lambda t: cube.infer(t, 3.0), fullgraph=True, backend=backend)(x)
+    assert torch.allclose(y, 3 * x**3) and "ge2jit_toy_diff.cube_inference.default" in traced
+    assert cube.inference_op(torch.empty(3, device="meta"), 1.0).shape == (3,)
+    with pytest.raises(TypeError, match="inference and inference_fake together"):
+        Differentiable("cube_half", lambda x: x, fake=None, setup=None, grads=None,
+                       backward=None, backward_fake=None, inference=lambda x: x)
+
+
 def test_the_hugging_face_drop_in_refuses_other_shapes_in_one_line(gt):
     with pytest.raises(ArgumentValueError, match=r"^q: expected 4 dimensions, got shape \(4, 8\)"):
         gt.apply_rotary_pos_emb(X, X, X, X)
@@ -447,6 +479,8 @@ def test_attention_fakes_and_the_fallback_to_pytorch():
     o, lse = torch.ops.ge2jit.attention(q, k, k, None, None, 0, 0, False, 0.125, -1, -1, 0.0,
                                         True)
     assert o.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
+    assert torch.ops.ge2jit.attention_inference(q, k, k, None, None, 0, 0, False, 0.125, -1,
+                                                -1, 0.0, True).shape == q.shape
     packed = torch.empty(40, 4, 128, device="meta", dtype=torch.float16)
     cu = torch.empty(3, device="meta", dtype=torch.int32)
     o, lse = torch.ops.ge2jit.attention(packed, packed, packed, cu, cu, 20, 20, True, 0.1, -1,

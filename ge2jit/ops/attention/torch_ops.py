@@ -1,4 +1,5 @@
-"""attention as PyTorch custom ops (``torch.ops.ge2jit.attention`` and ``attention_backward``),
+"""attention as PyTorch custom ops (``torch.ops.ge2jit.attention``, ``attention_backward``, and
+``attention_inference``: the forward without the lse, for a call that records no gradient),
 made by ``runtime.torchlib.Differentiable``, and the functions ``ge2jit.torch`` gives on them:
 ``attention`` (FlashAttention's interface: (B, S, H, D) or packed sequences) and
 ``scaled_dot_product_attention`` (PyTorch's, which falls back to PyTorch's own for what the
@@ -11,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...runtime.torchlib import Differentiable, autocast_dtype, cast, warn_once
+from ...runtime.torchlib import Differentiable, autocast_dtype, cast, needs_grad, warn_once
 from . import backward as _backward
 from . import op as _op
 from .spec import HEAD_DIMS
@@ -36,6 +37,17 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None,
              bhsd: bool) -> tuple[Tensor, Tensor]:
     """``ge2jit.attention`` with its lse: (o, lse)."""
     return _op.attention(q, k, v, return_lse=True, **_keywords(
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
+        window_right, softcap, bhsd))
+
+
+def _inference(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None,
+               cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+               causal: bool, scale: float, window_left: int, window_right: int, softcap: float,
+               bhsd: bool) -> Tensor:
+    """``ge2jit.attention`` without its lse (which only the backward reads): a call that
+    records no gradient."""
+    return _op.attention(q, k, v, **_keywords(
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
         window_right, softcap, bhsd))
 
@@ -72,6 +84,10 @@ def _fake(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_q, bhsd), dtype=torch.float32)
 
 
+def _inference_fake(q, *args):
+    return q.new_empty(q.shape)
+
+
 def _backward_fake(do, q, k, v, o, lse, *args):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -99,7 +115,8 @@ def _autocast(*tensors):
 
 
 _ATTENTION = Differentiable("attention", _forward, fake=_fake, setup=_setup, grads=_grads,
-                            backward=_backward_impl, backward_fake=_backward_fake)
+                            backward=_backward_impl, backward_fake=_backward_fake,
+                            inference=_inference, inference_fake=_inference_fake)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -113,7 +130,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     FlashAttention's interface, q (B, S_q, H, D) and k, v (B, S_k, H_kv, D)
     (``layout="bhsd"``: heads first), or packed (total, H, D)
     with ``cu_seqlens_q``, ``cu_seqlens_k`` (int32) and the longest lengths. Returns the output
-    (with ``return_lse``, also the log-sum-exp, which carries no gradient). As custom ops
+    (with ``return_lse``, also the log-sum-exp, which carries no gradient; without it, a call
+    that records no gradient runs the kernel that writes none). As custom ops
     under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly.
     Inside ``torch.autocast``, float32 q, k and v are cast to the region's type first."""
     q, k, v = _autocast(q, k, v)
@@ -122,10 +140,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0   # (a head_dim of 0 is refused by the op)
-    o, lse = _ATTENTION(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                        int(max_seqlen_q or 0) if varlen else 0,
-                        int(max_seqlen_k or 0) if varlen else 0, bool(causal), float(scale),
-                        left, right, float(softcap or 0.0), layout == "bhsd")
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0) if varlen else 0,
+            int(max_seqlen_k or 0) if varlen else 0, bool(causal), float(scale), left, right,
+            float(softcap or 0.0), layout == "bhsd")
+    if not return_lse and not needs_grad(q, k, v):   # no backward: the kernel without lse
+        return _ATTENTION.infer(*args)
+    o, lse = _ATTENTION(*args)
     return (o, lse.detach()) if return_lse else o
 
 
