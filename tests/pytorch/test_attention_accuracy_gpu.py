@@ -2,10 +2,15 @@
 the three gradients of ``ge2jit.torch.scaled_dot_product_attention`` against a float64
 reference, their error (root mean square, and largest) no more than 1.5x that of the better of
 PyTorch's flash, cuDNN and memory-efficient backends (each where it takes the inputs) on long
-sequences, grouped-query heads and large logits; and rows that see no key: an output and
+sequences, grouped-query heads and large logits (the largest error: or at most one ulp of the
+type at the tensor's largest value, the rounding of the result itself, where the better
+backend's stayed under it by luck of which of millions of elements fell near a rounding
+boundary); and rows that see no key: an output and
 gradients of exactly 0, never NaN."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -58,6 +63,11 @@ def _reference(q, k, v, do, causal):
     return _run(sdpa, *(x.double() for x in (q, k, v, do)))
 
 
+def _ulp(x: float, dtype) -> float:
+    """The spacing of ``dtype``'s values at ``x`` (> 0)."""
+    return torch.finfo(dtype).eps * 2.0 ** (math.frexp(x)[1] - 1)
+
+
 def _errors(got, want) -> tuple[float, float]:
     diff = got.double() - want
     return diff.pow(2).mean().sqrt().item(), diff.abs().max().item()
@@ -94,7 +104,10 @@ def test_no_larger_error_than_the_better_pytorch_backend(case, dtype):
         for j, kind in enumerate(("rms", "max")):
             best = min(e[i][j] for n, e in errors.items() if n != "ge2jit")
             got = errors["ge2jit"][i][j]
-            assert got <= RATIO * best, (what, kind, {n: e[i][j] for n, e in errors.items()})
+            bound = RATIO * best
+            if kind == "max":   # one ulp at the tensor's largest value: the result's rounding
+                bound = max(bound, _ulp(want[i].abs().max().item(), dtype))
+            assert got <= bound, (what, kind, {n: e[i][j] for n, e in errors.items()})
 
 
 @pytest.mark.parametrize("d", [64, 128])
