@@ -327,7 +327,7 @@ class Differentiable:
       (``torch.ops.ge2jit.<name>_backward``);
     - ``setup(ctx, inputs, output)``: what the backward needs, saved on ``ctx``;
     - ``inference(*inputs)`` and ``inference_fake`` (optional): the call where no gradient
-      is recorded, without what only the backward reads (attention's log-sum-exp):
+      is recorded, without what only the backward reads (a statistic saved for it):
       ``torch.ops.ge2jit.<name>_inference``, taken by ``infer``;
     - ``grads(ctx, *grad_outputs, backward=...)``: the inputs' gradients, computed by calling
       ``backward`` (the backward op when the call is traced, its implementation in eager mode).
