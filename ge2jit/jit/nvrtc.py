@@ -58,7 +58,8 @@ _BUILTINS_RE = re.compile(r"libnvrtc-builtins\.so\.(\d+)\.(\d+)")
 
 
 def _loaded_nvrtc_paths() -> list[str]:
-    """Paths of libnvrtc objects mapped into this process (Linux), in load order."""
+    """Paths of libnvrtc objects mapped into this process (Linux), in the order of their
+    addresses (not of their loading)."""
     try:
         with open("/proc/self/maps") as f:
             maps = f.read()
@@ -126,6 +127,38 @@ def _wheel_candidates() -> list[tuple[tuple[int, int], Path, str]]:
                                      ((int(m.group(1)), int(m.group(2))), entry))
     return sorted(((v, p, d) for p, (v, d) in found.items()), key=lambda c: c[0],
                   reverse=True)
+
+
+def _version_of(lib) -> tuple[int, int] | None:
+    """``nvrtcVersion`` of a loaded library (a ``ctypes.CDLL``), or None."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    try:
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+            return None
+    except AttributeError:
+        return None
+    return major.value, minor.value
+
+
+def _library_in_use(version: tuple[int, int]) -> tuple[str, object] | None:
+    """(path, ``ctypes.CDLL``) of the libnvrtc that CuPy's binding calls, which reported
+    ``version``: the one loaded library of that version, or among several the one ge2jit
+    loaded (CuPy's binding, loaded after it, takes it by its name); None when that is not
+    known. A process can hold two: ge2jit's and another package's (PyTorch loads its own by
+    its path), and the first in memory need not be the one in use. Nothing is loaded here
+    (``RTLD_NOLOAD``)."""
+    found = []
+    for path in _loaded_nvrtc_paths():
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        if _version_of(lib) == tuple(version):
+            found.append((path, lib))
+    if len(found) > 1:
+        ours = _loaded.get("preloaded_path")
+        found = [f for f in found if ours is not None and Path(f[0]).resolve() == ours]
+    return found[0] if len(found) == 1 else None
 
 
 def _preload(lib: Path) -> None:
@@ -206,6 +239,7 @@ def preload() -> None:
             return
         try:
             _preload(chosen)
+            _loaded["preloaded_path"] = chosen.resolve()
         except OSError as e:
             err = NvrtcError(f"could not load NVRTC from {chosen}: {e}")
             _loaded["preload_error"] = err
@@ -223,7 +257,7 @@ def _ensure_loaded() -> None:
             return
         try:
             _nvrtc = require_cupy("cupy_backends.cuda.libs.nvrtc")   # CuPy's binding
-            _nvrtc.getVersion()
+            version = _nvrtc.getVersion()
         except MissingDependencyError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure here means "no usable NVRTC"
@@ -232,6 +266,9 @@ def _ensure_loaded() -> None:
                 "of ge2jit, or nvidia-cuda-nvrtc), or point GE2JIT_NVRTC at a libnvrtc.so.* "
                 f"file. The error was: {e}"
             ) from e
+        # now, while the binding's library is the one loaded (another package may load its
+        # own later)
+        _loaded["in_use"] = _library_in_use(tuple(version))
         _loaded["nvrtc"] = _nvrtc
 
 
@@ -264,8 +301,8 @@ def nvrtc_info() -> NvrtcInfo:
     and why that library (``reason``)."""
     nv = _binding()
     version = tuple(nv.getVersion())
-    paths = _loaded_nvrtc_paths()
-    path = paths[0] if paths else None
+    in_use = _loaded.get("in_use")
+    path = in_use[0] if in_use else None
     h = hashlib.sha256(f"nvrtc {version}".encode())
     if path:
         # A fingerprint of the build, independent of where it is installed: the size of the
@@ -397,18 +434,17 @@ def _whole_cubin(prog: int, from_cupy: bytes) -> bytes:
     """The cubin with its last byte: CuPy's ``getCUBIN`` drops it, taking it for a string's
     terminating NUL. The driver loads the short file, but ``cuobjdump`` and ``nvdisasm``
     refuse it (its program headers run past the end). Read again through the libnvrtc that
-    CuPy uses (when the process has exactly one, it is that one), keeping CuPy's bytes if
-    anything disagrees."""
-    paths = _loaded_nvrtc_paths()
-    if len(paths) != 1:
+    CuPy's binding calls (:func:`_library_in_use`; where that is not known, CuPy's bytes as
+    they are), keeping CuPy's bytes if anything disagrees."""
+    in_use = _loaded.get("in_use")
+    if in_use is None:
         return bytes(from_cupy)
     try:
-        if "cdll" not in _loaded:
-            lib = ctypes.CDLL(paths[0])
+        lib = in_use[1]
+        if "cubin_calls" not in _loaded:
             lib.nvrtcGetCUBINSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
             lib.nvrtcGetCUBIN.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-            _loaded["cdll"] = lib
-        lib = _loaded["cdll"]
+            _loaded["cubin_calls"] = True
         size = ctypes.c_size_t()
         if lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)) != 0:
             return bytes(from_cupy)

@@ -23,6 +23,58 @@ def test_nvrtc_info_reports_version_and_path():
     assert str(info).startswith(f"NVRTC {info.version[0]}.{info.version[1]}")
 
 
+def _elf_fits(cubin: bytes) -> bool:
+    """Whether an ELF file's program and section header tables lie within it (a cubin whose
+    last byte was dropped does not: cuobjdump refuses it)."""
+    import struct
+
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", cubin, 0x36)
+    return phoff + phentsize * phnum <= len(cubin) and shoff + shentsize * shnum <= len(cubin)
+
+
+def test_the_library_named_is_the_one_compiling_and_its_cubins_are_whole():
+    r = nvrtc.compile_to_cubin(SAXPY, "saxpy", "sm_90")
+    assert _elf_fits(r.cubin)
+    info = ge2jit.nvrtc_info()
+    path, lib = nvrtc._loaded["in_use"]
+    assert info.path == path and nvrtc._version_of(lib) == info.version
+
+
+def test_the_library_in_use_is_found_by_its_version_among_the_loaded(monkeypatch):
+    """Of the libraries in memory, the one of the binding's version; one that is not loaded
+    (only listed) is never loaded to be asked."""
+    real = ge2jit.nvrtc_info().path
+    monkeypatch.setattr(nvrtc, "_loaded_nvrtc_paths", lambda: ["/nonexistent/libnvrtc.so.13",
+                                                               real])
+    found = nvrtc._library_in_use(ge2jit.nvrtc_info().version)
+    assert found is not None and found[0] == real
+    assert nvrtc._library_in_use((1, 0)) is None   # no library of that version
+
+
+def test_with_a_second_libnvrtc_in_the_process_the_one_ge2jit_loaded_is_named(tmp_path):
+    """Another package may load its own libnvrtc by its path after ge2jit (PyTorch does): the
+    library named, fingerprinted and read for whole cubins stays the one CuPy's binding calls,
+    not the first in memory."""
+    real = ge2jit.nvrtc_info().path
+    copy = tmp_path / "libnvrtc.so.13"
+    copy.write_bytes(open(real, "rb").read())
+    code = (
+        "import ctypes, ge2jit\n"
+        "from ge2jit.jit import nvrtc\n"
+        f"ctypes.CDLL({str(copy)!r})\n"
+        "assert len(nvrtc._loaded_nvrtc_paths()) == 2, nvrtc._loaded_nvrtc_paths()\n"
+        f"r = nvrtc.compile_to_cubin({SAXPY!r}, 'saxpy', 'sm_90')\n"
+        "print(ge2jit.nvrtc_info().path, len(r.cubin))\n")
+    env = {k: v for k, v in os.environ.items() if k != "GE2JIT_NVRTC"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    path, size = out.stdout.split()
+    assert path == real
+    assert int(size) == len(nvrtc.compile_to_cubin(SAXPY, "saxpy", "sm_90").cubin)
+
+
 @pytest.mark.parametrize("given, expected", [
     ("sm_90a", "sm_90a"), ("90a", "sm_90a"), (90, "sm_90"), ("compute_80", "sm_80"),
     ("SM_86", "sm_86"), ("sm_100f", "sm_100f"),
