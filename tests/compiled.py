@@ -4,6 +4,8 @@ bound."""
 
 from __future__ import annotations
 
+import re
+
 from ge2jit.jit.loader import build
 
 
@@ -18,8 +20,9 @@ def check_compiled(spec, arch: str, cache, *, max_registers: int = 255,
     assert 0 < entry.registers <= max_registers, (name, entry.registers)
     assert entry.spill_stores == 0 and entry.spill_loads == 0, (name, entry.log)
     assert entry.stack_bytes == 0, (name, entry.log)
-    # ptxas C7513: it serialized the kernel's wgmma (a register of an in-flight wgmma reused)
-    assert "C7513" not in (entry.log or ""), (name, entry.log)
+    # ptxas C7513 / C7514: it serialized the kernel's wgmma (a register of an in-flight wgmma
+    # reused, or an accumulator read before the wait that retires it, on some path)
+    assert not re.search(r"C751[34]", entry.log or ""), (name, entry.log)
     if max_shared is not None:
         assert entry.shared_bytes <= max_shared, (name, entry.shared_bytes)
     return entry
