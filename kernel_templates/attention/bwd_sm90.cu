@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         mbar_init(own_full, 1);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), KV ? 32 : 1);   // KV: each lane that staged lse, delta
-            mbar_init(empty(s), 2 * 4);
+            mbar_init(empty(s), KV ? 2 * 128 : 2 * 4);   // KV: every consumer thread
         }
         mbar_fence_init();
     }
@@ -389,8 +389,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                         descriptor_plus(ds0, (kk / 4) * DS_CHUNK + (kk % 4) * 32), kk > 0);
             wgmma_commit();
             wgmma_wait<1>();                  // dV and dK's: the stage is free
-            __syncwarp();                     // the lanes' reads of it before lane 0 says so
-            if (lane == 0) mbar_arrive(empty(s));
+            mbar_arrive(empty(s));            // every thread: its reads of lse and delta
             wgmma_wait<0>();
             // the tile to shared memory as in dq_accum: row n (a query), D permuted floats, once
             // the writer warp has read what the buffer held two steps ago
@@ -413,8 +412,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             continue;
         }
         wgmma_wait<0>();
-        __syncwarp();                         // the lanes' reads of the stage before lane 0's
-        if (lane == 0) mbar_arrive(empty(s));
+        if constexpr (KV) {   // each thread releases its own reads of the staged lse, delta
+            mbar_arrive(empty(s));
+        } else {
+            __syncwarp();                     // the lanes' reads of the stage before lane 0's
+            if (lane == 0) mbar_arrive(empty(s));
+        }
     }
 
     // Epilogue: the thread's rows (g, g + 8 of its warp) below the length, 4-byte pairs
