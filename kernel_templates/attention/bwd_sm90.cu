@@ -38,6 +38,10 @@ constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
 constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+// DKVQ: a step's dQ^T product issued at the start of the next step, under its S and dP
+// products and its softmax (the tensor cores otherwise idle while both consumers make P and
+// dS), its tile stored once that step's dV and dK products are issued
+constexpr bool DEFER_DQ = {{ "true" if spec.defer_dq else "false" }};
 
 constexpr int THREADS = 384, STAGES = {{ spec.stages }};
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -267,6 +271,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
     const int split = KV ? static_cast<int>(blockIdx.x % DSPLIT) : 0;
 
+    // DKVQ: dQ^T = K^T dS^T of step j over the block's 128 keys, once both warpgroups' dS^T
+    // is stored (issued and committed, not waited for), and its float32 tile to shared memory
+    // as it lies in dq_accum, for the writer warp
+    constexpr int QN = NQ / 2;                 // (declared for every kind, as wgmma_q)
+    const int qm0 = QM == 2 ? wg : 0, qn0 = QM == 2 ? 0 : wg * NQ;
+    float dqt[QN];
+    auto issue_dq = [&](int j) {
+        const unsigned sds = sDS + (j & 1) * DS_BYTES + qn0 * 128;
+        fence_proxy_async();
+        named_barrier(1, 256);
+        wgmma_fence();
+        const unsigned long long dk0 = descriptor(sOwn + qm0 * OWN_CHUNK, OWN_CHUNK, 1024),
+                                 ds0 = descriptor(sds, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < ROWS / 16; ++kk)
+            wgmma_q(dqt, descriptor_plus(dk0, kk * 2048),
+                    descriptor_plus(ds0, (kk / 4) * DS_CHUNK + (kk % 4) * 32), kk > 0);
+        wgmma_commit();
+    };
+    auto store_dq = [&](int j) {
+        // once the writer warp has read what the buffer held two steps ago
+        named_barrier(TILE_FREE + (j & 1), 256 + 32);
+        float* tile = reinterpret_cast<float*>(smem + (sDQ - base) + (j & 1) * DQ_BYTES);
+        // element i = 4 q + 2 b1 + b0 is row n = n0 + 8 q + 2 t + b0, column d = 64 m0 +
+        // 16 warp + g + 8 b1: n & 7 is 2 t + b0 (n0 a multiple of 8), so each (b0, b1) has
+        // one column (dq_accum_col) and its rows step by 8
+        static_assert(KIND != DKVQ || NQ % 8 == 0, "n0 and the rows' steps multiples of 8");
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb) {
+            const int b0 = bb & 1, b1 = bb >> 1;
+            const int n = qn0 + 2 * t + b0, d = qm0 * 64 + warp * 16 + g + 8 * b1;
+            float* p = tile + n * D + dq_accum_col(n, d);
+#pragma unroll
+            for (int q = 0; q < QN / 4; ++q) p[8 * q * D] = dqt[4 * q + 2 * b1 + b0];
+        }
+        fence_proxy_async();
+        named_barrier_arrive(TILE_FULL + (j & 1), 256 + 32);   // for the writer warp
+    };
+
     mbar_wait(own_full, 0);
 #pragma unroll 1
     for (int it = 0; it < steps; ++it) {
@@ -292,6 +335,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             wgmma_s(dp, descriptor_plus(da20, a_off), descriptor_plus(db20, b_off), kd > 0);
         }
         wgmma_commit();
+        if constexpr (KIND == DKVQ && DEFER_DQ) {
+            if (it > 0) issue_dq(it - 1);   // under this step's S and dP, and its softmax
+            else wgmma_commit();            // an empty group: every step's wait below is one
+        }
         // DKV: the thread's STEP / 4 query columns' lse and delta, staged by the producer
         constexpr int NCOL = KV ? STEP / 4 : 2;
         float col_l2[NCOL], col_dl[NCOL];
@@ -306,7 +353,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 col_dl[2 * j + 1] = d.y;
             }
         }
-        wgmma_wait<0>();
+        if constexpr (KIND == DKVQ && DEFER_DQ) wgmma_wait<1>();   // S and dP, not dQ^T
+        else wgmma_wait<0>();
 
         if constexpr (SOFTCAP) {
 #pragma unroll
@@ -373,42 +421,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         wgmma_commit();
-        if constexpr (KIND == DKVQ) {
-            // dQ^T = K^T dS^T over the block's 128 keys, once both warpgroups' dS^T is stored
-            const int m0 = QM == 2 ? wg : 0, n0 = QM == 2 ? 0 : wg * NQ;
-            const unsigned sds = sDS + (it & 1) * DS_BYTES + n0 * 128;
-            float dqt[NQ / 2];
-            fence_proxy_async();
-            named_barrier(1, 256);
-            wgmma_fence();
-            const unsigned long long dk0 = descriptor(sA + m0 * OWN_CHUNK, OWN_CHUNK, 1024),
-                                     ds0 = descriptor(sds, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < ROWS / 16; ++kk)
-                wgmma_q(dqt, descriptor_plus(dk0, kk * 2048),
-                        descriptor_plus(ds0, (kk / 4) * DS_CHUNK + (kk % 4) * 32), kk > 0);
-            wgmma_commit();
+        if constexpr (KIND == DKVQ && DEFER_DQ) {
+            wgmma_wait<1>();                  // the last step's dQ^T (dV and dK's pending)
+            if (it > 0) store_dq(it - 1);
+        } else if constexpr (KIND == DKVQ) {
+            issue_dq(it);
             wgmma_wait<1>();                  // dV and dK's: the stage is free
             mbar_arrive(empty(s));            // every thread: its reads of lse and delta
             wgmma_wait<0>();
-            // the tile to shared memory as in dq_accum: row n (a query), D permuted floats, once
-            // the writer warp has read what the buffer held two steps ago
-            named_barrier(TILE_FREE + (it & 1), 256 + 32);
-            float* tile = reinterpret_cast<float*>(smem + (sDQ - base) + (it & 1) * DQ_BYTES);
-            // element i = 4 q + 2 b1 + b0 is row n = n0 + 8 q + 2 t + b0, column d = 64 m0 +
-            // 16 warp + g + 8 b1: n & 7 is 2 t + b0 (n0 a multiple of 8), so each (b0, b1) has
-            // one column (dq_accum_col) and its rows step by 8
-            static_assert(NQ % 8 == 0, "n0 and the rows' steps multiples of 8");
-#pragma unroll
-            for (int bb = 0; bb < 4; ++bb) {
-                const int b0 = bb & 1, b1 = bb >> 1;
-                const int n = n0 + 2 * t + b0, d = m0 * 64 + warp * 16 + g + 8 * b1;
-                float* p = tile + n * D + dq_accum_col(n, d);
-#pragma unroll
-                for (int q = 0; q < NQ / 8; ++q) p[8 * q * D] = dqt[4 * q + 2 * b1 + b0];
-            }
-            fence_proxy_async();
-            named_barrier_arrive(TILE_FULL + (it & 1), 256 + 32);   // for the writer warp
+            store_dq(it);
             continue;
         }
         wgmma_wait<0>();
@@ -417,6 +438,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         } else {
             __syncwarp();                     // the lanes' reads of the stage before lane 0's
             if (lane == 0) mbar_arrive(empty(s));
+        }
+    }
+    if constexpr (KIND == DKVQ && DEFER_DQ) {   // the last step's dQ^T
+        if (steps > 0) {
+            issue_dq(steps - 1);
+            wgmma_wait<0>();
+            store_dq(steps - 1);
         }
     }
 

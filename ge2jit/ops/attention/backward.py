@@ -36,7 +36,7 @@ OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k
            "deterministic", "layout", "config")
 #: the backward's kernels by name: the Hopper ones (the default on sm_90), the Hopper one-kernel
 #: backward pinned to its wide or its narrow step, the sm_80 ones
-FAMILIES = ("sm90", "sm90w", "sm90n", "sm80")
+FAMILIES = ("sm90", "sm90w", "sm90n", "sm90d", "sm80")
 _DQ, _DK, _DV, _DELTA, _ACC = 8, 9, 10, 11, 12
 _PREPARED = PreparedCalls("attention_backward")
 #: the compiled path's programs: the arrays, the slots of delta and of the one-kernel
@@ -111,7 +111,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
             (96 queries at head_dim 64, 64 at 128) where its registers do not spill (no
             softcap, and at head_dim 128 no window nor packed sequences), else a narrow one
             (64 and 48); "sm90w" and "sm90n" (sm_90 only) pin one of them ("sm90w" refuses
-            the options it cannot take).
+            the options it cannot take). "sm90d" (head_dim 64) is the narrow step with each
+            step's dq product run under the next step's products and softmax.
 
     Returns:
         ``(dq, dk, dv)`` in q's framework, on PyTorch's current stream for tensors.

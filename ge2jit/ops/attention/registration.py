@@ -59,15 +59,15 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
 def _backward_specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128,
                     causal: bool = False, window: bool = False, softcap: bool = False,
                     varlen: bool = False) -> list:
-    """The backward's kernels of ``config`` ("sm90": the Hopper ones; "sm90w", "sm90n";
-    "sm80"; None: the architecture's) for these options, the "dot" kernel first."""
+    """The backward's kernels of ``config`` ("sm90": the Hopper ones; "sm90w", "sm90n",
+    "sm90d"; "sm80"; None: the architecture's) for these options, the "dot" kernel first."""
     family = config or ("sm90" if arch_number(arch) == 90 else "sm80")
     return list(bwd_specs_for(family, as_dtype(dtype), head_dim, causal=causal, window=window,
                               softcap=softcap, varlen=varlen))
 
 
 def _backward_family(name):
-    """A backward kernels' name, checked: "sm80", "sm90", "sm90w" or "sm90n"."""
+    """A backward kernels' name, checked: "sm80", "sm90", "sm90w", "sm90n" or "sm90d"."""
     return backward._family(name, 90)
 
 

@@ -540,7 +540,7 @@ class _Hopper:
                                      f"allowed)")
 
     def _flags(self) -> str:
-        short = {"window": "win", "softcap": "cap", "write_lse": "lse"}
+        short = {"window": "win", "softcap": "cap", "write_lse": "lse", "defer_dq": "dqd"}
         return "".join(f"_{short.get(n, n)}" for n in self.FLAGS
                        if n not in ("overlap", "persistent", "pingpong") and getattr(self, n))
 
@@ -702,6 +702,22 @@ def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> s
     return None
 
 
+#: the head dimensions at which the one-kernel backward's deferred dq product ("sm90d") fits
+#: its registers (its narrow step; wider steps and head_dim 128 spill)
+DEFER_DQ_DIMS = (64,)
+
+
+def deferred_bwd_refusal(head_dim: int, deterministic: bool = False) -> str | None:
+    """Why the one-kernel backward with the deferred dq product ("sm90d") cannot take a call
+    of ``head_dim``, or None."""
+    if head_dim not in DEFER_DQ_DIMS:
+        return (f"head_dim {' or '.join(map(str, DEFER_DQ_DIMS))} (its registers would spill "
+                f"at others), got {head_dim}")
+    if deterministic:
+        return "deterministic=False (it adds dq by reductions in any order)"
+    return None
+
+
 def fused_step(family: str, head_dim: int, seqlen_q: int | None = None, **options
                ) -> tuple[int, str]:
     """(queries a step, why) of the one-kernel backward of ``family`` at ``head_dim``:
@@ -713,6 +729,9 @@ def fused_step(family: str, head_dim: int, seqlen_q: int | None = None, **option
         return wide, f"the wide step of {wide} queries (pinned)"
     if family == "sm90n":
         return narrow, f"the narrow step of {narrow} queries (pinned)"
+    if family == "sm90d":
+        return narrow, (f"the narrow step of {narrow} queries, each step's dq product under "
+                        f"the next step's (pinned)")
     why = wide_bwd_refusal(head_dim, **options)
     if why is not None:
         return narrow, f"the narrow step of {narrow} queries (the wide one takes {why})"
@@ -744,10 +763,11 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     window: bool = False
     softcap: bool = False
     varlen: bool = False
+    defer_dq: bool = False
 
     template = "attention/bwd_sm90.cu"
 
-    FLAGS = ("causal", "window", "softcap", "varlen")
+    FLAGS = ("causal", "window", "softcap", "varlen", "defer_dq")
 
     def __post_init__(self):
         if self.kind not in ("dq", "dkv", "dkvq"):
@@ -770,6 +790,9 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
                                      f"groups per warpgroup, got head_dim {self.head_dim}, "
                                      f"dsplit {self.dsplit}, step {self.step}")
         self._check(SM90_BWD, f"step {self.step}")
+        if self.defer_dq and self.kind != "dkvq":
+            raise ArgumentValueError(f"AttentionBwdSm90Spec: expected defer_dq only with kind "
+                                     f"'dkvq', got kind {self.kind!r}")
 
     @property
     def smem_bytes(self) -> int:
@@ -827,8 +850,9 @@ def make_bwd_sm90_specs(dtype: DType, head_dim: int, **options
 def fused_bwd(family: str, head_dim: int, deterministic: bool) -> bool:
     """Whether the backward of ``family`` is the Hopper one-kernel backward (dq by bulk
     reductions): on "sm90" and "sm90n" at head_dim 64 and 128 unless ``deterministic``, and
-    "sm90w" (its wide step, :func:`wide_bwd_refusal` says where)."""
-    return (family == "sm90w"
+    "sm90w" (its wide step, :func:`wide_bwd_refusal` says where) and "sm90d" (the deferred dq
+    product, :func:`deferred_bwd_refusal`)."""
+    return (family in ("sm90w", "sm90d")
             or (family in ("sm90", "sm90n") and head_dim in (64, 128) and not deterministic))
 
 
@@ -838,16 +862,20 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     sm_80 "dot" kernel, the Hopper "dkvq" kernel (dk, dv and dq by bulk reductions) and the
     sm_80 "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
     dkv. The one-kernel backward's step is :func:`fused_step`'s
-    ("sm90w" pins the wide step, refusing where it would spill; "sm90n" the narrow one).
+    ("sm90w" pins the wide step, refusing where it would spill; "sm90n" the narrow one;
+    "sm90d" the narrow one with each step's dq product deferred under the next step's).
     "sm80": the three sm_80 kernels (deterministic)."""
-    why = wide_bwd_refusal(head_dim, deterministic, **options) if family == "sm90w" else None
+    why = {"sm90w": lambda: wide_bwd_refusal(head_dim, deterministic, **options),
+           "sm90d": lambda: deferred_bwd_refusal(head_dim, deterministic)}.get(
+               family, lambda: None)()
     if why is not None:
-        raise ArgumentValueError(f"config: 'sm90w' takes {why}")
+        raise ArgumentValueError(f"config: {family!r} takes {why}")
     specs = make_bwd_specs(dtype, head_dim, **options)
     if fused_bwd(family, head_dim, deterministic):
         step, _ = fused_step(family, head_dim, seqlen_q, **options)
         stages = SM90_BWD_FUSED[head_dim][1]
-        fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages, **options)
+        fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages,
+                                     defer_dq=family == "sm90d", **options)
         out = AttentionBwdSpec("dqout", dtype, head_dim, specs[0].config,
                                varlen=specs[0].varlen)
         return (specs[0], fused, out)

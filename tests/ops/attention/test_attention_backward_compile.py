@@ -6,6 +6,7 @@ types and architectures, plus a pairwise covering set; the full product runs wit
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from allpairspy import AllPairs
@@ -156,6 +157,24 @@ def test_the_wide_one_kernel_backward_compiles_without_spills(d, flags, dtype, c
     assert bwd_specs_for("sm90", dtype, d, **flags)[1] == fused   # the default where it applies
     entry = check_compiled(fused, "sm_90a", compile_cache)
     assert entry.registers <= 168 and fused.smem_bytes <= MAX_SMEM_SM90
+
+
+#: every option of the deferred dq backward ("sm90d"), head_dim 64: each alone, all, none
+DEFERRED = [dict(zip(("causal", "window", "softcap", "varlen"), map(bool, bits)))
+            for bits in ((0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1),
+                         (1, 1, 1, 1))]
+
+
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("flags", DEFERRED,
+                         ids=["".join(k[0] for k, v in f.items() if v) or "-" for f in DEFERRED])
+def test_the_deferred_dq_backward_compiles_without_spills(flags, dtype, compile_cache):
+    dot, fused, out = bwd_specs_for("sm90d", dtype, 64, **flags)
+    assert fused.kind == "dkvq" and fused.defer_dq
+    assert fused == replace(bwd_specs_for("sm90n", dtype, 64, **flags)[1], defer_dq=True)
+    entry = check_compiled(fused, "sm_90a", compile_cache)
+    assert entry.registers <= 168 and fused.smem_bytes <= MAX_SMEM_SM90
+    assert render(fused).count("issue_dq(") == 3   # defined, under the next step, the last
 
 
 def test_the_wide_one_kernel_backward_refuses_what_would_spill():

@@ -4,6 +4,8 @@ refusal names its argument in one line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -246,8 +248,40 @@ def test_at_head_dim_64_the_wide_step_waits_for_long_sequences(monkeypatch):
     assert {s.step for s in BACKWARD_TABLE.expand(entry, "sm_90") if s.kind == "dkvq"} == {64, 96}
 
 
+def test_the_deferred_dq_backward_is_pinned_at_head_dim_64_only(monkeypatch):
+    """``config="sm90d"``: the one-kernel backward at its narrow step with each step's dq
+    product deferred under the next step's; head_dim 128 and deterministic refused in one
+    line; explain says so."""
+    from ge2jit.ops.attention import op
+    from ge2jit.ops.attention.registration import _choose_backward
+
+    monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
+
+    def call(d, **over):
+        q = arr((B, SQ, H, d))
+        return check(do=q, q=q, o=arr((B, SQ, H, d)), k=arr((B, SK, HKV, d)),
+                     v=arr((B, SK, HKV, d)), **over)
+
+    deferred = call(64, config="sm90d")
+    dot, dkvq, out = deferred.specs
+    assert dkvq.kind == "dkvq" and dkvq.step == 64 and dkvq.defer_dq
+    assert dkvq.kernel_name.endswith("_dqd")
+    assert [s for s in call(64, config="sm90n").specs] == [dot, replace(dkvq, defer_dq=False),
+                                                            out]
+    assert not any(getattr(s, "defer_dq", False) for s in call(64).specs)   # not the default
+    assert _choose_backward(deferred, 0).detail.endswith(
+        "the narrow step of 64 queries, each step's dq product under the next step's (pinned)")
+    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes head_dim 64 \(its "
+                                                 r"registers would spill at others\), got 128$"):
+        call(128, config="sm90d")
+    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes deterministic=False"):
+        call(64, config="sm90d", deterministic=True)
+    with pytest.raises(ArgumentValueError, match="defer_dq only with kind 'dkvq'"):
+        replace(dkvq, kind="dkv")
+
+
 def test_the_hopper_kernels_are_refused_elsewhere_and_a_bad_config_in_one_line():
-    for name in ("sm90", "sm90w", "sm90n"):
+    for name in ("sm90", "sm90w", "sm90n", "sm90d"):
         with pytest.raises(ArgumentValueError, match="^config: expected one of 'sm80' on this "
                                                      "GPU"):
             check(config=name)

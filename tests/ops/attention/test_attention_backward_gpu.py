@@ -156,10 +156,12 @@ def test_zero_sizes():
     dict(d=64, window=(30, 10), h_kv=1), dict(d=128, h=8, h_kv=2, s_q=1000, s_k=1000),
     dict(d=128, check_repeat=True, s_q=200, s_k=200),
 ], ids=str)
-@pytest.mark.parametrize("config", ["sm90w", "sm90n"])
+@pytest.mark.parametrize("config", ["sm90w", "sm90n", "sm90d"])
 def test_the_one_kernel_backward_pinned_through_the_op(config, options):
-    """``config="sm90w"`` and ``"sm90n"``: the op's dq scratch and its conversion at the wide
-    and at the narrow step."""
+    """``config="sm90w"``, ``"sm90n"`` and ``"sm90d"``: the op's dq scratch and its
+    conversion at the wide and at the narrow step, and with the deferred dq product."""
     if config == "sm90w" and options.get("window") and options["d"] == 128:
         pytest.skip("refused: covered by the CPU tests")
+    if config == "sm90d" and options["d"] != 64:
+        pytest.skip("refused at head_dim 128: covered by the CPU tests")
     _run("bfloat16", config=config, **options)
