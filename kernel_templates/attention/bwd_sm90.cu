@@ -40,7 +40,8 @@ constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
 // DKVQ: a step's dQ^T product issued at the start of the next step, under its S and dP
 // products and its softmax (the tensor cores otherwise idle while both consumers make P and
-// dS), its tile stored once that step's dV and dK products are issued
+// dS), its tile stored once that step's dV and dK products are issued; the columns' lse and
+// delta then read from shared memory where used (their registers go to the dQ^T tile)
 constexpr bool DEFER_DQ = {{ "true" if spec.defer_dq else "false" }};
 
 constexpr int THREADS = 384, STAGES = {{ spec.stages }};
@@ -342,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // DKV: the thread's STEP / 4 query columns' lse and delta, staged by the producer
         constexpr int NCOL = KV ? STEP / 4 : 2;
         float col_l2[NCOL], col_dl[NCOL];
-        if constexpr (KV) {
+        if constexpr (KV && !DEFER_DQ) {   // (deferred: read where used, for registers)
             const float2* cv = reinterpret_cast<const float2*>(col_values(s));
 #pragma unroll
             for (int j = 0; j < NCOL / 2; ++j) {
@@ -367,10 +368,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // soft cap, the masks only where a block-uniform branch says the step has a masked
         // element (the rest skip the compares); with one, S is needed for dS (1 - tanh^2),
         // and keeping it for a second pass would spill, so the masks go in the same pass.
+        const float2* cvs = reinterpret_cast<const float2*>(col_values(s));
         auto l2_of = [&](int i) {   // the lse (log2) and delta of element i's row or column
+            if constexpr (KV && DEFER_DQ) {
+                const float2 l = cvs[4 * (i / 4) + t];
+                return (i & 1) ? l.y : l.x;
+            }
             return KV ? col_l2[2 * (i / 4) + (i & 1)] : lse2[(i >> 1) & 1];
         };
-        auto dl_of = [&](int i) { return KV ? col_dl[2 * (i / 4) + (i & 1)] : dl[(i >> 1) & 1]; };
+        auto dl_of = [&](int i) {
+            if constexpr (KV && DEFER_DQ) {
+                const float2 d = cvs[STEP / 2 + 4 * (i / 4) + t];
+                return (i & 1) ? d.y : d.x;
+            }
+            return KV ? col_dl[2 * (i / 4) + (i & 1)] : dl[(i >> 1) & 1];
+        };
         auto masked = [&](int i) {
             const int hh = (i >> 1) & 1, col = step0 + 8 * (i / 4) + 2 * t + (i & 1);
             return col < lo[hh] || col >= hi[hh];

@@ -702,19 +702,28 @@ def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> s
     return None
 
 
-#: the head dimensions at which the one-kernel backward's deferred dq product ("sm90d") fits
-#: its registers (its narrow step; wider steps and head_dim 128 spill)
-DEFER_DQ_DIMS = (64,)
+#: the head dimensions at which the one-kernel backward's deferred dq product ("sm90d") takes
+#: the step the default would ("sm90"'s rule); elsewhere (128) its narrow step, the wide one's
+#: registers spilling
+DEFER_WIDE_DIMS = (64,)
 
 
-def deferred_bwd_refusal(head_dim: int, deterministic: bool = False) -> str | None:
+#: the options with which the deferred dq backward would spill registers (ptxas for sm_90a)
+DEFER_SPILLS = {64: (), 128: ("softcap",)}
+
+
+def deferred_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> str | None:
     """Why the one-kernel backward with the deferred dq product ("sm90d") cannot take a call
-    of ``head_dim``, or None."""
-    if head_dim not in DEFER_DQ_DIMS:
-        return (f"head_dim {' or '.join(map(str, DEFER_DQ_DIMS))} (its registers would spill "
-                f"at others), got {head_dim}")
+    of ``head_dim`` with these options (``causal``, ``window``, ``softcap``, ``varlen``), or
+    None."""
+    if head_dim not in SM90_BWD_FUSED:
+        return f"head_dim 64 or 128, got {head_dim}"
     if deterministic:
         return "deterministic=False (it adds dq by reductions in any order)"
+    spills = [n for n in DEFER_SPILLS[head_dim] if options.get(n)]
+    if spills:
+        return (f"none of {', '.join(DEFER_SPILLS[head_dim])} at head_dim {head_dim} (its "
+                f"registers would spill), got {', '.join(spills)}")
     return None
 
 
@@ -730,8 +739,12 @@ def fused_step(family: str, head_dim: int, seqlen_q: int | None = None, **option
     if family == "sm90n":
         return narrow, f"the narrow step of {narrow} queries (pinned)"
     if family == "sm90d":
-        return narrow, (f"the narrow step of {narrow} queries, each step's dq product under "
-                        f"the next step's (pinned)")
+        deferred = "each step's dq product under the next step's (pinned)"
+        if head_dim not in DEFER_WIDE_DIMS:
+            return narrow, (f"the narrow step of {narrow} queries (the wide one's registers "
+                            f"would spill), {deferred}")
+        step, why = fused_step("sm90", head_dim, seqlen_q, **options)
+        return step, f"{why}, {deferred}"
     why = wide_bwd_refusal(head_dim, **options)
     if why is not None:
         return narrow, f"the narrow step of {narrow} queries (the wide one takes {why})"
@@ -866,7 +879,7 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     "sm90d" the narrow one with each step's dq product deferred under the next step's).
     "sm80": the three sm_80 kernels (deterministic)."""
     why = {"sm90w": lambda: wide_bwd_refusal(head_dim, deterministic, **options),
-           "sm90d": lambda: deferred_bwd_refusal(head_dim, deterministic)}.get(
+           "sm90d": lambda: deferred_bwd_refusal(head_dim, deterministic, **options)}.get(
                family, lambda: None)()
     if why is not None:
         raise ArgumentValueError(f"config: {family!r} takes {why}")

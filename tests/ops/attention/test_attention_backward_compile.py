@@ -25,6 +25,7 @@ from ge2jit.ops.attention.spec import (
     AttentionBwdSm90Spec,
     AttentionBwdSpec,
     bwd_specs_for,
+    deferred_bwd_refusal,
     make_bwd_sm90_specs,
     make_bwd_specs,
     wide_bwd_refusal,
@@ -159,7 +160,7 @@ def test_the_wide_one_kernel_backward_compiles_without_spills(d, flags, dtype, c
     assert entry.registers <= 168 and fused.smem_bytes <= MAX_SMEM_SM90
 
 
-#: every option of the deferred dq backward ("sm90d"), head_dim 64: each alone, all, none
+#: every option of the deferred dq backward ("sm90d"): each alone, all, none
 DEFERRED = [dict(zip(("causal", "window", "softcap", "varlen"), map(bool, bits)))
             for bits in ((0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1),
                          (1, 1, 1, 1))]
@@ -168,10 +169,23 @@ DEFERRED = [dict(zip(("causal", "window", "softcap", "varlen"), map(bool, bits))
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("flags", DEFERRED,
                          ids=["".join(k[0] for k, v in f.items() if v) or "-" for f in DEFERRED])
-def test_the_deferred_dq_backward_compiles_without_spills(flags, dtype, compile_cache):
-    dot, fused, out = bwd_specs_for("sm90d", dtype, 64, **flags)
+@pytest.mark.parametrize("d, seqlen_q", [(64, None), (64, 1), (128, None)],
+                         ids=["64-long", "64-short", "128"])
+def test_the_deferred_dq_backward_compiles_without_spills(d, seqlen_q, flags, dtype,
+                                                          compile_cache):
+    """At head_dim 64 both steps (the wide one where the default takes it), at 128 the
+    narrow one (without softcap, where it would spill: refused)."""
+    if deferred_bwd_refusal(d, **flags) is not None:
+        with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes none of softcap "
+                                                     r"at head_dim 128"):
+            bwd_specs_for("sm90d", dtype, d, seqlen_q=seqlen_q, **flags)
+        assert d == 128 and flags["softcap"]
+        return
+    dot, fused, out = bwd_specs_for("sm90d", dtype, d, seqlen_q=seqlen_q, **flags)
+    family = "sm90" if d == 64 else "sm90n"
     assert fused.kind == "dkvq" and fused.defer_dq
-    assert fused == replace(bwd_specs_for("sm90n", dtype, 64, **flags)[1], defer_dq=True)
+    assert fused == replace(bwd_specs_for(family, dtype, d, seqlen_q=seqlen_q, **flags)[1],
+                            defer_dq=True)
     entry = check_compiled(fused, "sm_90a", compile_cache)
     assert entry.registers <= 168 and fused.smem_bytes <= MAX_SMEM_SM90
     assert render(fused).count("issue_dq(") == 3   # defined, under the next step, the last

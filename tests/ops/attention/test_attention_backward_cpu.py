@@ -248,36 +248,48 @@ def test_at_head_dim_64_the_wide_step_waits_for_long_sequences(monkeypatch):
     assert {s.step for s in BACKWARD_TABLE.expand(entry, "sm_90") if s.kind == "dkvq"} == {64, 96}
 
 
-def test_the_deferred_dq_backward_is_pinned_at_head_dim_64_only(monkeypatch):
-    """``config="sm90d"``: the one-kernel backward at its narrow step with each step's dq
-    product deferred under the next step's; head_dim 128 and deterministic refused in one
-    line; explain says so."""
+def test_the_deferred_dq_backward_takes_the_steps_its_registers_allow(monkeypatch):
+    """``config="sm90d"``: the one-kernel backward with each step's dq product deferred under
+    the next step's, at the default's step at head_dim 64 and the narrow one at 128;
+    deterministic and head_dim 256 refused in one line; explain says so."""
     from ge2jit.ops.attention import op
     from ge2jit.ops.attention.registration import _choose_backward
+    from ge2jit.ops.attention.spec import WIDE_MIN_QUERIES
 
     monkeypatch.setattr(op, "device_arch_number", lambda device_id: 90)
 
-    def call(d, **over):
-        q = arr((B, SQ, H, d))
-        return check(do=q, q=q, o=arr((B, SQ, H, d)), k=arr((B, SK, HKV, d)),
-                     v=arr((B, SK, HKV, d)), **over)
+    def call(d, s_q=SQ, **over):
+        q = arr((B, s_q, H, d))
+        return check(do=q, q=q, o=arr((B, s_q, H, d)), k=arr((B, SK, HKV, d)),
+                     v=arr((B, SK, HKV, d)), lse=arr((B, H, s_q), np.float32), **over)
 
-    deferred = call(64, config="sm90d")
-    dot, dkvq, out = deferred.specs
-    assert dkvq.kind == "dkvq" and dkvq.step == 64 and dkvq.defer_dq
-    assert dkvq.kernel_name.endswith("_dqd")
-    assert [s for s in call(64, config="sm90n").specs] == [dot, replace(dkvq, defer_dq=False),
-                                                            out]
+    for d, s_q, family in ((64, SQ, "sm90n"), (64, WIDE_MIN_QUERIES[64], "sm90"),
+                           (128, SQ, "sm90n"), (128, 4096, "sm90n")):
+        deferred = call(d, s_q, config="sm90d")
+        dot, dkvq, out = deferred.specs
+        assert dkvq.kind == "dkvq" and dkvq.defer_dq and dkvq.kernel_name.endswith("_dqd")
+        assert deferred.specs == tuple(
+            replace(x, defer_dq=True) if x.kind == "dkvq" else x
+            for x in call(d, s_q, config=family).specs)
     assert not any(getattr(s, "defer_dq", False) for s in call(64).specs)   # not the default
-    assert _choose_backward(deferred, 0).detail.endswith(
-        "the narrow step of 64 queries, each step's dq product under the next step's (pinned)")
-    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes head_dim 64 \(its "
-                                                 r"registers would spill at others\), got 128$"):
-        call(128, config="sm90d")
+    assert _choose_backward(call(64, config="sm90d"), 0).detail.endswith(
+        "(the wide one from 2048 queries at head_dim 64, got 5), each step's dq product under "
+        "the next step's (pinned)")
+    assert _choose_backward(call(128, config="sm90d"), 0).detail.endswith(
+        "the narrow step of 48 queries (the wide one's registers would spill), each step's dq "
+        "product under the next step's (pinned)")
+    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes head_dim 64 or 128, "
+                                                 r"got 256$"):
+        call(256, config="sm90d")
     with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes deterministic=False"):
         call(64, config="sm90d", deterministic=True)
+    with pytest.raises(ArgumentValueError, match=r"^config: 'sm90d' takes none of softcap at "
+                                                 r"head_dim 128 \(its registers would spill\), "
+                                                 r"got softcap$"):
+        call(128, config="sm90d", softcap=10.0)
+    assert call(64, config="sm90d", softcap=10.0).specs[1].defer_dq
     with pytest.raises(ArgumentValueError, match="defer_dq only with kind 'dkvq'"):
-        replace(dkvq, kind="dkv")
+        replace(call(64, config="sm90d").specs[1], kind="dkv")
 
 
 def test_the_hopper_kernels_are_refused_elsewhere_and_a_bad_config_in_one_line():

@@ -162,6 +162,4 @@ def test_the_one_kernel_backward_pinned_through_the_op(config, options):
     conversion at the wide and at the narrow step, and with the deferred dq product."""
     if config == "sm90w" and options.get("window") and options["d"] == 128:
         pytest.skip("refused: covered by the CPU tests")
-    if config == "sm90d" and options["d"] != 64:
-        pytest.skip("refused at head_dim 128: covered by the CPU tests")
     _run("bfloat16", config=config, **options)

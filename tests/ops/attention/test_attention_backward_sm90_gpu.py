@@ -30,7 +30,8 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     """``fused``: the one-kernel backward (dkvq: dq added into a zeroed float32 array by
     atomics, scaled and rounded here) in place of the dq and dkv kernels, at its narrow step
     (config "sm90n"); "wide": at its wide step (config "sm90w"); "deferred": each step's dq
-    product under the next step's (config "sm90d", head_dim 64)."""
+    product under the next step's (config "sm90d": at head_dim 64 the default's step for
+    these queries)."""
     h_kv = h if h_kv is None else h_kv
     rng = rng_for("bwd sm90", dtype, d, s_q, s_k, b, h, h_kv, causal, window, softcap, seqlens)
     q, k, v, cu_q, cu_k = inputs(rng, dtype, b, s_q, s_k, h, h_kv, d, seqlens)
@@ -57,7 +58,8 @@ def _run(dtype="bfloat16", d=128, s_q=200, s_k=300, b=2, h=4, h_kv=None, causal=
     flags = dict(causal=causal, window=window is not None, softcap=bool(softcap), varlen=varlen)
     if fused:
         family = {"wide": "sm90w", "deferred": "sm90d"}.get(fused, "sm90n")
-        specs = bwd_specs_for(family, SUPPORTED_DTYPES[dtype], d, **flags)[1:2]
+        specs = bwd_specs_for(family, SUPPORTED_DTYPES[dtype], d, seqlen_q=lens_q,
+                              **flags)[1:2]
         assert specs[0].kind == "dkvq"
     else:
         specs = make_bwd_sm90_specs(SUPPORTED_DTYPES[dtype], d, **flags)
@@ -165,8 +167,12 @@ def test_the_wide_one_kernel_backward(options):
     dict(window=(30, 10), softcap=15.0), dict(h=8, h_kv=1, s_q=385), dict(scale=0.05),
     dict(seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), h=4, h_kv=2, causal=True),
     dict(seqlens=([5, 0, 300, 130], [70, 3, 300, 0]), window=(20, 20), softcap=8.0),
+    dict(causal=True, s_q=2048, s_k=2048, b=1, h=2),   # the wide step at head_dim 64
 ], ids=str)
-def test_the_deferred_dq_one_kernel_backward(options):
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_deferred_dq_one_kernel_backward(d, options):
     """Each step's dq product issued under the next step's products (a block's last one after
     its loop): one step (s_k 1), a block of one step's queries, masked rows, grouped heads."""
-    _run(options.pop("dtype", "bfloat16"), d=64, fused="deferred", **options)
+    if d == 128 and options.get("softcap"):
+        pytest.skip("refused at head_dim 128 (it would spill): covered by the CPU tests")
+    _run(options.pop("dtype", "bfloat16"), d=d, fused="deferred", **options)
