@@ -125,8 +125,8 @@ def with_backward(cases, q, k, v):
 def backward_only(q, k, v, causal):
     """Name -> fn() of the backward alone, from a forward run once: ge2jit's default kernels
     (and on sm_90 its deterministic form, the sm_80 kernels and, at head_dim 64 and 128, the
-    one-kernel backward's narrow step pinned, at 64 also with its dq products deferred), each
-    torch backend's autograd backward."""
+    one-kernel backward's narrow step pinned, and with its dq products deferred), each torch
+    backend's autograd backward."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ge2jit
@@ -142,10 +142,9 @@ def backward_only(q, k, v, causal):
             grad, qs, ks, vs, o, lse, deterministic=True, **kw)
         cases["ge2jit sm80"] = lambda: ge2jit.attention_backward(
             grad, qs, ks, vs, o, lse, config="sm80", **kw)
-        if qs.shape[-1] in (64, 128):   # the one-kernel backward's narrow step, pinned
-            cases["ge2jit sm90n"] = lambda: ge2jit.attention_backward(
-                grad, qs, ks, vs, o, lse, config="sm90n", **kw)
-        if qs.shape[-1] == 64:          # and with its dq products deferred
+        if qs.shape[-1] in (64, 128):   # the one-kernel backward's narrow step, pinned,
+            cases["ge2jit sm90n"] = lambda: ge2jit.attention_backward(   # and with its dq
+                grad, qs, ks, vs, o, lse, config="sm90n", **kw)          # products deferred
             cases["ge2jit sm90d"] = lambda: ge2jit.attention_backward(
                 grad, qs, ks, vs, o, lse, config="sm90d", **kw)
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
