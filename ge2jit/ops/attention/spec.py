@@ -688,18 +688,25 @@ WIDE_MIN_QUERIES = {64: 2048, 128: 0}
 WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen")}
 
 
-def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> str | None:
-    """Why the wide one-kernel backward ("sm90w") cannot take a call of ``head_dim`` with
-    these options (``causal``, ``window``, ``softcap``, ``varlen``), or None."""
-    if head_dim not in SM90_BWD_WIDE:
+def _fused_refusal(spilling: dict, head_dim: int, deterministic: bool, options: dict
+                   ) -> str | None:
+    """Why a one-kernel backward whose options that spill are ``spilling`` (head_dim -> the
+    option names) cannot take a call, or None."""
+    if head_dim not in spilling:
         return f"head_dim 64 or 128, got {head_dim}"
     if deterministic:
         return "deterministic=False (it adds dq by reductions in any order)"
-    spills = [n for n in WIDE_SPILLS[head_dim] if options.get(n)]
+    spills = [n for n in spilling[head_dim] if options.get(n)]
     if spills:
-        return (f"none of {', '.join(WIDE_SPILLS[head_dim])} at head_dim {head_dim} (its "
+        return (f"none of {', '.join(spilling[head_dim])} at head_dim {head_dim} (its "
                 f"registers would spill), got {', '.join(spills)}")
     return None
+
+
+def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> str | None:
+    """Why the wide one-kernel backward ("sm90w") cannot take a call of ``head_dim`` with
+    these options (``causal``, ``window``, ``softcap``, ``varlen``), or None."""
+    return _fused_refusal(WIDE_SPILLS, head_dim, deterministic, options)
 
 
 #: the head dimensions at which the one-kernel backward's deferred dq product ("sm90d") takes
@@ -716,15 +723,7 @@ def deferred_bwd_refusal(head_dim: int, deterministic: bool = False, **options) 
     """Why the one-kernel backward with the deferred dq product ("sm90d") cannot take a call
     of ``head_dim`` with these options (``causal``, ``window``, ``softcap``, ``varlen``), or
     None."""
-    if head_dim not in SM90_BWD_FUSED:
-        return f"head_dim 64 or 128, got {head_dim}"
-    if deterministic:
-        return "deterministic=False (it adds dq by reductions in any order)"
-    spills = [n for n in DEFER_SPILLS[head_dim] if options.get(n)]
-    if spills:
-        return (f"none of {', '.join(DEFER_SPILLS[head_dim])} at head_dim {head_dim} (its "
-                f"registers would spill), got {', '.join(spills)}")
-    return None
+    return _fused_refusal(DEFER_SPILLS, head_dim, deterministic, options)
 
 
 def fused_step(family: str, head_dim: int, seqlen_q: int | None = None, **options
