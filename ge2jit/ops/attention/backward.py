@@ -111,9 +111,9 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
             (96 queries at head_dim 64, 64 at 128) where its registers do not spill (no
             softcap, and at head_dim 128 no window nor packed sequences), else a narrow one
             (64 and 48); "sm90w" and "sm90n" (sm_90 only) pin one of them ("sm90w" refuses
-            the options it cannot take). "sm90d" runs each step's dq product under the
-            next step's products and softmax, at the default's step at head_dim 64 and the
-            narrow one at 128.
+            the options it cannot take); neither defers the dq product. "sm90d" runs each
+            step's dq product under the next step's products and softmax, as the default does
+            at head_dim 64 (at its step; at 128 the narrow one).
 
     Returns:
         ``(dq, dk, dv)`` in q's framework, on PyTorch's current stream for tensors.

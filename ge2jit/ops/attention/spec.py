@@ -709,10 +709,12 @@ def wide_bwd_refusal(head_dim: int, deterministic: bool = False, **options) -> s
     return _fused_refusal(WIDE_SPILLS, head_dim, deterministic, options)
 
 
-#: the head dimensions at which the one-kernel backward's deferred dq product ("sm90d") takes
-#: the step the default would ("sm90"'s rule); elsewhere (128) its narrow step, the wide one's
-#: registers spilling
-DEFER_WIDE_DIMS = (64,)
+#: the head dimensions at which the default ("sm90") defers each step's dq product under the
+#: next step's, and at which the deferred backward ("sm90d") takes the default's step; elsewhere
+#: (128) "sm90d" takes its narrow step, the wide one's registers spilling, and the default does
+#: not defer (an H200: at 64, 1.02-1.04x from 2048 queries and equal below; at 128 the narrow
+#: deferred kernel is no faster than the wide default)
+DEFER_DIMS = (64,)
 
 
 #: the options with which the deferred dq backward would spill registers (ptxas for sm_90a)
@@ -731,27 +733,36 @@ def fused_step(family: str, head_dim: int, seqlen_q: int | None = None, **option
     """(queries a step, why) of the one-kernel backward of ``family`` at ``head_dim``:
     "sm90w" and "sm90n" pin the wide and the narrow step; "sm90" takes the wide one where
     :func:`wide_bwd_refusal` gives no reason (``options`` as its) and there are
-    ``WIDE_MIN_QUERIES`` queries (``seqlen_q``; None: as many as needed)."""
+    ``WIDE_MIN_QUERIES`` queries (``seqlen_q``; None: as many as needed), as "sm90d" does at
+    ``DEFER_DIMS`` (elsewhere its narrow step). The reason says where the dq product is
+    deferred (:func:`defers_dq`)."""
     narrow, wide = SM90_BWD_FUSED[head_dim][0], SM90_BWD_WIDE[head_dim]
     if family == "sm90w":
         return wide, f"the wide step of {wide} queries (pinned)"
     if family == "sm90n":
         return narrow, f"the narrow step of {narrow} queries (pinned)"
-    if family == "sm90d":
-        deferred = "each step's dq product under the next step's (pinned)"
-        if head_dim not in DEFER_WIDE_DIMS:
-            return narrow, (f"the narrow step of {narrow} queries (the wide one's registers "
-                            f"would spill), {deferred}")
-        step, why = fused_step("sm90", head_dim, seqlen_q, **options)
-        return step, f"{why}, {deferred}"
+    deferred = "each step's dq product under the next step's"
+    if family == "sm90d" and head_dim not in DEFER_DIMS:
+        return narrow, (f"the narrow step of {narrow} queries (the wide one's registers "
+                        f"would spill), {deferred} (pinned)")
     why = wide_bwd_refusal(head_dim, **options)
     if why is not None:
-        return narrow, f"the narrow step of {narrow} queries (the wide one takes {why})"
-    if seqlen_q is not None and seqlen_q < WIDE_MIN_QUERIES[head_dim]:
-        return narrow, (f"the narrow step of {narrow} queries (the wide one from "
-                        f"{WIDE_MIN_QUERIES[head_dim]} queries at head_dim {head_dim}, got "
-                        f"{seqlen_q})")
-    return wide, f"the wide step of {wide} queries"
+        step, why = narrow, f"the narrow step of {narrow} queries (the wide one takes {why})"
+    elif seqlen_q is not None and seqlen_q < WIDE_MIN_QUERIES[head_dim]:
+        step, why = narrow, (f"the narrow step of {narrow} queries (the wide one from "
+                             f"{WIDE_MIN_QUERIES[head_dim]} queries at head_dim {head_dim}, "
+                             f"got {seqlen_q})")
+    else:
+        step, why = wide, f"the wide step of {wide} queries"
+    if family == "sm90d":
+        return step, f"{why}, {deferred} (pinned)"
+    return step, f"{why}, {deferred}" if defers_dq(family, head_dim) else why
+
+
+def defers_dq(family: str, head_dim: int) -> bool:
+    """Whether the one-kernel backward of ``family`` at ``head_dim`` issues each step's dq
+    product under the next step's: "sm90d" always, the default "sm90" at ``DEFER_DIMS``."""
+    return family == "sm90d" or (family == "sm90" and head_dim in DEFER_DIMS)
 
 
 @dataclass(frozen=True)
@@ -875,7 +886,8 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     sm_80 "dqout" one, or with ``deterministic`` (and at head_dim 256) "dot" and the Hopper dq and
     dkv. The one-kernel backward's step is :func:`fused_step`'s
     ("sm90w" pins the wide step, refusing where it would spill; "sm90n" the narrow one;
-    "sm90d" the narrow one with each step's dq product deferred under the next step's).
+    "sm90d" each step's dq product deferred under the next step's, as the default does at
+    ``DEFER_DIMS``: :func:`defers_dq`).
     "sm80": the three sm_80 kernels (deterministic)."""
     why = {"sm90w": lambda: wide_bwd_refusal(head_dim, deterministic, **options),
            "sm90d": lambda: deferred_bwd_refusal(head_dim, deterministic, **options)}.get(
@@ -887,7 +899,7 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
         step, _ = fused_step(family, head_dim, seqlen_q, **options)
         stages = SM90_BWD_FUSED[head_dim][1]
         fused = AttentionBwdSm90Spec("dkvq", dtype, head_dim, step, stages=stages,
-                                     defer_dq=family == "sm90d", **options)
+                                     defer_dq=defers_dq(family, head_dim), **options)
         out = AttentionBwdSpec("dqout", dtype, head_dim, specs[0].config,
                                varlen=specs[0].varlen)
         return (specs[0], fused, out)

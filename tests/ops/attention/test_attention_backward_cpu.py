@@ -225,19 +225,22 @@ def test_at_head_dim_64_the_wide_step_waits_for_long_sequences(monkeypatch):
     assert call(long_q).specs[1].step == 96 and call(long_q - 1).specs[1].step == 64
     assert call(long_q - 1, config="sm90w").specs[1].step == 96        # pinned: wide anyway
     assert call(long_q, config="sm90n").specs[1].step == 64
-    assert call(long_q - 1).specs == call(long_q - 1, config="sm90n").specs
+    assert call(long_q - 1).specs == tuple(   # the narrow step, its dq product deferred
+        replace(x, defer_dq=True) if x.kind == "dkvq" else x
+        for x in call(long_q - 1, config="sm90n").specs)
     # explain says which step and why
     from ge2jit.ops.attention.registration import _choose_backward
 
     assert _choose_backward(call(long_q - 1), 0).detail.endswith(
         f"the narrow step of 64 queries (the wide one from {long_q} queries at head_dim 64, "
-        f"got {long_q - 1})")
-    assert _choose_backward(call(long_q), 0).detail.endswith("the wide step of 96 queries")
+        f"got {long_q - 1}), each step's dq product under the next step's")
+    assert _choose_backward(call(long_q), 0).detail.endswith(
+        "the wide step of 96 queries, each step's dq product under the next step's")
     assert _choose_backward(call(long_q, config="sm90n"), 0).detail.endswith(
         "the narrow step of 64 queries (pinned)")
     assert _choose_backward(call(long_q, softcap=5.0), 0).detail.endswith(
         "the narrow step of 64 queries (the wide one takes none of softcap at head_dim 64 (its "
-        "registers would spill), got softcap)")
+        "registers would spill), got softcap), each step's dq product under the next step's")
     # head_dim 128 takes its wide step at any length; no length given: the long sequences'
     assert bwd_specs_for("sm90", DType.BF16, 128, seqlen_q=1)[1].step == 64
     assert bwd_specs_for("sm90", DType.BF16, 64)[1].step == 96
@@ -271,7 +274,19 @@ def test_the_deferred_dq_backward_takes_the_steps_its_registers_allow(monkeypatc
         assert deferred.specs == tuple(
             replace(x, defer_dq=True) if x.kind == "dkvq" else x
             for x in call(d, s_q, config=family).specs)
-    assert not any(getattr(s, "defer_dq", False) for s in call(64).specs)   # not the default
+    # the default defers at head_dim 64 (its explain says so), not at 128; "sm90n", "sm90w" never
+    assert call(64).specs == call(64, config="sm90d").specs
+    assert call(64, s_q=WIDE_MIN_QUERIES[64]).specs == call(
+        64, s_q=WIDE_MIN_QUERIES[64], config="sm90d").specs
+    assert _choose_backward(call(64), 0).detail.endswith(
+        "got 5), each step's dq product under the next step's")
+    for d, family in ((64, "sm90n"), (64, "sm90w"), (128, None), (128, "sm90n")):
+        if family == "sm90w":
+            specs = call(d, s_q=WIDE_MIN_QUERIES[64], config=family).specs
+        else:
+            specs = call(d, config=family).specs
+        assert not any(getattr(s, "defer_dq", False) for s in specs), (d, family)
+    assert "dq product" not in _choose_backward(call(128), 0).detail
     assert _choose_backward(call(64, config="sm90d"), 0).detail.endswith(
         "(the wide one from 2048 queries at head_dim 64, got 5), each step's dq product under "
         "the next step's (pinned)")
