@@ -146,7 +146,9 @@ def parse_with_shapes(parser, argv, full: str, quick: str) -> argparse.Namespace
 def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
     """Median per-call times of several ``(fn, sets)`` cases timed in turns (a batch of
     back-to-back calls of each per round, rotating through its input sets), so that clock and
-    temperature drift falls on all of them alike."""
+    temperature drift falls on all of them alike; every other round in the reverse order, so
+    that no case is always the first after the host's wait (an H200 timed the same kernel up to
+    3% slower there)."""
     start, end = cp.cuda.Event(), cp.cuda.Event()
     batches = []
     for fn, sets in cases:
@@ -160,8 +162,10 @@ def interleaved_ms(cases, *, rounds=15, batch_ms=1.0) -> list[float]:
                                                          1e-3)))))
     times = [[] for _ in cases]
     i = 0
-    for _ in range(rounds):
-        for j, (fn, sets) in enumerate(cases):
+    for r in range(rounds):
+        order = range(len(cases)) if r % 2 == 0 else range(len(cases) - 1, -1, -1)
+        for j in order:
+            fn, sets = cases[j]
             start.record()
             for _ in range(batches[j]):
                 fn(*sets[i % len(sets)])
