@@ -49,6 +49,7 @@ from .spec import (
     AttentionFwdSpec,
     AttentionSm90Config,
     candidates_for,
+    default_config,
     heads_group,
     spec_for,
 )
@@ -376,7 +377,7 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     no_keys = not empty and (s_k == 0 or total_k == 0)
     # the Hopper kernel's tensor maps need arrays with elements: without keys, the sm_80 one
     arch = device_arch_number(q.data.device_id if device_id is None else device_id)
-    config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch)
+    config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch, s_k)
     spec = spec_for(config, dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
                     varlen=varlen, write_lse=return_lse)
     return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
@@ -635,18 +636,18 @@ def device_arch_number(device_id: int) -> int:
     return arch_number(device_arch(device_id))
 
 
-def _config(config, d: int, key: dict, arch: int) -> tuple:
+def _config(config, d: int, key: dict, arch: int, seqlen_k: int) -> tuple:
     """(the config, why) for head_dim ``d`` on a device of compute capability ``arch``:
     ``config`` ("pinned": one of the candidates, by name or as a config object: the Hopper
     kernel's on sm_90 only), else the one ``tune`` stored for ``key`` ("tuned"), else the
-    first candidate ("default": the Hopper kernel's on sm_90)."""
+    default for ``seqlen_k`` keys (:func:`default_config`: the Hopper kernel's on sm_90)."""
     candidates = candidates_for(d, arch)
     if config is None:
         from ...runtime.tools import tuned_config
 
         tuned = tuned_config("attention", key)
         found = next((c for c in candidates if c.name == tuned), None)
-        return (candidates[0], "default") if found is None else (found, "tuned")
+        return default_config(d, arch, seqlen_k) if found is None else (found, "tuned")
     if isinstance(config, AttentionConfig | AttentionSm90Config):
         found = config if config in candidates else None
         got = config.name

@@ -14,6 +14,7 @@ from .spec import (
     AttentionSm90Config,
     bwd_specs_for,
     candidates_for,
+    default_configs,
     fused_step,
     spec_for,
 )
@@ -74,13 +75,13 @@ def _backward_family(name):
 def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: bool = False,
            window: bool = False, softcap: bool = False, varlen: bool = False,
            lse: bool = False) -> list:
-    """The forward kernel of ``config`` (None: the head dimension's default for ``arch``: the
-    Hopper kernel on sm_90) for these options."""
+    """The forward kernel of ``config`` (None: the head dimension's defaults for ``arch``: the
+    Hopper kernel on sm_90, for long and for short sequences where they differ) for these
+    options."""
     options = dict(causal=causal, window=window, softcap=softcap, varlen=varlen,
                    write_lse=lse)
-    if config is None:
-        config = candidates_for(head_dim, arch_number(arch))[0]
-    return [spec_for(config, as_dtype(dtype), head_dim, **options)]
+    configs = default_configs(head_dim, arch_number(arch)) if config is None else [config]
+    return [spec_for(c, as_dtype(dtype), head_dim, **options) for c in configs]
 
 
 ATTENTION = declare(

@@ -506,6 +506,10 @@ SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
           AttentionSm90Config(80, overlap=True, persistent=True, pingpong=False)),
 }
 SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
+#: head_dim -> (keys, config): the Hopper forward's default for calls of at most that many keys
+#: (the head dimension's first config elsewhere): at head_dim 64 the first one's 256-key
+#: blocks leave a row block too few of them to fill its pipeline
+SM90_SHORT_DEFAULT = {64: (1024, AttentionSm90Config(128, persistent=True))}
 
 
 def candidates_for(head_dim: int, arch: int) -> tuple:
@@ -513,6 +517,22 @@ def candidates_for(head_dim: int, arch: int) -> tuple:
     (90 for sm_90), its default first: the Hopper kernel's then the sm_80 kernel's on sm_90,
     the sm_80 kernel's elsewhere."""
     return (SM90_CONFIGS[head_dim] + CONFIGS[head_dim]) if arch == 90 else CONFIGS[head_dim]
+
+
+def default_config(head_dim: int, arch: int, seqlen_k: int | None = None) -> tuple:
+    """(config, why) of a call that pins none and has no tuned config: the first of
+    :func:`candidates_for`, or on sm_90 :data:`SM90_SHORT_DEFAULT`'s for at most its keys
+    (``seqlen_k``: the keys, the longest packed sequence's; None: long)."""
+    short = SM90_SHORT_DEFAULT.get(head_dim) if arch == 90 else None
+    if short is not None and seqlen_k is not None and seqlen_k <= short[0]:
+        return short[1], f"default for at most {short[0]} keys"
+    return candidates_for(head_dim, arch)[0], "default"
+
+
+def default_configs(head_dim: int, arch: int) -> list:
+    """Every config :func:`default_config` gives ``head_dim`` on ``arch`` (what a warm-up of
+    the defaults compiles): the long sequences' first."""
+    return list(dict.fromkeys(default_config(head_dim, arch, n)[0] for n in (None, 1)))
 
 
 class _Hopper:

@@ -12,7 +12,8 @@
     configs = "heuristic"          # or "all" (every tiling of the head dim), or names
 
 Each combination compiles the forward kernel of the head dimension's default tiling for the
-architecture (on sm_90 the Hopper kernel's), or of each tiling named (a name another head
+architecture (on sm_90 the Hopper kernel's; at head_dim 64 also short sequences' default), or
+of each tiling named (a name another head
 dimension or architecture has compiles nothing for this one).
 ``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs``, and
 ``deterministic`` (default ``[false]``), and compiles the backward's three kernels of each
@@ -33,6 +34,7 @@ from .spec import (
     AttentionSm90Config,
     bwd_specs_for,
     candidates_for,
+    default_configs,
     spec_for,
 )
 
@@ -81,13 +83,15 @@ def parse_config(config) -> AttentionConfig:
 def _kernels(v, config, *, arch: str, sms: int) -> list:
     from ...jit.nvrtc import arch_number
 
-    candidates = candidates_for(v.head_dims, arch_number(arch))
+    number = arch_number(arch)
     if config is None:
-        config = candidates[0]
-    elif config not in candidates:   # another head dimension's, or Hopper's elsewhere
-        return []
-    return [spec_for(config, TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
-                     softcap=v.softcap, varlen=v.varlen, write_lse=v.lse)]
+        configs = default_configs(v.head_dims, number)
+    elif config not in candidates_for(v.head_dims, number):   # another head dimension's,
+        return []                                             # or Hopper's elsewhere
+    else:
+        configs = [config]
+    return [spec_for(c, TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
+                     softcap=v.softcap, varlen=v.varlen, write_lse=v.lse) for c in configs]
 
 
 TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),

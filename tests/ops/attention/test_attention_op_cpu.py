@@ -17,7 +17,10 @@ from ge2jit.ops.attention.spec import (
     CONFIGS,
     L2_SECTION_BYTES,
     SM90_CONFIGS,
+    SM90_SHORT_DEFAULT,
     AttentionConfig,
+    default_config,
+    default_configs,
     heads_group,
     make_sm90_spec,
 )
@@ -512,6 +515,28 @@ def test_on_sm_90_the_hopper_kernel_is_the_default_and_sm_80_configs_can_be_pinn
     assert not pinned.hopper and pinned.config == CONFIGS[128][1] and pinned.reason == "pinned"
     # no keys: nothing for the tensor maps to describe: the sm_80 kernel writes 0 and -inf
     assert not check(*qkv(sk=0)).hopper
+
+
+def test_on_sm_90_short_sequences_at_head_dim_64_take_their_own_default(hopper):
+    """Up to SM90_SHORT_DEFAULT's keys (the longest packed sequence's with cu_seqlens) the
+    Hopper forward at head_dim 64 takes the smaller key block; a pinned or tuned config, other
+    head dims and sm_80 keep theirs."""
+    keys, short = SM90_SHORT_DEFAULT[64]
+    for sk in (1, keys):
+        call = check(*qkv(d=64, sk=sk), causal=True)
+        assert call.config == short and call.reason == f"default for at most {keys} keys"
+        assert call.spec == make_sm90_spec(DType.F16, 64, config=short, causal=True)
+    call = check(*qkv(d=64, sk=keys + 1), causal=True)
+    assert call.config == SM90_CONFIGS[64][0] and call.reason == "default"
+    assert check(*qkv(d=128, sk=16)).config == SM90_CONFIGS[128][0]
+    assert check(*qkv(d=64, sk=16), config="h256s2p").config == SM90_CONFIGS[64][0]
+    (q, k, v), kw = packed(d=64)
+    assert check(q, k, v, **kw).config == short   # max_seqlen_k 11
+    assert default_config(64, 90, None) == (SM90_CONFIGS[64][0], "default")
+    assert default_config(64, 80, 16) == (CONFIGS[64][0], "default")
+    assert default_configs(64, 90) == [SM90_CONFIGS[64][0], short]
+    assert default_configs(128, 90) == [SM90_CONFIGS[128][0]]
+    assert short in SM90_CONFIGS[64]   # a candidate: tune and pins name it
 
 
 def test_a_hopper_config_elsewhere_is_refused_in_one_line():

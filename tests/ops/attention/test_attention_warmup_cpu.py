@@ -7,7 +7,13 @@ import pytest
 
 import ge2jit
 from ge2jit.errors import ArgumentTypeError, ArgumentValueError
-from ge2jit.ops.attention.spec import CONFIGS, SM90_CONFIGS, make_sm90_spec, make_spec
+from ge2jit.ops.attention.spec import (
+    CONFIGS,
+    SM90_CONFIGS,
+    default_configs,
+    make_sm90_spec,
+    make_spec,
+)
 from ge2jit.ops.attention.warmup import BACKWARD_TABLE, TABLE, all_configs, parse_config
 from ge2jit.runtime.dtypes import DType
 from ge2jit.runtime.registry import get
@@ -65,6 +71,10 @@ def test_configs_by_name_or_object_and_the_tools_kernels():
     assert op.specs_for_config(None, "sm_90") == [make_sm90_spec(DType.BF16, 128)]
     assert op.specs_for_config(SM90_CONFIGS[64][0].name, "sm_90", head_dim=64) == [
         make_sm90_spec(DType.BF16, 64)]
+    # the defaults at head_dim 64: long sequences' and short ones'
+    assert op.specs_for_config(None, "sm_90", head_dim=64) == [
+        make_sm90_spec(DType.BF16, 64, config=c) for c in default_configs(64, 90)]
+    assert len(TABLE.expand(TABLE.validate_entry({"head_dims": [64]}), "sm_90")) == 2
 
 
 def test_the_backward_table_compiles_the_form_the_call_takes():
