@@ -377,7 +377,8 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     no_keys = not empty and (s_k == 0 or total_k == 0)
     # the Hopper kernel's tensor maps need arrays with elements: without keys, the sm_80 one
     arch = device_arch_number(q.data.device_id if device_id is None else device_id)
-    config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch, s_k)
+    config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch, s_k,
+                             causal)
     spec = spec_for(config, dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
                     varlen=varlen, write_lse=return_lse)
     return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
@@ -636,18 +637,20 @@ def device_arch_number(device_id: int) -> int:
     return arch_number(device_arch(device_id))
 
 
-def _config(config, d: int, key: dict, arch: int, seqlen_k: int) -> tuple:
+def _config(config, d: int, key: dict, arch: int, seqlen_k: int, causal: bool) -> tuple:
     """(the config, why) for head_dim ``d`` on a device of compute capability ``arch``:
     ``config`` ("pinned": one of the candidates, by name or as a config object: the Hopper
     kernel's on sm_90 only), else the one ``tune`` stored for ``key`` ("tuned"), else the
-    default for ``seqlen_k`` keys (:func:`default_config`: the Hopper kernel's on sm_90)."""
+    default for ``seqlen_k`` keys and ``causal`` (:func:`default_config`: the Hopper kernel's
+    on sm_90)."""
     candidates = candidates_for(d, arch)
     if config is None:
         from ...runtime.tools import tuned_config
 
         tuned = tuned_config("attention", key)
         found = next((c for c in candidates if c.name == tuned), None)
-        return default_config(d, arch, seqlen_k) if found is None else (found, "tuned")
+        return (default_config(d, arch, seqlen_k, causal) if found is None
+                else (found, "tuned"))
     if isinstance(config, AttentionConfig | AttentionSm90Config):
         found = config if config in candidates else None
         got = config.name

@@ -80,7 +80,8 @@ def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: 
     options."""
     options = dict(causal=causal, window=window, softcap=softcap, varlen=varlen,
                    write_lse=lse)
-    configs = default_configs(head_dim, arch_number(arch)) if config is None else [config]
+    configs = (default_configs(head_dim, arch_number(arch), causal) if config is None
+               else [config])
     return [spec_for(c, as_dtype(dtype), head_dim, **options) for c in configs]
 
 

@@ -506,9 +506,10 @@ SM90_CONFIGS: dict[int, tuple[AttentionSm90Config, ...]] = {
           AttentionSm90Config(80, overlap=True, persistent=True, pingpong=False)),
 }
 SM90_BLOCK_N = {d: cfgs[0].block_n for d, cfgs in SM90_CONFIGS.items()}
-#: head_dim -> (keys, config): the Hopper forward's default for calls of at most that many keys
-#: (the head dimension's first config elsewhere): at head_dim 64 the first one's 256-key
-#: blocks leave a row block too few of them to fill its pipeline
+#: head_dim -> (keys, config): the Hopper forward's default for causal calls of at most that many
+#: keys (the head dimension's first config elsewhere): at head_dim 64 a causal row block's
+#: 256-key blocks are too few and too much masked (an H200: 1.05-1.07x at 512 keys, 1.02-1.03x
+#: at 1024; without the mask the 256-key blocks stay 1.13-1.18x faster at those lengths)
 SM90_SHORT_DEFAULT = {64: (1024, AttentionSm90Config(128, persistent=True))}
 
 
@@ -519,20 +520,21 @@ def candidates_for(head_dim: int, arch: int) -> tuple:
     return (SM90_CONFIGS[head_dim] + CONFIGS[head_dim]) if arch == 90 else CONFIGS[head_dim]
 
 
-def default_config(head_dim: int, arch: int, seqlen_k: int | None = None) -> tuple:
+def default_config(head_dim: int, arch: int, seqlen_k: int | None = None,
+                   causal: bool = False) -> tuple:
     """(config, why) of a call that pins none and has no tuned config: the first of
-    :func:`candidates_for`, or on sm_90 :data:`SM90_SHORT_DEFAULT`'s for at most its keys
-    (``seqlen_k``: the keys, the longest packed sequence's; None: long)."""
-    short = SM90_SHORT_DEFAULT.get(head_dim) if arch == 90 else None
+    :func:`candidates_for`, or on sm_90 :data:`SM90_SHORT_DEFAULT`'s for a ``causal`` call of
+    at most its keys (``seqlen_k``: the keys, the longest packed sequence's; None: long)."""
+    short = SM90_SHORT_DEFAULT.get(head_dim) if arch == 90 and causal else None
     if short is not None and seqlen_k is not None and seqlen_k <= short[0]:
-        return short[1], f"default for at most {short[0]} keys"
+        return short[1], f"default for causal calls of at most {short[0]} keys"
     return candidates_for(head_dim, arch)[0], "default"
 
 
-def default_configs(head_dim: int, arch: int) -> list:
-    """Every config :func:`default_config` gives ``head_dim`` on ``arch`` (what a warm-up of
-    the defaults compiles): the long sequences' first."""
-    return list(dict.fromkeys(default_config(head_dim, arch, n)[0] for n in (None, 1)))
+def default_configs(head_dim: int, arch: int, causal: bool = False) -> list:
+    """Every config :func:`default_config` gives ``head_dim`` on ``arch`` with ``causal`` (what
+    a warm-up of the defaults compiles): the long sequences' first."""
+    return list(dict.fromkeys(default_config(head_dim, arch, n, causal)[0] for n in (None, 1)))
 
 
 class _Hopper:

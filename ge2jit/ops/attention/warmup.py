@@ -12,8 +12,8 @@
     configs = "heuristic"          # or "all" (every tiling of the head dim), or names
 
 Each combination compiles the forward kernel of the head dimension's default tiling for the
-architecture (on sm_90 the Hopper kernel's; at head_dim 64 also short sequences' default), or
-of each tiling named (a name another head
+architecture (on sm_90 the Hopper kernel's; at head_dim 64, causal, also short sequences'
+default), or of each tiling named (a name another head
 dimension or architecture has compiles nothing for this one).
 ``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs``, and
 ``deterministic`` (default ``[false]``), and compiles the backward's three kernels of each
@@ -85,7 +85,7 @@ def _kernels(v, config, *, arch: str, sms: int) -> list:
 
     number = arch_number(arch)
     if config is None:
-        configs = default_configs(v.head_dims, number)
+        configs = default_configs(v.head_dims, number, v.causal)
     elif config not in candidates_for(v.head_dims, number):   # another head dimension's,
         return []                                             # or Hopper's elsewhere
     else:

@@ -517,25 +517,31 @@ def test_on_sm_90_the_hopper_kernel_is_the_default_and_sm_80_configs_can_be_pinn
     assert not check(*qkv(sk=0)).hopper
 
 
-def test_on_sm_90_short_sequences_at_head_dim_64_take_their_own_default(hopper):
-    """Up to SM90_SHORT_DEFAULT's keys (the longest packed sequence's with cu_seqlens) the
-    Hopper forward at head_dim 64 takes the smaller key block; a pinned or tuned config, other
-    head dims and sm_80 keep theirs."""
+def test_on_sm_90_short_causal_calls_at_head_dim_64_take_their_own_default(hopper):
+    """Up to SM90_SHORT_DEFAULT's keys (the longest packed sequence's with cu_seqlens) a causal
+    Hopper forward at head_dim 64 takes the smaller key block; calls without the mask, a pinned
+    or tuned config, other head dims and sm_80 keep theirs."""
     keys, short = SM90_SHORT_DEFAULT[64]
     for sk in (1, keys):
         call = check(*qkv(d=64, sk=sk), causal=True)
-        assert call.config == short and call.reason == f"default for at most {keys} keys"
+        assert call.config == short
+        assert call.reason == f"default for causal calls of at most {keys} keys"
         assert call.spec == make_sm90_spec(DType.F16, 64, config=short, causal=True)
+        call = check(*qkv(d=64, sk=sk))   # no mask: the long sequences' default
+        assert call.config == SM90_CONFIGS[64][0] and call.reason == "default"
     call = check(*qkv(d=64, sk=keys + 1), causal=True)
     assert call.config == SM90_CONFIGS[64][0] and call.reason == "default"
-    assert check(*qkv(d=128, sk=16)).config == SM90_CONFIGS[128][0]
-    assert check(*qkv(d=64, sk=16), config="h256s2p").config == SM90_CONFIGS[64][0]
+    assert check(*qkv(d=128, sk=16), causal=True).config == SM90_CONFIGS[128][0]
+    assert check(*qkv(d=64, sk=16), causal=True, config="h256s2p").config == SM90_CONFIGS[64][0]
     (q, k, v), kw = packed(d=64)
-    assert check(q, k, v, **kw).config == short   # max_seqlen_k 11
-    assert default_config(64, 90, None) == (SM90_CONFIGS[64][0], "default")
-    assert default_config(64, 80, 16) == (CONFIGS[64][0], "default")
-    assert default_configs(64, 90) == [SM90_CONFIGS[64][0], short]
-    assert default_configs(128, 90) == [SM90_CONFIGS[128][0]]
+    assert check(q, k, v, causal=True, **kw).config == short   # max_seqlen_k 11
+    assert check(q, k, v, **kw).config == SM90_CONFIGS[64][0]
+    assert default_config(64, 90, None, causal=True) == (SM90_CONFIGS[64][0], "default")
+    assert default_config(64, 90, 16) == (SM90_CONFIGS[64][0], "default")
+    assert default_config(64, 80, 16, causal=True) == (CONFIGS[64][0], "default")
+    assert default_configs(64, 90, causal=True) == [SM90_CONFIGS[64][0], short]
+    assert default_configs(64, 90) == [SM90_CONFIGS[64][0]]
+    assert default_configs(128, 90, causal=True) == [SM90_CONFIGS[128][0]]
     assert short in SM90_CONFIGS[64]   # a candidate: tune and pins name it
 
 

@@ -71,10 +71,15 @@ def test_configs_by_name_or_object_and_the_tools_kernels():
     assert op.specs_for_config(None, "sm_90") == [make_sm90_spec(DType.BF16, 128)]
     assert op.specs_for_config(SM90_CONFIGS[64][0].name, "sm_90", head_dim=64) == [
         make_sm90_spec(DType.BF16, 64)]
-    # the defaults at head_dim 64: long sequences' and short ones'
-    assert op.specs_for_config(None, "sm_90", head_dim=64) == [
-        make_sm90_spec(DType.BF16, 64, config=c) for c in default_configs(64, 90)]
-    assert len(TABLE.expand(TABLE.validate_entry({"head_dims": [64]}), "sm_90")) == 2
+    # the defaults at head_dim 64: long sequences', and causal short ones'
+    assert op.specs_for_config(None, "sm_90", head_dim=64, causal=True) == [
+        make_sm90_spec(DType.BF16, 64, config=c, causal=True)
+        for c in default_configs(64, 90, causal=True)]
+    assert len(default_configs(64, 90, causal=True)) == 2
+    assert op.specs_for_config(None, "sm_90", head_dim=64) == [make_sm90_spec(DType.BF16, 64)]
+    assert len(TABLE.expand(TABLE.validate_entry({"head_dims": [64]}), "sm_90")) == 1
+    assert len(TABLE.expand(TABLE.validate_entry({"head_dims": [64], "causal": [True]}),
+                            "sm_90")) == 2
 
 
 def test_the_backward_table_compiles_the_form_the_call_takes():
