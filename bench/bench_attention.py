@@ -142,8 +142,8 @@ def backward_only(q, k, v, causal):
             grad, qs, ks, vs, o, lse, deterministic=True, **kw)
         cases["ge2jit sm80"] = lambda: ge2jit.attention_backward(
             grad, qs, ks, vs, o, lse, config="sm80", **kw)
-        if qs.shape[-1] in (64, 128):   # the one-kernel backward's narrow step, pinned,
-            cases["ge2jit sm90n"] = lambda: ge2jit.attention_backward(   # and with its dq
+        if qs.shape[-1] in (64, 128):   # the one-kernel backward's narrow step pinned, and
+            cases["ge2jit sm90n"] = lambda: ge2jit.attention_backward(   # with its dq
                 grad, qs, ks, vs, o, lse, config="sm90n", **kw)          # products deferred
             cases["ge2jit sm90d"] = lambda: ge2jit.attention_backward(
                 grad, qs, ks, vs, o, lse, config="sm90d", **kw)

@@ -14,9 +14,8 @@ from .spec import (
     AttentionSm90Config,
     bwd_specs_for,
     candidates_for,
-    default_configs,
+    forward_specs,
     fused_step,
-    spec_for,
 )
 from .warmup import BACKWARD_TABLE, TABLE, parse_config
 
@@ -78,11 +77,8 @@ def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: 
     """The forward kernel of ``config`` (None: the head dimension's defaults for ``arch``: the
     Hopper kernel on sm_90, for long and for short sequences where they differ) for these
     options."""
-    options = dict(causal=causal, window=window, softcap=softcap, varlen=varlen,
-                   write_lse=lse)
-    configs = (default_configs(head_dim, arch_number(arch), causal) if config is None
-               else [config])
-    return [spec_for(c, as_dtype(dtype), head_dim, **options) for c in configs]
+    return forward_specs(config, as_dtype(dtype), head_dim, arch_number(arch), causal=causal,
+                         window=window, softcap=softcap, varlen=varlen, write_lse=lse)
 
 
 ATTENTION = declare(

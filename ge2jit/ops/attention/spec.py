@@ -690,6 +690,15 @@ def spec_for(config, dtype: DType, head_dim: int, **options):
     return make_spec(dtype, head_dim, config=config, **options)
 
 
+def forward_specs(config, dtype: DType, head_dim: int, arch: int, **options) -> list:
+    """The forward kernels of ``config`` for these options (:func:`spec_for`'s), or with None
+    those of every default :func:`default_configs` gives ``head_dim`` on ``arch`` (with the
+    options' ``causal``): what a warm-up compiles and ``specs_for_config`` lists."""
+    configs = ([config] if config is not None
+               else default_configs(head_dim, arch, options.get("causal", False)))
+    return [spec_for(c, dtype, head_dim, **options) for c in configs]
+
+
 # --- the Hopper backward ------------------------------------------------------------------------
 
 #: the Hopper backward's steps per head dimension: (dq kernel's keys a step, dkv kernel's
@@ -911,9 +920,8 @@ def bwd_specs_for(family: str, dtype: DType, head_dim: int, *, deterministic: bo
     "sm90d" each step's dq product deferred under the next step's, as the default does at
     ``DEFER_DIMS``: :func:`defers_dq`).
     "sm80": the three sm_80 kernels (deterministic)."""
-    why = {"sm90w": lambda: wide_bwd_refusal(head_dim, deterministic, **options),
-           "sm90d": lambda: deferred_bwd_refusal(head_dim, deterministic, **options)}.get(
-               family, lambda: None)()
+    refusal = {"sm90w": wide_bwd_refusal, "sm90d": deferred_bwd_refusal}.get(family)
+    why = refusal(head_dim, deterministic, **options) if refusal is not None else None
     if why is not None:
         raise ArgumentValueError(f"config: {family!r} takes {why}")
     specs = make_bwd_specs(dtype, head_dim, **options)

@@ -34,8 +34,7 @@ from .spec import (
     AttentionSm90Config,
     bwd_specs_for,
     candidates_for,
-    default_configs,
-    spec_for,
+    forward_specs,
 )
 
 TYPES = {d.numpy_name: SUPPORTED_DTYPES[d.numpy_name] for d in DTYPES}
@@ -84,14 +83,10 @@ def _kernels(v, config, *, arch: str, sms: int) -> list:
     from ...jit.nvrtc import arch_number
 
     number = arch_number(arch)
-    if config is None:
-        configs = default_configs(v.head_dims, number, v.causal)
-    elif config not in candidates_for(v.head_dims, number):   # another head dimension's,
-        return []                                             # or Hopper's elsewhere
-    else:
-        configs = [config]
-    return [spec_for(c, TYPES[v.dtypes], v.head_dims, causal=v.causal, window=v.window,
-                     softcap=v.softcap, varlen=v.varlen, write_lse=v.lse) for c in configs]
+    if config is not None and config not in candidates_for(v.head_dims, number):
+        return []   # another head dimension's, or Hopper's elsewhere
+    return forward_specs(config, TYPES[v.dtypes], v.head_dims, number, causal=v.causal,
+                         window=v.window, softcap=v.softcap, varlen=v.varlen, write_lse=v.lse)
 
 
 TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
