@@ -79,6 +79,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const unsigned q_empty = bars + 8 + 8 * 4 * STAGES;   // (PERSISTENT) Q read by every warp
     // (OVERLAP) a consumer warp's 4-byte slot for anchor_wait, after the barriers
     const unsigned anchors = bars + 8 * (2 + 4 * STAGES);
+    // (WRITE_LSE) the 128 rows' maximum, kept here from the end of the key loop to the
+    // epilogue: a maximum live in registers until the lse store makes ptxas allocate the
+    // whole kernel's registers differently, about 10% slower at head_dim 64
+    const unsigned max_stash = anchors + 4 * 8;
 
     const int tid = threadIdx.x;
     // The tiles: one, (blockIdx.x, y, z), or (PERSISTENT) tile blockIdx.x, then every
@@ -359,6 +363,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         release_v(n_blocks - 1);
     }
 
+    if constexpr (WRITE_LSE) {   // written and read back by the same thread
+        if (t == 0) {
+            float* st = reinterpret_cast<float*>(smem + (max_stash - base));
+            st[wrow + g] = row_max[0];
+            st[wrow + g + 8] = row_max[1];
+        }
+    }
     // (PERSISTENT) a tile without keys reads no Q: its buffer is free for the next tile's
     if (PERSISTENT && n_blocks == 0 && lane == 0) mbar_arrive(q_empty);
 
@@ -375,7 +386,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (WRITE_LSE) {
             if (t == 0)
                 lse[lse_index<VARLEN>(b, h, m0 + r, q_row0, cu_seqlens_q, B, H, S_q)] =
-                    row_lse(row_max[hh], SL, l);
+                    row_lse(reinterpret_cast<const float*>(smem + (max_stash - base))[r], SL,
+                            l);
         }
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
