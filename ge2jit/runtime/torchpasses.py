@@ -57,12 +57,16 @@ class Fusion:
 @dataclass(frozen=True)
 class Pattern:
     """A rewrite: ``name``, the ge2jit op it calls (``op``, for reports) and ``match(node) ->
-    None | Skip | Fusion``. Patterns run in ``priority`` order (lower first)."""
+    None | Skip | Fusion``. Patterns run in ``priority`` order (lower first).
+    ``left_to_inductor``: where Inductor makes as good a kernel of what the pattern matches,
+    why (one line); the pattern then applies only where Inductor does not compile the graph
+    or where ``only`` names it."""
 
     name: str
     op: str
     match: Callable[[fx.Node], object]
     priority: int = 100
+    left_to_inductor: str | None = None
 
 
 @dataclass
@@ -128,9 +132,12 @@ def argument(node: fx.Node, index: int, name: str, default=None):
     return node.kwargs.get(name, default)
 
 
-def rewrite(gm: fx.GraphModule, only: list[str] | None = None) -> Report:
+def rewrite(gm: fx.GraphModule, only: list[str] | None = None, *,
+            inductor: bool = False) -> Report:
     """Apply the registered patterns (or those named in ``only``) to ``gm`` in place, each
-    node at most once; returns what was fused and what was left."""
+    node at most once; returns what was fused and what was left. With ``inductor`` (Inductor
+    compiles the graph next) and no ``only``, the patterns ``left_to_inductor`` only report
+    what they match."""
     report = Report()
     chosen = [p for p in patterns() if only is None or p.name in only]
     graph = gm.graph
@@ -144,6 +151,9 @@ def rewrite(gm: fx.GraphModule, only: list[str] | None = None) -> Report:
                 continue
             if isinstance(found, Skip):
                 report.skipped.append(found)
+                continue
+            if inductor and only is None and pattern.left_to_inductor:
+                report.skipped.append(Skip(pattern.name, node.name, pattern.left_to_inductor))
                 continue
             outputs = found.outputs or [(found.nodes[-1], None)]
             anchor = found.after.next if found.after is not None else found.nodes[-1]

@@ -45,17 +45,19 @@ KEEP = 64
 
 
 def backend(gm: fx.GraphModule, example_inputs, *, inductor: bool = True,
-            only: list[str] | None = None, mode: str | None = None, sink: list | None = None):
+            only: list[str] | None = None, mode: str | None = None, sink: list | None = None,
+            eager: bool = False):
     """The ``torch.compile`` backend ``"ge2jit"``: ``rewrite`` the captured graph, then compile
     it with Inductor (``mode`` as ``torch.compile``'s: None, "reduce-overhead",
-    "max-autotune"), or run it as it is with ``inductor=False``. The graph's report goes to
-    ``reports`` (and to ``sink``)."""
-    report = rewrite(gm, only)
+    "max-autotune"), or run it as it is with ``inductor=False`` (then every pattern applies:
+    none is left to Inductor) or ``eager`` (rewritten as for ``inductor``, run as it is:
+    ``explain``). The graph's report goes to ``reports`` (and to ``sink``)."""
+    report = rewrite(gm, only, inductor=inductor)
     reports.append(report)
     del reports[:-KEEP]
     if sink is not None:
         sink.append(report)
-    if not inductor:
+    if not inductor or eager:
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
 
@@ -90,13 +92,15 @@ def compile(model, *, inductor: bool = True, only: list[str] | None = None,
                                                           only=only, mode=mode), **kwargs)
 
 
-def explain(model, *args, only: list[str] | None = None, **kwargs) -> Report:
-    """What the backend fuses in ``model`` called on ``args``/``kwargs``: every captured
-    graph's report, merged. The model runs once, eagerly after the rewrite (no Inductor)."""
+def explain(model, *args, only: list[str] | None = None, inductor: bool = True,
+            **kwargs) -> Report:
+    """What the backend fuses in ``model`` called on ``args``/``kwargs`` (as ``compile``
+    with these ``only`` and ``inductor`` would): every captured graph's report, merged. The
+    model runs once, eagerly after the rewrite (Inductor compiles nothing)."""
     torch._dynamo.reset()
     found: list[Report] = []
-    compiled = torch.compile(model, backend=functools.partial(backend, inductor=False,
-                                                              only=only, sink=found))
+    compiled = torch.compile(model, backend=functools.partial(
+        backend, inductor=inductor, eager=True, only=only, sink=found))
     compiled(*args, **kwargs)
     merged = Report()
     for r in found:

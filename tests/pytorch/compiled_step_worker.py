@@ -1,7 +1,7 @@
 """One process of tests/pytorch/test_compiler_processes_gpu.py: a small model (Linear + GELU,
-causal attention, an RMSNorm with its residual, a head and its loss) compiled with
-``ge2jit.torch.compile``, one training step, then what ge2jit's kernel cache did in this
-process, as JSON on stdout: ``{"loss", "misses", "writes", "hits"}``."""
+causal attention, an RMSNorm with its residual (left to Inductor), a head and its loss)
+compiled with ``ge2jit.torch.compile``, one training step, then what ge2jit's kernel cache
+did in this process, as JSON on stdout: ``{"loss", "misses", "writes", "hits"}``."""
 
 from __future__ import annotations
 

@@ -271,6 +271,24 @@ def test_a_norm_and_its_residual_add_become_one_kernel(norm, target, eps):
     assert operator.add not in _calls(gm)
 
 
+@pytest.mark.parametrize("wrap", [None, _PreNorm], ids=["norm", "residual"])
+def test_norms_are_left_to_inductor_unless_named(wrap):
+    from ge2jit.ops.norm import torch_ops
+
+    shapes = ((4, 64), (4, 64)) if wrap else ((4, 64),)
+    kw = {"wrap": wrap} if wrap else {}
+    gm = _module_graph(lambda **k: torch.nn.LayerNorm(64, **k), *shapes, **kw)
+    report = rewrite(gm, inductor=True)
+    assert report.fused == [] and torch_ops.layer_norm not in _calls(gm)
+    assert [(s.pattern, s.reason.split(",")[0]) for s in report.skipped] == [
+        ("layer_norm", "left to Inductor")]
+    gm = _module_graph(lambda **k: torch.nn.LayerNorm(64, **k), *shapes, **kw)
+    report = rewrite(gm, only=["layer_norm"], inductor=True)
+    assert [p for p, _, _ in report.fused] == ["layer_norm"] and report.skipped == []
+    gm = _module_graph(lambda **k: HfRMSNorm(64, 1e-5, **k), *shapes, **kw)
+    assert [p for p, _, _ in rewrite(gm).fused] == ["rms_norm"]   # no Inductor: ge2jit's
+
+
 def test_norm_near_misses():
     # an intermediate used elsewhere
     class Leaky(HfRMSNorm):

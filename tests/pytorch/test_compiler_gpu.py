@@ -111,7 +111,9 @@ def test_norms_take_their_residual_adds():
     eager = relative_errors(run_backward(model, x.bfloat16()), want)
     model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    got = relative_errors(run_backward(gt.compile(model, fullgraph=True), x.bfloat16()), want)
+    only = ["rms_norm", "layer_norm", "linear_activation"]   # the norms: left to Inductor else
+    got = relative_errors(run_backward(gt.compile(model, fullgraph=True, only=only),
+                                       x.bfloat16()), want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
     ops = sorted(op for _, _, op in gt.compiler.reports[-1].fused)

@@ -30,8 +30,7 @@ def _run(cache: Path, inductor: Path) -> dict:
 def test_a_second_process_compiles_nothing(tmp_path):
     first = _run(tmp_path / "kernels", tmp_path / "inductor")
     assert first["misses"] > 0 and first["writes"] > 0, first
-    assert first["fused"] == ["attention", "gemm_bias_act", "linear_cross_entropy",
-                              "rms_norm"], first
+    assert first["fused"] == ["attention", "gemm_bias_act", "linear_cross_entropy"], first
     second = _run(tmp_path / "kernels", tmp_path / "inductor")
     assert second["misses"] == 0 and second["writes"] == 0 and second["hits"] > 0, second
     assert second["loss"] == first["loss"]
