@@ -6,6 +6,7 @@ model (nothing fused, the same results as eager) and ``explain``."""
 
 from __future__ import annotations
 
+import math
 import operator
 
 import pytest
@@ -74,6 +75,81 @@ def test_a_linear_without_bias_and_a_chain_of_layers():
     assert _calls(gm) == [linear_act, linear_act] and len(report.fused) == 2
     first, second = [n for n in gm.graph.nodes if n.target is linear_act]
     assert first.args[2] is None and second.args[0] is first
+
+
+def _gelu_written(y, c=0.044715):
+    """GELU's tanh form as Hugging Face's GPT-2 writes it (``NewGELUActivation``)."""
+    return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + c * torch.pow(y, 3.0))))
+
+
+def _conv1d(x, w, b):
+    """Hugging Face's ``Conv1D``: the rows times a weight of (in, out), the bias added by
+    addmm, the rows put back in x's shape."""
+    y = torch.addmm(b, x.view(-1, x.size(-1)), w)
+    return y.view(x.size()[:-1] + (w.size(-1),))
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv1d", "addmm"])
+def test_gelu_written_out_and_gpt2s_conv1d_become_one_gemm(layer):
+    from ge2jit.ops.gemm.torch_patterns import addmm_act
+
+    if layer == "linear":
+        gm = _traced(lambda x, w, b: _gelu_written(F.linear(x, w, b)), (2, 5, 8), (16, 8), (16,))
+        fn = linear_act
+    elif layer == "conv1d":
+        gm = _traced(lambda x, w, b: _gelu_written(_conv1d(x, w, b)), (2, 5, 8), (8, 16), (16,))
+        fn = addmm_act
+    else:   # the products and sums in the other order
+        gm = _traced(lambda x, w, b: (1.0 + torch.tanh((torch.pow(y := torch.addmm(b, x, w), 3.0)
+                                                         * 0.044715 + y) * 0.7978845608028654))
+                     * (y * 0.5), (10, 8), (8, 16), (16,))
+        fn = addmm_act
+    report = rewrite(gm)
+    assert [(p, op) for p, _, op in report.fused] == [
+        ("linear_activation", "gemm_bias_act(act='gelu_tanh')")], report
+    assert report.skipped == []
+    assert sum(c is fn for c in _calls(gm)) == 1
+    for gone in (torch.tanh, torch.pow, torch.addmm, torch._C._nn.linear):
+        assert gone not in _calls(gm), gm.graph
+    (node,) = [n for n in gm.graph.nodes if n.target is fn]
+    assert node.args[3] == "gelu_tanh"
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    assert out.args[0].meta["val"].shape == ((10, 16) if layer == "addmm" else (2, 5, 16))
+
+
+def test_gelu_written_out_near_misses():
+    # another constant: not GELU's, nothing reported
+    gm = _traced(lambda x, w, b: _gelu_written(_conv1d(x, w, b), c=0.05), (2, 5, 8), (8, 16),
+                 (16,))
+    report = rewrite(gm)
+    assert report.fused == [] and report.skipped == [] and torch.addmm in _calls(gm)
+
+    # an intermediate with another user
+    def kept(x, w, b):
+        y = _conv1d(x, w, b)
+        t = torch.tanh(0.7978845608028654 * (y + 0.044715 * torch.pow(y, 3.0)))
+        return 0.5 * y * (1.0 + t), t
+    gm = _traced(kept, (2, 5, 8), (8, 16), (16,))
+    assert [s.reason for s in rewrite(gm).skipped] == [
+        "an intermediate of the activation has another user"]
+    # the product's output read elsewhere
+    gm = _traced(lambda x, w, b: (_gelu_written(torch.addmm(b, x, w)), torch.addmm(b, x, w)),
+                 (4, 8), (8, 16), (16,))
+    assert rewrite(gm).fused   # (two addmm nodes: the one under the GELU fuses)
+
+    def shared(x, w, b):
+        y = torch.addmm(b, x, w)
+        return _gelu_written(y), y.sum()
+    gm = _traced(shared, (4, 8), (8, 16), (16,))
+    assert [s.reason for s in rewrite(gm).skipped] == ["the product's output has another user"]
+    # addmm with alpha or beta: not the epilogue's product
+    gm = _traced(lambda x, w, b: _gelu_written(torch.addmm(b, x, w, alpha=2.0)), (4, 8),
+                 (8, 16), (16,))
+    report = rewrite(gm)
+    assert report.fused == [] and torch.addmm in _calls(gm)
+    # a bias per row and column (2-D): left, with the reason
+    gm = _traced(lambda x, w, b: _gelu_written(torch.addmm(b, x, w)), (4, 8), (8, 16), (4, 16))
+    assert "a bias of shape (4, 16)" in rewrite(gm).skipped[0].reason
 
 
 def test_near_misses_are_left_alone_with_the_reason():

@@ -6,6 +6,8 @@ recompiles; ``inductor=False`` and ``explain`` on the GPU."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -63,6 +65,43 @@ def test_a_block_fuses_and_matches_the_untouched_model(inductor):
     assert sorted(op.split("(")[0] for _, _, op in report.fused) == [
         "attention", "gemm_bias_act", "gemm_bias_act"], str(report)
     assert report.skipped == [], str(report)
+
+
+class Gpt2Mlp(torch.nn.Module):
+    """Hugging Face's GPT-2 MLP as it is written: Conv1D layers (addmm, weights of (in, out))
+    and GELU's tanh form written out (``NewGELUActivation``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w_fc = torch.nn.Parameter(torch.randn(D, 4 * D) * D ** -0.5)
+        self.b_fc = torch.nn.Parameter(torch.randn(4 * D) * 0.1)
+        self.w_proj = torch.nn.Parameter(torch.randn(4 * D, D) * (4 * D) ** -0.5)
+        self.b_proj = torch.nn.Parameter(torch.randn(D) * 0.1)
+
+    def forward(self, x):
+        h = torch.addmm(self.b_fc, x.view(-1, x.size(-1)), self.w_fc)
+        h = h.view(x.size()[:-1] + (4 * D,))
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
+                                        * (h + 0.044715 * torch.pow(h, 3.0))))
+        y = torch.addmm(self.b_proj, h.view(-1, h.size(-1)), self.w_proj)
+        return y.view(x.size())
+
+
+def test_gpt2s_mlp_fuses_its_written_out_gelu_and_matches():
+    torch.manual_seed(0)
+    model = Gpt2Mlp().cuda().bfloat16()
+    ref = Gpt2Mlp().cuda().double()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(2, 100, D, device="cuda")
+    want = run_backward(ref, x.double())
+    eager = relative_errors(run_backward(model, x.bfloat16()), want)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    got = relative_errors(run_backward(gt.compile(model, fullgraph=True), x.bfloat16()), want)
+    for g, e in zip(got, eager):
+        assert g <= 1.5 * e + 2 ** -8, (got, eager)
+    report = gt.compiler.reports[-1]
+    assert [op for _, _, op in report.fused] == ["gemm_bias_act(act='gelu_tanh')"], str(report)
 
 
 def test_a_new_shape_recompiles_and_explain_reports():

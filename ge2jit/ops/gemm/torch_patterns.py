@@ -5,6 +5,11 @@ GEMM's epilogue, forward and backward. A Linear whose output has another user, a
 ge2jit lacks, an input not on a CUDA device or of another type, or a Linear inside autocast is
 left alone, and the report says why.
 
+The activation may also be GELU's tanh form written out, as Hugging Face's GPT-2 writes it
+(``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``), and the Linear may be
+``torch.addmm(bias, x, weight)`` with ``weight`` of (in, out), as GPT-2's ``Conv1D`` writes it
+(with its reshape of the rows back to the input's leading dimensions).
+
 A gated MLP, ``down(act(gate(x)) * up(x))`` with three Linears without bias (LLaMA's, Mistral's,
 Qwen2's: silu; Gemma's: gelu with tanh), becomes one ``ge2jit.torch.gated_mlp_pair``: the gated
 GEMM and its chained backward. Left alone, with the reason: biases, an intermediate with
@@ -12,10 +17,15 @@ another user, an activation the gated GEMM lacks, the types or devices above."""
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 
 from ...runtime.torchpasses import (
+    ADD,
     MUL,
     Fusion,
     Pattern,
@@ -45,6 +55,71 @@ def linear_act(x, weight, bias, act: str, leaky_slope: float):
     y = gemm_bias_act(x.reshape(-1, x.shape[-1]), weight.t(), bias, act=act,
                       leaky_slope=leaky_slope)
     return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def addmm_act(bias, x, weight, act: str, leaky_slope: float):
+    """``act(torch.addmm(bias, x, weight))`` as one ge2jit GEMM (x of rows, weight of (in,
+    out): Hugging Face's ``Conv1D``)."""
+    return gemm_bias_act(x, weight, bias, act=act, leaky_slope=leaky_slope)
+
+
+def _const(value, want: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isclose(
+        value, want, rel_tol=1e-6)
+
+
+def _times(node, want: float):
+    """x when ``node`` is ``want * x`` or ``x * want`` (want a constant), else None."""
+    args = binary_args(node, MUL)
+    if args is None:
+        return None
+    a, b = args
+    if _const(a, want) and isinstance(b, fx.Node):
+        return b
+    if _const(b, want) and isinstance(a, fx.Node):
+        return a
+    return None
+
+
+def _plus(node, want: float):
+    """x when ``node`` is ``want + x`` or ``x + want``, else None."""
+    args = binary_args(node, ADD)
+    if args is None:
+        return None
+    a, b = args
+    if _const(a, want) and isinstance(b, fx.Node):
+        return b
+    if _const(b, want) and isinstance(a, fx.Node):
+        return a
+    return None
+
+
+def _written_gelu_tanh(node):
+    """(x, the chain's nodes, the final one last) when ``node`` is GELU's tanh form written
+    out, ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` (the products and
+    sums in either order), else None."""
+    args = binary_args(node, MUL)
+    if args is None:
+        return None
+    for half, rest in (args, args[::-1]):
+        x = _times(half, 0.5)
+        th = _plus(rest, 1.0)
+        if x is None or th is None or not (is_call(th, (torch.tanh,), ("tanh",))
+                                            and len(th.args) == 1):
+            continue
+        inner = _times(th.args[0], math.sqrt(2.0 / math.pi))
+        sums = binary_args(inner, ADD) if inner is not None else None
+        if sums is None:
+            continue
+        for xa, cube_term in (sums, sums[::-1]):
+            cube = _times(cube_term, 0.044715)
+            if xa is not x or cube is None:
+                continue
+            if not (is_call(cube, (torch.pow, operator.pow), ("pow",)) and len(cube.args) == 2
+                    and cube.args[0] is x and _const(cube.args[1], 3.0)):
+                continue
+            return x, [half, cube, cube_term, inner, th.args[0], th, rest, node]
+    return None
 
 
 def _activation(node):
@@ -78,18 +153,43 @@ def _linear_of(node):
     return argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
 
 
+def _addmm_of(node):
+    """(the addmm node, x, weight, bias, the reshape or None) of ``torch.addmm(bias, x,
+    weight)`` (beta and alpha 1), alone or reshaped (``view``, ``reshape``), else None."""
+    shaped = None
+    if is_call(node, (torch.reshape,), ("view", "reshape")) and node.args:
+        shaped, node = node, node.args[0]
+    if not is_call(node, (torch.addmm,)) or len(node.args) != 3:
+        return None
+    if any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) or set(node.kwargs) - {
+            "beta", "alpha"}:
+        return None
+    bias, x, weight = node.args
+    return node, x, weight, bias, shaped
+
+
 def match(node):
     found = _activation(node)
+    chain = [node]
     if found is None:
-        return None
+        written = _written_gelu_tanh(node)
+        if written is None:
+            return None
+        found = ("gelu_tanh", written[0], 0.01)
+        chain = written[1]
+        if any(not set(n.users) <= set(chain) for n in chain[:-1]):
+            return Skip(NAME, node.name, "an intermediate of the activation has another user")
     act, linear, slope = found
+    addmm = None if _linear_of(linear) is not None else _addmm_of(linear)
+    if addmm is not None:
+        return _match_addmm(node, chain, act, slope, *addmm)
     parts = _linear_of(linear)
     if parts is None:
         return None
     x, weight, bias = parts
     tx, tw, tb, ty = tensor_of(x), tensor_of(weight), tensor_of(bias), tensor_of(linear)
     why = None
-    if len(linear.users) != 1:
+    if not set(linear.users) <= set(chain):
         why = "the Linear's output has another user"
     elif tx is None or tw is None or ty is None or (bias is not None and tb is None):
         why = "no recorded tensors for its inputs"
@@ -109,7 +209,41 @@ def match(node):
     def build(graph):
         return graph.call_function(linear_act, (x, weight, bias, act, slope))
 
-    return Fusion(NAME, [linear, node], f"gemm_bias_act(act={act!r})", build)
+    return Fusion(NAME, [linear, *chain], f"gemm_bias_act(act={act!r})", build)
+
+
+def _match_addmm(node, chain, act, slope, addmm, x, weight, bias, shaped):
+    """The Fusion (or Skip) of ``act(addmm(bias, x, weight))``, reshaped or not."""
+    inside = set(chain) | ({shaped} if shaped is not None else set())
+    tx, tw, tb, ty = tensor_of(x), tensor_of(weight), tensor_of(bias), tensor_of(addmm)
+    why = None
+    if not set(addmm.users) <= inside or (shaped is not None and not set(shaped.users) <= inside):
+        why = "the product's output has another user"
+    elif tx is None or tw is None or tb is None or ty is None:
+        why = "no recorded tensors for its inputs"
+    elif not (tx.is_cuda and tw.is_cuda and tb.is_cuda):
+        why = "tensors not on a CUDA device"
+    elif ty.dtype != tx.dtype or tw.dtype != tx.dtype:
+        why = (f"types {tx.dtype} (x), {tw.dtype} (weight) -> {ty.dtype} (inside autocast, or "
+               "mixed: not fused yet)")
+    elif tx.dtype not in _TYPES or tb.dtype not in (tx.dtype, torch.float32):
+        why = f"dtype {tx.dtype} (ge2jit's GEMM takes float16, bfloat16 and float32)"
+    elif tx.dim() != 2 or tw.dim() != 2 or tb.dim() != 1 or tb.shape[0] != tw.shape[1]:
+        why = (f"a bias of shape {tuple(tb.shape)} (ge2jit's epilogue adds one per column)"
+               if tx.dim() == 2 and tw.dim() == 2 else "inputs that are not matrices")
+    if why is not None:
+        return Skip(NAME, node.name, why)
+
+    def build(graph):
+        y = graph.call_function(addmm_act, (bias, x, weight, act, slope))
+        if shaped is None:
+            return y
+        y.meta.update({k: v for k, v in addmm.meta.items() if k in ("example_value", "val")})
+        return graph.create_node(shaped.op, shaped.target, (y, *shaped.args[1:]),
+                                 dict(shaped.kwargs))
+
+    nodes = [addmm, *([shaped] if shaped is not None else []), *chain]
+    return Fusion(NAME, nodes, f"gemm_bias_act(act={act!r})", build)
 
 
 register_pattern(Pattern(NAME, "gemm_bias_act", match))
