@@ -87,19 +87,29 @@ class Gpt2Mlp(torch.nn.Module):
         return y.view(x.size())
 
 
-def test_gpt2s_mlp_fuses_its_written_out_gelu_and_matches():
+def _compiled_matches(make, batch: int, prepare=None, **options) -> None:
+    """``make()``'s model in bfloat16, compiled by ge2jit (``options``), against its float64
+    copy: output and every gradient no further off than the eager bfloat16 model's errors
+    times 1.5 plus a bfloat16 unit. ``prepare(model)``: changes made before the copy."""
     torch.manual_seed(0)
-    model = Gpt2Mlp().cuda().bfloat16()
-    ref = Gpt2Mlp().cuda().double()
+    model = make().cuda().bfloat16()
+    if prepare is not None:
+        prepare(model)
+    ref = make().cuda().double()
     ref.load_state_dict(model.state_dict())
-    x = torch.randn(2, 100, D, device="cuda")
+    x = torch.randn(batch, 100, D, device="cuda")
     want = run_backward(ref, x.double())
     eager = relative_errors(run_backward(model, x.bfloat16()), want)
     model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    got = relative_errors(run_backward(gt.compile(model, fullgraph=True), x.bfloat16()), want)
+    got = relative_errors(run_backward(gt.compile(model, fullgraph=True, **options),
+                                       x.bfloat16()), want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
+
+
+def test_gpt2s_mlp_fuses_its_written_out_gelu_and_matches():
+    _compiled_matches(Gpt2Mlp, 2)
     report = gt.compiler.reports[-1]
     assert [op for _, _, op in report.fused] == ["gemm_bias_act(act='gelu_tanh')"], str(report)
 
@@ -139,22 +149,11 @@ class PreNorm(torch.nn.Module):
 
 
 def test_norms_take_their_residual_adds():
-    torch.manual_seed(0)
-    model = PreNorm().cuda().bfloat16()
-    with torch.no_grad():
-        model.norm1.weight.uniform_(0.5, 1.5)
-    ref = PreNorm().cuda().double()
-    ref.load_state_dict(model.state_dict())
-    x = torch.randn(4, 100, D, device="cuda")
-    want = run_backward(ref, x.double())
-    eager = relative_errors(run_backward(model, x.bfloat16()), want)
-    model.zero_grad(set_to_none=True)
-    torch._dynamo.reset()
+    def weights(model):
+        with torch.no_grad():
+            model.norm1.weight.uniform_(0.5, 1.5)
     only = ["rms_norm", "layer_norm", "linear_activation"]   # the norms: left to Inductor else
-    got = relative_errors(run_backward(gt.compile(model, fullgraph=True, only=only),
-                                       x.bfloat16()), want)
-    for g, e in zip(got, eager):
-        assert g <= 1.5 * e + 2 ** -8, (got, eager)
+    _compiled_matches(PreNorm, 4, weights, only=only)
     ops = sorted(op for _, _, op in gt.compiler.reports[-1].fused)
     assert ops == ["gemm_bias_act(act='gelu')", "gemm_bias_act(act='relu')", "layer_norm(residual)",
                    "rms_norm"], ops

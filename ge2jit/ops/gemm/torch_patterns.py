@@ -68,22 +68,10 @@ def _const(value, want: float) -> bool:
         value, want, rel_tol=1e-6)
 
 
-def _times(node, want: float):
-    """x when ``node`` is ``want * x`` or ``x * want`` (want a constant), else None."""
-    args = binary_args(node, MUL)
-    if args is None:
-        return None
-    a, b = args
-    if _const(a, want) and isinstance(b, fx.Node):
-        return b
-    if _const(b, want) and isinstance(a, fx.Node):
-        return a
-    return None
-
-
-def _plus(node, want: float):
-    """x when ``node`` is ``want + x`` or ``x + want``, else None."""
-    args = binary_args(node, ADD)
+def _with_constant(node, functions, want: float):
+    """x when ``node`` is ``want op x`` or ``x op want`` (``functions``: ADD or MUL; want a
+    constant), else None."""
+    args = binary_args(node, functions)
     if args is None:
         return None
     a, b = args
@@ -102,17 +90,17 @@ def _written_gelu_tanh(node):
     if args is None:
         return None
     for half, rest in (args, args[::-1]):
-        x = _times(half, 0.5)
-        th = _plus(rest, 1.0)
+        x = _with_constant(half, MUL, 0.5)
+        th = _with_constant(rest, ADD, 1.0)
         if x is None or th is None or not (is_call(th, (torch.tanh,), ("tanh",))
                                             and len(th.args) == 1):
             continue
-        inner = _times(th.args[0], math.sqrt(2.0 / math.pi))
+        inner = _with_constant(th.args[0], MUL, math.sqrt(2.0 / math.pi))
         sums = binary_args(inner, ADD) if inner is not None else None
         if sums is None:
             continue
         for xa, cube_term in (sums, sums[::-1]):
-            cube = _times(cube_term, 0.044715)
+            cube = _with_constant(cube_term, MUL, 0.044715)
             if xa is not x or cube is None:
                 continue
             if not (is_call(cube, (torch.pow, operator.pow), ("pow",)) and len(cube.args) == 2
