@@ -141,9 +141,16 @@ def _linear_of(node):
     return argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
 
 
-def _addmm_of(node):
-    """(the addmm node, x, weight, bias, the reshape or None) of ``torch.addmm(bias, x,
-    weight)`` (beta and alpha 1), alone or reshaped (``view``, ``reshape``), else None."""
+def _product_of(node):
+    """(its nodes, what it is, x, weight, bias, ``make(graph, act, slope)`` of the fused
+    call) of a Linear call, or of ``torch.addmm(bias, x, weight)`` (beta and alpha 1) alone
+    or reshaped (``view``, ``reshape``), else None."""
+    parts = _linear_of(node)
+    if parts is not None:
+        x, weight, bias = parts
+        return ([node], "the Linear's", x, weight, bias,
+                lambda graph, act, slope: graph.call_function(
+                    linear_act, (x, weight, bias, act, slope)))
     shaped = None
     if is_call(node, (torch.reshape,), ("view", "reshape")) and node.args:
         shaped, node = node, node.args[0]
@@ -152,8 +159,42 @@ def _addmm_of(node):
     if any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) or set(node.kwargs) - {
             "beta", "alpha"}:
         return None
-    bias, x, weight = node.args
-    return node, x, weight, bias, shaped
+    addmm = node
+    bias, x, weight = addmm.args
+
+    def make(graph, act, slope):
+        y = graph.call_function(addmm_act, (bias, x, weight, act, slope))
+        if shaped is None:
+            return y
+        y.meta.update({k: v for k, v in addmm.meta.items() if k in ("example_value", "val")})
+        return graph.create_node(shaped.op, shaped.target, (y, *shaped.args[1:]),
+                                 dict(shaped.kwargs))
+
+    return ([addmm] + ([shaped] if shaped is not None else []), "the product's", x, weight,
+            bias, make)
+
+
+def _why_not(nodes, chain, what, x, weight, bias) -> str | None:
+    """Why the product ``nodes`` (``what`` it is, for the message) and its activation
+    ``chain`` cannot be one ge2jit GEMM, or None."""
+    inside = set(nodes) | set(chain)
+    tx, tw, tb, ty = tensor_of(x), tensor_of(weight), tensor_of(bias), tensor_of(nodes[0])
+    if any(not set(n.users) <= inside for n in nodes):
+        return f"{what} output has another user"
+    if tx is None or tw is None or ty is None or (bias is not None and tb is None):
+        return "no recorded tensors for its inputs"
+    if not (tx.is_cuda and tw.is_cuda and (tb is None or tb.is_cuda)):
+        return "tensors not on a CUDA device"
+    if ty.dtype != tx.dtype or tw.dtype != tx.dtype:
+        return (f"types {tx.dtype} (x), {tw.dtype} (weight) -> {ty.dtype} (inside autocast, or "
+                "mixed: not fused yet)")
+    if tx.dtype not in _TYPES or (tb is not None and tb.dtype not in (tx.dtype, torch.float32)):
+        return f"dtype {tx.dtype} (ge2jit's GEMM takes float16, bfloat16 and float32)"
+    if tx.dim() < 2 or tw.dim() != 2:
+        return f"a {tx.dim()}-D input (ge2jit's GEMM takes rows)"
+    if tb is not None and (tb.dim() != 1 or tb.shape[0] != ty.shape[-1]):
+        return f"a bias of shape {tuple(tb.shape)} (ge2jit's epilogue adds one per column)"
+    return None
 
 
 def match(node):
@@ -167,71 +208,16 @@ def match(node):
         chain = written[1]
         if any(not set(n.users) <= set(chain) for n in chain[:-1]):
             return Skip(NAME, node.name, "an intermediate of the activation has another user")
-    act, linear, slope = found
-    addmm = None if _linear_of(linear) is not None else _addmm_of(linear)
-    if addmm is not None:
-        return _match_addmm(node, chain, act, slope, *addmm)
-    parts = _linear_of(linear)
-    if parts is None:
+    act, source, slope = found
+    product = _product_of(source)
+    if product is None:
         return None
-    x, weight, bias = parts
-    tx, tw, tb, ty = tensor_of(x), tensor_of(weight), tensor_of(bias), tensor_of(linear)
-    why = None
-    if not set(linear.users) <= set(chain):
-        why = "the Linear's output has another user"
-    elif tx is None or tw is None or ty is None or (bias is not None and tb is None):
-        why = "no recorded tensors for its inputs"
-    elif not (tx.is_cuda and tw.is_cuda):
-        why = "tensors not on a CUDA device"
-    elif ty.dtype != tx.dtype or tw.dtype != tx.dtype:
-        why = (f"types {tx.dtype} (x), {tw.dtype} (weight) -> {ty.dtype} (inside autocast, or "
-               "mixed: not fused yet)")
-    elif tx.dtype not in _TYPES or (tb is not None and tb.dtype not in (tx.dtype,
-                                                                        torch.float32)):
-        why = f"dtype {tx.dtype} (ge2jit's GEMM takes float16, bfloat16 and float32)"
-    elif tx.dim() < 2 or tw.dim() != 2:
-        why = f"a {tx.dim()}-D input (ge2jit's GEMM takes rows)"
+    nodes, what, x, weight, bias, make = product
+    why = _why_not(nodes, chain, what, x, weight, bias)
     if why is not None:
         return Skip(NAME, node.name, why)
-
-    def build(graph):
-        return graph.call_function(linear_act, (x, weight, bias, act, slope))
-
-    return Fusion(NAME, [linear, *chain], f"gemm_bias_act(act={act!r})", build)
-
-
-def _match_addmm(node, chain, act, slope, addmm, x, weight, bias, shaped):
-    """The Fusion (or Skip) of ``act(addmm(bias, x, weight))``, reshaped or not."""
-    inside = set(chain) | ({shaped} if shaped is not None else set())
-    tx, tw, tb, ty = tensor_of(x), tensor_of(weight), tensor_of(bias), tensor_of(addmm)
-    why = None
-    if not set(addmm.users) <= inside or (shaped is not None and not set(shaped.users) <= inside):
-        why = "the product's output has another user"
-    elif tx is None or tw is None or tb is None or ty is None:
-        why = "no recorded tensors for its inputs"
-    elif not (tx.is_cuda and tw.is_cuda and tb.is_cuda):
-        why = "tensors not on a CUDA device"
-    elif ty.dtype != tx.dtype or tw.dtype != tx.dtype:
-        why = (f"types {tx.dtype} (x), {tw.dtype} (weight) -> {ty.dtype} (inside autocast, or "
-               "mixed: not fused yet)")
-    elif tx.dtype not in _TYPES or tb.dtype not in (tx.dtype, torch.float32):
-        why = f"dtype {tx.dtype} (ge2jit's GEMM takes float16, bfloat16 and float32)"
-    elif tx.dim() != 2 or tw.dim() != 2 or tb.dim() != 1 or tb.shape[0] != tw.shape[1]:
-        why = (f"a bias of shape {tuple(tb.shape)} (ge2jit's epilogue adds one per column)"
-               if tx.dim() == 2 and tw.dim() == 2 else "inputs that are not matrices")
-    if why is not None:
-        return Skip(NAME, node.name, why)
-
-    def build(graph):
-        y = graph.call_function(addmm_act, (bias, x, weight, act, slope))
-        if shaped is None:
-            return y
-        y.meta.update({k: v for k, v in addmm.meta.items() if k in ("example_value", "val")})
-        return graph.create_node(shaped.op, shaped.target, (y, *shaped.args[1:]),
-                                 dict(shaped.kwargs))
-
-    nodes = [addmm, *([shaped] if shaped is not None else []), *chain]
-    return Fusion(NAME, nodes, f"gemm_bias_act(act={act!r})", build)
+    return Fusion(NAME, [*nodes, *chain], f"gemm_bias_act(act={act!r})",
+                  lambda graph: make(graph, act, slope))
 
 
 register_pattern(Pattern(NAME, "gemm_bias_act", match))
