@@ -35,12 +35,13 @@ from .select import (
     alignment,
     candidates,
     check_config,
+    glu_kind,
     heuristic,
     kernel_set,
     parse_config,
     resolve,
 )
-from .spec import WGMMA_CONFIGS, Layout, WgmmaConfig, WgmmaGemmSpec
+from .spec import Layout, WgmmaConfig, WgmmaGemmSpec
 
 _GRID_Y_MAX = 65535
 _INT32_MAX = 2**31 - 1
@@ -475,17 +476,6 @@ def _choose(p: Problem, config, autotune, vecs) -> Choice:
                      p.layout_a.value + p.layout_b.value, p.dtype, p.precision,
                      gated=p.epilogue.gate is not None, glu=glu_kind(p.epilogue),
                      wide_c=adds_wide_c(p.epilogue, p.dtype))
-
-
-def glu_kind(epilogue) -> str | None:
-    """The heuristic's ``glu``: a gated linear unit storing Y ("y") or Y and Z ("yz", or
-    "yz_wide" where the cooperative 128x256 tile stages them without spilling)."""
-    if not epilogue.glu:
-        return None
-    if not epilogue.save_z:
-        return "y"
-    wide = next(c for c in WGMMA_CONFIGS if c.name == "wgmma_128x256_s4")
-    return "yz" if WgmmaGemmSpec.staging_spills(wide, epilogue) else "yz_wide"
 
 
 def _make_plan(p: Problem, config, autotune, vecs) -> Plan:

@@ -197,6 +197,24 @@ def adds_wide_c(epilogue, dtype: DType) -> bool:
             and dtype.itemsize == 2)
 
 
+def glu_kind(epilogue) -> str | None:
+    """The heuristic's ``glu``: a gated linear unit storing Y ("y") or Y and Z ("yz", or
+    "yz_wide" where the cooperative 128x256 tile stages them without spilling); its backward's
+    staged dZ ("dz", or "dz_256" where the ping-pong 128x128 tile would spill staging it: the
+    erf GELU)."""
+    wide = next(c for c in WGMMA_CONFIGS if c.name == "wgmma_128x256_s4")
+    if epilogue.glu_grad is not None:
+        if WgmmaGemmSpec.staging_spills(wide, epilogue):   # Z's layout or type: no tile stages
+            return None
+        pingpong = next(c for c in WGMMA_CONFIGS if c.name == "wgmma_128x128_s6_pp")
+        return "dz_256" if WgmmaGemmSpec.staging_spills(pingpong, epilogue) else "dz"
+    if not epilogue.glu:
+        return None
+    if not epilogue.save_z:
+        return "y"
+    return "yz" if WgmmaGemmSpec.staging_spills(wide, epilogue) else "yz_wide"
+
+
 def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
               layouts: str = "rr", dtype: DType = DType.F32,
               precision: Precision = Precision.IEEE, gated: bool = False,
@@ -205,7 +223,8 @@ def heuristic(m: int, n: int, k: int, sms: int, arch_number: int,
     types alone, with no tuning run. ``gated``: the backward's gating epilogue (it reads C),
     whose cost a ping-pong schedule hides where the output is wide for its K. ``glu``: a
     gated linear unit's epilogue storing Y ("y"), or Y and Z ("yz"; "yz_wide" where the
-    128x256 tile can stage them, see ``glu_kind``). ``wide_c``: a row-major C of 4-byte
+    128x256 tile can stage them), or its backward's dZ ("dz"; "dz_256" where the ping-pong
+    128x128 tile cannot stage it); see ``glu_kind``. ``wide_c``: a row-major C of 4-byte
     elements beside 16-bit inputs (adding into a float32 accumulator), which a 128x256 tile
     cannot take through its TMA ring (``WgmmaGemmSpec.c_tma_unfit``): it reads C with the
     accumulators and stores unstaged, so the 128x128 tile, which stages it, is taken instead.
@@ -300,7 +319,15 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
     128x128 tile where it fills the GPU (16384 x 8192 x 1024: 0.465 ms against 0.513 on
     128x256 tiles; the 64x256 ping-pong tile stores unstaged, 1.2-1.8x slower); one that
     stores Y alone takes the 64x256 ping-pong tile for K up to 2048 with two waves or more
-    (0.421 against 0.445 on 128x256 tiles at 16384 x 8192 x 1024)."""
+    (0.421 against 0.445 on 128x256 tiles at 16384 x 8192 x 1024).
+
+    A gated linear unit's backward (``glu`` "dz": dH's GEMM whose epilogue reads Z and writes
+    dZ, twice dH's columns) takes the ping-pong 128x128 tile from a wave up, so that one
+    consumer's epilogue, heavy with Z's loads and the activation's derivative, hides under the
+    other's main loop (on an H200, bf16, silu, dH of 4096 x 11008 x 4096: 0.641 ms against
+    0.778 on 128x256 tiles, a plain GEMM of the shape 0.565; 8192 x 11008 x 4096: 1.263
+    against 1.476; 4096 x 5632 x 2048: 0.217 against 0.242), or the 64x256 ping-pong tile
+    ("dz_256", where the 128x128 one spills staging dZ: 0.653, 1.289 and 0.214 there)."""
     by_name = {c.name: c for c in WGMMA_CONFIGS}
 
     def pick(name: str, why: str, split: int = 1) -> Choice:
@@ -316,6 +343,10 @@ def _wgmma_heuristic(m: int, n: int, k: int, sms: int, gated: bool = False,
         return pick("wgmma_128x128_s6_pp", "a gated linear unit's Y and Z, staged")
     if glu == "y" and k <= 2048 and _tiles(m, n, by_name["wgmma_64x256_s4_pp"]) >= 2 * sms:
         return pick("wgmma_64x256_s4_pp", "a gated linear unit, ping-pong")
+    if glu in ("dz", "dz_256"):
+        name = "wgmma_128x128_s6_pp" if glu == "dz" else "wgmma_64x256_s4_pp"
+        if _tiles(m, n, by_name[name]) >= sms:
+            return pick(name, "a gated linear unit's dZ, ping-pong")
     wide = "wgmma_128x128_s6" if wide_c else "wgmma_128x256_s4"
     staged = ", 128x128 to take a float32 C through the ring" if wide_c else ""
     if big >= 8 * sms:

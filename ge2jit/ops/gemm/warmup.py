@@ -14,6 +14,7 @@ from .select import (
     Choice,
     adds_wide_c,
     candidates,
+    glu_kind,
     heuristic,
     kernel_set,
     parse_config,
@@ -250,7 +251,7 @@ def _choices(entry: dict, v: _Variant, kind: GemmKind, number: int, sms: int | N
         for m, n, k in shapes:
             ch = heuristic(m, n, k, sms, number, layouts, dtype, precision,
                            gated=kind.gate is not None,
-                           glu=("yz" if v.epilogue.save_z else "y") if kind.glu else None,
+                           glu=glu_kind(v.epilogue),
                            wide_c=adds_wide_c(v.epilogue, dtype))
             choices.append((ch.config, ch.split_k, (m, n, k), variants(m, n, k), True))
     else:

@@ -10,9 +10,8 @@ import pytest
 import ge2jit
 from ge2jit.ops.gemm import problem
 from ge2jit.ops.gemm.epilogue import Act, BiasKind, Epilogue, Layout
-from ge2jit.ops.gemm.plans import glu_kind
 from ge2jit.ops.gemm.problem import validate
-from ge2jit.ops.gemm.select import heuristic, kernel_set
+from ge2jit.ops.gemm.select import glu_kind, heuristic, kernel_set
 from ge2jit.ops.gemm.spec import WGMMA_CONFIGS, DType, DzSpec, WgmmaGemmSpec
 from ge2jit.runtime import registry
 
@@ -118,6 +117,34 @@ def test_heuristic_for_gated_linear_units():
     assert short.config is by["wgmma_64x256_s4_pp"]
 
 
+def test_heuristic_for_a_gated_units_backward():
+    """dH's GEMM that writes the unit's dZ (``glu_grad``): a ping-pong tile, whose consumers
+    take turns so that one's epilogue (Z's loads, the derivative) hides under the other's main
+    loop: 128x128, or 64x256 where 128x128 would spill staging dZ (the erf GELU)."""
+    by = {c.name: c for c in WGMMA_CONFIGS}
+
+    def dz(act, layout_c=Layout.ROW, c_dtype=DType.BF16):
+        return Epilogue(out_dtype=DType.BF16, layout_c=layout_c, c_dtype=c_dtype, glu_grad=act)
+
+    assert glu_kind(dz(Act.SILU)) == glu_kind(dz(Act.GELU_TANH)) == "dz"
+    assert glu_kind(dz(Act.GELU)) == "dz_256"
+    # Z column-major or float32: no tile stages dZ, the plain GEMM's rules apply
+    assert glu_kind(dz(Act.SILU, layout_c=Layout.COL)) is None
+    assert glu_kind(dz(Act.SILU, c_dtype=DType.F32)) is None
+    plain = heuristic(4096, 11008, 4096, 132, 90, "rr", DType.BF16)
+    assert plain.config is by["wgmma_128x256_s4"]
+    for m, n, k in ((4096, 11008, 4096), (8192, 11008, 4096), (4096, 5632, 2048)):
+        ch = heuristic(m, n, k, 132, 90, "rr", DType.BF16, glu="dz")
+        assert ch.config is by["wgmma_128x128_s6_pp"] and "dZ" in ch.detail, ch
+        ch = heuristic(m, n, k, 132, 90, "rr", DType.BF16, glu="dz_256")
+        assert ch.config is by["wgmma_64x256_s4_pp"], ch
+        assert not WgmmaGemmSpec.staging_spills(ch.config, dz(Act.GELU))
+    # less than a wave of ping-pong tiles: the plain GEMM's choice
+    for glu in ("dz", "dz_256"):
+        small = heuristic(512, 1024, 4096, 132, 90, "rr", DType.BF16, glu=glu)
+        assert small.config is heuristic(512, 1024, 4096, 132, 90, "rr", DType.BF16).config
+
+
 def test_warmup_tables():
     fwd = registry.warmup_tables()["gemm_gated"]
     entry = fwd.validate_entry({"dtypes": ["bfloat16"], "layouts": ["rc"], "bias": ["col"],
@@ -127,6 +154,12 @@ def test_warmup_tables():
     names = [s.kernel_name for s in specs]
     assert "gemm_bf16_rc_wgmma_128x256_s4_yt_glu_silu_colbias" in names, names
     assert "gemm_bf16_rc_wgmma_128x128_s6_pp_yt_glu_silu_colbias_z" in names, names
+    # without a bias the 128x256 tile stages Y and Z: the kernel a call takes (K >= 2048)
+    entry = fwd.validate_entry({"dtypes": ["bfloat16"], "layouts": ["rc"], "bias": ["none"],
+                                "save_preact": [True], "configs": "heuristic",
+                                "shapes": [[4096, 11008, 4096]], "sms": 132})
+    names = [s.kernel_name for s in fwd.expand(entry, "sm_90", sms=132)]
+    assert "gemm_bf16_rc_wgmma_128x256_s4_yt_glu_silu_nobias_z" in names, names
     with pytest.raises(ge2jit.ArgumentValueError, match="c: a gated GEMM has no C"):
         fwd.validate_entry({"c": ["r"]})
     with pytest.raises(ge2jit.ArgumentValueError, match="bias: expected"):
@@ -188,7 +221,8 @@ def test_backward_warmup_a_glu():
                                   "a_glus": ["silu"], "a_bias": [True],
                                   "shapes": [[4096, 4096, 11008]], "sms": 132})
     names = [s.kernel_name for s in table.expand(entry, "sm_90", sms=132)]
-    assert any(n.startswith("gemm_bf16_rc_wgmma_") and n.endswith("_dglusilu_cr")
+    # dH's GEMM: the ping-pong tile that a call takes (see the heuristic's test above)
+    assert any(n.startswith("gemm_bf16_rc_wgmma_128x128_s6_pp_") and n.endswith("_dglusilu_cr")
                for n in names), names
     assert "gemm_dz_none_zbf16_gbf16_colbias" in names, names
     with pytest.raises(ge2jit.ArgumentValueError, match="a_glus"):

@@ -344,3 +344,47 @@ def test_a_glu_on_every_hopper_tile(cfg, kind, act, n):
     assert rel_error(host64(dz), ref) < 1e-2
     assert np.abs(host64(dz) - ref).max() < 3e-2 * np.abs(ref).max()   # every element
 
+
+
+@pytest.mark.parametrize("act, cfg", [("silu", "wgmma_128x128_s6_pp"),
+                                      ("gelu_tanh", "wgmma_128x128_s6_pp"),
+                                      ("silu", "wgmma_64x256_s4_pp"),
+                                      ("gelu", "wgmma_64x256_s4_pp")])
+def test_a_glu_ping_pong_tiles_take_turns(act, cfg):
+    """dZ on the ping-pong tiles that the heuristic gives a gated unit's backward, on 3 SMs:
+    each block walks many tiles, its two consumers taking turns (one's epilogue under the
+    other's main loop), the last tiles cut by M and N; then the default at a size where the
+    heuristic takes a ping-pong tile on the whole GPU. dZ's memory poisoned first."""
+    from ge2jit.ops.gemm import op
+    from ge2jit.ops.gemm.epilogue import Act, Epilogue, Layout
+    from ge2jit.ops.gemm.reference import activation, activation_grad
+    from ge2jit.ops.gemm.select import glu_kind, heuristic
+    from ge2jit.ops.gemm.spec import DType as GemmDType
+
+    if not hopper():
+        pytest.skip("the Hopper tiles")
+
+    def check(m, n, k, config):
+        gy, wd, z = rand(BF16, m, k), rand(BF16, k, n, scale=0.2), rand(BF16, m, 2 * n)
+        poison = poisoned((m, 2 * n), BF16)
+        del poison
+        dz, _ = op.glu_grad_gemm(gy, wd, z, Act(act), 1.0, 0.01, None, config=config)
+        dh, zz = host64(gy) @ host64(wd), host64(z)
+        ref = np.empty_like(zz)
+        ref[:, 0::2] = dh * zz[:, 1::2] * activation_grad(act, zz[:, 0::2])
+        ref[:, 1::2] = dh * activation(act, zz[:, 0::2])
+        assert rel_error(host64(dz), ref) < 1e-2
+        assert np.abs(host64(dz) - ref).max() < 3e-2 * np.abs(ref).max()
+
+    ge2jit.set_num_sms(3)
+    try:
+        check(1000, 600, 136, cfg)   # 8 x 5 (or 16 x 3) tiles of dH on 3 blocks
+    finally:
+        ge2jit.set_num_sms(None)
+    ep = Epilogue(out_dtype=GemmDType.BF16, layout_c=Layout.ROW, c_dtype=GemmDType.BF16,
+                  glu_grad=Act(act))
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    m, n, k = 2176, 1160, 264   # 17 x 10 tiles of 128 x 128, 34 x 5 of 64 x 256
+    choice = heuristic(m, n, k, sms, 90, "rr", GemmDType.BF16, glu=glu_kind(ep))
+    if choice.config.name == cfg:
+        check(m, n, k, None)
