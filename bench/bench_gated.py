@@ -13,7 +13,11 @@ one process (medians of batches):
   "reduce-overhead")``; with the peak memory each forward allocates;
 - backward: ``ge2jit.gemm_gated_backward`` from the saved Z (the dZ pass and two GEMMs)
   against its two GEMMs alone (dZ @ B.T and A.T @ dZ by ge2jit) and PyTorch eager's
-  autograd of the same unit.
+  autograd of the same unit;
+- the next layer's dA GEMM that writes the unit's dZ (what ``ge2jit.torch.GatedMLP``'s
+  backward runs: dH = gY @ W_down, of (M, N, K) with W_down (K, N), and dZ from dH and Z in
+  its epilogue) on the heuristic's tile and on the 128x256 tile pinned, against the dH GEMM
+  alone and PyTorch eager's autograd of ``down(silu(g) * u)`` to (g, u).
 """
 
 from __future__ import annotations
@@ -109,6 +113,31 @@ def row(m, n, k, torch, compile_: bool) -> dict:
             tb.append((swiglu(tx, tw), tx, tw, torch.from_dlpack(gy)))
         add("torch eager backward", lambda y, tx, tw, gy:
             torch.autograd.grad(y, (tx, tw), gy, retain_graph=True), tb)
+    # the next layer's dA GEMM writing the unit's dZ (``a_glu``): dH = gY2 @ W_down (W_down
+    # (K, N) as PyTorch holds it), dZ from dH and Z in its epilogue; the heuristic's tile (a
+    # ping-pong one from a wave of tiles up), the cooperative 128x256 tile pinned, the plain
+    # dH GEMM, and PyTorch eager's autograd of down(silu(g) * u) to (g, u)
+    from ge2jit.ops.gemm import op as gemm_op
+    from ge2jit.ops.gemm.epilogue import Act
+
+    downs = []
+    for *_, z in saved:
+        wd = (rng.standard_normal((k, n), dtype=cp.float32) * n ** -0.5).astype(dt)
+        downs.append((rng.standard_normal((m, k), dtype=cp.float32).astype(dt), wd, z))
+    add("ge2jit dZ in dA", lambda gy2, wd, z:
+        gemm_op.glu_grad_gemm(gy2, wd, z, Act.SILU, 1.0, 0.01, None), downs)
+    add("ge2jit dZ in dA, 128x256", lambda gy2, wd, z: gemm_op.glu_grad_gemm(
+        gy2, wd, z, Act.SILU, 1.0, 0.01, None, config="wgmma_128x256_s4"), downs)
+    add("ge2jit dH alone", lambda gy2, wd, z: ge2jit.gemm_bias_act(gy2, wd), downs)
+    if torch is not None:
+        td = []
+        for gy2, wd, z in downs:
+            tz = torch.from_dlpack(z).requires_grad_()
+            g, u = tz.chunk(2, dim=-1)
+            td.append((F.linear(F.silu(g) * u, torch.from_dlpack(wd)), tz,
+                       torch.from_dlpack(gy2)))
+        add("torch eager dZ", lambda y, tz, gy2:
+            torch.autograd.grad(y, (tz,), gy2, retain_graph=True), td)
     ms = interleaved_ms(cases)
     us = {nm: 1e3 * t for nm, t in zip(names, ms)}
     kernel = ge2jit.ops.gemm.gated.explain_gated(sets[0][0], sets[0][1].T).kernel_names[0]
@@ -132,7 +161,9 @@ def main(argv=None) -> int:
         us = r["us"]
         line = (f"{'×'.join(map(str, r['shape']))}: gated / plain ge2jit "
                 f"{us['ge2jit gated'] / us['ge2jit plain (M, 2N, K)']:.3f}, backward / its "
-                f"GEMMs {us['ge2jit gated backward'] / us['ge2jit its two GEMMs']:.3f}")
+                f"GEMMs {us['ge2jit gated backward'] / us['ge2jit its two GEMMs']:.3f}, "
+                f"dZ in dA / dH alone {us['ge2jit dZ in dA'] / us['ge2jit dH alone']:.3f} "
+                f"(128x256: {us['ge2jit dZ in dA, 128x256'] / us['ge2jit dH alone']:.3f})")
         if "torch eager" in us:
             cublas = us["cuBLAS plain (M, 2N, K)"]
             line += (f", gated / cuBLAS plain {us['ge2jit gated'] / cublas:.3f}"
