@@ -12,8 +12,11 @@ What it replaces, by structure:
 - a GPT-2 MLP (``c_fc``, ``act``, ``c_proj``: Hugging Face's ``GPT2MLP``): ``c_fc`` and its
   activation become one GEMM with the activation in its epilogue (``c_fc``'s (in, out)
   weight read as it is);
-- ``nn.RMSNorm``, Hugging Face's ``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm`` and
-  ``nn.LayerNorm`` over the last axis: ``ge2jit.torch.RMSNorm`` / ``LayerNorm``;
+- ``nn.RMSNorm`` and Hugging Face's ``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``
+  (a chain of elementwise ops and a reduction in float32, a kernel each) over the last axis:
+  ``ge2jit.torch.RMSNorm``; ``nn.LayerNorm`` only with ``layer_norms=True`` (PyTorch's is
+  one kernel each way; ge2jit's, with no residual add to fuse into it here, is no faster and
+  costs more host time a call: an eager GPT-2 step is host-bound);
 - a Hugging Face model's attention: ``config._attn_implementation = "ge2jit"`` (after
   ``register_hf_attention()``);
 - a Hugging Face causal LM's head and loss (LLaMA, Mistral, Qwen2, GPT-2 and others with a
@@ -43,6 +46,7 @@ import torch
 from torch import nn
 
 from ..composed.hf import head_loss_refusal, install_head_loss
+from ..errors import ArgumentTypeError
 from ..ops.gemm.gated import GATED_ACTS
 from ..ops.gemm.torch_modules import Linear
 from ..ops.gemm.torch_ops import gated_mlp_pair, gemm_bias_act, pair_gate_up_
@@ -55,6 +59,9 @@ _ACT_NAMES = {"NewGELUActivation": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh",
               "FastGELUActivation": "gelu_tanh", "GELUTanh": "gelu_tanh",
               "GELUActivation": "gelu", "SiLUActivation": "silu"}
 _HF_RMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+#: why an ``nn.LayerNorm`` is left (``patch(layer_norms=False)``, the default)
+_LAYER_NORM_LEFT = ("nn.LayerNorm: PyTorch's, one kernel each way, with no residual add to fuse "
+                    "(layer_norms=True replaces it)")
 
 
 @dataclass
@@ -207,10 +214,14 @@ def patch_head(model: nn.Module, report: PatchReport) -> None:
 
 
 def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
-          attention: bool = True, head: bool = True) -> PatchReport:
+          attention: bool = True, head: bool = True, layer_norms: bool = False) -> PatchReport:
     """Put ge2jit's layers into ``model`` in place (see the module's docstring); returns what
     was replaced and what was left, and why. ``linears``, ``norms``, ``attention``, ``head``:
-    which kinds to replace."""
+    which kinds to replace; ``layer_norms``: ``nn.LayerNorm`` too (with ``norms``)."""
+    for name, value in (("linears", linears), ("norms", norms), ("attention", attention),
+                        ("head", head), ("layer_norms", layer_norms)):
+        if not isinstance(value, bool):
+            raise ArgumentTypeError(f"{name}: expected a bool, got {value!r}")
     report = PatchReport()
     if head:
         patch_head(model, report)
@@ -244,6 +255,9 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
                                         f"ge2jit gated_mlp_pair(act={act!r})"))
         if norms:
             for name, child in list(module.named_children()):
+                if isinstance(child, nn.LayerNorm) and not layer_norms:
+                    report.left.append((f"{prefix}{name}", _LAYER_NORM_LEFT))
+                    continue
                 new = _norm(child)
                 if new is not None and _placeable(child, f"{prefix}{name}", report):
                     setattr(module, name, new)

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
+import ge2jit  # noqa: E402
 import ge2jit.torch as gt  # noqa: E402
 from ge2jit.torch.patch import _GemmAct  # noqa: E402
 
@@ -37,7 +38,7 @@ def test_a_decoder_is_patched_with_its_parameters_shared(hf_registered):
     report = gt.patch(model)
     assert _snapshot(model) == before
     assert isinstance(model.input_layernorm, gt.RMSNorm) and model.input_layernorm.eps == 1e-5
-    assert isinstance(model.ln_f, gt.LayerNorm)
+    assert type(model.ln_f) is nn.LayerNorm   # PyTorch's LayerNorm left (layer_norms=False)
     assert isinstance(model.gpt2_mlp.c_fc, _GemmAct) and model.gpt2_mlp.c_fc.act == "gelu_tanh"
     assert isinstance(model.gpt2_mlp.act, nn.Identity)
     head = model.head
@@ -46,9 +47,10 @@ def test_a_decoder_is_patched_with_its_parameters_shared(hf_registered):
     assert type(head[2]) is nn.Linear and isinstance(head[3], nn.ELU)   # ELU: not ge2jit's
     assert model.config._attn_implementation == "ge2jit" and hf_registered == ["ge2jit"]
     assert sorted(p for p, _, _ in report.replaced) == [
-        "", "gpt2_mlp.c_fc", "head.0", "input_layernorm", "ln_f", "mlp"]
-    assert report.left == []
-    assert str(report).startswith("replaced 6, left 0")
+        "", "gpt2_mlp.c_fc", "head.0", "input_layernorm", "mlp"]
+    assert report.left == [("ln_f", "nn.LayerNorm: PyTorch's, one kernel each way, with no "
+                                    "residual add to fuse (layer_norms=True replaces it)")]
+    assert str(report).startswith("replaced 5, left 1")
     # the gated MLP: its Linears kept, gate's and up's weights one storage, rows alternating
     mlp = model.mlp
     assert type(mlp.gate_proj) is nn.Linear and mlp.forward.__func__.__name__ == "_gated_forward"
@@ -77,9 +79,16 @@ def test_cpu_parameters_are_left_with_the_reason():
 
 def test_the_kinds_can_be_chosen():
     model = TinyDecoder(device="meta")
-    report = gt.patch(model, linears=False, attention=False)
+    report = gt.patch(model, linears=False, attention=False, layer_norms=True)
     assert sorted(p for p, _, _ in report.replaced) == ["input_layernorm", "ln_f"]
+    assert isinstance(model.ln_f, gt.LayerNorm) and model.ln_f.weight is not None
     assert type(model.head[0]) is nn.Linear
+    model = TinyDecoder(device="meta")
+    report = gt.patch(model, norms=False, layer_norms=True, attention=False)   # norms: none
+    assert type(model.ln_f) is nn.LayerNorm and type(model.input_layernorm) is not gt.RMSNorm
+    for bad in ("norms", "layer_norms", "head"):
+        with pytest.raises(ge2jit.ArgumentTypeError, match=f"^{bad}: expected a bool, got 1$"):
+            gt.patch(TinyDecoder(device="meta"), **{bad: 1})
 
 
 def test_nn_rmsnorm_takes_the_dtypes_epsilon_and_leaky_relu_its_slope():
