@@ -3,7 +3,8 @@ line, against the same models untouched, every mode timed in turns in one proces
 
 - ``hf eager``, ``hf compile`` (``torch.compile``), ``hf max-autotune`` (with
   ``--max-autotune``: ``torch.compile(mode="max-autotune-no-cudagraphs")``);
-- ``ge2jit patch``: ``ge2jit.torch.patch(model)``, eager;
+- ``ge2jit patch``: ``ge2jit.torch.patch(model)``, eager (``ge2jit patch layer_norms``, when
+  ``--variants`` names it: ``patch(model, layer_norms=True)``, its LayerNorms ge2jit's too);
 - ``ge2jit compile``: ``ge2jit.torch.compile(model)`` (the ``"ge2jit"`` backend, and the
   head and loss as ``patch`` makes them);
 - ``ge2jit patch+compile``: both;
@@ -160,8 +161,8 @@ def variants(names, max_autotune: bool, graphs: bool = False) -> dict:
 
     import ge2jit.torch as gt
 
-    def patched(model):
-        gt.patch(model)
+    def patched(model, **kinds):
+        gt.patch(model, **kinds)
         return model
 
     out = {
@@ -176,6 +177,8 @@ def variants(names, max_autotune: bool, graphs: bool = False) -> dict:
     if graphs:
         out["hf reduce-overhead"] = lambda m: torch.compile(m, mode="reduce-overhead")
         out["ge2jit reduce-overhead"] = lambda m: gt.compile(m, mode="reduce-overhead")
+    if names is not None and "ge2jit patch layer_norms" in names:   # named only: an A/B
+        out["ge2jit patch layer_norms"] = lambda m: patched(m, layer_norms=True)
     return {k: v for k, v in out.items() if names is None or k in names}
 
 
