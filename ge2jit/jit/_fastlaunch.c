@@ -243,7 +243,9 @@ static PyObject *signature(Table *t, PyObject *const *args, Py_ssize_t nargs, ui
             n += ITEMS_PER_ARRAY;
             break;
         }
-        case ARG_VALUE:
+        case ARG_VALUE: /* by type and value: 1 is not True, nor 1.0 (equal, and hashed
+                           alike, they would find each other's programs) */
+            items[n++] = Py_NewRef((PyObject *)Py_TYPE(x));
             items[n++] = Py_NewRef(x);
             break;
         case ARG_TYPE:
@@ -944,7 +946,7 @@ static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
             return NULL;
         }
         arrays += c == ARG_ARRAY;
-        others += c == ARG_TYPE_ZERO ? 2 : c != ARG_ARRAY;
+        others += c == ARG_TYPE_ZERO || c == ARG_VALUE ? 2 : c != ARG_ARRAY;
     }
     if (arrays * ITEMS_PER_ARRAY + others + 1 > MAX_KEY) {
         PyErr_SetString(PyExc_ValueError, "roles: too many arguments for a signature");

@@ -220,8 +220,9 @@ def _miss(*args):
 
 class Table:
     """One op's programs by signature. ``call(*args)``: the result, or ``MISS``. ``roles``:
-    one letter an argument: ``A`` an array or None, ``V`` a value (its value is in the
-    signature), ``T`` a number (its type), ``Z`` a number (its type and whether it is 0)."""
+    one letter an argument: ``A`` an array or None, ``V`` a value (its type and value: ``1``
+    finds no program stored for ``True``), ``T`` a number (its type), ``Z`` a number (its type
+    and whether it is 0)."""
 
     __slots__ = ("name", "roles", "call", "_table", "__weakref__")
 

@@ -80,10 +80,11 @@ class PreparedCalls:
 def _signature(fw, values: tuple, extra: tuple):
     """The signature of a call on ``values`` (arrays or None) of framework ``fw`` with the
     other arguments ``extra``; None when an argument has no key or is not hashable (such a
-    call is checked and launched, never prepared)."""
+    call is checked and launched, never prepared). The other arguments' types are in it too:
+    1, 1.0 and True are equal and hash alike, but only True passes a flag's check."""
     try:
         sig = (fw, *(None if x is None else fw.key(x) for x in values), extra,
-               _arrays.current_device())
+               tuple(map(type, extra)), _arrays.current_device())
         hash(sig)
     except (AttributeError, TypeError):
         return None

@@ -104,6 +104,21 @@ def test_what_changes_the_signature(compiled, change):
     assert table.pack(Array(0x1000), Array(0x4000), "x", -1.0) is not fl.MISS  # same pattern
 
 
+def test_a_value_keys_its_type_too(compiled):
+    """Equal values of other types (hashed alike) find no program stored for the value: the
+    Python path checks them (a flag given as 1 is refused there, not run as True's)."""
+    import numpy as np
+
+    table = _table()
+    a, y = Array(0x1000), Array(0x2000)
+    table.put((a, y, True, 2.0), _program(), "cupy")
+    assert table.pack(a, y, True, 2.0) is not fl.MISS
+    for other in (1, 1.0, np.True_):
+        assert table.pack(a, y, other, 2.0) is fl.MISS, other
+    table.put((a, y, 1, 2.0), _program(), "cupy")   # each type its own program
+    assert table.pack(a, y, 1, 2.0) is not fl.MISS and len(table) == 2
+
+
 def test_the_zero_role_keys_whether_a_number_is_zero(compiled):
     table = _table("AAVZ")
     a, y = Array(0x1000), Array(0x2000)

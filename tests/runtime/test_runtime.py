@@ -215,3 +215,21 @@ def test_every_op_refuses_cpu_arrays_in_one_line_without_a_device(kind):
         name, msg = line.split(" ", 1)
         assert where in msg and msg.split(":")[0] in ("a", "gy", "x", "dy", "logits",
                                                       "param", "q", "do"), line
+
+
+def test_prepared_calls_key_the_other_arguments_types():
+    """1, 1.0 and True are equal and hash alike; a call with causal=1 must not find the call
+    prepared for causal=True (only True passes a flag's check, on the first call's path)."""
+    table = PreparedCalls("test")
+    firsts = []
+
+    def first(fw, device_id, views, native):
+        firsts.append(len(firsts))
+        return len(firsts), (lambda *a: "prepared")
+
+    a = FakeArray((2, 2))
+    assert table.run({"a": a}, (True,), first) == 1
+    assert table.run({"a": a}, (True,), first) == "prepared"
+    assert table.run({"a": a}, (1,), first) == 2          # not True's
+    assert table.run({"a": a}, (1.0,), first) == 3
+    assert table.run({"a": a}, (1,), first) == "prepared" and len(firsts) == 3

@@ -112,6 +112,17 @@ def test_repeated_calls_take_fresh_inputs_on_the_compiled_path(given):
         assert _COMPILED.stats()["hits"] - before >= 4
 
 
+def test_a_flag_given_as_1_is_refused_after_true_ran():
+    """The compiled path keys an option by its type and value: causal=1 finds no program
+    stored for causal=True, and the Python path refuses it (as it does on a first call)."""
+    q, k, v, _, _ = (None if x is None else cp.asarray(x)
+                     for x in _inputs("bfloat16", 1, 17, 17, 2, 2, 64))
+    for _ in range(2):   # checked and stored, then the program
+        ge2jit.attention(q, k, v, causal=True)
+    with pytest.raises(ge2jit.ArgumentTypeError, match="causal: expected True or False, got 1"):
+        ge2jit.attention(q, k, v, causal=1)
+
+
 def test_the_compiled_path_gives_the_python_paths_bits():
     q, k, v, _, _ = (None if x is None else cp.asarray(x)
                      for x in _inputs("bfloat16", 2, 65, 90, 4, 2, 128))
