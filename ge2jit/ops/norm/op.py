@@ -11,7 +11,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ...errors import ArgumentValueError
+from ...jit import fastlaunch
 from ...jit.device import sm_count
+from ...jit.fastlaunch import Ptr
 from ...jit.loader import launcher_for, resident_blocks
 from ...runtime.checks import (
     _cupy,
@@ -42,6 +44,16 @@ from .spec import (
 
 _prepared = PreparedCalls("norm")
 _prepared_backward = PreparedCalls("norm backward", 256)
+#: the compiled launch path's programs (``jit.fastlaunch``), per kind ("rms", "layer"). The
+#: forward's: its arrays and two output slots (mean, rstd: no caller fills them), then eps,
+#: save_stats and the config by value. The backward's: its arrays and five slots (dx, the
+#: partial sums of dweight and dbias, dweight, dbias), then the config.
+_FWD_SLOTS, _BWD_SLOTS = 2, 5
+_COMPILED = {kind: fastlaunch.Table(f"{kind}_norm", "A" * (6 + _FWD_SLOTS) + "VVV")
+             for kind in ("rms", "layer")}
+_COMPILED_BACKWARD = {kind: fastlaunch.Table(f"{kind}_norm_backward",
+                                             "A" * (7 + _BWD_SLOTS) + "V")
+                      for kind in ("rms", "layer")}
 _choose = lru_cache(maxsize=4096)(choose)
 _choose_backward = lru_cache(maxsize=4096)(choose_backward)
 
@@ -323,12 +335,23 @@ def decide_backward(call: Call, device_id: int, arrays=None):
 # ---- the forward --------------------------------------------------------------------------
 
 def forward(kind: str, x, weight, bias, residual, out, residual_out, eps, save_stats, config):
-    """One forward call (``rms_norm``, ``layer_norm``), through the prepared calls."""
+    """One forward call (``rms_norm``, ``layer_norm``): its program in C where one is stored
+    for the call's signature, else through the prepared calls (which store one)."""
+    args = (x, weight, bias, residual, out, residual_out, None, None, eps, save_stats, config)
+    done = _COMPILED[kind].call(*args)
+    if done is not fastlaunch.MISS:
+        return NormOutput(*done) if type(done) is tuple and len(done) == 4 else done
     arrays = {"x": x, "weight": weight, "bias": bias, "residual": residual, "out": out,
               "residual_out": residual_out}
     extra = (kind, type(eps), eps, type(save_stats), save_stats, config)
-    return _prepared.run(arrays, extra, lambda fw, device_id, v, native: _first_forward(
-        kind, fw, device_id, v, native, eps, save_stats, config))
+
+    def first(fw, device_id, v, native):
+        result, call = _first_forward(kind, fw, device_id, v, native, eps, save_stats, config)
+        if call is not None:
+            _COMPILED[kind].put(args, call.program, fw.name)
+        return result, call
+
+    return _prepared.run(arrays, extra, first)
 
 
 def _first_forward(kind, fw, device_id, v, native, eps, save_stats, config):
@@ -397,17 +420,50 @@ def _execute_forward(fw, device_id, call: Call, native: dict, guard):
                    0 if residual_out is None else ptr(residual_out)))
         return run(x_p, w_p, b_p, r_p, made)
 
+    # the same launch as a program: y, h (with a residual), mean (LayerNorm) and rstd made in
+    # their slots where the call gives none; the slots returned as the Python path returns
+    allocs = []
+    if native["out"] is None:
+        allocs.append((4, new_y, shape))
+    if has_residual and native["residual_out"] is None:
+        allocs.append((5, new_h, shape))
+    if t.stats and layer:
+        allocs.append((6, new_stats, lead))
+    if t.stats:
+        allocs.append((7, new_stats, lead))
+    call_.program = fastlaunch.program(
+        fw.name, [fastlaunch.step(launcher_for(choice.spec, device_id), choice.grid,
+                                  choice.block, 0, {
+            "rows": rows, "n": n, "sx": _stride(xr, n), "sr": _stride(rr, n) if has_residual
+            else 0, "sh": _stride(residual_out, n) if has_residual else 0,
+            "sy": _stride(out, n), "eps": call.eps, "x": Ptr(0), "w": Ptr(1), "b": Ptr(2),
+            "r": Ptr(3), "y": Ptr(4), "h": Ptr(5), "mean": Ptr(6), "rstd": Ptr(7)})],
+        allocs, guard.pairs if check is not None else (), check, stream,
+        fastlaunch.launch_failed(choice.spec.kernel_name),
+        returns=(4, 5, 6, 7) if t.stats else (4, 5) if has_residual else (4,),
+        slots=6 + _FWD_SLOTS)
     return first, call_
 
 
 # ---- the backward -------------------------------------------------------------------------
 
 def backward(kind: str, dy, h, weight, bias, mean, rstd, dh, config):
-    """One backward call (``rms_norm_backward``, ``layer_norm_backward``)."""
+    """One backward call (``rms_norm_backward``, ``layer_norm_backward``): its program in C
+    where one is stored for the call's signature, else through the prepared calls."""
+    args = (dy, h, weight, bias, mean, rstd, dh, *(None,) * _BWD_SLOTS, config)
+    done = _COMPILED_BACKWARD[kind].call(*args)
+    if done is not fastlaunch.MISS:
+        return NormGradients(*done)
     arrays = {"dy": dy, "h": h, "weight": weight, "bias": bias, "mean": mean, "rstd": rstd,
               "dh": dh}
-    return _prepared_backward.run(arrays, (kind, config), lambda fw, device_id, v, native:
-                                  _first_backward(kind, fw, device_id, v, config))
+
+    def first(fw, device_id, v, native):
+        result, call = _first_backward(kind, fw, device_id, v, config)
+        if call is not None:
+            _COMPILED_BACKWARD[kind].put(args, call.program, fw.name)
+        return result, call
+
+    return _prepared_backward.run(arrays, (kind, config), first)
 
 
 def _first_backward(kind, fw, device_id, v, config):
@@ -476,6 +532,28 @@ def _execute_backward(fw, device_id, call: Call):
         return run(ptr(dy), ptr(h), 0 if weight is None else ptr(weight),
                    0 if mean is None else ptr(mean), ptr(rstd), 0 if dh is None else ptr(dh))
 
+    # the same launches as a program: dx, the partial sums, dweight and dbias made in the
+    # slots after the arrays (7: dx, 8, 9: the partial sums, 10: dweight, 11: dbias)
+    allocs = [(7, new_dx, shape)]
+    if weight is not None:
+        allocs += [(8, new_part, (parts, n)), (10, new_dw, (n,))]
+    if bias is not None:
+        allocs += [(9, new_part, (parts, n)), (11, new_db, (n,))]
+    steps = [fastlaunch.step(launcher_for(choice.spec, device_id), choice.grid, choice.block,
+                             choice.spec.smem_bytes, {
+        "rows": rows, "n": n, "sdy": _stride(dyr, n), "sh": _stride(hr, n),
+        "sdh": _stride(dhr, n) if dh is not None else 0, "sdx": n, "dy": Ptr(0), "h": Ptr(1),
+        "w": Ptr(2), "mean": Ptr(4), "rstd": Ptr(5), "dh": Ptr(6), "dx": Ptr(7), "pw": Ptr(8),
+        "pb": Ptr(9)})]
+    if sums is not None:
+        grid, block = sums_shape(n, t)
+        steps.append(fastlaunch.step(launcher_for(sums, device_id), grid, block, 0, {
+            "parts": parts, "n": n, "pw": Ptr(8), "pb": Ptr(9), "dw": Ptr(10),
+            "db": Ptr(11)}))
+    call_.program = fastlaunch.program(
+        fw.name, steps, allocs, stream=stream,
+        failed=fastlaunch.launch_failed(choice.spec.kernel_name), returns=(7, 10, 11),
+        slots=7 + _BWD_SLOTS)
     return first, call_
 
 

@@ -18,6 +18,7 @@ from allpairspy import AllPairs
 import ge2jit
 from ge2jit import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
 from ge2jit.jit.cache import KernelCache
+from ge2jit.jit.params import layout
 from ge2jit.jit.render import render
 from ge2jit.ops.norm import op as norm_op
 from ge2jit.ops.norm.op import row_layout
@@ -419,7 +420,9 @@ def test_vector_width_follows_pointers_row_strides_and_vectors():
 # ---- argument checks and launches, on stand-in arrays
 
 class Recorder:
-    """A launcher for every spec that records (kernel, grid, block, parameters)."""
+    """A launcher for every spec that records (kernel, grid, block, parameters), with the
+    spec's parameters and their layout (what the compiled launch path's programs read: a
+    program that misses or misnames a parameter is refused when it is made)."""
 
     def __init__(self):
         self.launches = []
@@ -428,6 +431,11 @@ class Recorder:
         recorder = self
 
         class Launcher:
+            params = spec.params
+            offsets, size, _ = layout(spec.params)
+            fptr = 0
+            name = spec.kernel_name
+
             def bind(self, grid, block, smem, **fixed):
                 def launch(stream, **rest):
                     recorder.launches.append((spec.kernel_name, grid, block, fixed | rest))
@@ -748,3 +756,84 @@ def test_bad_warmup_entries_are_refused(table, entry, match):
 
     with pytest.raises(ge2jit.ArgumentValueError, match=match):
         getattr(warmup, table).validate_entry(entry)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_programs_launch_what_the_python_path_launched(fake, monkeypatch, kind, residual):
+    """The compiled launch path's programs (forward: one launch; backward: the main kernel and
+    the sums of dweight and dbias) give every kernel parameter the value the Python path
+    launched with: each constant, and each pointer as the argument or slot that held it
+    (outputs the program allocates in the slots the call returns)."""
+    from ge2jit.jit import fastlaunch
+
+    made = []
+
+    def program(fw, steps, allocs=(), pairs=(), overlap=None, stream=None, failed=None,
+                returns=(0,), slots=0):
+        made.append((steps, allocs, returns, slots))
+        return "program"
+
+    monkeypatch.setattr(fastlaunch, "program", program)
+    monkeypatch.setattr(fastlaunch.Table, "put", lambda self, args, prog, framework: False)
+    specs = {}
+    launcher_for = norm_op.launcher_for
+
+    def remember(spec, device_id):
+        specs[spec.kernel_name] = spec
+        return launcher_for(spec, device_id)
+
+    monkeypatch.setattr(norm_op, "launcher_for", remember)
+    ptr = norm_op._ptr
+
+    def check(step, launch, slots):
+        name, grid, block, values = launch
+        fptr, s_grid, s_block, smem, size, offsets, ops = step
+        assert (tuple(s_grid), tuple(s_block)) == (tuple(grid), tuple(block))
+        names = [p.name for p in specs[name].params]
+        assert len(ops) == len(names)
+        for param, (_, how, arg, value) in zip(names, ops):
+            if how == 1:   # an argument's or a slot's pointer (plus no offset)
+                want = 0 if slots[arg] is None else ptr(slots[arg])
+                assert value == 0 and values[param] == want, (name, param, arg)
+            else:
+                assert how == 0 and value == values[param], (name, param)
+
+    x, w, b = x_((4, 8)), x_((8,)), x_((8,))
+    r = x_((4, 8)) if residual else None
+    bias = b if kind == "layer" else None
+    if kind == "layer":
+        out = layer_norm(x, w, b, residual=r, save_stats=True)
+    else:
+        out = rms_norm(x, w, residual=r, save_stats=True)
+    steps, allocs, returns, slots = made[-1]
+    assert returns == (4, 5, 6, 7) and slots == 8
+    assert [(slot, shape) for slot, _, shape in allocs] == (
+        [(4, (4, 8))] + ([(5, (4, 8))] if residual else [])
+        + ([(6, (4,))] if kind == "layer" else []) + [(7, (4,))])
+    assert len(steps) == 1
+    check(steps[0], fake[-1], [x, w, bias, r, *out])
+
+    dy = x_((4, 8))
+    if kind == "layer":
+        grads = layer_norm_backward(dy, out.h if residual else x, w, out.mean, out.rstd,
+                                    bias=b)
+    else:
+        grads = rms_norm_backward(dy, out.h if residual else x, w, out.rstd)
+    steps, allocs, returns, slots = made[-1]
+    assert returns == (7, 10, 11) and slots == 12 and len(steps) == 2
+    main, sums = fake[-2:]
+    parts = main[1][0]
+    assert [(slot, shape) for slot, _, shape in allocs] == (
+        [(7, (4, 8)), (8, (parts, 8)), (10, (8,))]
+        + ([(9, (parts, 8)), (11, (8,))] if kind == "layer" else []))
+    # the partial sums are the program's own: the sums kernel reads what the main one wrote
+    h = out.h if residual else x
+    slots_ = [dy, h, w, bias, out.mean, out.rstd, None, grads.dx, None, None, grads.dweight,
+              grads.dbias]
+    assert main[3]["pw"] == sums[3]["pw"] != 0 and main[3]["pb"] == sums[3]["pb"]
+    slots_[8] = SimpleNamespace(data=SimpleNamespace(ptr=main[3]["pw"]))
+    if kind == "layer":
+        slots_[9] = SimpleNamespace(data=SimpleNamespace(ptr=main[3]["pb"]))
+    check(steps[0], main, slots_)
+    check(steps[1], sums, slots_)

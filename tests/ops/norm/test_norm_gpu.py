@@ -717,3 +717,109 @@ def test_arrays_on_another_device_are_refused(where):
     message = f"{where}: expected an array on the current device"
     with pytest.raises(ge2jit.DeviceMismatchError, match=message):
         rms_norm(arrays["x"], arrays["weight"], residual=arrays["residual"])
+
+
+# the compiled launch path (``jit.fastlaunch``): after a signature's first call, its program
+
+def _compiled_tables(kind):
+    from ge2jit.ops.norm import op as norm_op
+
+    return norm_op._COMPILED[kind], norm_op._COMPILED_BACKWARD[kind]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_repeated_calls_take_fresh_inputs_on_the_compiled_path(kind, given, residual):
+    """Calls of one signature after the first run its program in C: fresh inputs, outputs
+    poisoned (given) or made by the program, every output against the reference; the
+    backward's too, with the forward's statistics."""
+    from ge2jit.jit.fastlaunch import available
+
+    fwd, bwd = _compiled_tables(kind)
+    before = fwd.stats()["hits"], bwd.stats()["hits"]
+    n, rows = 1000, 33
+    for _ in range(3):
+        x = host_rand((rows, n), BF16)
+        w = host_rand((n,), np.float32, 0.5, 1.0)
+        b = host_rand((n,), np.float32) if kind == "layer" else None
+        r = host_rand((rows, n), np.float32) if residual else None
+        if given:   # into poisoned outputs, checked by run_forward
+            res = run_forward(kind, x, w, b, r)
+        else:   # outputs the op (or its program) makes
+            dev = [None if a is None else cp.asarray(a) for a in (x, w, b, r)]
+            args = dev[:2] if kind == "rms" else dev[:3]
+            fn = rms_norm if kind == "rms" else layer_norm
+            res = fn(*args, eps=EPS[kind], residual=dev[3], save_stats=True)
+            y_ref, h_ref, mean_ref, rstd_ref = forward_ref(kind, x, w, b, r, EPS[kind],
+                                                           None if r is None else r.dtype)
+            assert isinstance(res, ge2jit.NormOutput) and res.y.dtype == BF16
+            assert (res.mean is None) == (kind == "rms") and (res.h is None) != residual
+            assert_within(res.rstd, rstd_ref, 2e-6 * np.abs(rstd_ref) + 1e-30, "rstd")
+            assert_within(res.y, y_ref, y_bound(kind, h_ref, mean_ref, rstd_ref, w, b, y_ref,
+                                                "bfloat16"), "y")
+            if residual:
+                assert same_values(res.h, h_ref)
+        h = host(res.h) if residual else x
+        g = run_backward(kind, host_rand((rows, n), BF16), h, w, b,
+                         stats=res if residual else None)
+        assert g.dx.dtype == h.dtype
+    if available():
+        assert fwd.stats()["hits"] - before[0] >= 2
+        assert bwd.stats()["hits"] - before[1] >= 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_compiled_path_gives_the_python_paths_bits(kind):
+    """A program's results, bit for bit, against the Python path's on the same inputs (the
+    tables cleared: the next call checks and launches from Python again)."""
+    from ge2jit.ops.norm import op as norm_op
+
+    x = cp.asarray(host_rand((130, 4097), np.float16))
+    r = cp.asarray(host_rand((130, 4097), np.float32))
+    w = cp.asarray(host_rand((4097,), np.float16, 0.5, 1.0))
+    b = cp.asarray(host_rand((4097,), np.float16)) if kind == "layer" else None
+    dy = cp.asarray(host_rand((130, 4097), np.float16))
+
+    def step():
+        if kind == "layer":
+            out = layer_norm(x, w, b, residual=r, save_stats=True)
+            g = layer_norm_backward(dy, out.h, w, out.mean, out.rstd, bias=b)
+        else:
+            out = rms_norm(x, w, residual=r, save_stats=True)
+            g = rms_norm_backward(dy, out.h, w, out.rstd)
+        return [a for a in (*out, *g) if a is not None]
+
+    step()   # checked and stored
+    compiled = step()
+    for table in (*_compiled_tables(kind), norm_op._prepared, norm_op._prepared_backward):
+        table.clear()
+    python = step()
+    assert len(compiled) == len(python)
+    for a, b_ in zip(compiled, python):
+        assert same_bits(a, b_)
+
+
+def test_outputs_given_are_checked_on_the_compiled_path():
+    """A program stored for a call with its output given still checks each call's output
+    against the inputs: one over x (not x itself) is refused before any launch; x itself
+    (in place) runs, on its own program."""
+    buf = poisoned((2, 8, 256), np.float32)   # out in the first plane, x in the second
+    x, w = buf[1, :, 128:192], cp.asarray(host_rand((64,), np.float32, 0.5, 1.0))
+    x[...] = cp.asarray(host_rand((8, 64), np.float32))
+    x_before = host(x)
+    want = rms_norm_ref(x_before, host(w), eps=EPS["rms"])[0]
+
+    def close(a):
+        return np.allclose(host(a), want, rtol=1e-5, atol=1e-6)
+
+    for _ in range(2):   # the second call runs the program
+        out = buf[0, :, :64]
+        assert rms_norm(x, w, eps=EPS["rms"], out=out) is out and close(out)
+    buf[0] = np.nan
+    with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps x without being x"):
+        rms_norm(x, w, eps=EPS["rms"], out=buf[1, :, 96:160])   # the same signature, over x
+    assert np.isnan(host(buf[0])).all() and same_bits(x, x_before)   # nothing launched
+    for _ in range(2):
+        y = cp.asarray(x_before)
+        assert rms_norm(y, w, eps=EPS["rms"], out=y) is y and close(y)
