@@ -18,7 +18,10 @@ What it replaces, by structure:
   one kernel each way; ge2jit's, with no residual add to fuse into it here, is no faster and
   costs more host time a call: an eager GPT-2 step is host-bound);
 - a Hugging Face model's attention: ``config._attn_implementation = "ge2jit"`` (after
-  ``register_hf_attention()``);
+  ``register_hf_attention()``); GPT-2's self-attention modules also take
+  ``gpt2_attention_forward``: the kernel reads q, k and v from ``c_attn``'s output by strides
+  and writes ``c_proj``'s input, without the module's split, transposes and copies (an eager
+  step is host-bound; the calls it does not serve run the module's own forward);
 - a Hugging Face causal LM's head and loss (LLaMA, Mistral, Qwen2, GPT-2 and others with a
   ``lm_head`` Linear without bias): when it trains on labels, its forward computes the loss by
   ``ge2jit.torch.linear_cross_entropy`` and returns no logits (their (tokens, V) values are
@@ -277,4 +280,11 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
         else:
             config._attn_implementation = "ge2jit"
         report.replaced.append(("", "attention", "attn_implementation 'ge2jit'"))
+        for path, module in model.named_modules():
+            if ops_attention.hf.is_gpt2_self_attention(module) and _placeable(
+                    module, path, report):
+                module.forward = types.MethodType(ops_attention.hf.gpt2_attention_forward,
+                                                  module)
+                report.replaced.append((path, "GPT2Attention (split, transposes, copies)",
+                                        "ge2jit attention reading c_attn's output by strides"))
     return report

@@ -5,6 +5,8 @@ bfloat16 unit), and an optimizer step moves the shared parameters."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -103,3 +105,104 @@ def test_a_causal_lm_trains_without_logits_and_matches_the_untouched_one(kind, h
     model.eval()                                    # evaluation: the model's own forward
     with torch.no_grad():
         assert runnable(input_ids=ids, labels=labels).logits.shape == (2, 96, 1000)
+
+
+def _direct_calls(monkeypatch):
+    """The calls of the GPT-2 direct path's kernel (``hf.attention``), counted."""
+    from ge2jit.ops.attention import hf
+
+    calls = []
+    real = hf.attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "attention", counted)
+    return calls
+
+
+def _own_forward_twin(model):
+    """A copy of a patched GPT-2 whose attention modules run their own forward (the module's
+    split and transposes, then ``attn_implementation="ge2jit"``'s function)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        if "forward" in vars(m) and type(m).__name__ == "GPT2Attention":
+            del m.forward
+    return twin
+
+
+def test_gpt2s_attention_reads_c_attns_output_and_matches(monkeypatch):
+    """patch gives GPT-2's self-attention the direct path (q, k, v read from c_attn's output
+    by strides, c_proj's input written): loss and every gradient within 1.5x the untouched
+    bfloat16 model's error of float64, the cache filled as the module fills it."""
+    model, ref = _hf_models("gpt2")
+    ids = torch.randint(0, 1000, (2, 96), device="cuda")
+    labels = ids.clone()
+    _, want = _loss_and_grads(ref, ids, labels)
+    _, untouched = _loss_and_grads(model, ids, labels)
+    eager = relative_errors(untouched, want)
+    report = gt.patch(model)
+    direct = [p for p, what, _ in report.replaced if what.startswith("GPT2Attention")]
+    assert direct == ["transformer.h.0.attn", "transformer.h.1.attn"], str(report)
+    calls = _direct_calls(monkeypatch)
+    _, grads = _loss_and_grads(model, ids, labels)
+    assert calls == [(2, 96, 2, 64)] * 2      # both layers, q as (B, S, H, D)
+    got = relative_errors(grads, want)
+    for g, e in zip(got, eager):
+        assert g <= 1.5 * e + 2 ** -8, (got, eager)
+    # the cache a forward with use_cache fills (what generation starts from): the module's
+    twin = _own_forward_twin(model)
+    model.eval(), twin.eval()
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        out_twin = twin(input_ids=ids, use_cache=True)
+        assert len(calls) == 4
+        for layer in range(2):
+            for a, b in zip((out.past_key_values.layers[layer].keys,
+                             out.past_key_values.layers[layer].values),
+                            (out_twin.past_key_values.layers[layer].keys,
+                             out_twin.past_key_values.layers[layer].values)):
+                assert a.shape == (2, 2, 96, 64) and torch.equal(a, b)
+        torch.testing.assert_close(out.logits, out_twin.logits, rtol=2 ** -7, atol=2 ** -7)
+        # the next token reads the cache: the module's own forward (no direct call)
+        nxt = ids[:, :1]
+        step = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+        step_twin = twin(input_ids=nxt, past_key_values=out_twin.past_key_values, use_cache=True)
+        assert len(calls) == 4
+        torch.testing.assert_close(step.logits, step_twin.logits, rtol=2 ** -7, atol=2 ** -7)
+
+
+def test_gpt2s_attention_leaves_what_the_direct_path_does_not_serve(monkeypatch):
+    """A padding mask, attention dropout in training and a float32 model without autocast
+    run the module's own forward, with its results."""
+    model, _ = _hf_models("gpt2")
+    gt.patch(model)
+    twin = _own_forward_twin(model)
+    calls = _direct_calls(monkeypatch)
+    ids = torch.randint(0, 1000, (2, 64), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :10] = 0                                  # left padding
+    model.eval(), twin.eval()
+    with torch.no_grad():
+        a = model(input_ids=ids, attention_mask=mask).logits
+        b = twin(input_ids=ids, attention_mask=mask).logits
+    assert calls == [] and torch.equal(a, b)
+    model.config.attn_pdrop = 0.5
+    for m in model.modules():
+        if type(m).__name__ == "GPT2Attention":
+            m.attn_dropout.p = 0.5
+    model.train()
+    with warnings.catch_warnings():                   # PyTorch's SDPA's (a one-time warning)
+        warnings.simplefilter("ignore")
+        model(input_ids=ids)
+        assert calls == []
+        model.float().eval()                          # float32, no autocast: the module's own
+        with torch.no_grad():
+            model(input_ids=ids)
+    assert calls == []
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        model(input_ids=ids)
+    assert calls == [(2, 64, 2, 64)] * 2
