@@ -189,10 +189,7 @@ def check_out(out, inputs: dict, name: str = "out") -> None:
         if xs[0] < ys[1] and ys[0] < xs[1]:
             if out.data.ptr == x.data.ptr and out.strides == x.strides and out.dtype == x.dtype:
                 continue
-            raise ArgumentValueError(
-                f"{name}: overlaps {x_name} without being {x_name} ({x_name} bytes "
-                f"[{xs[0]:#x}, {xs[1]:#x}), {name} bytes [{ys[0]:#x}, {ys[1]:#x})); pass "
-                f"{name}={x_name} to write in place, or a separate array")
+            raise overlap_error(name, x_name, True, ys, xs)
 
 
 def check_apart(out, name: str, others: dict, hint=lambda other: "") -> None:
@@ -206,8 +203,23 @@ def check_apart(out, name: str, others: dict, hint=lambda other: "") -> None:
         if x is not None and x.size:
             xlo, xhi = byte_span(x)
             if lo < xhi and xlo < hi:
-                raise ArgumentValueError(f"{name}: overlaps {other}; pass a separate array"
-                                         + hint(other))
+                raise overlap_error(name, other, False, (lo, hi), (xlo, xhi), hint(other))
+
+
+def overlap_error(out: str, inp: str, in_place: bool, out_span: tuple, in_span: tuple,
+                  hint: str = "") -> ArgumentValueError:
+    """The error for an output ``out`` whose byte range (``out_span``: first byte, end) meets
+    input ``inp``'s (``in_span``); ``in_place``: whether ``out`` may be ``inp`` itself;
+    ``hint``: text after the remedy. Arrays are kept apart by their byte ranges, so two views
+    that interleave (a wider array's halves) meet without sharing an element: the message
+    gives both ranges."""
+    what, fix = ((f"overlaps {inp} without being {inp}",
+                  f"pass {out}={inp} (in place) or a separate array") if in_place
+                 else (f"overlaps {inp}", "pass a separate array"))
+    return ArgumentValueError(
+        f"{out}: {what}; {fix}{hint} ({out}'s bytes [{out_span[0]:#x}, {out_span[1]:#x}) meet "
+        f"{inp}'s [{in_span[0]:#x}, {in_span[1]:#x}): outputs are kept apart from inputs by "
+        f"their byte ranges)")
 
 
 def byte_span(x) -> tuple[int, int]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import ArgumentValueError
 from ..jit import fastlaunch
 from ..jit.device import on_sm_change
 from . import arrays as _arrays
 from .arrays import call_arguments, framework_of_type, views
-from .checks import byte_span
+from .checks import byte_span, overlap_error
 
 _tables: list[PreparedCalls] = []
 
@@ -116,12 +115,8 @@ def check_spans(names, spans, outputs, in_place=(), same=()) -> None:
             if spans[xi] is not None:
                 xl, xh = spans[xi]
                 if ol < xh and xl < oh and (oi, xi) not in same:
-                    out, inp = names[oi], names[xi]
-                    if (oi, xi) in in_place:
-                        raise ArgumentValueError(
-                            f"{out}: overlaps {inp} without being {inp}; pass {out}={inp} "
-                            "(in place) or a separate array")
-                    raise ArgumentValueError(f"{out}: overlaps {inp}; pass a separate array")
+                    raise overlap_error(names[oi], names[xi], (oi, xi) in in_place, (ol, oh),
+                                        (xl, xh))
 
 
 def same_view(x, y) -> bool:
@@ -156,11 +151,8 @@ class OverlapGuard:
         for oi, olo, ohi, xi, xlo, xhi, same_ok in self.pairs:
             o, x = ptrs[oi], ptrs[xi]
             if o + olo < x + xhi and x + xlo < o + ohi and not (same_ok and o == x):
-                out, inp = self.names[oi], self.names[xi]
-                if (oi, xi) in self.in_place:
-                    raise ArgumentValueError(f"{out}: overlaps {inp} without being {inp}; pass "
-                                             f"{out}={inp} (in place) or a separate array")
-                raise ArgumentValueError(f"{out}: overlaps {inp}; pass a separate array")
+                raise overlap_error(self.names[oi], self.names[xi], (oi, xi) in self.in_place,
+                                    (o + olo, o + ohi), (x + xlo, x + xhi))
 
 
 def _relative(x) -> tuple[int, int]:

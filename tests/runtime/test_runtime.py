@@ -104,7 +104,9 @@ def test_overlap_guard_allows_in_place_only_where_asked_and_layouts_match():
     same((1000, 1000))             # out is x: in place
     with pytest.raises(ge2jit.ArgumentValueError,
                        match=r"^out: overlaps x without being x; pass out=x \(in place\) or a "
-                             r"separate array$"):
+                             r"separate array \(out's bytes \[0x3ec, 0x42c\) meet x's \[0x3e8, "
+                             r"0x428\): outputs are kept apart from inputs by their byte "
+                             r"ranges\)$"):
         same((1000, 1004))
     other_layout = OverlapGuard(("x", "out"), (x, FakeArray((4, 4)).T), (1,), in_place={(1, 0)})
     with pytest.raises(ge2jit.ArgumentValueError, match="out: overlaps x without being x"):
