@@ -202,14 +202,14 @@ def glu_kind(epilogue) -> str | None:
     "yz_wide" where the cooperative 128x256 tile stages them without spilling); its backward's
     staged dZ ("dz", or "dz_256" where the ping-pong 128x128 tile would spill staging it: the
     erf GELU)."""
+    if epilogue.glu_grad is None and not epilogue.glu:
+        return None
     wide = next(c for c in WGMMA_CONFIGS if c.name == "wgmma_128x256_s4")
     if epilogue.glu_grad is not None:
         if WgmmaGemmSpec.staging_spills(wide, epilogue):   # Z's layout or type: no tile stages
             return None
         pingpong = next(c for c in WGMMA_CONFIGS if c.name == "wgmma_128x128_s6_pp")
         return "dz_256" if WgmmaGemmSpec.staging_spills(pingpong, epilogue) else "dz"
-    if not epilogue.glu:
-        return None
     if not epilogue.save_z:
         return "y"
     return "yz" if WgmmaGemmSpec.staging_spills(wide, epilogue) else "yz_wide"

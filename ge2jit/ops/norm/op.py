@@ -343,7 +343,7 @@ def forward(kind: str, x, weight, bias, residual, out, residual_out, eps, save_s
         return NormOutput(*done) if type(done) is tuple and len(done) == 4 else done
     arrays = {"x": x, "weight": weight, "bias": bias, "residual": residual, "out": out,
               "residual_out": residual_out}
-    extra = (kind, type(eps), eps, type(save_stats), save_stats, config)
+    extra = (kind, eps, save_stats, config)   # (the prepared calls key their types too)
 
     def first(fw, device_id, v, native):
         result, call = _first_forward(kind, fw, device_id, v, native, eps, save_stats, config)
