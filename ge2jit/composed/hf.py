@@ -8,12 +8,12 @@ labels run the model's own forward. ``ge2jit.torch.patch(model)`` installs it
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.torchlib import BoundForward
 from .torch_ops import linear_cross_entropy
 
 #: config attributes that change the logits after the head (a model that has one is left)
@@ -46,7 +46,7 @@ def install_head_loss(model) -> None:
     """Make ``model`` (``head_loss_refusal`` None) train with ``linear_cross_entropy``; its own
     forward stays for everything else (``model._ge2jit_forward``)."""
     model._ge2jit_forward = model.forward
-    model.forward = types.MethodType(_forward, model)
+    model.forward = BoundForward(_forward, model)
 
 
 def _forward(self, *args, labels=None, **kwargs):

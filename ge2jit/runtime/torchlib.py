@@ -178,6 +178,38 @@ def weight_cast(w: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tens
     return cast(w, dtype)
 
 
+class BoundForward:
+    """``function`` bound to ``module`` as its ``forward`` (``module.forward =
+    BoundForward(function, module)``), as ``types.MethodType`` binds it, but one that pickles:
+    a bound method pickles as ``getattr(module, function.__name__)``, which names no attribute
+    of the module, so a model saved whole (``torch.save(model)``) after ``patch`` could not
+    be loaded. ``__func__``, ``__self__`` and the signature (the function's without its
+    first parameter) are a bound method's."""
+
+    __slots__ = ("__func__", "__self__")
+
+    def __init__(self, function, module):
+        self.__func__, self.__self__ = function, module
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        sig = inspect.signature(self.__func__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+    @property
+    def __name__(self) -> str:
+        return self.__func__.__name__
+
+    def __reduce__(self):
+        return BoundForward, (self.__func__, self.__self__)
+
+    def __repr__(self) -> str:
+        return f"<forward {self.__func__.__qualname__} of {type(self.__self__).__name__}>"
+
+
 _FUNCTION_APPLY = torch._C._FunctionBase.__dict__.get("apply")
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)

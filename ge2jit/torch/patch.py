@@ -42,7 +42,6 @@ in the returned report.
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +53,7 @@ from ..ops.gemm.gated import GATED_ACTS
 from ..ops.gemm.torch_modules import Linear
 from ..ops.gemm.torch_ops import gated_mlp_pair, gemm_bias_act, pair_gate_up_
 from ..ops.norm.torch_modules import LayerNorm, RMSNorm
+from ..runtime.torchlib import BoundForward
 
 __all__ = ["patch", "PatchReport"]
 
@@ -253,7 +253,7 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
             elif _placeable(module, path, report):
                 pair_gate_up_(module.gate_proj.weight, module.up_proj.weight)
                 module._ge2jit_act = act
-                module.forward = types.MethodType(_gated_forward, module)
+                module.forward = BoundForward(_gated_forward, module)
                 report.replaced.append((path, f"gated MLP ({type(module.act_fn).__name__})",
                                         f"ge2jit gated_mlp_pair(act={act!r})"))
         if norms:
@@ -283,8 +283,7 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
         for path, module in model.named_modules():
             if ops_attention.hf.is_gpt2_self_attention(module) and _placeable(
                     module, path, report):
-                module.forward = types.MethodType(ops_attention.hf.gpt2_attention_forward,
-                                                  module)
+                module.forward = BoundForward(ops_attention.hf.gpt2_attention_forward, module)
                 report.replaced.append((path, "GPT2Attention (split, transposes, copies)",
                                         "ge2jit attention reading c_attn's output by strides"))
     return report

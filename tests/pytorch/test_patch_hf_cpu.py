@@ -124,3 +124,30 @@ def test_attention_by_name_compiles_whole_and_matches(model_type):
     messages = [str(w.message) for w in seen]
     assert FALLBACK in messages and not [m for m in messages if "ynamo" in m], messages
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("make", [_llama, _gpt2], ids=["llama", "gpt2"])
+def test_a_patched_model_saved_whole_loads_with_its_forwards(make):
+    """The forwards ``patch`` puts on modules (the head and loss, the gated MLP, GPT-2's
+    attention) pickle: ``torch.save(model)`` then ``torch.load`` gives them back, bound to
+    the loaded modules (a bound method pickles as a getattr of its name, which they are
+    not)."""
+    import inspect
+    import io
+
+    model = make()
+    gt.patch(model)
+    replaced = {name: m.forward.__func__ for name, m in model.named_modules()
+                if "forward" in vars(m)}
+    assert len(replaced) == 2, replaced   # the head and loss, and the MLP or the attention
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    again = {name: m.forward for name, m in loaded.named_modules() if "forward" in vars(m)}
+    assert {n: f.__func__ for n, f in again.items()} == replaced
+    assert all(f.__self__ is loaded.get_submodule(n) for n, f in again.items())
+    assert "labels" in inspect.signature(loaded.forward).parameters   # the function's, less self
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    loaded.train()
+    assert loaded(input_ids=ids, labels=ids).logits is None

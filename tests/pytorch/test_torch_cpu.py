@@ -528,3 +528,33 @@ def test_the_fallback_warning_does_not_break_a_compiled_graph():
     assert torch.equal(first, second)
     assert [str(w.message) for w in seen if "ge2jit" in str(w.message)] == [message]
     torch._dynamo.reset()
+
+
+def test_a_bound_forward_is_a_method_that_pickles_and_traces():
+    """``BoundForward``, what ``patch`` puts on a module as its forward: called as the bound
+    method, with its signature, pickled with its module, traced by TorchDynamo whole."""
+    import inspect
+    import pickle
+
+    from ge2jit.runtime.torchlib import BoundForward
+
+    layer = _Scaled()
+    layer.forward = BoundForward(_scaled_forward, layer)
+    x = torch.randn(3, 4)
+    assert torch.equal(layer(x), layer.lin(x) * 2.0)
+    assert list(inspect.signature(layer.forward).parameters) == ["x", "scale"]
+    assert layer.forward.__func__ is _scaled_forward and layer.forward.__self__ is layer
+    explained = torch._dynamo.explain(layer)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    copy = pickle.loads(pickle.dumps(layer))
+    assert copy.forward.__self__ is copy and torch.equal(copy(x), layer(x))
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+
+def _scaled_forward(self, x, scale: float = 2.0):
+    return self.lin(x) * scale
