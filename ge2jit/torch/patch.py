@@ -18,10 +18,12 @@ What it replaces, by structure:
   one kernel each way; ge2jit's, with no residual add to fuse into it here, is no faster and
   costs more host time a call: an eager GPT-2 step is host-bound);
 - a Hugging Face model's attention: ``config._attn_implementation = "ge2jit"`` (after
-  ``register_hf_attention()``); GPT-2's self-attention modules also take
-  ``gpt2_attention_forward``: the kernel reads q, k and v from ``c_attn``'s output by strides
-  and writes ``c_proj``'s input, without the module's split, transposes and copies (an eager
-  step is host-bound; the calls it does not serve run the module's own forward);
+  ``register_hf_attention()``); GPT-2's self-attention and LLaMA's, Mistral's and Qwen2's
+  attention modules also take a direct forward (``composed.hf_attention``): the kernels read
+  q, k and v from the projections' outputs by strides (rope rotating q and k in one launch)
+  and write the output projection's input, without the modules' splits, transposes, rotary
+  chains and copies (an eager step is host-bound; the calls it does not serve run the
+  module's own forward);
 - a Hugging Face causal LM's head and loss (LLaMA, Mistral, Qwen2, GPT-2 and others with a
   ``lm_head`` Linear without bias): when it trains on labels, its forward computes the loss by
   ``ge2jit.torch.linear_cross_entropy`` and returns no logits (their (tokens, V) values are
@@ -48,6 +50,7 @@ import torch
 from torch import nn
 
 from ..composed.hf import head_loss_refusal, install_head_loss
+from ..composed.hf_attention import direct_forward
 from ..errors import ArgumentTypeError
 from ..ops.gemm.gated import GATED_ACTS
 from ..ops.gemm.torch_modules import Linear
@@ -281,9 +284,8 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
             config._attn_implementation = "ge2jit"
         report.replaced.append(("", "attention", "attn_implementation 'ge2jit'"))
         for path, module in model.named_modules():
-            if ops_attention.hf.is_gpt2_self_attention(module) and _placeable(
-                    module, path, report):
-                module.forward = BoundForward(ops_attention.hf.gpt2_attention_forward, module)
-                report.replaced.append((path, "GPT2Attention (split, transposes, copies)",
-                                        "ge2jit attention reading c_attn's output by strides"))
+            direct = direct_forward(module)
+            if direct is not None and _placeable(module, path, report):
+                module.forward = BoundForward(direct[0], module)
+                report.replaced.append((path, *direct[1:]))
     return report

@@ -47,21 +47,28 @@ def test_a_patched_decoder_matches_the_untouched_one():
     torch.testing.assert_close(mlp.gate_proj.weight.float(), want, rtol=2 ** -7, atol=1e-6)
 
 
-def _hf_models(kind: str, vocab: int = 1000):
-    """A tiny Hugging Face causal LM of ``kind`` in bfloat16 and its float64 copy."""
+def _hf_models(kind: str, vocab: int = 1000, **extra):
+    """A tiny Hugging Face causal LM of ``kind`` in bfloat16 and its float64 copy (Qwen2's
+    projection biases made nonzero)."""
     tf = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    if kind == "llama":
-        config = tf.LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256,
-                                num_hidden_layers=2, num_attention_heads=2,
-                                num_key_value_heads=1, max_position_embeddings=256)
-        make = tf.LlamaForCausalLM
+    if kind in ("llama", "mistral", "qwen2"):
+        config, make = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[kind]
+        config = config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=64, max_position_embeddings=256, **extra)
     else:
         config = tf.GPT2Config(vocab_size=vocab, n_embd=128, n_layer=2, n_head=2,
                                n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
                                attn_pdrop=0.0)
         make = tf.GPT2LMHeadModel
     model = make(config).cuda().bfloat16().train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and kind == "qwen2":
+                p.uniform_(-0.5, 0.5)
     ref = make(config).cuda().double().train()
     ref.load_state_dict(model.state_dict())
     return model, ref
@@ -108,45 +115,57 @@ def test_a_causal_lm_trains_without_logits_and_matches_the_untouched_one(kind, h
 
 
 def _direct_calls(monkeypatch):
-    """The calls of the GPT-2 direct path's kernel (``hf.attention``), counted."""
-    from ge2jit.ops.attention import hf
+    """The calls of the direct paths' kernel (``composed.hf_attention.attention``): q's shape
+    and the window, counted."""
+    from ge2jit.composed import hf_attention
 
     calls = []
-    real = hf.attention
+    real = hf_attention.attention
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(hf, "attention", counted)
+    monkeypatch.setattr(hf_attention, "attention", counted)
     return calls
 
 
+ATTENTION = ("GPT2Attention", "LlamaAttention", "MistralAttention", "Qwen2Attention")
+
+
 def _own_forward_twin(model):
-    """A copy of a patched GPT-2 whose attention modules run their own forward (the module's
+    """A copy of a patched model whose attention modules run their own forward (the module's
     split and transposes, then ``attn_implementation="ge2jit"``'s function)."""
     import copy
 
     twin = copy.deepcopy(model)
     for m in twin.modules():
-        if "forward" in vars(m) and type(m).__name__ == "GPT2Attention":
+        if "forward" in vars(m) and type(m).__name__ in ATTENTION:
             del m.forward
     return twin
 
 
-def test_gpt2s_attention_reads_c_attns_output_and_matches(monkeypatch):
-    """patch gives GPT-2's self-attention the direct path (q, k, v read from c_attn's output
-    by strides, c_proj's input written): loss and every gradient within 1.5x the untouched
-    bfloat16 model's error of float64, the cache filled as the module fills it."""
-    model, ref = _hf_models("gpt2")
+LAYERS = {"gpt2": ["transformer.h.0.attn", "transformer.h.1.attn"],
+          "llama": ["model.layers.0.self_attn", "model.layers.1.self_attn"]}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral", "qwen2"])
+def test_the_attention_reads_the_projections_in_place_and_matches(kind, monkeypatch):
+    """patch gives GPT-2's self-attention and LLaMA's, Mistral's (its window, 4096, as the
+    kernel's) and Qwen2's (projection biases) attention the direct path (q, k, v read from
+    the projections' outputs by strides, q and k rotated by rope, the output projection's
+    input written): loss and every gradient within 1.5x the untouched bfloat16 model's error
+    of float64, the cache filled as the module fills it, the next token on the module's own
+    forward."""
+    model, ref = _hf_models(kind)
     ids = torch.randint(0, 1000, (2, 96), device="cuda")
     labels = ids.clone()
     _, want = _loss_and_grads(ref, ids, labels)
     _, untouched = _loss_and_grads(model, ids, labels)
     eager = relative_errors(untouched, want)
     report = gt.patch(model)
-    direct = [p for p, what, _ in report.replaced if what.startswith("GPT2Attention")]
-    assert direct == ["transformer.h.0.attn", "transformer.h.1.attn"], str(report)
+    direct = [p for p, what, _ in report.replaced if what.startswith(ATTENTION)]
+    assert direct == LAYERS["gpt2" if kind == "gpt2" else "llama"], str(report)
     calls = _direct_calls(monkeypatch)
     _, grads = _loss_and_grads(model, ids, labels)
     assert calls == [(2, 96, 2, 64)] * 2      # both layers, q as (B, S, H, D)
@@ -165,7 +184,10 @@ def test_gpt2s_attention_reads_c_attns_output_and_matches(monkeypatch):
                              out.past_key_values.layers[layer].values),
                             (out_twin.past_key_values.layers[layer].keys,
                              out_twin.past_key_values.layers[layer].values)):
-                assert a.shape == (2, 2, 96, 64) and torch.equal(a, b)
+                assert a.shape == (2, 2 if kind == "gpt2" else 1, 96, 64)
+                # values exact; keys rotated by rope in float32 (the module's: bfloat16 ops)
+                torch.testing.assert_close(a, b, rtol=2 ** -7 if kind != "gpt2" else 0,
+                                           atol=2 ** -7 if kind != "gpt2" else 0)
         torch.testing.assert_close(out.logits, out_twin.logits, rtol=2 ** -7, atol=2 ** -7)
         # the next token reads the cache: the module's own forward (no direct call)
         nxt = ids[:, :1]
@@ -173,6 +195,27 @@ def test_gpt2s_attention_reads_c_attns_output_and_matches(monkeypatch):
         step_twin = twin(input_ids=nxt, past_key_values=out_twin.past_key_values, use_cache=True)
         assert len(calls) == 4
         torch.testing.assert_close(step.logits, step_twin.logits, rtol=2 ** -7, atol=2 ** -7)
+
+
+def test_a_mistral_window_shorter_than_the_sequence_runs_the_modules_forward(monkeypatch):
+    """transformers masks a sliding window shorter than the sequence: the module's own
+    forward runs (then PyTorch's SDPA with the mask), with its values."""
+    model, _ = _hf_models("mistral", sliding_window=40)
+    gt.patch(model)
+    twin = _own_forward_twin(model)
+    calls = _direct_calls(monkeypatch)
+    ids = torch.randint(0, 1000, (2, 96), device="cuda")
+    model.eval(), twin.eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # PyTorch's SDPA's (a one-time warning)
+        a = model(input_ids=ids).logits
+        b = twin(input_ids=ids).logits
+    assert calls == [] and torch.equal(a, b)
+    with torch.no_grad():                             # a sequence within the window: direct
+        a = model(input_ids=ids[:, :40]).logits
+        b = twin(input_ids=ids[:, :40]).logits
+    assert calls == [(2, 40, 2, 64)] * 2
+    torch.testing.assert_close(a, b, rtol=2 ** -7, atol=2 ** -7)
 
 
 def test_gpt2s_attention_leaves_what_the_direct_path_does_not_serve(monkeypatch):

@@ -7,13 +7,9 @@ from __future__ import annotations
 import inspect
 import sys
 
-import torch
 from torch import Tensor
 
-from .spec import HEAD_DIMS
 from .torch_ops import attention, scaled_dot_product_attention
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
@@ -44,55 +40,6 @@ def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
                                            dropout_p=dropout, is_causal=causal, scale=scaling,
                                            enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous(), None
-
-
-#: the keywords of a GPT-2 attention call the direct path reads or may ignore (others, such
-#: as packed sequences' lengths, send the call to the module's own forward); the cache is
-#: ``cache`` from transformers 5.2x, ``past_key_values`` before
-_GPT2_KEYWORDS = frozenset({"cache", "past_key_values", "attention_mask", "encoder_hidden_states",
-                            "encoder_attention_mask", "output_attentions", "use_cache",
-                            "cache_position", "position_ids"})
-
-
-def gpt2_attention_forward(self, hidden_states: Tensor, *args, **kwargs):
-    """Hugging Face's ``GPT2Attention.forward`` (self-attention, as ``patch`` installs it) on
-    ge2jit's kernel without the module's reshuffles: ``c_attn``'s output (B, S, 3 · H · D) is
-    read by strides as q, k and v (B, S, H, D), the kernel writes (B, S, H, D), which is
-    ``c_proj``'s input as it is; no transpose, split or copy, and one call's host time instead
-    of a dozen. The same values as the module's own forward under ``attn_implementation=
-    "ge2jit"``. A call that path does not serve runs the module's own forward: a mask (padding,
-    packed sequences), cross-attention, attention weights asked for, dropout in training, a
-    cache other than an empty ``DynamicCache`` (generation past its first step), another
-    attention implementation, a head dim or dtype the kernels lack, arguments by position or
-    unknown keywords. An empty ``DynamicCache`` (what the model makes when ``use_cache`` is on,
-    training too) is filled as the module fills it. Returns ``(output, None)``."""
-    get = kwargs.get
-    cache = get("cache", get("past_key_values"))
-    ok = (not args and all(key in _GPT2_KEYWORDS for key in kwargs)
-          and not ("cache" in kwargs and "past_key_values" in kwargs)
-          and get("attention_mask") is None and get("encoder_hidden_states") is None
-          and not get("output_attentions") and not (self.training and self.attn_dropout.p)
-          and getattr(self.config, "_attn_implementation", None) == "ge2jit"
-          and self.head_dim in HEAD_DIMS and hidden_states.is_cuda
-          and (hidden_states.dtype in _HALF or torch.is_autocast_enabled("cuda"))
-          and (cache is None or (type(cache).__name__ == "DynamicCache"
-                                 and cache.get_seq_length(self.layer_idx) == 0)))
-    if not ok:
-        return type(self).forward(self, hidden_states, *args, **kwargs)
-    b, s, e = hidden_states.shape
-    q, k, v = self.c_attn(hidden_states).view(b, s, 3, -1, self.head_dim).unbind(2)
-    if cache is not None:   # what the module's forward stores (heads first)
-        cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx)
-    out = attention(q, k, v, causal=True, scale=self.scaling)
-    return self.resid_dropout(self.c_proj(out.reshape(b, s, e))), None
-
-
-def is_gpt2_self_attention(module) -> bool:
-    """Whether ``module`` is Hugging Face's GPT-2 self-attention (``GPT2Attention``, not
-    cross-attention), whose forward :func:`gpt2_attention_forward` can stand in for."""
-    return (type(module).__name__ == "GPT2Attention" and not getattr(
-        module, "is_cross_attention", True) and hasattr(module, "c_attn")
-        and hasattr(module, "c_proj") and hasattr(module, "config"))
 
 
 def register_hf_attention(name: str = "ge2jit") -> str:

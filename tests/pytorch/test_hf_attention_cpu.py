@@ -1,0 +1,243 @@
+"""The direct attention forwards ``patch`` puts on Hugging Face's GPT-2, LLaMA, Mistral and Qwen2
+attention modules (``ge2jit.composed.hf_attention``), without a GPU: which modules take them
+and what the report says; their plumbing (the projections read as (B, S, H, D), the rotary
+tables' halves, grouped-query heads, Qwen2's biases, the scale, Mistral's window, the cache
+they fill, the output projection's input) against the untouched model in float64 on the CPU,
+with ``rope`` and ``attention`` standing in as PyTorch references (the kernels themselves are
+checked on the GPU, ``test_patch_gpu.py``); and the calls they leave to the module's own
+forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+import torch.nn.functional as F  # noqa: E402
+
+import ge2jit.torch as gt  # noqa: E402
+from ge2jit.composed import hf_attention  # noqa: E402
+from ge2jit.runtime.torchlib import BoundForward  # noqa: E402
+
+
+def _config(kind: str, **extra):
+    common = dict(vocab_size=50, hidden_size=256, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=64)
+    if kind == "gpt2":
+        return tf.GPT2LMHeadModel, tf.GPT2Config(
+            vocab_size=50, n_embd=128, n_layer=2, n_head=2, n_positions=64, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0, **extra)
+    if kind == "llama":
+        return tf.LlamaForCausalLM, tf.LlamaConfig(**common, **extra)
+    if kind == "mistral":
+        return tf.MistralForCausalLM, tf.MistralConfig(**common, **extra)
+    return tf.Qwen2ForCausalLM, tf.Qwen2Config(**common, **extra)
+
+
+KINDS = ["gpt2", "llama", "mistral", "qwen2"]
+NAMES = {"gpt2": "GPT2Attention", "llama": "LlamaAttention", "mistral": "MistralAttention",
+         "qwen2": "Qwen2Attention"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_patch_gives_each_attention_module_its_direct_forward(kind):
+    make, config = _config(kind)
+    with torch.device("meta"):
+        model = make(config)
+    report = gt.patch(model)
+    direct = [(p, old, new) for p, old, new in report.replaced if old.startswith(NAMES[kind])]
+    modules = [(p, m) for p, m in model.named_modules() if type(m).__name__ == NAMES[kind]]
+    assert [p for p, _, _ in direct] == [p for p, _ in modules] and len(modules) == 2
+    want = (hf_attention.gpt2_attention_forward if kind == "gpt2"
+            else hf_attention.rotary_attention_forward)
+    for _, m in modules:
+        assert isinstance(m.forward, BoundForward) and m.forward.__func__ is want
+        assert m.forward.__self__ is m
+    assert model.config._attn_implementation == "ge2jit"
+    untouched = make(config)   # on the CPU: left, with the reason
+    report = gt.patch(untouched)
+    assert not any(old.startswith(NAMES[kind]) for _, old, _ in report.replaced)
+    assert "forward" not in vars(untouched.get_submodule(modules[0][0]))
+
+
+def test_attention_false_leaves_the_modules_forwards():
+    make, config = _config("llama")
+    with torch.device("meta"):
+        model = make(config)
+    gt.patch(model, attention=False)
+    assert not any("forward" in vars(layer.self_attn) for layer in model.model.layers)
+
+
+def _reference_rope(q, k, cos, sin):
+    """(q, k) of (B, S, H, D) rotated as Hugging Face rotates them, from tables of the first
+    halves."""
+    def rotate(x):
+        c, s = cos[:, :, None].to(x.dtype), sin[:, :, None].to(x.dtype)
+        x1, x2 = x.chunk(2, -1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+    return rotate(q), rotate(k)
+
+
+def _reference_attention(calls):
+    """ge2jit.attention's contract in PyTorch (q, k, v as (B, S, H, D), grouped-query heads,
+    a causal window (left, 0)), each call's arguments recorded."""
+    def attention(q, k, v, *, causal, scale, window=None):
+        calls.append((tuple(q.shape), tuple(k.shape), causal, scale, window))
+        s = q.shape[1]
+        i = torch.arange(s)
+        keep = i[None, :] <= i[:, None]
+        if window is not None:
+            keep &= i[None, :] >= i[:, None] - window[0]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep,
+            scale=scale, enable_gqa=True)
+        return out.transpose(1, 2).contiguous()
+    return attention
+
+
+@pytest.fixture
+def references(monkeypatch):
+    """The direct forwards on the CPU in float64: their input checks pass (hidden states and
+    rotary tables), rope and attention are the references; the attention calls, recorded."""
+    calls = []
+    monkeypatch.setattr(hf_attention, "_kernel_input", lambda hidden: hidden.dim() == 3)
+    monkeypatch.setattr(hf_attention, "_TABLES", (torch.float64,))
+    monkeypatch.setattr(hf_attention, "rope", _reference_rope)
+    monkeypatch.setattr(hf_attention, "attention", _reference_attention(calls))
+    return calls
+
+
+def _twins(kind: str, **extra):
+    """A model of ``kind`` in float64 on the CPU with the direct forwards and ge2jit's
+    attention by name, and its untouched twin (PyTorch's SDPA), with the same weights (Qwen2's
+    projection biases made nonzero)."""
+    torch.manual_seed(0)
+    make, config = _config(kind, **extra)
+    ours = make(config).double().eval()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+    theirs = copy.deepcopy(ours)
+    theirs.set_attn_implementation("sdpa")
+    ours.set_attn_implementation(gt.register_hf_attention())
+    for m in ours.modules():   # as patch installs them (which leaves modules on the CPU)
+        direct = hf_attention.direct_forward(m)
+        if direct is not None:
+            m.forward = BoundForward(direct[0], m)
+    return ours, theirs
+
+
+def _keys_values(cache):
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_direct_forward_computes_the_modules_values(kind, references):
+    ours, theirs = _twins(kind)
+    ids = torch.randint(0, 50, (2, 24))
+    with torch.no_grad():
+        got = ours(input_ids=ids, use_cache=True)
+        want = theirs(input_ids=ids, use_cache=True)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-10, atol=1e-10)
+    for (k, v), (wk, wv) in zip(_keys_values(got.past_key_values),
+                                _keys_values(want.past_key_values)):
+        torch.testing.assert_close(k, wk, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(v, wv, rtol=1e-10, atol=1e-10)
+    heads, kv_heads = (2, 2) if kind == "gpt2" else (4, 2)
+    assert [c[:2] for c in references] == [((2, 24, heads, 64), (2, 24, kv_heads, 64))] * 2
+    window = (4095, 0) if kind == "mistral" else None   # Mistral's default window, 4096
+    assert all(c[2] is True and c[3] == pytest.approx(64 ** -0.5) and c[4] == window
+               for c in references)
+
+
+def test_the_direct_forward_trains_as_the_module():
+    """The gradients through the direct path (references standing in) are the module's."""
+    # (the fixture's patches applied by hand: the twins need the same seed)
+    mp = pytest.MonkeyPatch()
+    calls = []
+    mp.setattr(hf_attention, "_kernel_input", lambda hidden: hidden.dim() == 3)
+    mp.setattr(hf_attention, "_TABLES", (torch.float64,))
+    mp.setattr(hf_attention, "rope", _reference_rope)
+    mp.setattr(hf_attention, "attention", _reference_attention(calls))
+    try:
+        ours, theirs = _twins("qwen2")
+        ours.train(), theirs.train()
+        ids = torch.randint(0, 50, (2, 16))
+        for model in (ours, theirs):
+            model(input_ids=ids, labels=ids).loss.backward()
+        assert len(calls) == 2
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=name)
+    finally:
+        mp.undo()
+
+
+def test_mistrals_window_is_the_kernels(references):
+    """Mistral's sliding window goes to the kernel as (W - 1, 0) keys; a Qwen2 layer that is
+    not a sliding one passes none."""
+    ours, _ = _twins("mistral", sliding_window=32)
+    with torch.no_grad():
+        ours(input_ids=torch.randint(0, 50, (1, 16)))
+    assert [c[4] for c in references] == [(31, 0)] * 2
+    references.clear()
+    ours, _ = _twins("qwen2", sliding_window=8, use_sliding_window=False)
+    with torch.no_grad():
+        ours(input_ids=torch.randint(0, 50, (1, 16)))
+    assert [c[4] for c in references] == [None] * 2
+
+
+def test_what_the_direct_forward_leaves_to_the_module(references):
+    """A padding mask, attention weights asked for, a filled cache (the next token), another
+    attention implementation and dropout in training run the module's own forward, with its
+    values."""
+    ours, theirs = _twins("llama")
+    ids = torch.randint(0, 50, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        got = ours(input_ids=ids, attention_mask=mask).logits
+        want = theirs(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(got[1, 3:], want[1, 3:], rtol=1e-10, atol=1e-10)
+        assert references == []
+        first = ours(input_ids=ids, use_cache=True)
+        assert len(references) == 2
+        step = ours(input_ids=ids[:, :1], past_key_values=first.past_key_values,
+                    use_cache=True)
+        want_first = theirs(input_ids=ids, use_cache=True)
+        want_step = theirs(input_ids=ids[:, :1], past_key_values=want_first.past_key_values,
+                           use_cache=True)
+        torch.testing.assert_close(step.logits, want_step.logits, rtol=1e-10, atol=1e-10)
+        assert len(references) == 2
+        ours.set_attn_implementation("sdpa")
+        ours(input_ids=ids)
+        assert len(references) == 2
+    ours.set_attn_implementation("ge2jit")
+    for m in ours.modules():
+        if type(m).__name__ == "LlamaAttention":
+            m.attention_dropout = 0.1
+    ours.train()
+    ours(input_ids=ids)
+    assert len(references) == 2
+
+
+def test_unusual_rotary_tables_run_the_modules_forward(references):
+    """Rotary tables of another shape than (B or 1, S, head_dim) (a partial rotary
+    dimension, a model's own layout) are the module's to apply."""
+    ours, _ = _twins("llama")
+    attn = ours.model.layers[0].self_attn
+    hidden = torch.randn(1, 8, 256, dtype=torch.float64)
+    cos, sin = torch.ones(1, 8, 32, dtype=torch.float64), torch.zeros(1, 8, 32,
+                                                                      dtype=torch.float64)
+    with pytest.raises(RuntimeError):   # the module's own forward: HF's rotation fails on it
+        attn(hidden_states=hidden, position_embeddings=(cos, sin), attention_mask=None)
+    assert references == []
+    cos, sin = torch.ones(1, 8, 64, dtype=torch.float64), torch.zeros(1, 8, 64,
+                                                                      dtype=torch.float64)
+    out, weights = attn(hidden_states=hidden, position_embeddings=(cos, sin),
+                        attention_mask=None)
+    assert out.shape == (1, 8, 256) and weights is None and len(references) == 1
