@@ -72,15 +72,19 @@ class Pattern:
 @dataclass
 class Report:
     """One graph's rewrite: ``fused`` (pattern, the replaced nodes' names, op), ``skipped``
-    (``Skip`` records), in the graph's order."""
+    (``Skip`` records), in the graph's order; ``modules``: what was replaced on the model's
+    modules before tracing (an object whose ``str`` lists it, ``explain``'s), or None."""
 
     fused: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    modules: object = None
 
     def __str__(self) -> str:
         lines = [f"fused {len(self.fused)}, left {len(self.skipped)}"]
         lines += [f"  {p}: {', '.join(nodes)} -> ge2jit.{op}" for p, nodes, op in self.fused]
         lines += [f"  left {s.node} ({s.pattern}): {s.reason}" for s in self.skipped]
+        if self.modules is not None:
+            lines += ["modules, before tracing: " + str(self.modules)]
         return "\n".join(lines)
 
 

@@ -80,29 +80,42 @@ def compile(model, *, inductor: bool = True, only: list[str] | None = None,
     loss without logits: logits the model returns would have to be made whole in any
     graph) and its gated MLPs' gate and up weights put in one storage (``gated_mlp``'s
     pattern then reads them without a copy)."""
-    if hf and isinstance(model, torch.nn.Module) and hasattr(model, "config"):
-        from .patch import pair_gated_mlps, patch
-
-        report = patch(model, linears=False, norms=False,
-                       head=only is None or "linear_cross_entropy" in only,
-                       attention=only is None or "scaled_dot_product_attention" in only)
-        if only is None or "gated_mlp" in only:
-            pair_gated_mlps(model, report)
+    if hf:
+        prepare_hf(model, only)
     return torch.compile(model, backend=functools.partial(backend, inductor=inductor,
                                                           only=only, mode=mode), **kwargs)
 
 
+def prepare_hf(model, only: list[str] | None = None):
+    """What ``compile(model, hf=True)`` does to a Hugging Face model (``model`` itself, with a
+    ``config``) before tracing it, in place; returns what it replaced and left (a
+    ``patch.PatchReport``), or None for another model."""
+    if not (isinstance(model, torch.nn.Module) and hasattr(model, "config")):
+        return None
+    from .patch import pair_gated_mlps, patch
+
+    report = patch(model, linears=False, norms=False,
+                   head=only is None or "linear_cross_entropy" in only,
+                   attention=only is None or "scaled_dot_product_attention" in only)
+    if only is None or "gated_mlp" in only:
+        pair_gated_mlps(model, report)
+    return report
+
+
 def explain(model, *args, only: list[str] | None = None, inductor: bool = True,
-            **kwargs) -> Report:
-    """What the backend fuses in ``model`` called on ``args``/``kwargs`` (as ``compile``
-    with these ``only`` and ``inductor`` would): every captured graph's report, merged. The
-    model runs once, eagerly after the rewrite (Inductor compiles nothing)."""
+            hf: bool = True, **kwargs) -> Report:
+    """What ``compile`` with these ``only``, ``inductor`` and ``hf`` does to ``model`` called
+    on ``args``/``kwargs``: every captured graph's report, merged, and (``modules``) what it
+    replaced on a Hugging Face model's modules before tracing (done here too, in place, as
+    ``compile`` does it; a model compiled before shows those as ge2jit's already). The model
+    runs once, eagerly after the rewrite (Inductor compiles nothing)."""
+    modules = prepare_hf(model, only) if hf else None
     torch._dynamo.reset()
     found: list[Report] = []
     compiled = torch.compile(model, backend=functools.partial(
         backend, inductor=inductor, eager=True, only=only, sink=found))
     compiled(*args, **kwargs)
-    merged = Report()
+    merged = Report(modules=modules)
     for r in found:
         merged.fused += r.fused
         merged.skipped += r.skipped

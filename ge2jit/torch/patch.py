@@ -285,7 +285,10 @@ def patch(model: nn.Module, *, linears: bool = True, norms: bool = True,
         report.replaced.append(("", "attention", "attn_implementation 'ge2jit'"))
         for path, module in model.named_modules():
             direct = direct_forward(module)
-            if direct is not None and _placeable(module, path, report):
+            if direct is not None and getattr(vars(module).get("forward"), "__func__",
+                                              None) is direct[0]:
+                report.left.append((path, "its forward is ge2jit's already"))
+            elif direct is not None and _placeable(module, path, report):
                 module.forward = BoundForward(direct[0], module)
                 report.replaced.append((path, *direct[1:]))
     return report

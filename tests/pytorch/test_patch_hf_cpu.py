@@ -152,3 +152,25 @@ def test_a_patched_model_saved_whole_loads_with_its_forwards(make):
     ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
     loaded.train()
     assert loaded(input_ids=ids, labels=ids).logits is None
+
+
+def test_explain_reports_what_compile_does_to_the_modules():
+    """``explain`` makes a Hugging Face model's module-level replacements as ``compile`` does
+    (the head and loss, the direct attention, the paired gate and up weights) and reports
+    them beside the graphs' patterns; a second ``explain`` finds them made."""
+    model = _llama()
+    ids = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    report = gt.explain(model, input_ids=ids, use_cache=False)
+    assert report.modules is not None
+    assert [p for p, _, _ in report.modules.replaced] == [
+        "lm_head", "", "model.layers.0.self_attn",
+        "model.layers.0.mlp"], str(report.modules)
+    assert "modules, before tracing: replaced 4, left 0" in str(report)
+    assert {name for name, _, _ in report.fused} | {s.pattern for s in report.skipped} >= {
+        "rms_norm", "gated_mlp"}
+    again = gt.explain(model, input_ids=ids, use_cache=False).modules
+    assert again.left == [("lm_head", "its head and loss are ge2jit's already"),
+                          ("model.layers.0.self_attn", "its forward is ge2jit's already")]
+    plain = _llama()
+    assert gt.explain(plain, input_ids=ids, use_cache=False, hf=False).modules is None
+    assert "forward" not in vars(plain.model.layers[0].self_attn)
