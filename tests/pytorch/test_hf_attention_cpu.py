@@ -241,3 +241,21 @@ def test_unusual_rotary_tables_run_the_modules_forward(references):
     out, weights = attn(hidden_states=hidden, position_embeddings=(cos, sin),
                         attention_mask=None)
     assert out.shape == (1, 8, 256) and weights is None and len(references) == 1
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_direct_forward_traces_whole(kind, references):
+    """TorchDynamo traces the direct forwards (their checks of the call, the cache, the
+    tables) without a graph break: ``fullgraph=True`` compiles the model, with its values."""
+    ours, theirs = _twins(kind)
+    for model in (ours, theirs):   # transformers' own warning about the default breaks a graph
+        model.loss_type = "ForCausalLM"
+    ids = torch.randint(0, 50, (2, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="eager", fullgraph=True)   # a break would raise
+    with torch.no_grad():   # (use_cache=False would have transformers mask for packed sequences)
+        got = compiled(input_ids=ids, labels=ids)
+        want = theirs(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-10, atol=1e-10)
+    assert len(references) == 2
+    torch._dynamo.reset()
