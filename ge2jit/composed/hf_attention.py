@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..ops.attention.hf import mask_window
 from ..ops.attention.spec import HEAD_DIMS
 from ..ops.attention.torch_ops import attention
 from ..ops.rope.torch_ops import rope
@@ -35,9 +36,12 @@ def _cache(kwargs) -> object:
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
-def _served(module, hidden: Tensor, args, kwargs, keywords, dropout: float) -> bool:
+def _served(module, hidden: Tensor, args, kwargs, keywords, dropout: float,
+            window: int | None = None) -> bool:
     """Whether the direct path serves this call of ``module`` (what it shares across the
-    model families): keywords only, all known, no mask, no attention weights asked for, no
+    model families): keywords only, all known, no mask (or, with the module's sliding
+    ``window``, a mask that is exactly that window: ``mask_window``), no attention weights
+    asked for, no
     dropout while training, ``attn_implementation="ge2jit"``, a head dim and a dtype the
     kernels have (or autocast), and no cache or an empty ``DynamicCache`` (what the model
     makes when ``use_cache`` is on, training too; generation past its first token runs the
@@ -45,12 +49,19 @@ def _served(module, hidden: Tensor, args, kwargs, keywords, dropout: float) -> b
     cache = _cache(kwargs)
     return (not args and kwargs.keys() <= keywords
             and not ("cache" in kwargs and "past_key_values" in kwargs)
-            and kwargs.get("attention_mask") is None and not kwargs.get("output_attentions")
+            and _no_mask(kwargs.get("attention_mask"), window)
+            and not kwargs.get("output_attentions")
             and not (module.training and dropout)
             and getattr(module.config, "_attn_implementation", None) == "ge2jit"
             and module.head_dim in HEAD_DIMS and _kernel_input(hidden)
             and (cache is None or (type(cache).__name__ == "DynamicCache"
                                    and cache.get_seq_length(module.layer_idx) == 0)))
+
+
+def _no_mask(mask, window: int | None) -> bool:
+    """Whether the kernels need no mask: None, or one that is exactly the module's causal
+    sliding ``window``."""
+    return mask is None or (window is not None and mask_window(mask) == window)
 
 
 def _kernel_input(hidden) -> bool:
@@ -107,13 +118,14 @@ def rotary_attention_forward(self, hidden_states: Tensor, *args, **kwargs):
     outputs (B, S, H · D) read as (B, S, H, D), q and k rotated by ``rope`` in one launch (the
     rotary embedding's cos and sin, whose halves repeat, read as their first halves), the
     attention kernel reading those and v's projection in place and writing (B, S, H, D), which
-    is ``o_proj``'s input as it is. The calls ``_served`` refuses, and rotary tables that are
-    not the model's usual (B or 1, S, head_dim), run the module's own forward. Returns
-    ``(output, None)``."""
-    tables = kwargs.get("position_embeddings")
+    is ``o_proj``'s input as it is. A sliding window (Mistral's; Qwen2's sliding layers) is
+    the kernel's, with no mask or the mask transformers made for it (``mask_window``). The
+    calls ``_served`` refuses, and rotary tables that are not the model's usual (B or 1, S,
+    head_dim), run the module's own forward. Returns ``(output, None)``."""
+    tables, window = kwargs.get("position_embeddings"), _window(self)
     if not (_served(self, hidden_states, args, kwargs, _ROTARY_KEYWORDS,
-                    self.attention_dropout) and _usual_tables(tables, hidden_states,
-                                                                self.head_dim)):
+                    self.attention_dropout, window) and _usual_tables(tables, hidden_states,
+                                                                        self.head_dim)):
         return type(self).forward(self, hidden_states, *args, **kwargs)
     b, s, _ = hidden_states.shape
     d = self.head_dim
@@ -123,7 +135,6 @@ def rotary_attention_forward(self, hidden_states: Tensor, *args, **kwargs):
     cos, sin = tables
     q, k = rope(q, k, cos[..., : d // 2], sin[..., : d // 2])
     _fill(_cache(kwargs), k, v, self.layer_idx)
-    window = _window(self)
     out = attention(q, k, v, causal=True, scale=self.scaling,
                     window=None if window is None else (window - 1, 0))
     return self.o_proj(out.reshape(b, s, -1)), None

@@ -259,3 +259,134 @@ def test_the_direct_forward_traces_whole(kind, references):
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-10, atol=1e-10)
     assert len(references) == 2
     torch._dynamo.reset()
+
+
+def _mask_calls(monkeypatch):
+    """The masks ge2jit's attention function receives (``hf.attention``'s calls: a reference
+    standing in; ``scaled_dot_product_attention``'s: recorded, then PyTorch's)."""
+    from ge2jit.ops.attention import hf
+
+    seen = []
+    reference = _reference_attention(seen)
+
+    def kernel(q, k, v, *, causal, scale, softcap=None, window=None, layout=None):
+        assert layout == "bhsd" and not softcap
+        return reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         causal=causal, scale=scale, window=window).transpose(1, 2)
+
+    real = hf.scaled_dot_product_attention
+
+    def sdpa(*args, attn_mask=None, **kwargs):
+        seen.append(("sdpa", None if attn_mask is None else tuple(attn_mask.shape)))
+        return real(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(hf, "attention", kernel)
+    monkeypatch.setattr(hf, "scaled_dot_product_attention", sdpa)
+    return seen
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+def test_a_sliding_window_longer_sequence_runs_the_kernels_window(direct, references,
+                                                                  monkeypatch):
+    """A sequence longer than Mistral's window (transformers makes a mask for it): the mask
+    ge2jit's mask function made is tagged with the window, and the direct forward (or
+    the attention function by name) runs the kernels' window (W - 1, 0) on it, with the
+    untouched model's values; Qwen2's full layers get no mask and no window."""
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from ge2jit.ops.attention import hf
+
+    seen = _mask_calls(monkeypatch)
+    real, masks = hf._causal_or_sdpa_mask, []
+
+    def made(*args, **kwargs):
+        masks.append(real(*args, **kwargs))
+        return masks[-1]
+
+    for kind, extra, windows in (
+            ("mistral", dict(sliding_window=8), [(7, 0), (7, 0)]),
+            ("qwen2", dict(sliding_window=8, use_sliding_window=True, max_window_layers=1),
+             [None, (7, 0)])):
+        ours, theirs = _twins(kind, **extra)
+        if not direct:
+            for m in ours.modules():
+                vars(m).pop("forward", None)
+        masks.clear()
+        AttentionMaskInterface.register("ge2jit", made)   # (_twins registered ge2jit's)
+        ids = torch.randint(0, 50, (2, 24))
+        with torch.no_grad():
+            got = ours(input_ids=ids).logits
+            want = theirs(input_ids=ids).logits
+        AttentionMaskInterface.register("ge2jit", real)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        assert [hf.mask_window(m) for m in masks if m is not None] == [8]
+        # each call's window: the kernels' (W - 1, 0); None: is_causal (the kernel or,
+        # by name, scaled_dot_product_attention, whose own checks then take it); "mask"
+        calls = references if direct else seen
+        assert [c[4] if len(c) == 5 else "mask" if c[1] else None for c in calls] == \
+            windows, calls
+        references.clear(), seen.clear()
+
+
+def test_only_a_plain_sliding_window_mask_is_tagged(monkeypatch):
+    """The window tag goes only on transformers' plain sliding-window causal mask of a batch
+    without padding whose queries cover the keys, outside tracing: not with padding, not on
+    a chunked, bidirectional or combined mask function, not while compiling."""
+    from transformers import masking_utils as mu
+
+    from ge2jit.ops.attention import hf
+
+    gt.register_hf_attention()
+
+    def mask(function=None, **changes):
+        args = dict(batch_size=2, q_length=16, kv_length=16, q_offset=0, kv_offset=0,
+                    mask_function=function or mu.sliding_window_causal_mask_function(4),
+                    attention_mask=None, allow_is_causal_skip=True, local_size=4,
+                    dtype=torch.float32, device=torch.device("cpu"))
+        args.update(changes)
+        return hf._causal_or_sdpa_mask(**args)
+
+    plain = mask()
+    assert hf.mask_window(plain) == 4 and plain.shape[-2:] == (16, 16)
+    i = torch.arange(16)
+    assert torch.equal(plain[0, 0], (i[None] <= i[:, None]) & (i[None] > i[:, None] - 4))
+    assert hf.mask_window(mask(local_size=None, mask_function=mu.causal_mask_function)) is None
+    padding = torch.ones(2, 16, dtype=torch.bool)
+    padding[1, :3] = False
+    assert hf.mask_window(mask(attention_mask=padding)) is None
+    assert hf.mask_window(mask(allow_is_causal_skip=False)) is None
+    assert hf.mask_window(mask(q_length=1, q_offset=15)) is None
+    assert hf.mask_window(mask(function=mu.and_masks(
+        mu.sliding_window_causal_mask_function(4), mu.causal_mask_function))) is None
+    assert hf.mask_window(mask(function=mu.sliding_window_causal_mask_function(5))) is None
+    if hasattr(mu, "chunked_causal_mask_function"):
+        import inspect
+
+        chunked = mu.chunked_causal_mask_function
+        n = len(inspect.signature(chunked).parameters)
+        function = chunked(4, torch.zeros(2, dtype=torch.long)) if n == 2 else chunked(4)
+        assert hf.mask_window(mask(function=function)) is None
+    if hasattr(mu, "sliding_window_bidirectional_mask_function"):
+        function = mu.sliding_window_bidirectional_mask_function(4)
+        assert hf.mask_window(mask(function=function)) is None
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert hf.mask_window(mask()) is None
+    assert hf.mask_window(plain[:, :, :, :8]) is None and hf.mask_window(None) is None
+
+
+def test_a_tagged_mask_with_dropout_goes_to_pytorch_with_the_mask(monkeypatch):
+    """Dropout while training: the kernels have none, so PyTorch's SDPA runs with the
+    window's mask (not is_causal alone)."""
+    from ge2jit.ops.attention import hf
+
+    seen = _mask_calls(monkeypatch)
+    q = torch.randn(1, 2, 16, 64, dtype=torch.float64)
+    m = torch.ones(1, 1, 16, 16, dtype=torch.bool).tril()
+    setattr(m, hf.WINDOW_TAG, 16)
+    module = torch.nn.Module()
+    module.is_causal = True
+    hf.hf_attention_forward(module, q, q, q, m, dropout=0.1)
+    assert seen == [("sdpa", (1, 1, 16, 16))]
+    seen.clear()
+    hf.hf_attention_forward(module, q, q, q, m, dropout=0.0)
+    assert seen == [((1, 16, 2, 64), (1, 16, 2, 64), True, None, (15, 0))]

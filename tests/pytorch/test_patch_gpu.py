@@ -123,7 +123,7 @@ def _direct_calls(monkeypatch):
     real = hf_attention.attention
 
     def counted(*args, **kwargs):
-        calls.append(args[0].shape)
+        calls.append((args[0].shape, kwargs.get("window")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(hf_attention, "attention", counted)
@@ -149,15 +149,20 @@ LAYERS = {"gpt2": ["transformer.h.0.attn", "transformer.h.1.attn"],
           "llama": ["model.layers.0.self_attn", "model.layers.1.self_attn"]}
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral", "qwen2"])
-def test_the_attention_reads_the_projections_in_place_and_matches(kind, monkeypatch):
-    """patch gives GPT-2's self-attention and LLaMA's, Mistral's (its window, 4096, as the
-    kernel's) and Qwen2's (projection biases) attention the direct path (q, k, v read from
+@pytest.mark.parametrize("kind,extra", [
+    ("gpt2", {}), ("llama", {}), ("mistral", {}), ("qwen2", {}),
+    ("mistral", {"sliding_window": 40}),
+    ("qwen2", {"sliding_window": 40, "use_sliding_window": True, "max_window_layers": 1})],
+    ids=["gpt2", "llama", "mistral", "qwen2", "mistral-window", "qwen2-window"])
+def test_the_attention_reads_the_projections_in_place_and_matches(kind, extra, monkeypatch):
+    """patch gives GPT-2's self-attention and LLaMA's, Mistral's and Qwen2's (projection
+    biases) attention the direct path (q, k, v read from
     the projections' outputs by strides, q and k rotated by rope, the output projection's
     input written): loss and every gradient within 1.5x the untouched bfloat16 model's error
     of float64, the cache filled as the module fills it, the next token on the module's own
-    forward."""
-    model, ref = _hf_models(kind)
+    forward. A window of 40 keys over 96 queries: transformers' mask for it, tagged by
+    ge2jit's mask function, is the kernel's window (39, 0)."""
+    model, ref = _hf_models(kind, **extra)
     ids = torch.randint(0, 1000, (2, 96), device="cuda")
     labels = ids.clone()
     _, want = _loss_and_grads(ref, ids, labels)
@@ -168,7 +173,11 @@ def test_the_attention_reads_the_projections_in_place_and_matches(kind, monkeypa
     assert direct == LAYERS["gpt2" if kind == "gpt2" else "llama"], str(report)
     calls = _direct_calls(monkeypatch)
     _, grads = _loss_and_grads(model, ids, labels)
-    assert calls == [(2, 96, 2, 64)] * 2      # both layers, q as (B, S, H, D)
+    assert [c[0] for c in calls] == [(2, 96, 2, 64)] * 2      # both layers, q as (B, S, H, D)
+    window = {"mistral-window": [(39, 0)] * 2, "qwen2-window": [None, (39, 0)],
+              "mistral": [(4095, 0)] * 2}
+    assert [c[1] for c in calls] == window.get(
+        f"{kind}-window" if extra else kind, [None, None])
     got = relative_errors(grads, want)
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
@@ -184,7 +193,8 @@ def test_the_attention_reads_the_projections_in_place_and_matches(kind, monkeypa
                              out.past_key_values.layers[layer].values),
                             (out_twin.past_key_values.layers[layer].keys,
                              out_twin.past_key_values.layers[layer].values)):
-                assert a.shape == (2, 2 if kind == "gpt2" else 1, 96, 64)
+                # (a sliding layer keeps its window's last keys)
+                assert a.shape == b.shape and a.shape[:2] == (2, 2 if kind == "gpt2" else 1)
                 # values exact; keys rotated by rope in float32 (the module's: products
                 # rounded to bfloat16, then summed): a bfloat16 unit of the largest key
                 tol = 0 if kind == "gpt2" else 2 ** -7 * b.abs().max().item()
@@ -196,27 +206,6 @@ def test_the_attention_reads_the_projections_in_place_and_matches(kind, monkeypa
         step_twin = twin(input_ids=nxt, past_key_values=out_twin.past_key_values, use_cache=True)
         assert len(calls) == 4
         torch.testing.assert_close(step.logits, step_twin.logits, rtol=2 ** -7, atol=2 ** -7)
-
-
-def test_a_mistral_window_shorter_than_the_sequence_runs_the_modules_forward(monkeypatch):
-    """transformers masks a sliding window shorter than the sequence: the module's own
-    forward runs (then PyTorch's SDPA with the mask), with its values."""
-    model, _ = _hf_models("mistral", sliding_window=40)
-    gt.patch(model)
-    twin = _own_forward_twin(model)
-    calls = _direct_calls(monkeypatch)
-    ids = torch.randint(0, 1000, (2, 96), device="cuda")
-    model.eval(), twin.eval()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")               # PyTorch's SDPA's (a one-time warning)
-        a = model(input_ids=ids).logits
-        b = twin(input_ids=ids).logits
-    assert calls == [] and torch.equal(a, b)
-    with torch.no_grad():                    # a sequence shorter than the window: direct
-        a = model(input_ids=ids[:, :39]).logits
-        b = twin(input_ids=ids[:, :39]).logits
-    assert calls == [(2, 39, 2, 64)] * 2
-    torch.testing.assert_close(a, b, rtol=2 ** -7, atol=2 ** -7)
 
 
 def test_gpt2s_attention_leaves_what_the_direct_path_does_not_serve(monkeypatch):
@@ -249,4 +238,4 @@ def test_gpt2s_attention_leaves_what_the_direct_path_does_not_serve(monkeypatch)
     assert calls == []
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         model(input_ids=ids)
-    assert calls == [(2, 64, 2, 64)] * 2
+    assert calls == [((2, 64, 2, 64), None)] * 2

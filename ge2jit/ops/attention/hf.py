@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import sys
 
+import torch
 from torch import Tensor
 
 from .torch_ops import attention, scaled_dot_product_attention
@@ -23,7 +24,13 @@ def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
     SDPA integration decides it), ``scaling``, ``dropout``, a model's ``sliding_window`` and
     ``softcap``. Returns (the output as (B, S_q, H, D), None: no attention weights). What
     the kernels do not do (a padding mask, dropout) runs PyTorch's SDPA, through
-    ``scaled_dot_product_attention``'s fallback and its one-time warning."""
+    ``scaled_dot_product_attention``'s fallback and its one-time warning. A mask that is
+    exactly a causal sliding window (``mask_window``) runs the kernels' window instead."""
+    window = mask_window(attention_mask)
+    if window is not None and not dropout and query.shape[2] == key.shape[2]:
+        # the mask is exactly a causal sliding window (ge2jit's mask function tagged it):
+        # the kernels' window, the mask unread
+        attention_mask, sliding_window, is_causal = None, window, True
     if attention_mask is not None and attention_mask.dim() == 4:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -63,12 +70,27 @@ def register_hf_attention(name: str = "ge2jit") -> str:
     return name
 
 
+#: the attribute ge2jit's mask function sets on a mask that is exactly a causal sliding window
+#: of W keys (each query sees itself and the W - 1 keys before it): W
+WINDOW_TAG = "_ge2jit_window"
+
+
+def mask_window(mask) -> int | None:
+    """The window W of a mask ge2jit's mask function made and found to be exactly a causal
+    sliding window of W keys (transformers' ``sliding_window_causal_mask_function(W)``, no
+    padding, no packed sequences, queries covering the keys: the kernels' ``window=(W - 1,
+    0)``), or None (any other mask, None, a slice of one)."""
+    return getattr(mask, WINDOW_TAG, None) if isinstance(mask, Tensor) else None
+
+
 def _causal_or_sdpa_mask(*args, **kwargs):
     """transformers' SDPA mask, except that a causal batch without padding whose queries
     cover every key passes no mask (then ``is_causal``) while compiling too: transformers
     skips the mask only outside tracing (before PyTorch 2.14), and a mask sends the call to
-    PyTorch's SDPA. The decision reads only sizes and the mask function, never tensor
-    values."""
+    PyTorch's SDPA. Outside tracing, a sliding-window mask of such a batch (Mistral's, Qwen2's
+    sliding layers) is made and tagged with its window (``mask_window``), so that the
+    attention runs the kernels' window on it. The decisions read only sizes and the mask
+    function (its closures, for the window), never tensor values."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
@@ -78,12 +100,44 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     position = bound.get("cache_position")
     q_length = bound.get("q_length", None if position is None else position.shape[0])
     offsets = (bound.get("kv_offset", 0), bound.get("q_offset", 0))
-    if bound.get("mask_function", causal_mask_function) is causal_mask_function and \
-            bound.get("attention_mask") is None and bound.get("local_size") is None and \
-            bound.get("allow_is_causal_skip", True) and q_length == bound.get("kv_length") and \
-            all(isinstance(o, int) and o == 0 for o in offsets):
+    plain = (bound.get("attention_mask") is None and bound.get("allow_is_causal_skip", True)
+             and q_length == bound.get("kv_length")
+             and all(isinstance(o, int) and o == 0 for o in offsets))
+    function, local = bound.get("mask_function", causal_mask_function), bound.get("local_size")
+    if plain and function is causal_mask_function and local is None:
         return None
-    return sdpa_mask(*args, **kwargs)
+    mask = sdpa_mask(*args, **kwargs)
+    if plain and isinstance(mask, Tensor) and isinstance(local, int) and \
+            not torch.compiler.is_compiling() and _sliding_window(function) == local:
+        setattr(mask, WINDOW_TAG, local)
+    return mask
+
+
+def _closure(fn) -> dict:
+    """A function's free variables by name (its closure's cells)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    return dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code else {}
+
+
+def _sliding_window(function) -> int | None:
+    """W when ``function`` is transformers' ``sliding_window_causal_mask_function(W)`` (its
+    ``and_masks`` of ``sliding_window_overlay(W)`` and ``causal_mask_function``, recognized by
+    their code and closures), else None: any other function, combined or not."""
+    from transformers import masking_utils as mu
+
+    try:
+        overlay = mu.sliding_window_overlay(1)
+        joined = mu.and_masks(overlay, mu.causal_mask_function)
+    except (AttributeError, TypeError, RuntimeError):   # another transformers: no window
+        return None
+    if getattr(function, "__code__", None) is not joined.__code__:
+        return None
+    masks = _closure(function).get("mask_functions")
+    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is mu.causal_mask_function
+            and getattr(masks[0], "__code__", None) is overlay.__code__):
+        return None
+    window = _closure(masks[0]).get("sliding_window")
+    return window if type(window) is int and window > 0 else None
 
 
 #: (transformers' sdpa_mask, its signature): made once, the mask function runs at every
