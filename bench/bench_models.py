@@ -16,7 +16,9 @@ line, against the same models untouched, every mode timed in turns in one proces
 
 Models (random init, random tokens): ``llama``: ``LlamaForCausalLM``, 4 layers, d 2048, 16
 heads, 4 KV heads, hidden 5632, vocabulary 32000, 4 x 1024 tokens; ``llama128k``: the same with
-a 128256-token vocabulary (the memory of the head and loss); ``gpt2``: ``GPT2LMHeadModel``, 8
+a 128256-token vocabulary (the memory of the head and loss); ``mistral``:
+``MistralForCausalLM``, LLaMA's layers with a sliding window of 1024 keys, 2 x 4096 tokens
+(transformers makes a mask for the window); ``gpt2``: ``GPT2LMHeadModel``, 8
 layers, d 1024, 16 heads, 8 x 512 tokens; ``convnet``: four convolutions with batch norms,
 ReLUs and pooling and a Linear head over 1000 classes, 64 images of 64 x 64 (nothing for
 ge2jit to fuse: its compile should take torch.compile's time). ``bf16``: bfloat16 weights;
@@ -49,6 +51,9 @@ MODELS = {
     "llama128k": dict(kind="llama", vocab=128256, d=2048, layers=4, heads=16, kv_heads=4,
                       hidden=5632, batch=4, seq=1024),
     "gpt2": dict(kind="gpt2", vocab=50257, d=1024, layers=8, heads=16, batch=8, seq=512),
+    # a sliding window shorter than the sequence (transformers masks it)
+    "mistral": dict(kind="mistral", vocab=32000, d=2048, layers=4, heads=16, kv_heads=4,
+                    hidden=5632, batch=2, seq=4096, window=1024),
     # nothing for ge2jit to fuse: its compile should match torch.compile's step
     "convnet": dict(kind="convnet", vocab=1000, d=256, layers=4, batch=64, seq=64),
 }
@@ -90,14 +95,16 @@ def build(spec: dict, dtype, seed: int = 0):
     torch.manual_seed(seed)
     if spec["kind"] == "convnet":
         return _ConvNet(spec).to(device="cuda", dtype=dtype).train()
-    if spec["kind"] == "llama":
-        config = tf.LlamaConfig(vocab_size=spec["vocab"], hidden_size=spec["d"],
-                                intermediate_size=spec["hidden"],
-                                num_hidden_layers=spec["layers"],
-                                num_attention_heads=spec["heads"],
-                                num_key_value_heads=spec["kv_heads"],
-                                max_position_embeddings=max(2048, spec["seq"]))
-        model = tf.LlamaForCausalLM(config)
+    if spec["kind"] in ("llama", "mistral"):
+        common = dict(vocab_size=spec["vocab"], hidden_size=spec["d"],
+                      intermediate_size=spec["hidden"], num_hidden_layers=spec["layers"],
+                      num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
+                      max_position_embeddings=max(2048, spec["seq"]))
+        if spec["kind"] == "mistral":
+            model = tf.MistralForCausalLM(tf.MistralConfig(sliding_window=spec["window"],
+                                                           **common))
+        else:
+            model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     else:
         config = tf.GPT2Config(vocab_size=spec["vocab"], n_embd=spec["d"],
                                n_layer=spec["layers"], n_head=spec["heads"],
