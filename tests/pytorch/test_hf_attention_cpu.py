@@ -390,3 +390,34 @@ def test_a_tagged_mask_with_dropout_goes_to_pytorch_with_the_mask(monkeypatch):
     seen.clear()
     hf.hf_attention_forward(module, q, q, q, m, dropout=0.0)
     assert seen == [((1, 16, 2, 64), (1, 16, 2, 64), True, None, (15, 0))]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+def test_a_sliding_window_runs_the_kernels_window_while_compiling(direct, references,
+                                                                   monkeypatch):
+    """Compiled (whole, fullgraph), Mistral's and Qwen2's sliding layers pass no mask for a
+    window shorter than the sequence: their modules' window is the kernels', with the
+    untouched model's values."""
+    seen = _mask_calls(monkeypatch)
+    for kind, extra, windows in (
+            ("mistral", dict(sliding_window=8), [(7, 0), (7, 0)]),
+            ("qwen2", dict(sliding_window=8, use_sliding_window=True, max_window_layers=1),
+             [None, (7, 0)])):
+        ours, theirs = _twins(kind, **extra)
+        if not direct:
+            for m in ours.modules():
+                vars(m).pop("forward", None)
+        for model in (ours, theirs):
+            model.loss_type = "ForCausalLM"
+        ids = torch.randint(0, 50, (2, 24))
+        torch._dynamo.reset()
+        compiled = torch.compile(ours, backend="eager", fullgraph=True)
+        with torch.no_grad():
+            got = compiled(input_ids=ids, labels=ids).logits
+            want = theirs(input_ids=ids, labels=ids).logits
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        calls = references if direct else seen
+        assert [c[4] if len(c) == 5 else "mask" if c[1] else None for c in calls] == \
+            windows, calls
+        references.clear(), seen.clear()
+    torch._dynamo.reset()

@@ -208,6 +208,31 @@ def test_the_attention_reads_the_projections_in_place_and_matches(kind, extra, m
         torch.testing.assert_close(step.logits, step_twin.logits, rtol=2 ** -7, atol=2 ** -7)
 
 
+@pytest.mark.parametrize("kind,extra", [
+    ("mistral", {"sliding_window": 40}),
+    ("qwen2", {"sliding_window": 40, "use_sliding_window": True, "max_window_layers": 1})],
+    ids=["mistral-window", "qwen2-window"])
+def test_a_compiled_sliding_window_runs_the_kernels_window(kind, extra, monkeypatch):
+    """gt.compile: a window of 40 keys over 96 queries passes no mask while tracing (Mistral's
+    and Qwen2's modules pass their window), the kernel runs (39, 0); loss and every gradient
+    within 1.5x the untouched bfloat16 model's error of float64."""
+    model, ref = _hf_models(kind, **extra)
+    ids = torch.randint(0, 1000, (2, 96), device="cuda")
+    labels = ids.clone()
+    _, want = _loss_and_grads(ref, ids, labels)
+    _, untouched = _loss_and_grads(model, ids, labels)
+    eager = relative_errors(untouched, want)
+    calls = _direct_calls(monkeypatch)
+    torch._dynamo.reset()
+    compiled = gt.compile(model)
+    _, grads = _loss_and_grads(compiled, ids, labels)
+    assert [c[1] for c in calls] == ([(39, 0)] * 2 if kind == "mistral" else [None, (39, 0)])
+    got = relative_errors(grads, want)
+    for g, e in zip(got, eager):
+        assert g <= 1.5 * e + 2 ** -8, (got, eager)
+    torch._dynamo.reset()
+
+
 def test_gpt2s_attention_leaves_what_the_direct_path_does_not_serve(monkeypatch):
     """A padding mask, attention dropout in training and a float32 model without autocast
     run the module's own forward, with its results."""

@@ -89,8 +89,10 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     skips the mask only outside tracing (before PyTorch 2.14), and a mask sends the call to
     PyTorch's SDPA. Outside tracing, a sliding-window mask of such a batch (Mistral's, Qwen2's
     sliding layers) is made and tagged with its window (``mask_window``), so that the
-    attention runs the kernels' window on it. The decisions read only sizes and the mask
-    function (its closures, for the window), never tensor values."""
+    attention runs the kernels' window on it; while tracing, Mistral's and Qwen2's
+    (``_WINDOWED``) is not made (their modules pass the window). The decisions read only
+    sizes, the config's model type and window, and the mask function (its closures, for the
+    window), never tensor values."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
@@ -106,11 +108,26 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     function, local = bound.get("mask_function", causal_mask_function), bound.get("local_size")
     if plain and function is causal_mask_function and local is None:
         return None
+    if plain and isinstance(local, int) and torch.compiler.is_compiling():
+        # while tracing the mask function cannot be inspected: the model types whose masks
+        # with a local size are only their causal sliding window, and whose attention
+        # modules pass that window on, pass no mask
+        config = (bound.get("kwargs") or {}).get("config")
+        if getattr(config, "model_type", None) in _WINDOWED and \
+                local == getattr(config, "sliding_window", None):
+            return None
     mask = sdpa_mask(*args, **kwargs)
     if plain and isinstance(mask, Tensor) and isinstance(local, int) and \
             not torch.compiler.is_compiling() and _sliding_window(function) == local:
         setattr(mask, WINDOW_TAG, local)
     return mask
+
+
+#: Hugging Face model types (``config.model_type``) whose masks with a local size are only
+#: their causal sliding window of ``config.sliding_window`` keys and whose attention modules
+#: pass that window to the attention function (Mistral's, Qwen2's sliding layers): while
+#: compiling, their plain sliding-window masks are not made
+_WINDOWED = ("mistral", "qwen2")
 
 
 def _closure(fn) -> dict:
