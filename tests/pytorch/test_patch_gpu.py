@@ -145,6 +145,17 @@ def _own_forward_twin(model):
     return twin
 
 
+def _untouched_errors(kind: str, **extra):
+    """A tiny bfloat16 model of ``kind`` (``_hf_models``), 2 x 96 tokens and their labels, the
+    float64 copy's loss and gradients, and the untouched model's errors against those."""
+    model, ref = _hf_models(kind, **extra)
+    ids = torch.randint(0, 1000, (2, 96), device="cuda")
+    labels = ids.clone()
+    _, want = _loss_and_grads(ref, ids, labels)
+    _, untouched = _loss_and_grads(model, ids, labels)
+    return model, ids, labels, want, relative_errors(untouched, want)
+
+
 LAYERS = {"gpt2": ["transformer.h.0.attn", "transformer.h.1.attn"],
           "llama": ["model.layers.0.self_attn", "model.layers.1.self_attn"]}
 
@@ -162,12 +173,7 @@ def test_the_attention_reads_the_projections_in_place_and_matches(kind, extra, m
     of float64, the cache filled as the module fills it, the next token on the module's own
     forward. A window of 40 keys over 96 queries: transformers' mask for it, tagged by
     ge2jit's mask function, is the kernel's window (39, 0)."""
-    model, ref = _hf_models(kind, **extra)
-    ids = torch.randint(0, 1000, (2, 96), device="cuda")
-    labels = ids.clone()
-    _, want = _loss_and_grads(ref, ids, labels)
-    _, untouched = _loss_and_grads(model, ids, labels)
-    eager = relative_errors(untouched, want)
+    model, ids, labels, want, eager = _untouched_errors(kind, **extra)
     report = gt.patch(model)
     direct = [p for p, what, _ in report.replaced if what.startswith(ATTENTION)]
     assert direct == LAYERS["gpt2" if kind == "gpt2" else "llama"], str(report)
@@ -216,12 +222,7 @@ def test_a_compiled_sliding_window_runs_the_kernels_window(kind, extra, monkeypa
     """gt.compile: a window of 40 keys over 96 queries passes no mask while tracing (Mistral's
     and Qwen2's modules pass their window), the kernel runs (39, 0); loss and every gradient
     within 1.5x the untouched bfloat16 model's error of float64."""
-    model, ref = _hf_models(kind, **extra)
-    ids = torch.randint(0, 1000, (2, 96), device="cuda")
-    labels = ids.clone()
-    _, want = _loss_and_grads(ref, ids, labels)
-    _, untouched = _loss_and_grads(model, ids, labels)
-    eager = relative_errors(untouched, want)
+    model, ids, labels, want, eager = _untouched_errors(kind, **extra)
     calls = _direct_calls(monkeypatch)
     torch._dynamo.reset()
     compiled = gt.compile(model)
