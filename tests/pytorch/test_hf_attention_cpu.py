@@ -392,6 +392,36 @@ def test_a_tagged_mask_with_dropout_goes_to_pytorch_with_the_mask(monkeypatch):
     assert seen == [((1, 16, 2, 64), (1, 16, 2, 64), True, None, (15, 0))]
 
 
+def test_dropout_with_a_window_and_no_mask_goes_to_pytorch_with_the_windows_mask(monkeypatch):
+    """No mask (a window while compiling, or one transformers skipped) and dropout: PyTorch's
+    SDPA takes the window as a mask (is_causal alone would let a query see every key before
+    it), with the values of the window's mask."""
+    from ge2jit.ops.attention import hf
+
+    masks = []
+    real = hf.scaled_dot_product_attention
+
+    def sdpa(*args, attn_mask=None, is_causal=False, **kwargs):
+        masks.append((attn_mask, is_causal))
+        return real(*args, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(hf, "scaled_dot_product_attention", sdpa)
+    module = torch.nn.Module()
+    module.is_causal = True
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.float64) for _ in range(3))
+    torch.manual_seed(1)
+    got, _ = hf.hf_attention_forward(module, q, k, v, None, dropout=0.25, sliding_window=4)
+    (mask, causal), = masks
+    i = torch.arange(16)
+    assert not causal and torch.equal(mask, (i[None] <= i[:, None]) & (i[None] > i[:, None] - 4))
+    torch.manual_seed(1)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.25)
+    torch.testing.assert_close(got, want.transpose(1, 2))
+    masks.clear()                     # a window as long as the sequence: is_causal
+    hf.hf_attention_forward(module, q, k, v, None, dropout=0.25, sliding_window=16)
+    assert masks == [(None, True)]
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
 def test_a_sliding_window_runs_the_kernels_window_while_compiling(direct, references,
                                                                    monkeypatch):

@@ -43,10 +43,23 @@ def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
                         window=(sliding_window - 1, 0 if causal else -1) if sliding_window
                         else None, layout="bhsd")
     else:
+        if attention_mask is None and causal and sliding_window and \
+                query.shape[2] == key.shape[2] > sliding_window:
+            # dropout with a window no mask was made for (the kernels have no dropout):
+            # PyTorch's SDPA takes the window as a mask
+            attention_mask, causal = _window_mask(key.shape[2], sliding_window,
+                                                  query.device), False
         out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                            dropout_p=dropout, is_causal=causal, scale=scaling,
                                            enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def _window_mask(length: int, window: int, device) -> Tensor:
+    """The (length, length) boolean mask of a causal sliding window of ``window`` keys (each
+    query sees itself and the window - 1 keys before it)."""
+    i = torch.arange(length, device=device)
+    return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
 
 
 def register_hf_attention(name: str = "ge2jit") -> str:
