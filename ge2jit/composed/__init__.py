@@ -7,6 +7,8 @@ sit beside it (``torch_ops.py``, ``torch_patterns.py``, ``hf.py``), imported by
 - ``linear_cross_entropy(x, weight, targets, ...)``: a linear layer (a language model's head)
   and its cross-entropy in chunks of rows, the logits never whole, on ``gemm_bias_act`` and
   ``cross_entropy``.
+- ``hf_attention``: Hugging Face GPT-2's, LLaMA's, Mistral's and Qwen2's attention modules'
+  forwards on ``rope`` and ``attention``, the projections read in place (``patch``'s).
 """
 
 from __future__ import annotations
