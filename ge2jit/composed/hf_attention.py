@@ -41,11 +41,10 @@ def _served(module, hidden: Tensor, args, kwargs, keywords, dropout: float,
     """Whether the direct path serves this call of ``module`` (what it shares across the
     model families): keywords only, all known, no mask (or, with the module's sliding
     ``window``, a mask that is exactly that window: ``mask_window``), no attention weights
-    asked for, no
-    dropout while training, ``attn_implementation="ge2jit"``, a head dim and a dtype the
-    kernels have (or autocast), and no cache or an empty ``DynamicCache`` (what the model
-    makes when ``use_cache`` is on, training too; generation past its first token runs the
-    module's own forward)."""
+    asked for, no dropout while training, ``attn_implementation="ge2jit"``, a head dim and a
+    dtype the kernels have (or autocast), and no cache or an empty ``DynamicCache`` (what the
+    model makes when ``use_cache`` is on, training too; generation past its first token runs
+    the module's own forward)."""
     cache = _cache(kwargs)
     return (not args and kwargs.keys() <= keywords
             and not ("cache" in kwargs and "past_key_values" in kwargs)
@@ -153,12 +152,15 @@ def _usual_tables(tables, hidden: Tensor, head_dim: int) -> bool:
 
 def is_rotary_attention(module) -> bool:
     """Whether ``module`` is Hugging Face's LLaMA, Mistral or Qwen2 attention (q, k, v and o
-    projections as Linears, a head dim, a layer index)."""
-    return (type(module).__name__ in _ROTARY and all(
+    projections as Linears, a head dim, a layer index; Qwen2's with its layer's
+    ``sliding_window``, which transformers before its layer types computed in the forward)."""
+    name = type(module).__name__
+    return (name in _ROTARY and all(
         isinstance(getattr(module, n, None), nn.Linear)
         for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         and all(hasattr(module, n) for n in ("config", "head_dim", "layer_idx", "scaling",
-                                               "attention_dropout")))
+                                               "attention_dropout"))
+        and (_ROTARY[name] != "module" or hasattr(module, "sliding_window")))
 
 
 def direct_forward(module):

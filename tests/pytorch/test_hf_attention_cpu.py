@@ -64,6 +64,19 @@ def test_patch_gives_each_attention_module_its_direct_forward(kind):
     assert "forward" not in vars(untouched.get_submodule(modules[0][0]))
 
 
+def test_a_qwen2_module_without_its_layers_window_is_left():
+    """A Qwen2 attention module without ``sliding_window`` (transformers before its layer
+    types computed the window in the forward) is not taken: its window would be unknown."""
+    make, config = _config("qwen2")
+    with torch.device("meta"):
+        model = make(config)
+    attn = model.model.layers[0].self_attn
+    assert hf_attention.is_rotary_attention(attn)
+    del attn.sliding_window
+    assert not hf_attention.is_rotary_attention(attn)
+    assert hf_attention.direct_forward(attn) is None
+
+
 def test_attention_false_leaves_the_modules_forwards():
     make, config = _config("llama")
     with torch.device("meta"):
