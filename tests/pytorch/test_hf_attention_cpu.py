@@ -298,6 +298,27 @@ def _mask_calls(monkeypatch):
     return seen
 
 
+def _sliding_twins(direct: bool):
+    """(ours, theirs, each layer's expected window) for Mistral with a window of 8 and Qwen2
+    with its second layer sliding (``_twins``); ``direct`` False: ours without the direct
+    forwards (the attention function by name)."""
+    for kind, extra, windows in (
+            ("mistral", dict(sliding_window=8), [(7, 0), (7, 0)]),
+            ("qwen2", dict(sliding_window=8, use_sliding_window=True, max_window_layers=1),
+             [None, (7, 0)])):
+        ours, theirs = _twins(kind, **extra)
+        if not direct:
+            for m in ours.modules():
+                vars(m).pop("forward", None)
+        yield ours, theirs, windows
+
+
+def _windows(calls) -> list:
+    """Each recorded call's window: the kernels' (W - 1, 0); None: is_causal (the kernel or,
+    by name, scaled_dot_product_attention, whose own checks then take it); "mask"."""
+    return [c[4] if len(c) == 5 else "mask" if c[1] else None for c in calls]
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
 def test_a_sliding_window_longer_sequence_runs_the_kernels_window(direct, references,
                                                                   monkeypatch):
@@ -316,14 +337,7 @@ def test_a_sliding_window_longer_sequence_runs_the_kernels_window(direct, refere
         masks.append(real(*args, **kwargs))
         return masks[-1]
 
-    for kind, extra, windows in (
-            ("mistral", dict(sliding_window=8), [(7, 0), (7, 0)]),
-            ("qwen2", dict(sliding_window=8, use_sliding_window=True, max_window_layers=1),
-             [None, (7, 0)])):
-        ours, theirs = _twins(kind, **extra)
-        if not direct:
-            for m in ours.modules():
-                vars(m).pop("forward", None)
+    for ours, theirs, windows in _sliding_twins(direct):
         masks.clear()
         AttentionMaskInterface.register("ge2jit", made)   # (_twins registered ge2jit's)
         ids = torch.randint(0, 50, (2, 24))
@@ -333,11 +347,7 @@ def test_a_sliding_window_longer_sequence_runs_the_kernels_window(direct, refere
         AttentionMaskInterface.register("ge2jit", real)
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
         assert [hf.mask_window(m) for m in masks if m is not None] == [8]
-        # each call's window: the kernels' (W - 1, 0); None: is_causal (the kernel or,
-        # by name, scaled_dot_product_attention, whose own checks then take it); "mask"
-        calls = references if direct else seen
-        assert [c[4] if len(c) == 5 else "mask" if c[1] else None for c in calls] == \
-            windows, calls
+        assert _windows(references if direct else seen) == windows
         references.clear(), seen.clear()
 
 
@@ -442,14 +452,7 @@ def test_a_sliding_window_runs_the_kernels_window_while_compiling(direct, refere
     window shorter than the sequence: their modules' window is the kernels', with the
     untouched model's values."""
     seen = _mask_calls(monkeypatch)
-    for kind, extra, windows in (
-            ("mistral", dict(sliding_window=8), [(7, 0), (7, 0)]),
-            ("qwen2", dict(sliding_window=8, use_sliding_window=True, max_window_layers=1),
-             [None, (7, 0)])):
-        ours, theirs = _twins(kind, **extra)
-        if not direct:
-            for m in ours.modules():
-                vars(m).pop("forward", None)
+    for ours, theirs, windows in _sliding_twins(direct):
         for model in (ours, theirs):
             model.loss_type = "ForCausalLM"
         ids = torch.randint(0, 50, (2, 24))
@@ -459,8 +462,6 @@ def test_a_sliding_window_runs_the_kernels_window_while_compiling(direct, refere
             got = compiled(input_ids=ids, labels=ids).logits
             want = theirs(input_ids=ids, labels=ids).logits
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-        calls = references if direct else seen
-        assert [c[4] if len(c) == 5 else "mask" if c[1] else None for c in calls] == \
-            windows, calls
+        assert _windows(references if direct else seen) == windows
         references.clear(), seen.clear()
     torch._dynamo.reset()
