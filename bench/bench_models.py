@@ -12,7 +12,13 @@ line, against the same models untouched, every mode timed in turns in one proces
   captured as CUDA graphs by Inductor (``mode="reduce-overhead"``).
 
     python bench/bench_models.py [--models llama,gpt2] [--dtypes bf16,amp] [--max-autotune]
-                                 [--graphs] [--batch B] [--rounds 10] [--json PATH] [--quick]
+                                 [--graphs] [--batch B] [--inputs plain|padded|packed]
+                                 [--rounds 10] [--json PATH] [--quick]
+
+``--inputs padded``: a batch with padding (transformers masks it); ``packed``: rows of packed
+sequences (position ids that start again, ``use_cache=False``: transformers masks each
+sequence apart). ge2jit's attention reads either mask as variable-length sequences in eager
+mode; while compiling, both masks go to PyTorch's SDPA.
 
 Models (random init, random tokens): ``llama``: ``LlamaForCausalLM``, 4 layers, d 2048, 16
 heads, 4 KV heads, hidden 5632, vocabulary 32000, 4 x 1024 tokens; ``llama128k``: the same with
@@ -73,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="add both compiled steps captured as CUDA graphs "
                          "(mode='reduce-overhead'), like with like")
     ap.add_argument("--batch", type=int, default=None, help="sequences (default the model's)")
+    ap.add_argument("--inputs", default="plain", choices=("plain", "padded", "packed"),
+                    help="the token models' batch: every token kept (default); 'padded': each "
+                         "row's last 0 to half of its tokens padding (attention_mask, the "
+                         "padding's labels ignored); 'packed': each row several sequences of "
+                         "1/8 to 1/2 of it (position_ids that start again, use_cache=False)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=3, help="steps per round")
     ap.add_argument("--json", default=None, help="write the results there")
@@ -145,9 +156,10 @@ def _ConvNet(spec):
     return _conv_net_class()(spec)
 
 
-def inputs(spec: dict, dtype):
-    """``(input_ids, labels)`` of a step: random tokens (their own labels), or for the
-    convolutional network random images and classes."""
+def inputs(spec: dict, dtype, batch: str = "plain"):
+    """``(input_ids, labels, keywords)`` of a step: random tokens (their own labels; ``batch``
+    'padded' and 'packed': the keywords of a padded batch or of packed sequences, ``--inputs``),
+    or for the convolutional network random images and classes."""
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -155,10 +167,24 @@ def inputs(spec: dict, dtype):
         images = torch.randn(spec["batch"], 3, spec["seq"], spec["seq"], device="cuda",
                              generator=gen).to(dtype)
         return images, torch.randint(0, spec["vocab"], (spec["batch"],), device="cuda",
-                                     generator=gen)
-    ids = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq"]), device="cuda",
-                        generator=gen)
-    return ids, ids
+                                     generator=gen), {}
+    b, s = spec["batch"], spec["seq"]
+    ids = torch.randint(0, spec["vocab"], (b, s), device="cuda", generator=gen)
+    cpu = torch.Generator().manual_seed(2)
+    if batch == "padded":
+        kept = torch.randint(s // 2, s + 1, (b,), generator=cpu)
+        mask = (torch.arange(s)[None] < kept[:, None]).long().cuda()
+        return ids, ids.masked_fill(mask == 0, -100), {"attention_mask": mask}
+    if batch == "packed":
+        rows = []
+        for _ in range(b):
+            lengths = []
+            while sum(lengths) < s:
+                lengths.append(int(torch.randint(s // 8, s // 2 + 1, (), generator=cpu)))
+            lengths[-1] -= sum(lengths) - s
+            rows.append(torch.cat([torch.arange(n) for n in lengths]))
+        return ids, ids, {"position_ids": torch.stack(rows).cuda(), "use_cache": False}
+    return ids, ids, {}
 
 
 def variants(names, max_autotune: bool, graphs: bool = False) -> dict:
@@ -193,7 +219,7 @@ def run_model(name: str, spec: dict, amp: bool, args) -> dict:
     import torch
 
     dtype = torch.float32 if amp else torch.bfloat16
-    ids, labels = inputs(spec, dtype)
+    ids, labels, extra = inputs(spec, dtype, getattr(args, "inputs", "plain"))
     chosen = variants(args.variants.split(",") if args.variants else None, args.max_autotune,
                       args.graphs)
     models, steps, result = {}, {}, {}
@@ -207,7 +233,7 @@ def run_model(name: str, spec: dict, amp: bool, args) -> dict:
                 torch.compiler.cudagraph_mark_step_begin()
             model.zero_grad(set_to_none=True)
             with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-                loss = runnable(input_ids=ids, labels=labels).loss
+                loss = runnable(input_ids=ids, labels=labels, **extra).loss
             loss.backward()
             return loss
 
@@ -302,9 +328,10 @@ def main(argv=None) -> int:
         if args.batch:
             spec["batch"] = args.batch
         for dt in args.dtypes.split(","):
-            print(f"{name} {dt}: {spec}", flush=True)
+            print(f"{name} {dt} ({args.inputs} batch): {spec}", flush=True)
             res = run_model(name, spec, dt == "amp", args)
-            run = {"model": name, "dtype": dt, "spec": spec, "variants": res,
+            run = {"model": name, "dtype": dt, "spec": spec, "inputs": args.inputs,
+                   "variants": res,
                    "summary": summary(res)}
             results["runs"].append(run)
             print(f"{'variant':<24}{'median ms':>11}{'min ms':>9}{'kernel ms':>11}"

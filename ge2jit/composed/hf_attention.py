@@ -5,14 +5,17 @@ as (B, S, H, D), rotated in one launch for q and k, and the kernel writes the ou
 projection's input as it is: none of the modules' transposes, splits, contiguous copies and
 rotary chains of elementwise ops (an eager step is host-bound; each of these is a launch and
 an autograd node, forward and backward). The calls this path does not serve run the module's
-own forward, unchanged (then ``attn_implementation="ge2jit"``'s function or another)."""
+own forward, unchanged (then ``attn_implementation="ge2jit"``'s function or another). A batch
+with padding or of packed sequences, whose mask ge2jit's mask function read as
+variable-length sequences (``mask_varlen``), runs the kernels on those sequences
+(``varlen_attention``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from ..ops.attention.hf import mask_window
+from ..ops.attention.hf import mask_varlen, mask_window, varlen_attention
 from ..ops.attention.spec import HEAD_DIMS
 from ..ops.attention.torch_ops import attention
 from ..ops.rope.torch_ops import rope
@@ -40,7 +43,8 @@ def _served(module, hidden: Tensor, args, kwargs, keywords, dropout: float,
             window: int | None = None) -> bool:
     """Whether the direct path serves this call of ``module`` (what it shares across the
     model families): keywords only, all known, no mask (or, with the module's sliding
-    ``window``, a mask that is exactly that window: ``mask_window``), no attention weights
+    ``window``, a mask that is exactly that window: ``mask_window``; or a mask of
+    variable-length sequences in that window or none: ``mask_varlen``), no attention weights
     asked for, no dropout while training, ``attn_implementation="ge2jit"``, a head dim and a
     dtype the kernels have (or autocast), and no cache or an empty ``DynamicCache`` (what the
     model makes when ``use_cache`` is on, training too; generation past its first token runs
@@ -58,9 +62,24 @@ def _served(module, hidden: Tensor, args, kwargs, keywords, dropout: float,
 
 
 def _no_mask(mask, window: int | None) -> bool:
-    """Whether the kernels need no mask: None, or one that is exactly the module's causal
-    sliding ``window``."""
-    return mask is None or (window is not None and mask_window(mask) == window)
+    """Whether the kernels need no mask: None, one that is exactly the module's causal
+    sliding ``window``, or one of variable-length sequences (``mask_varlen``) in that window
+    (None: causal)."""
+    if mask is None or (window is not None and mask_window(mask) == window):
+        return True
+    varlen = mask_varlen(mask)
+    return varlen is not None and varlen.window == window
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask, scale: float, window: int | None) -> Tensor:
+    """The kernels' causal attention of q, k and v (B, S, H, D) in the module's sliding
+    ``window`` (None: none), over the batch's variable-length sequences where the mask was
+    read as those (``mask_varlen``)."""
+    varlen = mask_varlen(mask)
+    if varlen is not None:
+        return varlen_attention(q, k, v, varlen, scale=scale)
+    return attention(q, k, v, causal=True, scale=scale,
+                     window=None if window is None else (window - 1, 0))
 
 
 def _kernel_input(hidden) -> bool:
@@ -90,7 +109,7 @@ def gpt2_attention_forward(self, hidden_states: Tensor, *args, **kwargs):
     b, s, e = hidden_states.shape
     q, k, v = self.c_attn(hidden_states).view(b, s, 3, -1, self.head_dim).unbind(2)
     _fill(_cache(kwargs), k, v, self.layer_idx)
-    out = attention(q, k, v, causal=True, scale=self.scaling)
+    out = _attend(q, k, v, kwargs.get("attention_mask"), self.scaling, None)
     return self.resid_dropout(self.c_proj(out.reshape(b, s, e))), None
 
 
@@ -134,8 +153,7 @@ def rotary_attention_forward(self, hidden_states: Tensor, *args, **kwargs):
     cos, sin = tables
     q, k = rope(q, k, cos[..., : d // 2], sin[..., : d // 2])
     _fill(_cache(kwargs), k, v, self.layer_idx)
-    out = attention(q, k, v, causal=True, scale=self.scaling,
-                    window=None if window is None else (window - 1, 0))
+    out = _attend(q, k, v, kwargs.get("attention_mask"), self.scaling, window)
     return self.o_proj(out.reshape(b, s, -1)), None
 
 

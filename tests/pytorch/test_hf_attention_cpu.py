@@ -205,17 +205,17 @@ def test_mistrals_window_is_the_kernels(references):
 
 
 def test_what_the_direct_forward_leaves_to_the_module(references):
-    """A padding mask, attention weights asked for, a filled cache (the next token), another
-    attention implementation and dropout in training run the module's own forward, with its
-    values."""
+    """A mask of the caller's own (4-D: not read as a window or as sequences), attention
+    weights asked for, a filled cache (the next token), another attention implementation and
+    dropout in training run the module's own forward, with its values."""
     ours, theirs = _twins("llama")
     ids = torch.randint(0, 50, (2, 12))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
+    mask = torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()
+    mask[1, :, 5:, 2] = False
     with torch.no_grad():
         got = ours(input_ids=ids, attention_mask=mask).logits
         want = theirs(input_ids=ids, attention_mask=mask).logits
-        torch.testing.assert_close(got[1, 3:], want[1, 3:], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
         assert references == []
         first = ours(input_ids=ids, use_cache=True)
         assert len(references) == 2
@@ -282,8 +282,19 @@ def _mask_calls(monkeypatch):
     seen = []
     reference = _reference_attention(seen)
 
-    def kernel(q, k, v, *, causal, scale, softcap=None, window=None, layout=None):
-        assert layout == "bhsd" and not softcap
+    def kernel(q, k, v, *, causal, scale, softcap=None, window=None, layout=None,
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        assert not softcap
+        if cu_seqlens_q is not None:   # (total, H, D): each sequence as a batch of one
+            assert cu_seqlens_k is cu_seqlens_q and max_seqlen_k == max_seqlen_q
+            assert causal and layout is None and cu_seqlens_q.dtype == torch.int32
+            cu = cu_seqlens_q.tolist()
+            assert max_seqlen_q == max(b - a for a, b in zip(cu, cu[1:]))
+            seen.append(("varlen", cu, window))
+            return torch.cat([_reference_attention([])(
+                q[None, a:b], k[None, a:b], v[None, a:b], causal=True, scale=scale,
+                window=window)[0] for a, b in zip(cu, cu[1:])])
+        assert layout == "bhsd"
         return reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                          causal=causal, scale=scale, window=window).transpose(1, 2)
 
@@ -465,3 +476,157 @@ def test_a_sliding_window_runs_the_kernels_window_while_compiling(direct, refere
         assert _windows(references if direct else seen) == windows
         references.clear(), seen.clear()
     torch._dynamo.reset()
+
+
+VARLEN_KINDS = [("gpt2", {}, None), ("llama", {}, None), ("mistral", {"sliding_window": 8}, 8),
+                ("qwen2", {}, None)]
+
+
+def _padded(n: int = 24):
+    """Two rows of ``n`` tokens, the first right-padded by 5, the second left-padded by 3:
+    their mask, and the ``cu_seqlens`` and kept tokens' indices the kernels get."""
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[0, n - 5:] = 0
+    mask[1, :3] = 0
+    kept = torch.cat([torch.arange(n - 5), torch.arange(n + 3, 2 * n)])
+    return mask, [0, n - 5, 2 * n - 8], kept
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+@pytest.mark.parametrize("kind,extra,window", VARLEN_KINDS, ids=[k[0] for k in VARLEN_KINDS])
+def test_a_padded_batch_runs_the_kernels_on_its_sequences(kind, extra, window, direct,
+                                                          references, monkeypatch):
+    """A batch with padding (right and left): ge2jit's mask function reads it as
+    variable-length sequences, and the direct forward (or the attention function by name)
+    runs the kernels' variable lengths on the kept tokens, each sequence causal (Mistral's in
+    its window of 8 keys); the kept tokens' logits are the untouched model's."""
+    from ge2jit.ops.attention import hf
+
+    seen = _mask_calls(monkeypatch)
+    ours, theirs = _twins(kind, **extra)
+    if not direct:
+        for m in ours.modules():
+            vars(m).pop("forward", None)
+    mask, cu, kept = _padded()
+    ids = torch.randint(0, 50, (2, 24))
+    real, masks = hf._causal_or_sdpa_mask, []
+
+    def made(*args, **kwargs):
+        masks.append(real(*args, **kwargs))
+        return masks[-1]
+
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionMaskInterface.register("ge2jit", made)
+    try:
+        with torch.no_grad():
+            got = ours(input_ids=ids, attention_mask=mask).logits
+            want = theirs(input_ids=ids, attention_mask=mask).logits
+    finally:
+        AttentionMaskInterface.register("ge2jit", real)
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-10, atol=1e-10)
+    assert seen == [("varlen", cu, None if window is None else (window - 1, 0))] * 2
+    assert references == []
+    varlen, = [hf.mask_varlen(m) for m in masks if m is not None]
+    assert torch.equal(varlen.indices, kept) and varlen.window == window
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+@pytest.mark.parametrize("kind,extra,window", VARLEN_KINDS, ids=[k[0] for k in VARLEN_KINDS])
+def test_packed_sequences_run_the_kernels_on_their_sequences(kind, extra, window, direct,
+                                                             references, monkeypatch):
+    """Packed sequences (position ids that start again within a row, no padding mask, no
+    cache: transformers then masks each sequence apart): the kernels' variable lengths over
+    every token, with the untouched model's logits."""
+    seen = _mask_calls(monkeypatch)
+    ours, theirs = _twins(kind, **extra)
+    if not direct:
+        for m in ours.modules():
+            vars(m).pop("forward", None)
+    ids = torch.randint(0, 50, (2, 24))
+    positions = torch.stack([torch.cat([torch.arange(10), torch.arange(14)]),
+                             torch.arange(24)])
+    with torch.no_grad():
+        got = ours(input_ids=ids, position_ids=positions, use_cache=False).logits
+        want = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert seen == [("varlen", [0, 10, 24, 48], None if window is None
+                     else (window - 1, 0))] * 2
+    assert references == []
+
+
+def test_a_padded_batch_trains_as_the_module(monkeypatch):
+    """Gradients through the kernels' variable lengths (references standing in) are the
+    module's, the padding's labels ignored."""
+    mp = pytest.MonkeyPatch()
+    try:
+        seen = _mask_calls(mp)
+        mp.setattr(hf_attention, "_kernel_input", lambda hidden: hidden.dim() == 3)
+        mp.setattr(hf_attention, "_TABLES", (torch.float64,))
+        mp.setattr(hf_attention, "rope", _reference_rope)
+        ours, theirs = _twins("llama")
+        ours.train(), theirs.train()
+        mask, cu, _ = _padded(16)
+        ids = torch.randint(0, 50, (2, 16))
+        labels = ids.masked_fill(mask == 0, -100)
+        for model in (ours, theirs):
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        assert seen == [("varlen", cu, None)] * 2
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=name)
+    finally:
+        mp.undo()
+
+
+def test_which_masks_are_read_as_variable_length_sequences(monkeypatch):
+    """The tag goes on a square mask with padding whose function is the causal one (padding
+    between kept tokens too) or a causal sliding window whose rows' kept tokens are
+    contiguous, outside tracing; not on a window with padding between kept tokens, a
+    chunked or combined function, queries that do not cover the keys, or while compiling.
+    A row of padding only is an empty sequence."""
+    from transformers import masking_utils as mu
+
+    from ge2jit.ops.attention import hf
+
+    gt.register_hf_attention()
+
+    def varlen(padding, function=None, **changes):
+        args = dict(batch_size=3, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+                    mask_function=function or mu.causal_mask_function,
+                    attention_mask=padding, allow_is_causal_skip=True, local_size=None,
+                    dtype=torch.float32, device=torch.device("cpu"))
+        args.update(changes)
+        return hf.mask_varlen(hf._causal_or_sdpa_mask(**args))
+
+    padding = torch.ones(3, 8, dtype=torch.bool)
+    padding[0, 6:] = False
+    padding[1, 2:4] = False                  # padding between kept tokens
+    padding[2] = False                       # nothing kept
+    got = varlen(padding)
+    assert got.cu_seqlens.tolist() == [0, 6, 12, 12] and got.max_seqlen == 6
+    assert got.indices.tolist() == [0, 1, 2, 3, 4, 5, 8, 9, 12, 13, 14, 15]
+    assert got.window is None
+    window = mu.sliding_window_causal_mask_function(4)
+    assert varlen(padding, window, local_size=4) is None      # the window would count holes
+    padding[1, 2:4] = True
+    got = varlen(padding, window, local_size=4)
+    assert got.window == 4 and got.cu_seqlens.tolist() == [0, 6, 14, 14]
+    assert varlen(padding, window, local_size=5) is None
+    assert varlen(padding, mu.and_masks(window, mu.causal_mask_function), local_size=4) is None
+    assert varlen(padding, q_length=1, q_offset=7) is None
+    assert varlen(padding[:, :6]) is None
+    assert varlen(torch.ones(3, 8, dtype=torch.bool)) is None   # no mask made: is_causal
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert varlen(padding) is None
+
+
+def test_a_batch_of_padding_only_gives_zeros():
+    """Nothing kept: zeros of q's shape, no kernel call."""
+    from ge2jit.ops.attention import hf
+
+    q = torch.randn(2, 4, 3, 64, dtype=torch.float64)
+    none = hf.Varlen(torch.zeros(3, dtype=torch.int32), 0, torch.zeros(0, dtype=torch.long),
+                     None)
+    out = hf.varlen_attention(q, q, q, none, scale=0.125)
+    assert out.shape == (2, 4, 3, 64) and not out.any()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -25,7 +26,13 @@ def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
     ``softcap``. Returns (the output as (B, S_q, H, D), None: no attention weights). What
     the kernels do not do (a padding mask, dropout) runs PyTorch's SDPA, through
     ``scaled_dot_product_attention``'s fallback and its one-time warning. A mask that is
-    exactly a causal sliding window (``mask_window``) runs the kernels' window instead."""
+    exactly a causal sliding window (``mask_window``) runs the kernels' window instead, and a
+    mask of padding or packed sequences that ge2jit's mask function read as variable-length
+    sequences (``mask_varlen``) runs the kernels on those (``varlen_attention``)."""
+    varlen = mask_varlen(attention_mask)
+    if varlen is not None and not dropout and query.shape[2] == key.shape[2]:
+        return varlen_attention(query, key, value, varlen, scale=scaling, softcap=softcap,
+                                layout="bhsd"), None
     window = mask_window(attention_mask)
     if window is not None and not dropout and query.shape[2] == key.shape[2]:
         # the mask is exactly a causal sliding window (ge2jit's mask function tagged it):
@@ -105,7 +112,10 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     attention runs the kernels' window on it; while tracing, Mistral's and Qwen2's
     (``_WINDOWED``) is not made (their modules pass the window). The decisions read only
     sizes, the config's model type and window, and the mask function (its closures, for the
-    window), never tensor values."""
+    window), never tensor values; outside tracing, a mask of a batch with padding or of packed
+    sequences whose every sequence is causal (or a causal sliding window) is tagged with the
+    batch as variable-length sequences (``mask_varlen``: that reads the padding mask or the
+    sequences' boundaries)."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
@@ -130,10 +140,146 @@ def _causal_or_sdpa_mask(*args, **kwargs):
                 local == getattr(config, "sliding_window", None):
             return None
     mask = sdpa_mask(*args, **kwargs)
-    if plain and isinstance(mask, Tensor) and isinstance(local, int) and \
-            not torch.compiler.is_compiling() and _sliding_window(function) == local:
+    if not isinstance(mask, Tensor) or torch.compiler.is_compiling():
+        return mask
+    if plain and isinstance(local, int) and _sliding_window(function) == local:
         setattr(mask, WINDOW_TAG, local)
+    elif q_length == bound.get("kv_length") and all(type(o) is int and o == 0 for o in offsets):
+        varlen = _varlen(function, bound.get("attention_mask"), q_length, local)
+        if varlen is not None:
+            setattr(mask, VARLEN_TAG, varlen)
     return mask
+
+
+#: the attribute ge2jit's mask function sets on a mask of a batch that the kernels take as
+#: variable-length sequences (padding, packed sequences): its ``Varlen``
+VARLEN_TAG = "_ge2jit_varlen"
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """A batch of B rows of S tokens as the kernels' variable-length sequences: the tokens
+    kept (``indices`` into the B · S tokens in order, int64; None: every token, as packed
+    sequences keep them), their sequences' ``cu_seqlens`` (int32, FlashAttention's
+    convention) and ``max_seqlen``; each sequence causal, within a sliding ``window`` of W keys
+    (each token sees itself and the W - 1 before it) or not (None)."""
+
+    cu_seqlens: Tensor
+    max_seqlen: int
+    indices: Tensor | None
+    window: int | None
+
+
+def mask_varlen(mask) -> Varlen | None:
+    """The ``Varlen`` of a mask ge2jit's mask function made and read as variable-length
+    sequences (a batch with padding, or packed sequences, every sequence causal or a causal
+    sliding window, queries covering the keys), or None (any other mask, None, a slice)."""
+    return getattr(mask, VARLEN_TAG, None) if isinstance(mask, Tensor) else None
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, varlen: Varlen, *, scale: float | None,
+                     softcap: float | None = None, layout: str | None = None) -> Tensor:
+    """Causal attention of q (B, S, H, D), k and v (B, S, H_kv, D) (``layout="bhsd"``: heads
+    first) over the batch's sequences ``varlen`` (``mask_varlen``): the B · S tokens read as
+    one packed batch (the kept ones gathered where there is padding), the kernels' variable
+    lengths, each sequence causal (in its ``window``). Returns (B, S, H, D); a token that is
+    not kept (padding) gets zeros, as transformers' FlashAttention integration gives it."""
+    if layout == "bhsd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    b, s = q.shape[:2]
+    flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
+    if varlen.indices is not None:
+        flat = [x.index_select(0, varlen.indices) for x in flat]
+    if varlen.max_seqlen == 0:   # nothing kept: every token padding
+        return q.new_zeros(b, s, *q.shape[2:])
+    window = None if varlen.window is None else (varlen.window - 1, 0)
+    out = attention(*flat, causal=True, scale=scale, softcap=softcap, window=window,
+                    cu_seqlens_q=varlen.cu_seqlens, cu_seqlens_k=varlen.cu_seqlens,
+                    max_seqlen_q=varlen.max_seqlen, max_seqlen_k=varlen.max_seqlen)
+    if varlen.indices is not None:
+        out = out.new_zeros(b * s, *out.shape[1:]).index_copy(0, varlen.indices, out)
+    return out.view(b, s, *out.shape[1:])
+
+
+def _varlen(function, padding, length: int, local) -> Varlen | None:
+    """The ``Varlen`` of a square mask (``length`` queries and keys, no offsets) made with
+    transformers' ``function`` and 2-D ``padding`` mask (or None), or None: the mask function
+    must be the causal one or its sliding window of ``local`` keys, alone with a padding mask,
+    or within transformers' packed sequences (``_packed``) without one. Reads the padding
+    mask's or the packed sequences' values (outside tracing only)."""
+    from transformers.masking_utils import causal_mask_function
+
+    base, packed = _packed(function)
+    window = None
+    if base is not causal_mask_function:
+        window = _sliding_window(base)
+        if window is None or window != local:
+            return None
+    if packed is not None:
+        return _packed_varlen(packed, window) if padding is None else None
+    if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[1] < length:
+        return None
+    return _padding_varlen(padding[:, :length].bool(), window)
+
+
+def _packed(function) -> tuple:
+    """(the mask function within transformers' packed sequences, their (B, S) sequence
+    indices) when ``function`` is its ``and_masks`` of that function (remapped to the
+    sequences' positions by ``remap_positions_for_packed_sequence`` where transformers has it)
+    and ``packed_sequence_mask_function``; else (``function``, None)."""
+    from transformers import masking_utils as mu
+
+    try:
+        probe = mu.packed_sequence_mask_function(torch.zeros(1, 1, dtype=torch.long))
+        joined = mu.and_masks(mu.causal_mask_function, probe)
+    except (AttributeError, TypeError, RuntimeError):   # another transformers
+        return function, None
+    masks = _closure(function).get("mask_functions")
+    if getattr(function, "__code__", None) is not joined.__code__ or not (
+            isinstance(masks, tuple) and len(masks) == 2
+            and getattr(masks[1], "__code__", None) is probe.__code__):
+        return function, None
+    ids, base = _closure(masks[1]).get("packed_sequence_mask"), masks[0]
+    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+    if remap is not None and getattr(base, "__code__", None) is remap(
+            mu.causal_mask_function, ids).__code__:
+        # positions rise by one within a sequence: its causal (window) mask on them is the
+        # one on the tokens' indices
+        base = _closure(base).get("mask_function")
+    if not (isinstance(ids, Tensor) and ids.dim() == 2):
+        return function, None
+    return base, ids
+
+
+def _packed_varlen(ids: Tensor, window: int | None) -> Varlen:
+    """Packed sequences' ``Varlen``: a sequence starts where a row starts or its (B, S)
+    sequence index ``ids`` changes."""
+    b, s = ids.shape
+    start = torch.ones(b, s, dtype=torch.bool, device=ids.device)
+    start[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    first = start.flatten().nonzero().squeeze(1)
+    cu = torch.cat([first, first.new_full((1,), b * s)])
+    longest = int((cu[1:] - cu[:-1]).max())
+    return Varlen(cu.to(torch.int32), longest, None, window)
+
+
+def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
+    """A padded batch's ``Varlen`` (its (B, S) boolean mask of the tokens kept): each row's
+    kept tokens one sequence, or None with a window where a row's kept tokens are not
+    contiguous (the window would count the padding between them)."""
+    b, s = padding.shape
+    counts = padding.sum(1)
+    holes = torch.zeros((), dtype=torch.bool, device=padding.device)
+    if window is not None:
+        at = torch.arange(s, device=padding.device)
+        first = torch.where(padding, at, s).amin(1)
+        last = torch.where(padding, at, -1).amax(1)
+        holes = ((last - first + 1 != counts) & (counts > 0)).any()
+    longest, holes = torch.stack([counts.max(), holes.long()]).tolist()
+    if holes:
+        return None
+    cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    return Varlen(cu, int(longest), padding.flatten().nonzero().squeeze(1), window)
 
 
 #: Hugging Face model types (``config.model_type``) whose masks with a local size are only
