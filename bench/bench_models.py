@@ -12,13 +12,17 @@ line, against the same models untouched, every mode timed in turns in one proces
   captured as CUDA graphs by Inductor (``mode="reduce-overhead"``).
 
     python bench/bench_models.py [--models llama,gpt2] [--dtypes bf16,amp] [--max-autotune]
-                                 [--graphs] [--batch B] [--inputs plain|padded|packed]
+                                 [--graphs] [--batch B]
+                                 [--inputs plain|nocache|padded|packed]
                                  [--rounds 10] [--json PATH] [--quick]
 
 ``--inputs padded``: a batch with padding (transformers masks it); ``packed``: rows of packed
 sequences (position ids that start again, ``use_cache=False``: transformers masks each
-sequence apart). ge2jit's attention reads either mask as variable-length sequences in eager
-mode; while compiling, both masks go to PyTorch's SDPA.
+sequence apart); ``nocache``: the plain batch with ``use_cache=False`` (while tracing,
+transformers then masks for packed sequences, which it cannot rule out). ge2jit's attention
+reads the padded and packed masks as variable-length sequences in eager mode; while
+compiling, it takes the packed sequences' ids (``document_ids``), and a padded batch's mask
+goes to PyTorch's SDPA.
 
 Models (random init, random tokens): ``llama``: ``LlamaForCausalLM``, 4 layers, d 2048, 16
 heads, 4 KV heads, hidden 5632, vocabulary 32000, 4 x 1024 tokens; ``llama128k``: the same with
@@ -79,11 +83,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="add both compiled steps captured as CUDA graphs "
                          "(mode='reduce-overhead'), like with like")
     ap.add_argument("--batch", type=int, default=None, help="sequences (default the model's)")
-    ap.add_argument("--inputs", default="plain", choices=("plain", "padded", "packed"),
-                    help="the token models' batch: every token kept (default); 'padded': each "
-                         "row's last 0 to half of its tokens padding (attention_mask, the "
-                         "padding's labels ignored); 'packed': each row several sequences of "
-                         "1/8 to 1/2 of it (position_ids that start again, use_cache=False)")
+    ap.add_argument("--inputs", default="plain",
+                    choices=("plain", "nocache", "padded", "packed"),
+                    help="the token models' batch: every token kept (default); 'nocache': the "
+                         "same with use_cache=False (as training with gradient checkpointing "
+                         "calls it); 'padded': each row's last 0 to half of its tokens "
+                         "padding (attention_mask, the padding's labels ignored); 'packed': "
+                         "each row several sequences of 1/8 to 1/2 of it (position_ids that "
+                         "start again, use_cache=False)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=3, help="steps per round")
     ap.add_argument("--json", default=None, help="write the results there")
@@ -184,7 +191,7 @@ def inputs(spec: dict, dtype, batch: str = "plain"):
             lengths[-1] -= sum(lengths) - s
             rows.append(torch.cat([torch.arange(n) for n in lengths]))
         return ids, ids, {"position_ids": torch.stack(rows).cuda(), "use_cache": False}
-    return ids, ids, {}
+    return ids, ids, {"use_cache": False} if batch == "nocache" else {}
 
 
 def variants(names, max_autotune: bool, graphs: bool = False) -> dict:

@@ -283,8 +283,20 @@ def _mask_calls(monkeypatch):
     reference = _reference_attention(seen)
 
     def kernel(q, k, v, *, causal, scale, softcap=None, window=None, layout=None,
-               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+               document_ids=None):
         assert not softcap
+        if document_ids is not None:   # (B, S, H, D), each row's sequences apart (traceable)
+            assert causal and layout is None and cu_seqlens_q is None
+            seen.append(("ids", tuple(document_ids.shape), window))
+            i = torch.arange(q.shape[1])
+            keep = (i[None, :] <= i[:, None]) & (
+                document_ids[:, None, :, None] == document_ids[:, None, None, :])
+            if window is not None:
+                keep &= i[None, :] >= i[:, None] - window[0]
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep,
+                scale=scale, enable_gqa=True).transpose(1, 2)
         if cu_seqlens_q is not None:   # (total, H, D): each sequence as a batch of one
             assert cu_seqlens_k is cu_seqlens_q and max_seqlen_k == max_seqlen_q
             assert causal and layout is None and cu_seqlens_q.dtype == torch.int32
@@ -630,3 +642,32 @@ def test_a_batch_of_padding_only_gives_zeros():
                      None)
     out = hf.varlen_attention(q, q, q, none, scale=0.125)
     assert out.shape == (2, 4, 3, 64) and not out.any()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+@pytest.mark.parametrize("kind,extra,window", VARLEN_KINDS, ids=[k[0] for k in VARLEN_KINDS])
+def test_packed_sequences_run_the_kernels_while_compiling(kind, extra, window, direct,
+                                                          references, monkeypatch):
+    """Compiled (whole, fullgraph) without a cache, transformers masks every batch for packed
+    sequences (it cannot rule them out while tracing): ge2jit's mask function tags the mask
+    with the sequences' ids, and the kernels take them as ``document_ids`` (the mask is not
+    read); packed rows and plain ones give the untouched model's logits."""
+    seen = _mask_calls(monkeypatch)
+    ours, theirs = _twins(kind, **extra)
+    if not direct:
+        for m in ours.modules():
+            vars(m).pop("forward", None)
+    for model in (ours, theirs):
+        model.loss_type = "ForCausalLM"
+    ids = torch.randint(0, 50, (2, 24))
+    packed = torch.stack([torch.cat([torch.arange(10), torch.arange(14)]), torch.arange(24)])
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="eager", fullgraph=True)
+    for positions in (packed, torch.arange(24)[None].expand(2, 24)):
+        with torch.no_grad():
+            got = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits
+            want = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert seen[:2] == [("ids", (2, 24), None if window is None else (window - 1, 0))] * 2
+    assert references == []
+    torch._dynamo.reset()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .torch_ops import attention, scaled_dot_product_attention
+from .torch_ops import attention, scaled_dot_product_attention, sequences
 
 
 def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
@@ -86,7 +86,8 @@ def register_hf_attention(name: str = "ge2jit") -> str:
     AttentionMaskInterface.register(name, _causal_or_sdpa_mask)
     from transformers.masking_utils import sdpa_mask
 
-    _mask_signature(sdpa_mask)   # made before any trace reads it
+    _mask_signature(sdpa_mask)   # made before any trace reads them
+    _mask_codes()
     return name
 
 
@@ -140,7 +141,17 @@ def _causal_or_sdpa_mask(*args, **kwargs):
                 local == getattr(config, "sliding_window", None):
             return None
     mask = sdpa_mask(*args, **kwargs)
-    if not isinstance(mask, Tensor) or torch.compiler.is_compiling():
+    if not isinstance(mask, Tensor):
+        return mask
+    if torch.compiler.is_compiling():
+        # packed sequences (transformers cannot rule them out while tracing: every batch
+        # without a cache gets this mask): their ids, which the op reads where it runs
+        square = q_length == bound.get("kv_length") and all(
+            type(o) is int and o == 0 for o in offsets)
+        varlen = _traced_varlen(function, bound.get("attention_mask"), local) if square \
+            else None
+        if varlen is not None:
+            setattr(mask, VARLEN_TAG, varlen)
         return mask
     if plain and isinstance(local, int) and _sliding_window(function) == local:
         setattr(mask, WINDOW_TAG, local)
@@ -161,13 +172,16 @@ class Varlen:
     """A batch of B rows of S tokens as the kernels' variable-length sequences: the tokens
     kept (``indices`` into the B · S tokens in order, int64; None: every token, as packed
     sequences keep them), their sequences' ``cu_seqlens`` (int32, FlashAttention's
-    convention) and ``max_seqlen``; each sequence causal, within a sliding ``window`` of W keys
-    (each token sees itself and the W - 1 before it) or not (None)."""
+    convention) and ``max_seqlen``; or, made while compiling (no size read from a tensor),
+    the (B, S) ``ids`` of packed sequences (``attention``'s ``document_ids``: the op reads
+    them where it runs) and no cu_seqlens. Each sequence causal, within a sliding ``window``
+    of W keys (each token sees itself and the W - 1 before it) or not (None)."""
 
-    cu_seqlens: Tensor
+    cu_seqlens: Tensor | None
     max_seqlen: int
     indices: Tensor | None
     window: int | None
+    ids: Tensor | None = None
 
 
 def mask_varlen(mask) -> Varlen | None:
@@ -186,13 +200,16 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, varlen: Varlen, *, scale: 
     not kept (padding) gets zeros, as transformers' FlashAttention integration gives it."""
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    window = None if varlen.window is None else (varlen.window - 1, 0)
+    if varlen.ids is not None:
+        return attention(q, k, v, causal=True, scale=scale, softcap=softcap, window=window,
+                         document_ids=varlen.ids)
     b, s = q.shape[:2]
     flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
     if varlen.indices is not None:
         flat = [x.index_select(0, varlen.indices) for x in flat]
     if varlen.max_seqlen == 0:   # nothing kept: every token padding
         return q.new_zeros(b, s, *q.shape[2:])
-    window = None if varlen.window is None else (varlen.window - 1, 0)
     out = attention(*flat, causal=True, scale=scale, softcap=softcap, window=window,
                     cu_seqlens_q=varlen.cu_seqlens, cu_seqlens_k=varlen.cu_seqlens,
                     max_seqlen_q=varlen.max_seqlen, max_seqlen_k=varlen.max_seqlen)
@@ -207,14 +224,10 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     must be the causal one or its sliding window of ``local`` keys, alone with a padding mask,
     or within transformers' packed sequences (``_packed``) without one. Reads the padding
     mask's or the packed sequences' values (outside tracing only)."""
-    from transformers.masking_utils import causal_mask_function
-
     base, packed = _packed(function)
-    window = None
-    if base is not causal_mask_function:
-        window = _sliding_window(base)
-        if window is None or window != local:
-            return None
+    causal, window = _causal(base, local)
+    if not causal:
+        return None
     if packed is not None:
         return _packed_varlen(packed, window) if padding is None else None
     if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[1] < length:
@@ -222,27 +235,40 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     return _padding_varlen(padding[:, :length].bool(), window)
 
 
+def _traced_varlen(function, padding, local) -> Varlen | None:
+    """While compiling: the ``Varlen`` of packed sequences' ids (no padding mask) whose mask
+    function is the causal one or its sliding window of ``local`` keys, or None."""
+    base, ids = _packed(function)
+    causal, window = _causal(base, local)
+    if ids is None or padding is not None or not causal:
+        return None
+    return Varlen(None, 0, None, window, ids)
+
+
+def _causal(function, local) -> tuple[bool, int | None]:
+    """(whether ``function`` is transformers' causal mask function or its sliding window of
+    ``local`` keys, that window or None)."""
+    codes = _mask_codes()
+    if codes is not None and function is codes["causal"]:
+        return True, None
+    window = _sliding_window(function)
+    return (True, window) if window is not None and window == local else (False, None)
+
+
 def _packed(function) -> tuple:
     """(the mask function within transformers' packed sequences, their (B, S) sequence
     indices) when ``function`` is its ``and_masks`` of that function (remapped to the
     sequences' positions by ``remap_positions_for_packed_sequence`` where transformers has it)
     and ``packed_sequence_mask_function``; else (``function``, None)."""
-    from transformers import masking_utils as mu
-
-    try:
-        probe = mu.packed_sequence_mask_function(torch.zeros(1, 1, dtype=torch.long))
-        joined = mu.and_masks(mu.causal_mask_function, probe)
-    except (AttributeError, TypeError, RuntimeError):   # another transformers
-        return function, None
+    codes = _mask_codes()
     masks = _closure(function).get("mask_functions")
-    if getattr(function, "__code__", None) is not joined.__code__ or not (
+    if codes is None or codes["packed"] is None or \
+            getattr(function, "__code__", None) is not codes["joined"] or not (
             isinstance(masks, tuple) and len(masks) == 2
-            and getattr(masks[1], "__code__", None) is probe.__code__):
+            and getattr(masks[1], "__code__", None) is codes["packed"]):
         return function, None
     ids, base = _closure(masks[1]).get("packed_sequence_mask"), masks[0]
-    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
-    if remap is not None and getattr(base, "__code__", None) is remap(
-            mu.causal_mask_function, ids).__code__:
+    if codes["remap"] is not None and getattr(base, "__code__", None) is codes["remap"]:
         # positions rise by one within a sequence: its causal (window) mask on them is the
         # one on the tokens' indices
         base = _closure(base).get("mask_function")
@@ -253,14 +279,9 @@ def _packed(function) -> tuple:
 
 def _packed_varlen(ids: Tensor, window: int | None) -> Varlen:
     """Packed sequences' ``Varlen``: a sequence starts where a row starts or its (B, S)
-    sequence index ``ids`` changes."""
-    b, s = ids.shape
-    start = torch.ones(b, s, dtype=torch.bool, device=ids.device)
-    start[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    first = start.flatten().nonzero().squeeze(1)
-    cu = torch.cat([first, first.new_full((1,), b * s)])
-    longest = int((cu[1:] - cu[:-1]).max())
-    return Varlen(cu.to(torch.int32), longest, None, window)
+    sequence index ``ids`` changes (``sequences``)."""
+    cu, longest = sequences(ids)
+    return Varlen(cu, longest, None, window)
 
 
 def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
@@ -299,21 +320,47 @@ def _sliding_window(function) -> int | None:
     """W when ``function`` is transformers' ``sliding_window_causal_mask_function(W)`` (its
     ``and_masks`` of ``sliding_window_overlay(W)`` and ``causal_mask_function``, recognized by
     their code and closures), else None: any other function, combined or not."""
-    from transformers import masking_utils as mu
-
-    try:
-        overlay = mu.sliding_window_overlay(1)
-        joined = mu.and_masks(overlay, mu.causal_mask_function)
-    except (AttributeError, TypeError, RuntimeError):   # another transformers: no window
-        return None
-    if getattr(function, "__code__", None) is not joined.__code__:
+    codes = _mask_codes()
+    if codes is None or codes["overlay"] is None or \
+            getattr(function, "__code__", None) is not codes["joined"]:
         return None
     masks = _closure(function).get("mask_functions")
-    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is mu.causal_mask_function
-            and getattr(masks[0], "__code__", None) is overlay.__code__):
+    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is codes["causal"]
+            and getattr(masks[0], "__code__", None) is codes["overlay"]):
         return None
     window = _closure(masks[0]).get("sliding_window")
     return window if type(window) is int and window > 0 else None
+
+
+#: the code objects of transformers' mask functions that ``_sliding_window`` and ``_packed``
+#: recognize, and its causal mask function: made once outside tracing (``_mask_codes``; an
+#: import of transformers' lazy module inside a trace breaks the graph), {} before
+_codes: dict = {}
+
+
+def _mask_codes() -> dict | None:
+    """``_codes``, made at the first call (None: a transformers without these functions)."""
+    if not _codes:
+        from transformers import masking_utils as mu
+
+        causal, and_masks = (getattr(mu, n, None) for n in ("causal_mask_function",
+                                                            "and_masks"))
+
+        def code(make, *args):
+            try:
+                return make(*args).__code__
+            except (AttributeError, TypeError, RuntimeError):   # not in this transformers
+                return None
+
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        _codes.update(
+            causal=causal, joined=code(and_masks, causal, causal),
+            packed=code(getattr(mu, "packed_sequence_mask_function", None), ids),
+            remap=code(getattr(mu, "remap_positions_for_packed_sequence", None), causal, ids),
+            overlay=code(getattr(mu, "sliding_window_overlay", None), 1))
+        if causal is None or _codes["joined"] is None:
+            _codes["none"] = True
+    return None if "none" in _codes else _codes
 
 
 #: (transformers' sdpa_mask, its signature): made once, the mask function runs at every
