@@ -671,3 +671,43 @@ def test_packed_sequences_run_the_kernels_while_compiling(kind, extra, window, d
     assert seen[:2] == [("ids", (2, 24), None if window is None else (window - 1, 0))] * 2
     assert references == []
     torch._dynamo.reset()
+
+
+def test_while_compiling_a_packed_mask_of_a_known_model_is_tagged_with_its_ids(monkeypatch):
+    """While compiling, the mask function's closures are not read: transformers' packed mask
+    of LLaMA, Mistral, Qwen2 or GPT-2 (an ``and_masks`` function, no padding) is tagged with
+    its sequences' ids, found where a token does not see the one before it; not another
+    model type's, not with padding, not another combination, not a window other than the
+    model's."""
+    from types import SimpleNamespace
+
+    from transformers import masking_utils as mu
+
+    from ge2jit.ops.attention import hf
+
+    gt.register_hf_attention()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    packed = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8])
+
+    def tagged(function, kind="llama", window=None, **changes):
+        args = dict(batch_size=2, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+                    mask_function=function, attention_mask=None, allow_is_causal_skip=False,
+                    local_size=window, dtype=torch.float32, device=torch.device("cpu"),
+                    config=SimpleNamespace(model_type=kind, sliding_window=window))
+        args.update(changes)
+        return hf.mask_varlen(hf._causal_or_sdpa_mask(**args))
+
+    function = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(packed))
+    for kind in ("llama", "gpt2"):
+        got = tagged(function, kind)
+        assert torch.equal(got.ids, packed) and got.window is None and got.cu_seqlens is None
+    sliding = mu.and_masks(mu.sliding_window_causal_mask_function(3),
+                           mu.packed_sequence_mask_function(packed))
+    got = tagged(sliding, "mistral", 3)
+    assert torch.equal(got.ids, packed) and got.window == 3
+    assert tagged(sliding, "llama", 3) is None                   # not a windowed model type
+    assert tagged(function, "bert") is None
+    assert tagged(function, attention_mask=torch.ones(2, 8, dtype=torch.bool)) is None
+    assert tagged(mu.or_masks(mu.causal_mask_function,
+                              mu.packed_sequence_mask_function(packed))) is None
+    assert tagged(function, q_length=1, q_offset=7) is None

@@ -44,19 +44,24 @@ def _close(got, want, rel):
     assert err <= rel * max(want.abs().max().item(), 1e-6), (err, want.abs().max().item())
 
 
+def _matches(out, ref, leaves, inputs) -> None:
+    """``out`` close to the float64 ``ref``, and the gradients of ``inputs`` by one random
+    output gradient close to those of ``leaves``."""
+    _close(out, ref, 2e-2)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g.double())
+    for x, want in zip(inputs, leaves):
+        _close(x.grad, want.grad, 4e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_values_and_gradients_match_pytorch(dtype, causal, d):
     q, k, v = _qkv(d=d, dtype=dtype)
     out = gt.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    ref, leaves = _reference(q, k, v, causal)
-    _close(out, ref, 2e-2)
-    g = torch.randn_like(out)
-    out.backward(g)
-    ref.backward(g.double())
-    for x, want in zip((q, k, v), leaves):
-        _close(x.grad, want.grad, 4e-2)
+    _matches(out, *_reference(q, k, v, causal), (q, k, v))
 
 
 def test_deterministic_algorithms_give_the_same_gradients_every_run():
@@ -158,13 +163,7 @@ def test_document_ids_keep_each_rows_sequences_apart(window, compiled):
 
     fn = torch.compile(f, fullgraph=True) if compiled else f
     out = fn(q, k, v, ids)
-    ref, leaves = _document_reference(q, k, v, ids, window)
-    _close(out, ref, 2e-2)
-    do = torch.randn_like(out)
-    out.backward(do)
-    ref.backward(do.double())
-    for x, want in zip((q, k, v), leaves):
-        _close(x.grad, want.grad, 4e-2)
+    _matches(out, *_document_reference(q, k, v, ids, window), (q, k, v))
     with torch.no_grad():
         assert torch.equal(fn(q, k, v, ids), out.detach())   # the kernel without lse
     o, lse = gt.attention(q.detach(), k.detach(), v.detach(), causal=True, window=window,

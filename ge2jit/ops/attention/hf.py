@@ -148,8 +148,7 @@ def _causal_or_sdpa_mask(*args, **kwargs):
         # without a cache gets this mask): their ids, which the op reads where it runs
         square = q_length == bound.get("kv_length") and all(
             type(o) is int and o == 0 for o in offsets)
-        varlen = _traced_varlen(function, bound.get("attention_mask"), local) if square \
-            else None
+        varlen = _traced_varlen(function, bound, local, q_length) if square else None
         if varlen is not None:
             setattr(mask, VARLEN_TAG, varlen)
         return mask
@@ -235,14 +234,37 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     return _padding_varlen(padding[:, :length].bool(), window)
 
 
-def _traced_varlen(function, padding, local) -> Varlen | None:
-    """While compiling: the ``Varlen`` of packed sequences' ids (no padding mask) whose mask
-    function is the causal one or its sliding window of ``local`` keys, or None."""
-    base, ids = _packed(function)
-    causal, window = _causal(base, local)
-    if ids is None or padding is not None or not causal:
+def _traced_varlen(function, bound: dict, local, length: int) -> Varlen | None:
+    """While compiling: the ``Varlen`` of transformers' mask for packed sequences (no padding
+    mask), as its sequences' (B, S) ids, or None. A mask function's closures cannot be read
+    while tracing (TorchDynamo before PyTorch 2.14): the model types of ``_PACKED`` make no
+    other ``and_masks`` function without padding than their causal mask (or sliding window)
+    with packed sequences, and a token starts a sequence where it does not see the token
+    before it (``_sequence_ids``); the window is Mistral's or Qwen2's, as ``_WINDOWED``."""
+    codes = _mask_codes()
+    config = (bound.get("kwargs") or {}).get("config")
+    kind = getattr(config, "model_type", None)
+    if codes is None or getattr(function, "__code__", None) is not codes["joined"] or \
+            bound.get("attention_mask") is not None or kind not in _PACKED:
         return None
-    return Varlen(None, 0, None, window, ids)
+    if local is not None and not (kind in _WINDOWED
+                                  and local == getattr(config, "sliding_window", None)):
+        return None
+    device = (bound.get("kwargs") or {}).get("device", bound.get("device"))
+    return Varlen(None, 0, None, local, _sequence_ids(function, bound.get("batch_size"),
+                                                      length, device))
+
+
+def _sequence_ids(function, batch: int, length: int, device) -> Tensor:
+    """(B, S) int64 ids of the sequences of a causal mask within sequences (or a sliding
+    window of at least 2 keys: a token then sees the one before it in its sequence): a new
+    one where a token does not see the token before it, the mask ``function`` evaluated on
+    those pairs alone (traceable, no size read from a tensor)."""
+    at = torch.arange(1, length, device=device)[None]
+    sees = function(torch.arange(batch, device=device)[:, None],
+                    torch.zeros(1, 1, dtype=torch.long, device=device), at, at - 1)
+    starts = (~sees.to(torch.bool)).expand(batch, length - 1).long()
+    return torch.cat([starts.new_zeros(batch, 1), starts], 1).cumsum(1)
 
 
 def _causal(function, local) -> tuple[bool, int | None]:
@@ -303,6 +325,10 @@ def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
     return Varlen(cu, int(longest), padding.flatten().nonzero().squeeze(1), window)
 
 
+#: Hugging Face model types whose masks without padding made with transformers' ``and_masks``
+#: are only their causal mask (or sliding window) within packed sequences (while compiling:
+#: ``_traced_varlen``)
+_PACKED = ("llama", "mistral", "qwen2", "gpt2")
 #: Hugging Face model types (``config.model_type``) whose masks with a local size are only
 #: their causal sliding window of ``config.sliding_window`` keys and whose attention modules
 #: pass that window to the attention function (Mistral's, Qwen2's sliding layers): while
