@@ -334,9 +334,9 @@ def test_padded_and_packed_batches_run_the_kernels_on_their_sequences(kind, extr
 def test_a_compiled_step_without_a_cache_runs_the_kernels_on_its_sequences(kind, extra, how,
                                                                             monkeypatch):
     """gt.compile with use_cache=False (transformers then masks every batch for packed
-    sequences while tracing, packed or not): the kernels take the sequences' ids
-    (``document_ids``), not PyTorch's SDPA the mask; loss and every gradient within 1.5x the
-    untouched bfloat16 model's error of float64."""
+    sequences while tracing, packed or not): the kernels' variable lengths run on the
+    sequences (their cu_seqlens made outside the graph), not PyTorch's SDPA on the mask;
+    loss and every gradient within 1.5x the untouched bfloat16 model's error of float64."""
     from ge2jit.ops.attention import hf
 
     model, ref = _hf_models(kind, **extra)
@@ -357,7 +357,7 @@ def test_a_compiled_step_without_a_cache_runs_the_kernels_on_its_sequences(kind,
     calls, real = [], hf.attention
 
     def counted(*args, **kw):
-        calls.append((kw.get("document_ids") is not None, kw.get("window")))
+        calls.append((kw.get("cu_seqlens_q") is not None, kw.get("window")))
         return real(*args, **kw)
 
     monkeypatch.setattr(hf, "attention", counted)

@@ -6,7 +6,6 @@ torch.compile(fullgraph=True), CUDA-graph capture, and a Hugging Face LLaMA with
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import pytest
@@ -124,77 +123,6 @@ def test_packed_sequences_and_their_gradients():
         ref.backward(torch.ones_like(ref))
         _close(q.grad[sl].transpose(0, 1)[None], leaves[0].grad, 4e-2)
         _close(v.grad[sl].transpose(0, 1)[None], leaves[2].grad, 4e-2)
-
-
-def _document_reference(q, k, v, ids, window=None):
-    """float64 attention of (B, S, H, D) q, k, v, each query seeing the keys of its own run of
-    equal ids up to itself (within ``window`` = (left, 0)), GQA's heads repeated."""
-    group = q.shape[2] // k.shape[2]
-    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
-    i = torch.arange(q.shape[1], device="cuda")
-    run = torch.cat([torch.zeros_like(ids[:, :1]), (ids[:, 1:] != ids[:, :-1]).long()],
-                    1).cumsum(1)
-    keep = (i[None, :] <= i[:, None]) & (run[:, None, :, None] == run[:, None, None, :])
-    if window is not None:
-        keep &= i[None, :] >= i[:, None] - window[0]
-    out = F.scaled_dot_product_attention(
-        qd.transpose(1, 2), kd.transpose(1, 2).repeat_interleave(group, 1),
-        vd.transpose(1, 2).repeat_interleave(group, 1), attn_mask=keep).transpose(1, 2)
-    return out, (qd, kd, vd)
-
-
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("window", [None, (23, 0)], ids=["causal", "window"])
-def test_document_ids_keep_each_rows_sequences_apart(window, compiled):
-    """``document_ids``: sequences of 1, 40 and 87 tokens, then 64, 32 and 32 (a run of equal
-    ids is one sequence: an id seen again later starts a new one), causal or in a window, GQA:
-    output and gradients against float64, eagerly and compiled whole (the packed op reads the
-    ids where it runs); the lse is (H, B * S)."""
-    ids = torch.tensor([[5] + [2] * 40 + [7] * 87, [0] * 64 + [3] * 32 + [0] * 32],
-                       device="cuda", dtype=torch.int32)
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q = torch.randn(2, 128, 4, 64, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(2, 128, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g)
-            for _ in range(2))
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-
-    def f(q, k, v, ids):
-        return gt.attention(q, k, v, causal=True, window=window, document_ids=ids)
-
-    fn = torch.compile(f, fullgraph=True) if compiled else f
-    out = fn(q, k, v, ids)
-    _matches(out, *_document_reference(q, k, v, ids, window), (q, k, v))
-    with torch.no_grad():
-        assert torch.equal(fn(q, k, v, ids), out.detach())   # the kernel without lse
-    o, lse = gt.attention(q.detach(), k.detach(), v.detach(), causal=True, window=window,
-                          document_ids=ids, return_lse=True)
-    assert lse.shape == (4, 256) and torch.equal(o, out.detach())
-
-
-def test_document_ids_refused_in_one_line():
-    q, k, v = (x.transpose(1, 2) for x in _qkv(grad=False))
-    ids = torch.zeros(2, 96, dtype=torch.int32, device="cuda")
-    for bad, what in ((ids.float(), "integer tensor"), (ids[:, :95], "shape (B, S)"),
-                      (ids.cpu(), "q's device")):
-        with pytest.raises((ge2jit.ArgumentValueError, ge2jit.ArgumentTypeError),
-                           match="document_ids: expected .*" + re.escape(what)):
-            gt.attention(q, k, v, causal=True, document_ids=bad)
-    with pytest.raises(ge2jit.ArgumentValueError, match="document_ids: expected dense"):
-        gt.attention(*(x.transpose(1, 2) for x in (q, k, v)), layout="bhsd",
-                     document_ids=ids)
-
-
-def test_opcheck_of_the_packed_op():
-    q, k, v = (x.transpose(1, 2) for x in _qkv(b=2, s_q=40, s_k=40, grad=True))
-    ids = torch.tensor([[0] * 13 + [1] * 27, [4] * 40], device="cuda")
-    args = (q, k, v, ids, True, 0.125, -1, -1, 0.0)
-    torch.library.opcheck(torch.ops.ge2jit.attention_packed.default, args)
-    o, lse = torch.ops.ge2jit.attention_packed(*args)
-    torch.library.opcheck(torch.ops.ge2jit.attention_packed_backward.default,
-                          (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(),
-                           lse, ids, True, 0.125, -1, -1, 0.0))
-    torch.library.opcheck(torch.ops.ge2jit.attention_packed_inference.default,
-                          (q.detach(), k.detach(), v.detach(), ids, True, 0.125, -1, -1, 0.0))
 
 
 def test_opcheck():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .torch_ops import attention, scaled_dot_product_attention, sequences
+from .torch_ops import attention, scaled_dot_product_attention
 
 
 def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
@@ -145,7 +145,7 @@ def _causal_or_sdpa_mask(*args, **kwargs):
         return mask
     if torch.compiler.is_compiling():
         # packed sequences (transformers cannot rule them out while tracing: every batch
-        # without a cache gets this mask): their ids, which the op reads where it runs
+        # without a cache gets this mask): their cu_seqlens, made outside the graph
         square = q_length == bound.get("kv_length") and all(
             type(o) is int and o == 0 for o in offsets)
         varlen = _traced_varlen(function, bound, local, q_length) if square else None
@@ -171,16 +171,14 @@ class Varlen:
     """A batch of B rows of S tokens as the kernels' variable-length sequences: the tokens
     kept (``indices`` into the B · S tokens in order, int64; None: every token, as packed
     sequences keep them), their sequences' ``cu_seqlens`` (int32, FlashAttention's
-    convention) and ``max_seqlen``; or, made while compiling (no size read from a tensor),
-    the (B, S) ``ids`` of packed sequences (``attention``'s ``document_ids``: the op reads
-    them where it runs) and no cu_seqlens. Each sequence causal, within a sliding ``window``
-    of W keys (each token sees itself and the W - 1 before it) or not (None)."""
+    convention) and ``max_seqlen`` (while compiling: S, a bound that reads no tensor); each
+    sequence causal, within a sliding ``window`` of W keys (each token sees itself and the
+    W - 1 before it) or not (None)."""
 
-    cu_seqlens: Tensor | None
+    cu_seqlens: Tensor
     max_seqlen: int
     indices: Tensor | None
     window: int | None
-    ids: Tensor | None = None
 
 
 def mask_varlen(mask) -> Varlen | None:
@@ -200,9 +198,6 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, varlen: Varlen, *, scale: 
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     window = None if varlen.window is None else (varlen.window - 1, 0)
-    if varlen.ids is not None:
-        return attention(q, k, v, causal=True, scale=scale, softcap=softcap, window=window,
-                         document_ids=varlen.ids)
     b, s = q.shape[:2]
     flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
     if varlen.indices is not None:
@@ -236,11 +231,13 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
 
 def _traced_varlen(function, bound: dict, local, length: int) -> Varlen | None:
     """While compiling: the ``Varlen`` of transformers' mask for packed sequences (no padding
-    mask), as its sequences' (B, S) ids, or None. A mask function's closures cannot be read
-    while tracing (TorchDynamo before PyTorch 2.14): the model types of ``_PACKED`` make no
-    other ``and_masks`` function without padding than their causal mask (or sliding window)
-    with packed sequences, and a token starts a sequence where it does not see the token
-    before it (``_sequence_ids``); the window is Mistral's or Qwen2's, as ``_WINDOWED``."""
+    mask), or None. A mask function's closures cannot be read while tracing (TorchDynamo
+    before PyTorch 2.14): the model types of ``_PACKED`` make no other ``and_masks`` function
+    without padding than their causal mask (or sliding window) with packed sequences, and a
+    token starts a sequence where it does not see the token before it (``_sequence_ids``);
+    the window is Mistral's or Qwen2's, as ``_WINDOWED``. The cu_seqlens are made outside
+    the graph (``_sequences_outside``: a break, the number of sequences being the data's),
+    once a forward; ``max_seqlen`` is S."""
     codes = _mask_codes()
     config = (bound.get("kwargs") or {}).get("config")
     kind = getattr(config, "model_type", None)
@@ -251,8 +248,8 @@ def _traced_varlen(function, bound: dict, local, length: int) -> Varlen | None:
                                   and local == getattr(config, "sliding_window", None)):
         return None
     device = (bound.get("kwargs") or {}).get("device", bound.get("device"))
-    return Varlen(None, 0, None, local, _sequence_ids(function, bound.get("batch_size"),
-                                                      length, device))
+    ids = _sequence_ids(function, bound.get("batch_size"), length, device)
+    return Varlen(_sequences_outside(ids), length, None, local)
 
 
 def _sequence_ids(function, batch: int, length: int, device) -> Tensor:
@@ -300,10 +297,26 @@ def _packed(function) -> tuple:
 
 
 def _packed_varlen(ids: Tensor, window: int | None) -> Varlen:
-    """Packed sequences' ``Varlen``: a sequence starts where a row starts or its (B, S)
-    sequence index ``ids`` changes (``sequences``)."""
-    cu, longest = sequences(ids)
-    return Varlen(cu, longest, None, window)
+    """Packed sequences' ``Varlen`` (``_sequences``)."""
+    cu = _sequences(ids)
+    return Varlen(cu, int((cu[1:] - cu[:-1]).max()), None, window)
+
+
+def _sequences(ids: Tensor) -> Tensor:
+    """The cu_seqlens (int32) of the sequences of (B, S) ``ids``: one starts where a row
+    starts or the id changes from the token before. Reads the ids (waits for the GPU)."""
+    b, s = ids.shape
+    start = torch.ones(b, s, dtype=torch.bool, device=ids.device)
+    start[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    first = start.flatten().nonzero().squeeze(1)
+    return torch.cat([first, first.new_full((1,), b * s)]).to(torch.int32)
+
+
+@torch.compiler.disable
+def _sequences_outside(ids: Tensor) -> Tensor:
+    """``_sequences`` outside the graph being traced (a break: its length is the data's),
+    once a forward; the attention calls after it take the result as an input."""
+    return _sequences(ids)
 
 
 def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:

@@ -1,6 +1,5 @@
 """attention as PyTorch custom ops (``torch.ops.ge2jit.attention``, ``attention_backward``, and
-``attention_inference``: the forward without the lse, for a call that records no gradient;
-``attention_packed`` and its backward and inference: sequences told apart by document ids),
+``attention_inference``: the forward without the lse, for a call that records no gradient),
 made by ``runtime.torchlib.Differentiable``, and the functions ``ge2jit.torch`` gives on them:
 ``attention`` (FlashAttention's interface: (B, S, H, D) or packed sequences) and
 ``scaled_dot_product_attention`` (PyTorch's, which falls back to PyTorch's own for what the
@@ -13,7 +12,6 @@ import math
 import torch
 from torch import Tensor
 
-from ...errors import ArgumentTypeError, ArgumentValueError
 from ...runtime.torchlib import Differentiable, autocast_dtype, cast, needs_grad, warn_once
 from . import backward as _backward
 from . import op as _op
@@ -121,113 +119,12 @@ _ATTENTION = Differentiable("attention", _forward, fake=_fake, setup=_setup, gra
                             inference=_inference, inference_fake=_inference_fake)
 
 
-# --- sequences by document ids -------------------------------------------------------------
-# q, k, v of (B, S, H, D) whose rows hold several sequences each, told apart by (B, S) ids: the
-# packed kernels on the B * S tokens, their cu_seqlens made from the ids where the op runs
-# (reading them waits for the GPU), so that a traced graph needs no data-dependent size.
-
-def sequences(ids: Tensor) -> tuple[Tensor, int]:
-    """(cu_seqlens as int32, the longest) of the sequences of (B, S) ``ids``: one starts where
-    a row starts or the id changes from the token before. Reads the ids (waits for the
-    GPU)."""
-    b, s = ids.shape
-    start = torch.ones(b, s, dtype=torch.bool, device=ids.device)
-    start[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    first = start.flatten().nonzero().squeeze(1)
-    cu = torch.cat([first, first.new_full((1,), b * s)])
-    longest = int((cu[1:] - cu[:-1]).max()) if b * s else 0
-    return cu.to(torch.int32), longest
-
-
-def _tokens(x: Tensor) -> Tensor:
-    """(B, S, H, D) as the (B * S, H, D) packed rows (a view where the strides allow)."""
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-def _packed_keywords(ids, causal, scale, left, right, softcap) -> dict:
-    cu, longest = sequences(ids)
-    return _keywords(cu, cu, longest, longest, causal, scale, left, right, softcap, False)
-
-
-def _packed_forward(q: Tensor, k: Tensor, v: Tensor, ids: Tensor, causal: bool, scale: float,
-                    window_left: int, window_right: int, softcap: float
-                    ) -> tuple[Tensor, Tensor]:
-    """Attention within the sequences ``ids`` tells apart: (o (B, S, H, D), lse (H, B * S))."""
-    o, lse = _op.attention(_tokens(q), _tokens(k), _tokens(v), return_lse=True,
-                           **_packed_keywords(ids, causal, scale, window_left, window_right,
-                                              softcap))
-    return o.view(q.shape), lse
-
-
-def _packed_inference(q: Tensor, k: Tensor, v: Tensor, ids: Tensor, causal: bool, scale: float,
-                      window_left: int, window_right: int, softcap: float) -> Tensor:
-    """``_packed_forward`` without its lse."""
-    return _op.attention(_tokens(q), _tokens(k), _tokens(v), **_packed_keywords(
-        ids, causal, scale, window_left, window_right, softcap)).view(q.shape)
-
-
-def _packed_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                     ids: Tensor, causal: bool, scale: float, window_left: int,
-                     window_right: int, softcap: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of ``_packed_forward``."""
-    dq, dk, dv = _backward.attention_backward(
-        _tokens(_ready(do)), _tokens(q), _tokens(k), _tokens(v), _tokens(o), lse,
-        **_packed_keywords(ids, causal, scale, window_left, window_right, softcap),
-        deterministic=torch.are_deterministic_algorithms_enabled())
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
-
-
-def _packed_fake(q, k, v, ids, *args):
-    return q.new_empty(q.shape), q.new_empty((q.shape[2], q.shape[0] * q.shape[1]),
-                                             dtype=torch.float32)
-
-
-def _packed_setup(ctx, inputs, output):
-    q, k, v, ids, *flags = inputs
-    o, lse = output
-    ctx.flags = tuple(flags)
-    ctx.save_for_backward(q, k, v, o, lse, ids)
-
-
-def _packed_grads(ctx, do, dlse, *, backward):
-    q, k, v, o, lse, ids = ctx.saved_tensors
-    dq, dk, dv = backward(do.to(q.dtype), q, k, v, o, lse, ids, *ctx.flags)
-    return (dq, dk, dv) + (None,) * 6
-
-
-_PACKED = Differentiable("attention_packed", _packed_forward, fake=_packed_fake,
-                         setup=_packed_setup, grads=_packed_grads, backward=_packed_backward,
-                         backward_fake=_backward_fake, inference=_packed_inference,
-                         inference_fake=_inference_fake)
-
-
-def _document_ids(ids, q: Tensor, k: Tensor, v: Tensor, bhsd: bool, varlen: bool) -> Tensor:
-    """``document_ids`` checked against q, k and v: one line naming what is wrong."""
-    if varlen or bhsd:
-        raise ArgumentValueError("document_ids: expected dense (B, S, H, D) q, k and v without "
-                                 "cu_seqlens and layout 'bhsd' (the ids tell each row's "
-                                 "sequences apart), got " + ("cu_seqlens" if varlen
-                                                             else "layout 'bhsd'"))
-    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.is_complex() \
-            or ids.dtype == torch.bool:
-        raise ArgumentTypeError(f"document_ids: expected an integer tensor, got "
-                                f"{getattr(ids, 'dtype', type(ids).__name__)}")
-    if q.dim() != 4 or ids.shape != q.shape[:2] or k.shape[:2] != q.shape[:2]:
-        raise ArgumentValueError(f"document_ids: expected the shape (B, S) of q's and k's "
-                                 f"first two dimensions {tuple(q.shape[:2])}, got "
-                                 f"{tuple(ids.shape)} (k {tuple(k.shape)})")
-    if ids.device != q.device:
-        raise ArgumentValueError(f"document_ids: expected q's device {q.device}, got "
-                                 f"{ids.device}")
-    return ids
-
-
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: float | None = None, window: tuple[int, int] | None = None,
               softcap: float | None = None, cu_seqlens_q: Tensor | None = None,
               cu_seqlens_k: Tensor | None = None, max_seqlen_q: int | None = None,
               max_seqlen_k: int | None = None, return_lse: bool = False,
-              layout: str | None = None, document_ids: Tensor | None = None):
+              layout: str | None = None):
     """``ge2jit.attention`` on tensors, differentiable in q, k and v (the backward is
     ``ge2jit.attention_backward``; deterministic under ``torch.use_deterministic_algorithms``):
     FlashAttention's interface, q (B, S_q, H, D) and k, v (B, S_k, H_kv, D)
@@ -236,28 +133,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     (with ``return_lse``, also the log-sum-exp, which carries no gradient; without it, a call
     that records no gradient runs the kernel that writes none). As custom ops
     under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly.
-    Inside ``torch.autocast``, float32 q, k and v are cast to the region's type first.
-
-    ``document_ids``: (B, S) integers for dense (B, S, H, D) q, k and v of S queries and
-    keys: each row holds several sequences (documents), a new one wherever the id differs
-    from the token before; a query attends only to keys of its own sequence (with
-    ``causal``, ``window`` and ``softcap`` within it). The packed kernels run on the B · S
-    tokens (``torch.ops.ge2jit.attention_packed`` under ``torch.compile``, whose graph then
-    needs no size read from the ids); the op reads the ids where it runs, which waits for
-    the GPU. The lse is then (H, B · S)."""
+    Inside ``torch.autocast``, float32 q, k and v are cast to the region's type first."""
     q, k, v = _autocast(q, k, v)
     d = q.shape[-1] if q.dim() else 0
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0   # (a head_dim of 0 is refused by the op)
-    if document_ids is not None:
-        ids = _document_ids(document_ids, q, k, v, layout == "bhsd", varlen)
-        args = (q, k, v, ids, bool(causal), float(scale), left, right, float(softcap or 0.0))
-        if not return_lse and not needs_grad(q, k, v):
-            return _PACKED.infer(*args)
-        o, lse = _PACKED(*args)
-        return (o, lse.detach()) if return_lse else o
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0) if varlen else 0,
             int(max_seqlen_k or 0) if varlen else 0, bool(causal), float(scale), left, right,
             float(softcap or 0.0), layout == "bhsd")
