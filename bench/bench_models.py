@@ -21,8 +21,7 @@ sequences (position ids that start again, ``use_cache=False``: transformers mask
 sequence apart); ``nocache``: the plain batch with ``use_cache=False`` (while tracing,
 transformers then masks for packed sequences, which it cannot rule out). ge2jit's attention
 reads the padded and packed masks as variable-length sequences in eager mode; while
-compiling, it takes the packed sequences' ids (``document_ids``), and a padded batch's mask
-goes to PyTorch's SDPA.
+compiling, these masks go to PyTorch's SDPA.
 
 Models (random init, random tokens): ``llama``: ``LlamaForCausalLM``, 4 layers, d 2048, 16
 heads, 4 KV heads, hidden 5632, vocabulary 32000, 4 x 1024 tokens; ``llama128k``: the same with

@@ -289,7 +289,7 @@ def _mask_calls(monkeypatch):
             assert cu_seqlens_k is cu_seqlens_q and max_seqlen_k == max_seqlen_q
             assert causal and layout is None and cu_seqlens_q.dtype == torch.int32
             cu = cu_seqlens_q.tolist()
-            assert max_seqlen_q >= max(b - a for a, b in zip(cu, cu[1:]))
+            assert max_seqlen_q == max(b - a for a, b in zip(cu, cu[1:]))
             seen.append(("varlen", cu, window))
             return torch.cat([_reference_attention([])(
                 q[None, a:b], k[None, a:b], v[None, a:b], causal=True, scale=scale,
@@ -582,9 +582,9 @@ def test_a_padded_batch_trains_as_the_module(monkeypatch):
 def test_which_masks_are_read_as_variable_length_sequences(monkeypatch):
     """The tag goes on a square mask with padding whose function is the causal one (padding
     between kept tokens too) or a causal sliding window whose rows' kept tokens are
-    contiguous, outside tracing; not on a window with padding between kept tokens, a
-    chunked or combined function, queries that do not cover the keys, or while compiling.
-    A row of padding only is an empty sequence."""
+    contiguous, or packed sequences (each a sequence), outside tracing; not on a window with
+    padding between kept tokens, a chunked or combined function, queries that do not cover
+    the keys, or while compiling. A row of padding only is an empty sequence."""
     from transformers import masking_utils as mu
 
     from ge2jit.ops.attention import hf
@@ -617,8 +617,15 @@ def test_which_masks_are_read_as_variable_length_sequences(monkeypatch):
     assert varlen(padding, q_length=1, q_offset=7) is None
     assert varlen(padding[:, :6]) is None
     assert varlen(torch.ones(3, 8, dtype=torch.bool)) is None   # no mask made: is_causal
+    packed = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(
+        torch.tensor([[0, 0, 1, 1, 1, 2, 2, 2]] * 3)))
+    got = varlen(None, packed, allow_is_causal_skip=False)
+    assert got.cu_seqlens.tolist() == [0, 2, 5, 8, 10, 13, 16, 18, 21, 24]
+    assert got.max_seqlen == 3 and got.indices is None
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    # (reading the sequences while tracing would break the graph and wait for the GPU)
     assert varlen(padding) is None
+    assert varlen(None, packed, allow_is_causal_skip=False) is None
 
 
 def test_a_batch_of_padding_only_gives_zeros():
@@ -630,78 +637,3 @@ def test_a_batch_of_padding_only_gives_zeros():
                      None)
     out = hf.varlen_attention(q, q, q, none, scale=0.125)
     assert out.shape == (2, 4, 3, 64) and not out.any()
-
-
-@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
-@pytest.mark.parametrize("kind,extra,window", VARLEN_KINDS, ids=[k[0] for k in VARLEN_KINDS])
-def test_packed_sequences_run_the_kernels_while_compiling(kind, extra, window, direct,
-                                                          references, monkeypatch):
-    """Compiled without a cache, transformers masks every batch for packed sequences (it
-    cannot rule them out while tracing): ge2jit's mask function tags the mask with the
-    sequences' cu_seqlens, made outside the graph once a forward (a graph break), and the
-    kernels' variable lengths run (the mask is not read); packed rows and plain ones give
-    the untouched model's logits."""
-    seen = _mask_calls(monkeypatch)
-    ours, theirs = _twins(kind, **extra)
-    if not direct:
-        for m in ours.modules():
-            vars(m).pop("forward", None)
-    for model in (ours, theirs):
-        model.loss_type = "ForCausalLM"
-    ids = torch.randint(0, 50, (2, 24))
-    packed = torch.stack([torch.cat([torch.arange(10), torch.arange(14)]), torch.arange(24)])
-    torch._dynamo.reset()
-    compiled = torch.compile(ours, backend="eager")
-    for positions, cu in ((packed, [0, 10, 24, 48]),
-                          (torch.arange(24)[None].expand(2, 24), [0, 24, 48])):
-        seen.clear()
-        with torch.no_grad():
-            got = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits
-            want = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-        assert seen == [("varlen", cu, None if window is None else (window - 1, 0))] * 2
-    assert references == []
-    torch._dynamo.reset()
-
-
-def test_while_compiling_a_packed_mask_of_a_known_model_is_tagged_with_its_ids(monkeypatch):
-    """While compiling, the mask function's closures are not read: transformers' packed mask
-    of LLaMA, Mistral, Qwen2 or GPT-2 (an ``and_masks`` function, no padding) is tagged with
-    its sequences (a token starts one where it does not see the one before it; S the bound of
-    their lengths); not another
-    model type's, not with padding, not another combination, not a window other than the
-    model's."""
-    from types import SimpleNamespace
-
-    from transformers import masking_utils as mu
-
-    from ge2jit.ops.attention import hf
-
-    gt.register_hf_attention()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    packed = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8])
-
-    def tagged(function, kind="llama", window=None, **changes):
-        args = dict(batch_size=2, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
-                    mask_function=function, attention_mask=None, allow_is_causal_skip=False,
-                    local_size=window, dtype=torch.float32, device=torch.device("cpu"),
-                    config=SimpleNamespace(model_type=kind, sliding_window=window))
-        args.update(changes)
-        return hf.mask_varlen(hf._causal_or_sdpa_mask(**args))
-
-    cu = [0, 3, 5, 8, 16]
-    function = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(packed))
-    for kind in ("llama", "gpt2"):
-        got = tagged(function, kind)
-        assert got.cu_seqlens.tolist() == cu and got.max_seqlen == 8
-        assert got.window is None and got.indices is None
-    sliding = mu.and_masks(mu.sliding_window_causal_mask_function(3),
-                           mu.packed_sequence_mask_function(packed))
-    got = tagged(sliding, "mistral", 3)
-    assert got.cu_seqlens.tolist() == cu and got.window == 3
-    assert tagged(sliding, "llama", 3) is None                   # not a windowed model type
-    assert tagged(function, "bert") is None
-    assert tagged(function, attention_mask=torch.ones(2, 8, dtype=torch.bool)) is None
-    assert tagged(mu.or_masks(mu.causal_mask_function,
-                              mu.packed_sequence_mask_function(packed))) is None
-    assert tagged(function, q_length=1, q_offset=7) is None

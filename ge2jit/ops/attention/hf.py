@@ -86,8 +86,7 @@ def register_hf_attention(name: str = "ge2jit") -> str:
     AttentionMaskInterface.register(name, _causal_or_sdpa_mask)
     from transformers.masking_utils import sdpa_mask
 
-    _mask_signature(sdpa_mask)   # made before any trace reads them
-    _mask_codes()
+    _mask_signature(sdpa_mask)   # made before any trace reads it
     return name
 
 
@@ -141,16 +140,7 @@ def _causal_or_sdpa_mask(*args, **kwargs):
                 local == getattr(config, "sliding_window", None):
             return None
     mask = sdpa_mask(*args, **kwargs)
-    if not isinstance(mask, Tensor):
-        return mask
-    if torch.compiler.is_compiling():
-        # packed sequences (transformers cannot rule them out while tracing: every batch
-        # without a cache gets this mask): their cu_seqlens, made outside the graph
-        square = q_length == bound.get("kv_length") and all(
-            type(o) is int and o == 0 for o in offsets)
-        varlen = _traced_varlen(function, bound, local, q_length) if square else None
-        if varlen is not None:
-            setattr(mask, VARLEN_TAG, varlen)
+    if not isinstance(mask, Tensor) or torch.compiler.is_compiling():
         return mask
     if plain and isinstance(local, int) and _sliding_window(function) == local:
         setattr(mask, WINDOW_TAG, local)
@@ -171,9 +161,8 @@ class Varlen:
     """A batch of B rows of S tokens as the kernels' variable-length sequences: the tokens
     kept (``indices`` into the B · S tokens in order, int64; None: every token, as packed
     sequences keep them), their sequences' ``cu_seqlens`` (int32, FlashAttention's
-    convention) and ``max_seqlen`` (while compiling: S, a bound that reads no tensor); each
-    sequence causal, within a sliding ``window`` of W keys (each token sees itself and the
-    W - 1 before it) or not (None)."""
+    convention) and ``max_seqlen``; each sequence causal, within a sliding ``window`` of W keys
+    (each token sees itself and the W - 1 before it) or not (None)."""
 
     cu_seqlens: Tensor
     max_seqlen: int
@@ -197,13 +186,13 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, varlen: Varlen, *, scale: 
     not kept (padding) gets zeros, as transformers' FlashAttention integration gives it."""
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    window = None if varlen.window is None else (varlen.window - 1, 0)
     b, s = q.shape[:2]
     flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
     if varlen.indices is not None:
         flat = [x.index_select(0, varlen.indices) for x in flat]
     if varlen.max_seqlen == 0:   # nothing kept: every token padding
         return q.new_zeros(b, s, *q.shape[2:])
+    window = None if varlen.window is None else (varlen.window - 1, 0)
     out = attention(*flat, causal=True, scale=scale, softcap=softcap, window=window,
                     cu_seqlens_q=varlen.cu_seqlens, cu_seqlens_k=varlen.cu_seqlens,
                     max_seqlen_q=varlen.max_seqlen, max_seqlen_k=varlen.max_seqlen)
@@ -218,10 +207,14 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     must be the causal one or its sliding window of ``local`` keys, alone with a padding mask,
     or within transformers' packed sequences (``_packed``) without one. Reads the padding
     mask's or the packed sequences' values (outside tracing only)."""
+    from transformers.masking_utils import causal_mask_function
+
     base, packed = _packed(function)
-    causal, window = _causal(base, local)
-    if not causal:
-        return None
+    window = None
+    if base is not causal_mask_function:
+        window = _sliding_window(base)
+        if window is None or window != local:
+            return None
     if packed is not None:
         return _packed_varlen(packed, window) if padding is None else None
     if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[1] < length:
@@ -229,65 +222,27 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     return _padding_varlen(padding[:, :length].bool(), window)
 
 
-def _traced_varlen(function, bound: dict, local, length: int) -> Varlen | None:
-    """While compiling: the ``Varlen`` of transformers' mask for packed sequences (no padding
-    mask), or None. A mask function's closures cannot be read while tracing (TorchDynamo
-    before PyTorch 2.14): the model types of ``_PACKED`` make no other ``and_masks`` function
-    without padding than their causal mask (or sliding window) with packed sequences, and a
-    token starts a sequence where it does not see the token before it (``_sequence_ids``);
-    the window is Mistral's or Qwen2's, as ``_WINDOWED``. The cu_seqlens are made outside
-    the graph (``_sequences_outside``: a break, the number of sequences being the data's),
-    once a forward; ``max_seqlen`` is S."""
-    codes = _mask_codes()
-    config = (bound.get("kwargs") or {}).get("config")
-    kind = getattr(config, "model_type", None)
-    if codes is None or getattr(function, "__code__", None) is not codes["joined"] or \
-            bound.get("attention_mask") is not None or kind not in _PACKED:
-        return None
-    if local is not None and not (kind in _WINDOWED
-                                  and local == getattr(config, "sliding_window", None)):
-        return None
-    device = (bound.get("kwargs") or {}).get("device", bound.get("device"))
-    ids = _sequence_ids(function, bound.get("batch_size"), length, device)
-    return Varlen(_sequences_outside(ids), length, None, local)
-
-
-def _sequence_ids(function, batch: int, length: int, device) -> Tensor:
-    """(B, S) int64 ids of the sequences of a causal mask within sequences (or a sliding
-    window of at least 2 keys: a token then sees the one before it in its sequence): a new
-    one where a token does not see the token before it, the mask ``function`` evaluated on
-    those pairs alone (traceable, no size read from a tensor)."""
-    at = torch.arange(1, length, device=device)[None]
-    sees = function(torch.arange(batch, device=device)[:, None],
-                    torch.zeros(1, 1, dtype=torch.long, device=device), at, at - 1)
-    starts = (~sees.to(torch.bool)).expand(batch, length - 1).long()
-    return torch.cat([starts.new_zeros(batch, 1), starts], 1).cumsum(1)
-
-
-def _causal(function, local) -> tuple[bool, int | None]:
-    """(whether ``function`` is transformers' causal mask function or its sliding window of
-    ``local`` keys, that window or None)."""
-    codes = _mask_codes()
-    if codes is not None and function is codes["causal"]:
-        return True, None
-    window = _sliding_window(function)
-    return (True, window) if window is not None and window == local else (False, None)
-
-
 def _packed(function) -> tuple:
     """(the mask function within transformers' packed sequences, their (B, S) sequence
     indices) when ``function`` is its ``and_masks`` of that function (remapped to the
     sequences' positions by ``remap_positions_for_packed_sequence`` where transformers has it)
     and ``packed_sequence_mask_function``; else (``function``, None)."""
-    codes = _mask_codes()
+    from transformers import masking_utils as mu
+
+    try:
+        probe = mu.packed_sequence_mask_function(torch.zeros(1, 1, dtype=torch.long))
+        joined = mu.and_masks(mu.causal_mask_function, probe)
+    except (AttributeError, TypeError, RuntimeError):   # another transformers
+        return function, None
     masks = _closure(function).get("mask_functions")
-    if codes is None or codes["packed"] is None or \
-            getattr(function, "__code__", None) is not codes["joined"] or not (
+    if getattr(function, "__code__", None) is not joined.__code__ or not (
             isinstance(masks, tuple) and len(masks) == 2
-            and getattr(masks[1], "__code__", None) is codes["packed"]):
+            and getattr(masks[1], "__code__", None) is probe.__code__):
         return function, None
     ids, base = _closure(masks[1]).get("packed_sequence_mask"), masks[0]
-    if codes["remap"] is not None and getattr(base, "__code__", None) is codes["remap"]:
+    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+    if remap is not None and getattr(base, "__code__", None) is remap(
+            mu.causal_mask_function, ids).__code__:
         # positions rise by one within a sequence: its causal (window) mask on them is the
         # one on the tokens' indices
         base = _closure(base).get("mask_function")
@@ -297,26 +252,15 @@ def _packed(function) -> tuple:
 
 
 def _packed_varlen(ids: Tensor, window: int | None) -> Varlen:
-    """Packed sequences' ``Varlen`` (``_sequences``)."""
-    cu = _sequences(ids)
-    return Varlen(cu, int((cu[1:] - cu[:-1]).max()), None, window)
-
-
-def _sequences(ids: Tensor) -> Tensor:
-    """The cu_seqlens (int32) of the sequences of (B, S) ``ids``: one starts where a row
-    starts or the id changes from the token before. Reads the ids (waits for the GPU)."""
+    """Packed sequences' ``Varlen``: a sequence starts where a row starts or its (B, S)
+    sequence index ``ids`` changes."""
     b, s = ids.shape
     start = torch.ones(b, s, dtype=torch.bool, device=ids.device)
     start[:, 1:] = ids[:, 1:] != ids[:, :-1]
     first = start.flatten().nonzero().squeeze(1)
-    return torch.cat([first, first.new_full((1,), b * s)]).to(torch.int32)
-
-
-@torch.compiler.disable
-def _sequences_outside(ids: Tensor) -> Tensor:
-    """``_sequences`` outside the graph being traced (a break: its length is the data's),
-    once a forward; the attention calls after it take the result as an input."""
-    return _sequences(ids)
+    cu = torch.cat([first, first.new_full((1,), b * s)])
+    longest = int((cu[1:] - cu[:-1]).max())
+    return Varlen(cu.to(torch.int32), longest, None, window)
 
 
 def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
@@ -338,10 +282,6 @@ def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
     return Varlen(cu, int(longest), padding.flatten().nonzero().squeeze(1), window)
 
 
-#: Hugging Face model types whose masks without padding made with transformers' ``and_masks``
-#: are only their causal mask (or sliding window) within packed sequences (while compiling:
-#: ``_traced_varlen``)
-_PACKED = ("llama", "mistral", "qwen2", "gpt2")
 #: Hugging Face model types (``config.model_type``) whose masks with a local size are only
 #: their causal sliding window of ``config.sliding_window`` keys and whose attention modules
 #: pass that window to the attention function (Mistral's, Qwen2's sliding layers): while
@@ -359,47 +299,21 @@ def _sliding_window(function) -> int | None:
     """W when ``function`` is transformers' ``sliding_window_causal_mask_function(W)`` (its
     ``and_masks`` of ``sliding_window_overlay(W)`` and ``causal_mask_function``, recognized by
     their code and closures), else None: any other function, combined or not."""
-    codes = _mask_codes()
-    if codes is None or codes["overlay"] is None or \
-            getattr(function, "__code__", None) is not codes["joined"]:
+    from transformers import masking_utils as mu
+
+    try:
+        overlay = mu.sliding_window_overlay(1)
+        joined = mu.and_masks(overlay, mu.causal_mask_function)
+    except (AttributeError, TypeError, RuntimeError):   # another transformers: no window
+        return None
+    if getattr(function, "__code__", None) is not joined.__code__:
         return None
     masks = _closure(function).get("mask_functions")
-    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is codes["causal"]
-            and getattr(masks[0], "__code__", None) is codes["overlay"]):
+    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is mu.causal_mask_function
+            and getattr(masks[0], "__code__", None) is overlay.__code__):
         return None
     window = _closure(masks[0]).get("sliding_window")
     return window if type(window) is int and window > 0 else None
-
-
-#: the code objects of transformers' mask functions that ``_sliding_window`` and ``_packed``
-#: recognize, and its causal mask function: made once outside tracing (``_mask_codes``; an
-#: import of transformers' lazy module inside a trace breaks the graph), {} before
-_codes: dict = {}
-
-
-def _mask_codes() -> dict | None:
-    """``_codes``, made at the first call (None: a transformers without these functions)."""
-    if not _codes:
-        from transformers import masking_utils as mu
-
-        causal, and_masks = (getattr(mu, n, None) for n in ("causal_mask_function",
-                                                            "and_masks"))
-
-        def code(make, *args):
-            try:
-                return make(*args).__code__
-            except (AttributeError, TypeError, RuntimeError):   # not in this transformers
-                return None
-
-        ids = torch.zeros(1, 1, dtype=torch.long)
-        _codes.update(
-            causal=causal, joined=code(and_masks, causal, causal),
-            packed=code(getattr(mu, "packed_sequence_mask_function", None), ids),
-            remap=code(getattr(mu, "remap_positions_for_packed_sequence", None), causal, ids),
-            overlay=code(getattr(mu, "sliding_window_overlay", None), 1))
-        if causal is None or _codes["joined"] is None:
-            _codes["none"] = True
-    return None if "none" in _codes else _codes
 
 
 #: (transformers' sdpa_mask, its signature): made once, the mask function runs at every
