@@ -38,6 +38,8 @@ constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
 constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+// each row's sequences kept apart by their bounds (masks.cuh's RowMasks; dense, S_q == S_k)
+constexpr bool SEGMENTS = {{ "true" if spec.segments else "false" }};
 // DKVQ: a step's dQ^T product issued at the start of the next step, under its S and dP
 // products and its softmax (the tensor cores otherwise idle while both consumers make P and
 // dS), its tile stored once that step's dV and dK products are issued; the columns' lse and
@@ -109,7 +111,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int tid = threadIdx.x;
     const int b = blockIdx.z;
     const Sequence<VARLEN> seq(b, S_q, S_k, cu_seqlens_q, cu_seqlens_k);
-    const Masks mask(seq.len_q, seq.len_k, CAUSAL, WINDOW, window_left, window_right);
+    const RowMasks<SEGMENTS> mask(seq.len_q, seq.len_k, CAUSAL, WINDOW, window_left,
+                                  window_right, {{ spec.row_bounds("b") }});
     const float SL = SOFTCAP ? 1.0f : static_cast<float>(scale * LOG2E);
     const float cap_in = SOFTCAP ? static_cast<float>(scale / softcap) : 0.0f;
     const float cap_out = SOFTCAP ? static_cast<float>(softcap * LOG2E) : 0.0f;

@@ -32,6 +32,8 @@ constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
 constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+// each row's sequences kept apart by their bounds (masks.cuh's RowMasks; dense, S_q == S_k)
+constexpr bool SEGMENTS = {{ "true" if spec.segments else "false" }};
 constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
 // OVERLAP: a consumer issues block i's S = Q K^T before block i - 1's O += P V, and does block
 // i's softmax while that product runs (FlashAttention-3's intra-warpgroup overlap; P of block
@@ -123,7 +125,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         w.len_q = seq.len_q;
         w.len_k = seq.len_k;
         w.hk = static_cast<int>(w.h / (H / H_kv));
-        const Masks mask(w.len_q, w.len_k, CAUSAL, WINDOW, window_left, window_right);
+        const RowMasks<SEGMENTS> mask(w.len_q, w.len_k, CAUSAL, WINDOW, window_left,
+                                      window_right, {{ spec.row_bounds("w.b") }});
         const int m_last = min(w.m0 + BM, w.len_q) - 1;
         const int k_begin = mask.lo(w.m0), k_end = mask.hi(m_last);
         w.full_lo = mask.lo(m_last);
@@ -195,7 +198,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int b = w.b, h = w.h, m0 = w.m0, len_q = w.len_q, n_first = w.n_first;
     const int n_blocks = w.n_blocks, full_lo = w.full_lo, full_hi = w.full_hi;
     const long long q_row0 = w.q_row0;
-    const Masks mask(len_q, w.len_k, CAUSAL, WINDOW, window_left, window_right);
+    const RowMasks<SEGMENTS> mask(len_q, w.len_k, CAUSAL, WINDOW, window_left, window_right,
+                                  {{ spec.row_bounds("b") }});
     int lo[2], hi[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {

@@ -59,6 +59,43 @@ struct Masks {
     }
 };
 
+// Masks that also keep each row of a dense batch's sequences apart (SEGMENTS: several
+// sequences a row, S_q == S_k, the same tokens as queries and keys): bounds[2 t] and
+// bounds[2 t + 1] are the first token and one past the last of token t's sequence in its row;
+// query i sees key j only if both are in one sequence, start(i) <= j < end(i), and Masks
+// allows it. The bounds do not decrease along the row, so lo, hi, row_lo and row_hi still
+// do not (what the kernels' block bounds need). Without SEGMENTS: Masks.
+template <bool SEGMENTS>
+struct RowMasks : Masks {
+    const int* bounds;   // this row's (start, end) pairs (SEGMENTS)
+
+    __device__ __forceinline__ RowMasks(int len_q_, int len_k_, bool causal, bool window,
+                                        long long window_left, long long window_right,
+                                        const int* row_bounds)
+        : Masks(len_q_, len_k_, causal, window, window_left, window_right),
+          bounds(row_bounds) {}
+    __device__ __forceinline__ int lo(long long i) const {
+        const int v = Masks::lo(i);
+        if constexpr (SEGMENTS) if (i >= 0 && i < len_q) return max(v, bounds[2 * i]);
+        return v;
+    }
+    __device__ __forceinline__ int hi(long long i) const {
+        const int v = Masks::hi(i);
+        if constexpr (SEGMENTS) if (i >= 0 && i < len_q) return min(v, bounds[2 * i + 1]);
+        return v;
+    }
+    __device__ __forceinline__ int row_lo(long long j) const {
+        const int v = Masks::row_lo(j);
+        if constexpr (SEGMENTS) if (j >= 0 && j < len_k) return max(v, bounds[2 * j]);
+        return v;
+    }
+    __device__ __forceinline__ int row_hi(long long j) const {
+        const int v = Masks::row_hi(j);
+        if constexpr (SEGMENTS) if (j >= 0 && j < len_k) return min(v, bounds[2 * j + 1]);
+        return v;
+    }
+};
+
 // The natural-log log-sum-exp of a row from its running maximum (raw scores; sl: their factor
 // to log2 units) and its sum of exp2's (over the whole row): -inf for a row that saw no key.
 __device__ __forceinline__ float row_lse(float row_max, float sl, float l) {

@@ -561,8 +561,26 @@ class _Hopper:
                                      f"memory at head_dim {self.head_dim} ({MAX_SMEM_SM90} B "
                                      f"allowed)")
 
+    def _check_segments(self) -> None:
+        if self.segments and self.varlen:
+            raise ArgumentValueError(f"{type(self).__name__}: expected segments (each row's "
+                                     f"sequences apart in a dense batch) without varlen")
+
+    def row_bounds(self, batch: str) -> str:
+        """The kernel's expression of sequence ``batch``'s row of ``seq_bounds`` (two int32 a
+        token: its sequence's first token and one past its last), or nullptr without
+        ``segments``."""
+        if not self.segments:
+            return "nullptr"
+        return f"seq_bounds + 2 * static_cast<long long>({batch}) * S_q"
+
+    def _segment_params(self) -> tuple[Param, ...]:
+        """``seq_bounds`` with ``segments`` (a kernel without them takes no such parameter)."""
+        return (pointer("seq_bounds", "int", const=True),) if self.segments else ()
+
     def _flags(self) -> str:
-        short = {"window": "win", "softcap": "cap", "write_lse": "lse", "defer_dq": "dqd"}
+        short = {"window": "win", "softcap": "cap", "write_lse": "lse", "defer_dq": "dqd",
+                 "segments": "seg"}
         return "".join(f"_{short.get(n, n)}" for n in self.FLAGS
                        if n not in ("overlap", "persistent", "pingpong") and getattr(self, n))
 
@@ -596,10 +614,11 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
     overlap: bool = False
     persistent: bool = False
     pingpong: bool | None = None   # None: as overlap
+    segments: bool = False
 
     template = "attention/fwd_sm90.cu"
     FLAGS = ("causal", "window", "softcap", "varlen", "write_lse", "overlap", "persistent",
-             "pingpong")
+             "pingpong", "segments")
 
     @property
     def config(self) -> AttentionSm90Config:
@@ -615,6 +634,7 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
                                      f"up to 256 and stages 2 or 3, got {self.block_n} and "
                                      f"{self.stages}")
         self._check(SM90_BLOCK_N, f"block_n {self.block_n}")
+        self._check_segments()
 
     @property
     def smem_bytes(self) -> int:
@@ -636,14 +656,16 @@ class AttentionFwdSm90Spec(_Hopper, KernelSpec):
         """The tensor maps of q, k and v; o, lse, cu_seqlens_q, cu_seqlens_k; o's element
         strides (``ob, os, oh``); ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``,
         ``softcap``; ``window_left``, ``window_right``; ``heads_group`` (persistent: the
-        (sequence, head) pairs whose tiles are taken together, :func:`heads_group`)."""
+        (sequence, head) pairs whose tiles are taken together, :func:`heads_group`); with
+        ``segments``, ``seq_bounds`` (B, S, 2) int32 (:meth:`row_bounds`)."""
         t = self.dtype.ctype
         return (*tensor_maps("tma_q", "tma_k", "tma_v"), pointer("o", t),
                 pointer("lse", "float"), pointer("cu_seqlens_q", "int", const=True),
                 pointer("cu_seqlens_k", "int", const=True),
                 *int64("ob", "os", "oh", "B", "H", "H_kv", "S_q", "S_k"),
                 *double("scale", "softcap"), *int64("window_left", "window_right",
-                                                    "heads_group"))
+                                                    "heads_group"),
+                *self._segment_params())
 
     def grid(self, batch: int, heads: int, max_seqlen_q: int,
              sms: int = 0) -> tuple[int, int, int]:
@@ -719,7 +741,7 @@ SM90_BWD_WIDE = {64: 96, 128: 64}
 #: at a head dimension: below 2048 at 64 the narrow step of 64 is faster (an H200: 1.07x at
 #: 1024 causal queries, 1.14x at 512, where a causal block's last step of 96 is mostly masked)
 WIDE_MIN_QUERIES = {64: 2048, 128: 0}
-WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen")}
+WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen", "segments")}
 
 
 def _fused_refusal(spilling: dict, head_dim: int, deterministic: bool, options: dict
@@ -821,10 +843,11 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
     softcap: bool = False
     varlen: bool = False
     defer_dq: bool = False
+    segments: bool = False
 
     template = "attention/bwd_sm90.cu"
 
-    FLAGS = ("causal", "window", "softcap", "varlen", "defer_dq")
+    FLAGS = ("causal", "window", "softcap", "varlen", "defer_dq", "segments")
 
     def __post_init__(self):
         if self.kind not in ("dq", "dkv", "dkvq"):
@@ -850,6 +873,7 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
         if self.defer_dq and self.kind != "dkvq":
             raise ArgumentValueError(f"AttentionBwdSm90Spec: expected defer_dq only with kind "
                                      f"'dkvq', got kind {self.kind!r}")
+        self._check_segments()
 
     @property
     def smem_bytes(self) -> int:
@@ -873,8 +897,8 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
         """The tensor maps of q, k, v and do; lse and delta (float32); dq, dk, dv; dq_accum
         (float32, the dkvq kernel's); cu_seqlens_q, cu_seqlens_k; the element strides of dq,
         dk, dv along batch, sequence and head; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``;
-        ``scale``, ``softcap``; ``window_left``, ``window_right``. Every kernel takes them
-        all."""
+        ``scale``, ``softcap``; ``window_left``, ``window_right``; with ``segments``,
+        ``seq_bounds`` (B, S, 2) int32 (:meth:`row_bounds`)."""
         t = self.dtype.ctype
         return (*tensor_maps("tma_q", "tma_k", "tma_v", "tma_do"),
                 pointer("lse", "float", const=True), pointer("delta", "float", const=True),
@@ -883,7 +907,8 @@ class AttentionBwdSm90Spec(_Hopper, KernelSpec):
                 pointer("cu_seqlens_k", "int", const=True),
                 *int64("dqb", "dqs", "dqh", "dkb", "dks", "dkh", "dvb", "dvs", "dvh",
                        "B", "H", "H_kv", "S_q", "S_k"),
-                *double("scale", "softcap"), *int64("window_left", "window_right"))
+                *double("scale", "softcap"), *int64("window_left", "window_right"),
+                *self._segment_params())
 
     def grid(self, batch: int, heads: int, kv_heads: int, max_seqlen_q: int,
              max_seqlen_k: int) -> tuple[int, int, int]:

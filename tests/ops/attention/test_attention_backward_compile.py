@@ -20,12 +20,15 @@ from ge2jit.ops.attention.spec import (
     MAX_SMEM_SM80,
     MAX_SMEM_SM90,
     SM90_BWD,
+    SM90_BWD_FUSED,
     SM90_BWD_WIDE,
     AttentionBwdConfig,
     AttentionBwdSm90Spec,
     AttentionBwdSpec,
     bwd_specs_for,
     deferred_bwd_refusal,
+    defers_dq,
+    fused_step,
     make_bwd_sm90_specs,
     make_bwd_specs,
     wide_bwd_refusal,
@@ -230,3 +233,25 @@ def test_the_hopper_backward_spec_refuses_what_it_cannot_be():
     dq, dkv = make_bwd_sm90_specs(DType.BF16, 256, causal=True)
     assert dq.kernel_name == "attn_bwd_dq_sm90_bf16_d256_s32_causal"
     assert dkv.grid(2, 8, 2, 300, 300) == (3 * 2, 2, 2) and dq.grid(2, 8, 2, 300, 300) == (3, 8, 2)
+
+
+@pytest.mark.parametrize("flags", [dict(causal=True), dict(causal=True, window=True, softcap=True)],
+                         ids=["causal", "all"])
+@pytest.mark.parametrize("d", sorted(SM90_BWD))
+def test_the_hopper_backward_compiles_with_segments_without_spills(d, flags, compile_cache):
+    """Each row's sequences kept apart by their bounds (``segments``): the dq and dkv kernels,
+    and the one-kernel backward at the step the default and "sm90n" take (at head_dim 128
+    the narrow one: the wide one would spill), no spill."""
+    specs = list(make_bwd_sm90_specs(DType.BF16, d, segments=True, **flags))
+    if d in SM90_BWD_FUSED:
+        assert wide_bwd_refusal(128, segments=True) is not None
+        for family in ("sm90", "sm90n"):
+            step, _ = fused_step(family, d, segments=True, **flags)
+            specs.append(AttentionBwdSm90Spec("dkvq", DType.BF16, d, step,
+                                              stages=SM90_BWD_FUSED[d][1],
+                                              defer_dq=defers_dq(family, d), segments=True,
+                                              **flags))
+    for spec in specs:
+        assert spec.kernel_name.endswith("_seg") and spec.params[-1].name == "seq_bounds"
+        entry = check_compiled(spec, "sm_90a", compile_cache)
+        assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90

@@ -27,6 +27,7 @@ from ge2jit.ops.attention.spec import (
     AttentionFwdSm90Spec,
     AttentionFwdSpec,
     AttentionSm90Config,
+    default_configs,
     make_sm90_spec,
     make_spec,
 )
@@ -255,3 +256,27 @@ def test_every_hopper_candidate_compiles_without_spills(d, config, on, compile_c
     spec = make_sm90_spec(DType.BF16, d, config=config, **{f: on for f in SM90_FLAGS})
     entry = check_compiled(spec, "sm_90a", compile_cache)
     assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90
+
+
+@pytest.mark.parametrize("d, config", EVERY_SM90, ids=[f"{d}-{c.name}" for d, c in EVERY_SM90])
+def test_every_hopper_candidate_compiles_with_segments_without_spills(d, config, compile_cache):
+    """Each row's sequences kept apart by their bounds (``segments``, dense batches only):
+    every candidate with every other option on but varlen and softcap (the wider candidates,
+    h192s2ip at 64, h160s2ip at 128, spill with softcap in some combinations without segments
+    too), and each head dimension's defaults with softcap as well, no spill; the kernel takes
+    ``seq_bounds`` (a kernel without segments takes no such parameter)."""
+    defaults = [c.name for c in default_configs(d, 90, True) + default_configs(d, 90, False)]
+    flags = {f: f not in ("varlen", "softcap") or (f == "softcap" and config.name in defaults)
+             for f in SM90_FLAGS}
+    spec = make_sm90_spec(DType.BF16, d, config=config, segments=True, **flags)
+    assert spec.kernel_name.endswith("_seg") and spec.params[-1].name == "seq_bounds"
+    assert "seq_bounds" not in [p.name for p in make_sm90_spec(DType.BF16, d, config=config,
+                                                               **flags).params]
+    assert "seq_bounds + 2 * static_cast<long long>(b) * S_q" in render(spec)
+    entry = check_compiled(spec, "sm_90a", compile_cache)
+    assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90
+
+
+def test_segments_are_refused_with_packed_sequences():
+    with pytest.raises(ArgumentValueError, match="segments .* without varlen"):
+        AttentionFwdSm90Spec(DType.BF16, 128, 128, varlen=True, segments=True)
