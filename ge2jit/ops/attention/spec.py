@@ -741,7 +741,7 @@ SM90_BWD_WIDE = {64: 96, 128: 64}
 #: at a head dimension: below 2048 at 64 the narrow step of 64 is faster (an H200: 1.07x at
 #: 1024 causal queries, 1.14x at 512, where a causal block's last step of 96 is mostly masked)
 WIDE_MIN_QUERIES = {64: 2048, 128: 0}
-WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen", "segments")}
+WIDE_SPILLS = {64: ("softcap",), 128: ("softcap", "window", "varlen")}
 
 
 def _fused_refusal(spilling: dict, head_dim: int, deterministic: bool, options: dict
