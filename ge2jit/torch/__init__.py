@@ -35,7 +35,7 @@ from ..composed import torch_patterns as _composed_patterns  # noqa: F401 - regi
 from ..composed.torch_ops import linear_cross_entropy
 from ..ops.attention import torch_patterns as _attention_patterns  # noqa: F401 - registers
 from ..ops.attention.hf import _register_if_imported, hf_attention_forward, register_hf_attention
-from ..ops.attention.torch_ops import attention, scaled_dot_product_attention
+from ..ops.attention.torch_ops import attention, scaled_dot_product_attention, sequence_bounds
 from ..ops.cross_entropy.torch_ops import cross_entropy
 from ..ops.gemm import torch_patterns as _gemm_patterns  # noqa: F401 - registers
 from ..ops.gemm.gated import interleave_gate_up, split_gate_up
@@ -67,7 +67,7 @@ __all__ = ["Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm", "gemm_bias_act",
            "mlp", "softmax",
            "cross_entropy", "linear_cross_entropy", "rms_norm", "layer_norm", "quantize_fp8",
            "linear_fp8", "rope",
-           "apply_rotary_pos_emb", "attention", "scaled_dot_product_attention",
+           "apply_rotary_pos_emb", "attention", "sequence_bounds", "scaled_dot_product_attention",
            "hf_attention_forward", "register_hf_attention", "compile", "explain", "compiler",
            "patch",
            "precision_for", "FLOAT32_PRECISION", "NAMESPACE"]

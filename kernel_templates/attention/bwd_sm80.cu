@@ -52,6 +52,9 @@ constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
 constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+// each row's sequences kept apart by their bounds (masks.cuh's RowMasks; dense, S_q == S_k;
+// the dq and dkv kernels)
+constexpr bool SEGMENTS = {{ "true" if spec.segments else "false" }};
 
 constexpr int THREADS = WARPS * 32;
 constexpr int ROW_BYTES = D * 2;             // one shared row (16-bit elements)
@@ -179,7 +182,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const float SL = SOFTCAP ? 1.0f : static_cast<float>(scale * LOG2E);
     const float cap_in = SOFTCAP ? static_cast<float>(scale / softcap) : 0.0f;
     const float cap_out = SOFTCAP ? static_cast<float>(softcap * LOG2E) : 0.0f;
-    const Masks mask(seq.len_q, seq.len_k, CAUSAL, WINDOW, window_left, window_right);
+    const RowMasks<SEGMENTS> mask(seq.len_q, seq.len_k, CAUSAL, WINDOW, window_left,
+                                  window_right, {{ spec.row_bounds("b") }});
 
     if constexpr (KIND == DOT) {
         // D / 8 threads a row, 8 elements (16 bytes) each; THREADS / (D / 8) rows a block.

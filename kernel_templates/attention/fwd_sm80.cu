@@ -49,6 +49,8 @@ constexpr bool CAUSAL = {{ "true" if spec.causal else "false" }};
 constexpr bool WINDOW = {{ "true" if spec.window else "false" }};
 constexpr bool SOFTCAP = {{ "true" if spec.softcap else "false" }};
 constexpr bool VARLEN = {{ "true" if spec.varlen else "false" }};
+// each row's sequences kept apart by their bounds (masks.cuh's RowMasks; dense, S_q == S_k)
+constexpr bool SEGMENTS = {{ "true" if spec.segments else "false" }};
 constexpr bool WRITE_LSE = {{ "true" if spec.write_lse else "false" }};
 constexpr bool Q_IN_REGS = {{ "true" if spec.q_in_registers else "false" }};
 
@@ -111,8 +113,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     const T* vp = v + (VARLEN ? 0 : b * vb) + k_row0 * vs + hk * vh;
     T* op = o + (VARLEN ? 0 : b * ob) + (q_row0 + m0) * os + h * oh;
 
-    // Allowed keys of row i: [lo(i), hi(i)) (tiles.cuh's Masks).
-    const Masks mask(len_q, len_k, CAUSAL, WINDOW, window_left, window_right);
+    // Allowed keys of row i: [lo(i), hi(i)) (masks.cuh's Masks; with SEGMENTS, RowMasks).
+    const RowMasks<SEGMENTS> mask(len_q, len_k, CAUSAL, WINDOW, window_left, window_right,
+                                  {{ spec.row_bounds("b") }});
     auto lo_of = [&](long long i) -> int { return mask.lo(i); };
     auto hi_of = [&](long long i) -> int { return mask.hi(i); };
     // The block's key blocks: from the first row's lo to the last (real) row's hi. Every row

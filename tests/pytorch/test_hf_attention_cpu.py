@@ -283,8 +283,22 @@ def _mask_calls(monkeypatch):
     reference = _reference_attention(seen)
 
     def kernel(q, k, v, *, causal, scale, softcap=None, window=None, layout=None,
-               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+               seq_bounds=None):
         assert not softcap
+        if seq_bounds is not None:   # (B, S, H, D), each row's sequences apart: each alone
+            assert causal and layout is None and cu_seqlens_q is None
+            assert seq_bounds.dtype == torch.int32 and seq_bounds.shape == (*q.shape[:2], 2)
+            starts = [sorted(set(row[:, 0].tolist())) for row in seq_bounds]
+            seen.append(("bounds", starts, window))
+            out = torch.empty_like(q)
+            for r, row in enumerate(starts):
+                for a, b in zip(row, row[1:] + [q.shape[1]]):
+                    assert (seq_bounds[r, a:b] == torch.tensor([a, b], dtype=torch.int32)).all()
+                    out[r, a:b] = _reference_attention([])(
+                        q[r:r + 1, a:b], k[r:r + 1, a:b], v[r:r + 1, a:b], causal=True,
+                        scale=scale, window=window)[0]
+            return out
         if cu_seqlens_q is not None:   # (total, H, D): each sequence as a batch of one
             assert cu_seqlens_k is cu_seqlens_q and max_seqlen_k == max_seqlen_q
             assert causal and layout is None and cu_seqlens_q.dtype == torch.int32
@@ -637,3 +651,95 @@ def test_a_batch_of_padding_only_gives_zeros():
                      None)
     out = hf.varlen_attention(q, q, q, none, scale=0.125)
     assert out.shape == (2, 4, 3, 64) and not out.any()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+@pytest.mark.parametrize("kind,extra,window", VARLEN_KINDS, ids=[k[0] for k in VARLEN_KINDS])
+def test_packed_sequences_run_the_kernels_while_compiling(kind, extra, window, direct,
+                                                          references, monkeypatch):
+    """Compiled without a cache, transformers masks every batch for packed sequences (it
+    cannot rule them out while tracing): ge2jit's mask function tags the mask with each
+    token's sequence bounds, made in the graph from the mask function (no graph break, no
+    read on the host), and the kernels run on the dense batch with those bounds (the mask
+    is not read); packed rows and plain ones give the untouched model's logits."""
+    seen = _mask_calls(monkeypatch)
+    ours, theirs = _twins(kind, **extra)
+    if not direct:
+        for m in ours.modules():
+            vars(m).pop("forward", None)
+    for model in (ours, theirs):
+        model.loss_type = "ForCausalLM"
+    ids = torch.randint(0, 50, (2, 24))
+    packed = torch.stack([torch.cat([torch.arange(10), torch.arange(14)]), torch.arange(24)])
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="eager")
+    for positions, starts in ((packed, [[0, 10], [0]]),
+                              (torch.arange(24)[None].expand(2, 24), [[0], [0]])):
+        seen.clear()
+        with torch.no_grad():
+            got = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits
+            want = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        assert seen == [("bounds", starts, None if window is None else (window - 1, 0))] * 2
+    assert references == []
+    torch._dynamo.reset()
+
+
+def test_while_compiling_a_packed_mask_of_a_known_model_is_tagged_with_its_bounds(monkeypatch):
+    """While compiling, the mask function's closures are not read: transformers' packed mask
+    of LLaMA, Mistral, Qwen2 or GPT-2 (an ``and_masks`` function, no padding) is tagged with
+    each token's sequence bounds (a token starts a sequence where it does not see the one
+    before it); not another model type's, not with padding, not another combination, not a
+    window other than the model's."""
+    from types import SimpleNamespace
+
+    from transformers import masking_utils as mu
+
+    from ge2jit.ops.attention import hf
+
+    gt.register_hf_attention()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    packed = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8])
+
+    def tagged(function, kind="llama", window=None, **changes):
+        args = dict(batch_size=2, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+                    mask_function=function, attention_mask=None, allow_is_causal_skip=False,
+                    local_size=window, dtype=torch.float32, device=torch.device("cpu"),
+                    config=SimpleNamespace(model_type=kind, sliding_window=window))
+        args.update(changes)
+        return hf.mask_varlen(hf._causal_or_sdpa_mask(**args))
+
+    bounds = [[[0, 3]] * 3 + [[3, 5]] * 2 + [[5, 8]] * 3, [[0, 8]] * 8]
+    function = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(packed))
+    for kind in ("llama", "gpt2"):
+        got = tagged(function, kind)
+        assert got.bounds.tolist() == bounds and got.bounds.dtype == torch.int32
+        assert got.window is None and got.indices is None and got.cu_seqlens is None
+    sliding = mu.and_masks(mu.sliding_window_causal_mask_function(3),
+                           mu.packed_sequence_mask_function(packed))
+    got = tagged(sliding, "mistral", 3)
+    assert got.bounds.tolist() == bounds and got.window == 3
+    assert tagged(sliding, "llama", 3) is None                   # not a windowed model type
+    assert tagged(function, "bert") is None
+    assert tagged(function, attention_mask=torch.ones(2, 8, dtype=torch.bool)) is None
+    assert tagged(mu.or_masks(mu.causal_mask_function,
+                              mu.packed_sequence_mask_function(packed))) is None
+    assert tagged(function, q_length=1, q_offset=7) is None
+
+
+def test_sequence_bounds_of_ids_and_of_starts():
+    """``sequence_bounds``: runs of equal ids along a row (or the tokens that start one), each
+    token's first and one past its last, a row's first token always a start."""
+    ids = torch.tensor([[4, 4, 7, 7, 7, 4], [1, 1, 1, 1, 1, 1], [0, 1, 2, 3, 4, 5]])
+    want = [[[0, 2]] * 2 + [[2, 5]] * 3 + [[5, 6]], [[0, 6]] * 6,
+            [[t, t + 1] for t in range(6)]]
+    got = gt.sequence_bounds(ids)
+    assert got.dtype == torch.int32 and got.is_contiguous() and got.tolist() == want
+    starts = torch.tensor([[False, False, True, False, False, True], [True] + [False] * 5,
+                           [True] * 6])
+    assert gt.sequence_bounds(starts).tolist() == want
+    assert gt.sequence_bounds(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0, 2)
+    compiled = torch.compile(gt.sequence_bounds, backend="eager", fullgraph=True)
+    assert compiled(ids).tolist() == want
+    with pytest.raises(TypeError, match="ids: expected a \\(batch, seq\\) tensor"):
+        gt.sequence_bounds(ids[0])

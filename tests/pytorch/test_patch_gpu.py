@@ -324,3 +324,52 @@ def test_padded_and_packed_batches_run_the_kernels_on_their_sequences(kind, extr
     assert calls == [(cu, max(b - a for a, b in zip(cu, cu[1:])), window)] * 2
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
+
+
+@pytest.mark.parametrize("how", ["packed", "plain"])
+@pytest.mark.parametrize("kind,extra", [("gpt2", {}), ("llama", {}),
+                                        ("mistral", {"sliding_window": 40})],
+                         ids=["gpt2", "llama", "mistral-window"])
+def test_a_compiled_step_without_a_cache_runs_the_kernels_on_its_sequences(kind, extra, how,
+                                                                            monkeypatch):
+    """gt.compile with use_cache=False (transformers then masks every batch for packed
+    sequences while tracing, packed or not): the kernels run on the dense batch with each
+    token's sequence bounds (made in the graph: no break, no read on the host), not
+    PyTorch's SDPA on the mask; loss and every gradient within 1.5x the untouched bfloat16
+    model's error of float64."""
+    from ge2jit.ops.attention import hf
+
+    model, ref = _hf_models(kind, **extra)
+    ids = torch.randint(0, 1000, (2, 96), device="cuda")
+    positions = (torch.stack([torch.cat([torch.arange(37), torch.arange(59)]),
+                              torch.arange(96)]) if how == "packed"
+                 else torch.arange(96)[None].expand(2, 96)).cuda()
+
+    def loss_and_grads(m):
+        m.zero_grad(set_to_none=True)
+        out = m(input_ids=ids, labels=ids, position_ids=positions, use_cache=False)
+        out.loss.backward()
+        return [out.loss.detach().double()] + [p.grad.double() for p in m.parameters()
+                                               if p.grad is not None]
+
+    want = loss_and_grads(ref)
+    eager = relative_errors(loss_and_grads(model), want)
+    calls, real = [], hf.attention
+
+    def counted(*args, **kw):
+        calls.append((kw.get("seq_bounds") is not None, kw.get("window")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(hf, "attention", counted)
+    torch._dynamo.reset()
+    compiled = gt.compile(model)
+    got = relative_errors(loss_and_grads(compiled), want)
+    assert calls == [(True, (39, 0) if extra else None)] * 2
+    for g, e in zip(got, eager):
+        assert g <= 1.5 * e + 2 ** -8, (got, eager)
+    monkeypatch.setattr(hf, "attention", real)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(input_ids=ids, labels=ids, position_ids=positions,
+                                             use_cache=False)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()

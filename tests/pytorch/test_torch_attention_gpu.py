@@ -122,13 +122,13 @@ def test_packed_sequences_and_their_gradients():
 
 def test_opcheck():
     q, k, v = _qkv(b=1, s_q=40, s_k=40, grad=True)
-    args = (q, k, v, None, None, 0, 0, True, 0.125, -1, -1, 0.0, True)
+    args = (q, k, v, None, None, None, 0, 0, True, 0.125, -1, -1, 0.0, True)
     torch.library.opcheck(torch.ops.ge2jit.attention.default, args)
     o, lse = torch.ops.ge2jit.attention(*args)
     do = torch.randn_like(o)
     torch.library.opcheck(torch.ops.ge2jit.attention_backward.default,
                           (do, q.detach(), k.detach(), v.detach(), o.detach(), lse, None, None,
-                           0, 0, True, 0.125, -1, -1, 0.0, True))
+                           None, 0, 0, True, 0.125, -1, -1, 0.0, True))
 
 
 def _kernels(fn) -> list[str]:
@@ -171,7 +171,7 @@ def test_a_call_that_records_no_gradient_runs_the_kernel_without_lse(compiled):
                           return_lse=True)   # asked for: written, also without a gradient
     assert lse.shape == (2, 4, 256) and torch.isfinite(lse).all()
     torch.library.opcheck(torch.ops.ge2jit.attention_inference.default,
-                          (*detached, None, None, 0, 0, True, 0.125, -1, -1, 0.0, True))
+                          (*detached, None, None, None, 0, 0, True, 0.125, -1, -1, 0.0, True))
 
 
 def test_compiled_without_graph_breaks_matches_eager():

@@ -476,17 +476,17 @@ def test_attention_fakes_and_the_fallback_to_pytorch():
 
     q = torch.empty(2, 4, 16, 64, device="meta", dtype=torch.bfloat16)
     k = torch.empty(2, 2, 24, 64, device="meta", dtype=torch.bfloat16)
-    o, lse = torch.ops.ge2jit.attention(q, k, k, None, None, 0, 0, False, 0.125, -1, -1, 0.0,
+    o, lse = torch.ops.ge2jit.attention(q, k, k, None, None, None, 0, 0, False, 0.125, -1, -1, 0.0,
                                         True)
     assert o.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
-    assert torch.ops.ge2jit.attention_inference(q, k, k, None, None, 0, 0, False, 0.125, -1,
+    assert torch.ops.ge2jit.attention_inference(q, k, k, None, None, None, 0, 0, False, 0.125, -1,
                                                 -1, 0.0, True).shape == q.shape
     packed = torch.empty(40, 4, 128, device="meta", dtype=torch.float16)
     cu = torch.empty(3, device="meta", dtype=torch.int32)
-    o, lse = torch.ops.ge2jit.attention(packed, packed, packed, cu, cu, 20, 20, True, 0.1, -1,
+    o, lse = torch.ops.ge2jit.attention(packed, packed, packed, cu, cu, None, 20, 20, True, 0.1, -1,
                                         -1, 0.0, False)
     assert o.shape == packed.shape and lse.shape == (4, 40)
-    grads = torch.ops.ge2jit.attention_backward(o, packed, packed, packed, o, lse, cu, cu, 20,
+    grads = torch.ops.ge2jit.attention_backward(o, packed, packed, packed, o, lse, cu, cu, None, 20,
                                                 20, True, 0.1, -1, -1, 0.0, False)
     assert [g.shape for g in grads] == [packed.shape] * 3
     from ge2jit.runtime import torchlib

@@ -29,15 +29,17 @@ from .op import (
 from .spec import AttentionBwdSm90Spec, bwd_specs_for
 
 #: the array arguments, in the order of the signature (out's three outputs split out)
-ARRAYS = ("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "dq_out", "dk_out",
-          "dv_out")
+ARRAYS = ("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "seq_bounds",
+          "dq_out", "dk_out", "dv_out")
+#: the inputs among ARRAYS (the rest: the given outputs)
+INPUTS = 9
 #: the other arguments, in the order of the signature
 OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k",
            "deterministic", "layout", "config")
 #: the backward's kernels by name: the Hopper ones (the default on sm_90), the Hopper one-kernel
 #: backward pinned to its wide or its narrow step, the sm_80 ones
 FAMILIES = ("sm90", "sm90w", "sm90n", "sm90d", "sm80")
-_DQ, _DK, _DV, _DELTA, _ACC = 8, 9, 10, 11, 12
+_DQ, _DK, _DV, _DELTA, _ACC = 9, 10, 11, 12, 13
 _PREPARED = PreparedCalls("attention_backward")
 #: the compiled path's programs: the arrays, the slots of delta and of the one-kernel
 #: backward's float32 dq (intermediates that no caller fills: the program allocates them),
@@ -70,8 +72,8 @@ class BackwardCall:
 
 def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                       max_seqlen_k=None, deterministic=False, out=None, layout=None,
-                       config=None):
+                       max_seqlen_k=None, seq_bounds=None, deterministic=False, out=None,
+                       layout=None, config=None):
     """The gradients of :func:`attention`'s q, k and v: ``(dq, dk, dv)`` from ``do``, the
     gradient of its output, and the forward's output ``o`` and ``lse`` (its ``return_lse``),
     with the forward's keywords. dk and dv of a kv head sum the gradients of every query
@@ -98,6 +100,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         cu_seqlens_k: the forward's.
         max_seqlen_q: the forward's.
         max_seqlen_k: the forward's.
+        seq_bounds: the forward's.
         layout: the forward's.
         deterministic: the same bits on every run. By default the Hopper backward at
             head_dim 64 and 128 adds dq up by bulk reductions (atomic float32 adds) in one
@@ -125,12 +128,11 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
     dq_o, dk_o, dv_o = outputs(out)
     options = (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k, deterministic,
                layout, config)
-    done = _COMPILED.call(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
-                          None, None, *options)
+    passed = (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seq_bounds, dq_o, dk_o, dv_o)
+    done = _COMPILED.call(*passed, None, None, *options)
     if done is not fastlaunch.MISS:
         return done
-    arrays = dict(zip(ARRAYS, (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o,
-                               dv_o)))
+    arrays = dict(zip(ARRAYS, passed))
     try:
         hash(options)
     except TypeError:   # a window given as a list, say: checked and run, not kept
@@ -142,8 +144,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, scale=None, window=
         call = checked_backward({**given, **v_}, device_id)
         result, prepared = _execute(fw, device_id, call, native)
         if prepared is not None and options is not None:
-            _COMPILED.put((do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, dq_o, dk_o, dv_o,
-                           None, None, *options), prepared.program, fw.name)
+            _COMPILED.put((*passed, None, None, *options), prepared.program, fw.name)
         return result, prepared if options is not None else None
 
     return _PREPARED.run(arrays, options if options is not None else (object(),), first)
@@ -156,13 +157,15 @@ outputs = partial(out_arrays, names=("dq", "dk", "dv"))
 def check_backward_arguments(do, q, k, v, o, lse, **kwargs):
     """(framework, device, the arrays as the framework reads them, the checked call) of a
     backward call's arguments (keywords as :func:`attention_backward`'s)."""
-    unknown = sorted(set(kwargs) - set(OPTIONS) - {"cu_seqlens_q", "cu_seqlens_k", "out"})
+    unknown = sorted(set(kwargs) - set(OPTIONS) - {"cu_seqlens_q", "cu_seqlens_k", "seq_bounds",
+                                                    "out"})
     if unknown:
         raise ArgumentTypeError(f"{unknown[0]}: not an argument of attention_backward")
     dq_o, dk_o, dv_o = outputs(kwargs.pop("out", None))
     arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
               "cu_seqlens_q": kwargs.pop("cu_seqlens_q", None),
               "cu_seqlens_k": kwargs.pop("cu_seqlens_k", None),
+              "seq_bounds": kwargs.pop("seq_bounds", None),
               "dq_out": dq_o, "dk_out": dk_o, "dv_out": dv_o}
     fw, device_id, native = call_arguments(arrays)
     return fw, device_id, native, checked_backward({**kwargs, **views(fw, native)}, device_id)
@@ -180,7 +183,8 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
                   device_id)
     q, axes = fwd.q, _axes(fwd)
     inputs = {"do": a["do"], "q": q, "k": fwd.k, "v": fwd.v, "o": a["o"], "lse": a["lse"],
-              "cu_seqlens_q": fwd.cu_seqlens_q, "cu_seqlens_k": fwd.cu_seqlens_k}
+              "cu_seqlens_q": fwd.cu_seqlens_q, "cu_seqlens_k": fwd.cu_seqlens_k,
+              "seq_bounds": fwd.seq_bounds}
     strides = {}
     for name in ("do", "o"):
         x = a[name]
@@ -209,7 +213,8 @@ def checked_backward(args: dict, device_id: int | None = None) -> BackwardCall:
     family = _family(family, 80 if fwd.empty or fwd.no_keys else fwd.arch)
     specs = bwd_specs_for(family, fwd.dtype, fwd.head_dim, deterministic=a["deterministic"],
                           seqlen_q=fwd.seqlen_q, causal=fwd.causal, window=fwd.spec.window,
-                          softcap=fwd.spec.softcap, varlen=fwd.varlen)
+                          softcap=fwd.spec.softcap, varlen=fwd.varlen,
+                          segments=fwd.spec.segments)
     return BackwardCall(fwd, a["do"], a["o"], a["lse"], outs["dq_out"], outs["dk_out"],
                         outs["dv_out"], strides["do"], strides["o"], strides["dq_out"],
                         strides["dk_out"], strides["dv_out"], specs, family)
@@ -349,35 +354,37 @@ def _execute(fw, device_id: int, call: BackwardCall, native: dict):
                     else tensor_maps(f, geometries[i], inputs))
             launch(s, **_own(spec, ptrs), **maps)
 
-    def pointers(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv, dl, acc) -> dict:
+    def pointers(do, q, k, v, o, lse, cu_q, cu_k, bounds, dq, dk, dv, dl, acc) -> dict:
         return dict(dout=ptr(do), q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse),
                     cu_seqlens_q=0 if cu_q is None else ptr(cu_q),
-                    cu_seqlens_k=0 if cu_k is None else ptr(cu_k), dq=ptr(dq), dk=ptr(dk),
+                    cu_seqlens_k=0 if cu_k is None else ptr(cu_k),
+                    seq_bounds=0 if bounds is None else ptr(bounds), dq=ptr(dq), dk=ptr(dk),
                     dv=ptr(dv), delta=ptr(dl), dq_accum=0 if acc is None else ptr(acc))
 
-    arrays_in = [native[n] for n in ARRAYS[:8]]
+    arrays_in = [native[n] for n in ARRAYS[:INPUTS]]
     run(pointers(*arrays_in, *grads, delta, accum))
     given = [native[n] is not None for n in names]
     guard = None
     if any(given):
         views_ = (call.do, f.q, f.k, f.v, call.o, call.lse, f.cu_seqlens_q, f.cu_seqlens_k,
-                  call.dq_out, call.dk_out, call.dv_out)
+                  f.seq_bounds, call.dq_out, call.dk_out, call.dv_out)
         guard = OverlapGuard(ARRAYS, views_, tuple(i for i, g in zip((_DQ, _DK, _DV), given)
                                                   if g)) or None
 
-    def prepared(do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv):
+    def prepared(do, q, k, v, o, lse, cu_q, cu_k, bounds, dq, dk, dv):
         outs = [x if x is not None else make(shape)
                 for x, make, shape in zip((dq, dk, dv), makers, shapes)]
         if guard is not None:
             guard([0 if x is None else ptr(x)
-                   for x in (do, q, k, v, o, lse, cu_q, cu_k, dq, dk, dv)])
-        run(pointers(do, q, k, v, o, lse, cu_q, cu_k, *outs, make_delta(f.lse_shape),
+                   for x in (do, q, k, v, o, lse, cu_q, cu_k, bounds, dq, dk, dv)])
+        run(pointers(do, q, k, v, o, lse, cu_q, cu_k, bounds, *outs, make_delta(f.lse_shape),
                      make_delta(acc_shape) if fused else None))
         return tuple(outs)
 
     slots = {"dout": Ptr(0), "q": Ptr(1), "k": Ptr(2), "v": Ptr(3), "o": Ptr(4), "lse": Ptr(5),
-             "cu_seqlens_q": Ptr(6), "cu_seqlens_k": Ptr(7), "dq": Ptr(_DQ), "dk": Ptr(_DK),
-             "dv": Ptr(_DV), "delta": Ptr(_DELTA), "dq_accum": Ptr(_ACC) if fused else 0}
+             "cu_seqlens_q": Ptr(6), "cu_seqlens_k": Ptr(7), "seq_bounds": Ptr(8),
+             "dq": Ptr(_DQ), "dk": Ptr(_DK), "dv": Ptr(_DV), "delta": Ptr(_DELTA),
+             "dq_accum": Ptr(_ACC) if fused else 0}
     allocs = [(i, make, shape) for i, g, make, shape in zip((_DQ, _DK, _DV), given, makers,
                                                             shapes) if not g]
     allocs.append((_DELTA, make_delta, f.lse_shape))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .torch_ops import attention, scaled_dot_product_attention
+from .torch_ops import attention, scaled_dot_product_attention, sequence_bounds
 
 
 def hf_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
@@ -86,7 +86,8 @@ def register_hf_attention(name: str = "ge2jit") -> str:
     AttentionMaskInterface.register(name, _causal_or_sdpa_mask)
     from transformers.masking_utils import sdpa_mask
 
-    _mask_signature(sdpa_mask)   # made before any trace reads it
+    _mask_signature(sdpa_mask)   # made before any trace reads them
+    _mask_codes()
     return name
 
 
@@ -115,7 +116,10 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     window), never tensor values; outside tracing, a mask of a batch with padding or of packed
     sequences whose every sequence is causal (or a causal sliding window) is tagged with the
     batch as variable-length sequences (``mask_varlen``: that reads the padding mask or the
-    sequences' boundaries)."""
+    sequences' boundaries). While compiling, the mask of packed sequences without padding
+    (transformers makes it for every batch without a cache, unable to rule them out while
+    tracing) of the model types of ``_PACKED`` is tagged with each token's sequence bounds,
+    made in the graph from the mask function itself (``_traced_varlen``)."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
@@ -140,7 +144,14 @@ def _causal_or_sdpa_mask(*args, **kwargs):
                 local == getattr(config, "sliding_window", None):
             return None
     mask = sdpa_mask(*args, **kwargs)
-    if not isinstance(mask, Tensor) or torch.compiler.is_compiling():
+    if not isinstance(mask, Tensor):
+        return mask
+    if torch.compiler.is_compiling():
+        square = q_length == bound.get("kv_length") and all(
+            type(o) is int and o == 0 for o in offsets)
+        varlen = _traced_varlen(function, bound, local, q_length) if square else None
+        if varlen is not None:
+            setattr(mask, VARLEN_TAG, varlen)
         return mask
     if plain and isinstance(local, int) and _sliding_window(function) == local:
         setattr(mask, WINDOW_TAG, local)
@@ -161,13 +172,17 @@ class Varlen:
     """A batch of B rows of S tokens as the kernels' variable-length sequences: the tokens
     kept (``indices`` into the B · S tokens in order, int64; None: every token, as packed
     sequences keep them), their sequences' ``cu_seqlens`` (int32, FlashAttention's
-    convention) and ``max_seqlen``; each sequence causal, within a sliding ``window`` of W keys
-    (each token sees itself and the W - 1 before it) or not (None)."""
+    convention) and ``max_seqlen``; or, every token kept, each token's sequence ``bounds``
+    in its row (int32 (B, S, 2), the kernels' ``seq_bounds``: made while compiling, where
+    the sequences' number and lengths cannot be read; then ``cu_seqlens`` is None); each
+    sequence causal, within a sliding ``window`` of W keys (each token sees itself and the
+    W - 1 before it) or not (None)."""
 
-    cu_seqlens: Tensor
+    cu_seqlens: Tensor | None
     max_seqlen: int
     indices: Tensor | None
     window: int | None
+    bounds: Tensor | None = None
 
 
 def mask_varlen(mask) -> Varlen | None:
@@ -186,13 +201,16 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, varlen: Varlen, *, scale: 
     not kept (padding) gets zeros, as transformers' FlashAttention integration gives it."""
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    window = None if varlen.window is None else (varlen.window - 1, 0)
+    if varlen.bounds is not None:   # the dense batch, each row's sequences kept apart
+        return attention(q, k, v, causal=True, scale=scale, softcap=softcap, window=window,
+                         seq_bounds=varlen.bounds)
     b, s = q.shape[:2]
     flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
     if varlen.indices is not None:
         flat = [x.index_select(0, varlen.indices) for x in flat]
     if varlen.max_seqlen == 0:   # nothing kept: every token padding
         return q.new_zeros(b, s, *q.shape[2:])
-    window = None if varlen.window is None else (varlen.window - 1, 0)
     out = attention(*flat, causal=True, scale=scale, softcap=softcap, window=window,
                     cu_seqlens_q=varlen.cu_seqlens, cu_seqlens_k=varlen.cu_seqlens,
                     max_seqlen_q=varlen.max_seqlen, max_seqlen_k=varlen.max_seqlen)
@@ -220,6 +238,40 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[1] < length:
         return None
     return _padding_varlen(padding[:, :length].bool(), window)
+
+
+def _traced_varlen(function, bound: dict, local, length: int) -> Varlen | None:
+    """While compiling: the ``Varlen`` (each token's sequence ``bounds``) of transformers'
+    mask of packed sequences without padding, or None. A mask function's closures cannot be
+    read while tracing (TorchDynamo before PyTorch 2.14): the model types of ``_PACKED`` make
+    no other ``and_masks`` function without a padding mask than their causal mask (or its
+    sliding window) within packed sequences, and a token starts a sequence where it does not
+    see the token before it (``_sequence_starts``); the window is Mistral's or Qwen2's, as
+    ``_WINDOWED``. Nothing is read on the host: the bounds are made in the graph."""
+    codes = _mask_codes()
+    config = (bound.get("kwargs") or {}).get("config")
+    kind = getattr(config, "model_type", None)
+    if codes is None or getattr(function, "__code__", None) is not codes["joined"] or \
+            bound.get("attention_mask") is not None or kind not in _PACKED or length < 1:
+        return None
+    if local is not None and not (kind in _WINDOWED
+                                  and local == getattr(config, "sliding_window", None)):
+        return None
+    device = (bound.get("kwargs") or {}).get("device", bound.get("device"))
+    starts = _sequence_starts(function, bound.get("batch_size"), length, device)
+    return Varlen(None, length, None, local, sequence_bounds(starts))
+
+
+def _sequence_starts(function, batch: int, length: int, device) -> Tensor:
+    """(B, S) bool: the tokens that start a sequence of a causal mask within sequences (or a
+    sliding window of at least 2 keys: a token then sees the one before it in its sequence):
+    a row's first, and each that does not see the token before it, the mask ``function``
+    evaluated on those pairs alone (traceable, no size read from a tensor)."""
+    at = torch.arange(1, length, device=device)[None]
+    sees = function(torch.arange(batch, device=device)[:, None],
+                    torch.zeros(1, 1, dtype=torch.long, device=device), at, at - 1)
+    starts = (~sees.to(torch.bool)).expand(batch, length - 1)
+    return torch.cat([starts.new_ones(batch, 1), starts], 1)
 
 
 def _packed(function) -> tuple:
@@ -282,6 +334,10 @@ def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
     return Varlen(cu, int(longest), padding.flatten().nonzero().squeeze(1), window)
 
 
+#: Hugging Face model types whose masks without padding made with transformers' ``and_masks``
+#: are only their causal mask (or sliding window) within packed sequences (while compiling:
+#: ``_traced_varlen``)
+_PACKED = ("llama", "mistral", "qwen2", "gpt2")
 #: Hugging Face model types (``config.model_type``) whose masks with a local size are only
 #: their causal sliding window of ``config.sliding_window`` keys and whose attention modules
 #: pass that window to the attention function (Mistral's, Qwen2's sliding layers): while
@@ -314,6 +370,26 @@ def _sliding_window(function) -> int | None:
         return None
     window = _closure(masks[0]).get("sliding_window")
     return window if type(window) is int and window > 0 else None
+
+
+#: the code objects of transformers' mask functions that ``_traced_varlen`` recognizes: made
+#: once outside tracing (``_mask_codes``; an import of transformers' lazy module inside a trace
+#: breaks the graph), {} before
+_codes: dict = {}
+
+
+def _mask_codes() -> dict | None:
+    """``_codes``, made at the first call (None: a transformers without ``and_masks``)."""
+    if not _codes:
+        from transformers import masking_utils as mu
+
+        causal, and_masks = (getattr(mu, n, None) for n in ("causal_mask_function",
+                                                            "and_masks"))
+        try:
+            _codes["joined"] = and_masks(causal, causal).__code__
+        except (AttributeError, TypeError, RuntimeError):   # not in this transformers
+            _codes["none"] = True
+    return None if "none" in _codes else _codes
 
 
 #: (transformers' sdpa_mask, its signature): made once, the mask function runs at every

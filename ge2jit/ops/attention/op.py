@@ -14,6 +14,12 @@ the GPU and reading them would synchronize, so only their type, shape, device an
 checked. They must start at 0, not decrease and stay within the packed rows (``cu[-1] <=
 total``), and no sequence may be longer than ``max_seqlen_q`` / ``max_seqlen_k``; otherwise
 the kernel reads and writes out of bounds or skips rows.
+
+Several sequences a row of a dense batch (packed sequences of one length per row, as a data
+collator that concatenates documents makes them) take ``seq_bounds`` instead: int32 (B, S, 2),
+each token's sequence's first token and one past its last within its row. Their contents are
+the caller's contract too (unread); the kernels clamp every bound to the row, so wrong bounds
+give wrong rows, never an access out of bounds.
 """
 
 from __future__ import annotations
@@ -55,14 +61,14 @@ from .spec import (
 )
 
 #: the array arguments, in the order of the signature
-ARRAYS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "out")
+ARRAYS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seq_bounds", "out")
 #: the other arguments, in the order of the signature
 OPTIONS = ("causal", "scale", "window", "softcap", "max_seqlen_q", "max_seqlen_k",
            "return_lse", "layout", "config")
 #: a prepared call's and a program's arguments: the arrays, then lse (an output slot that no
 #: caller fills: the program allocates it with ``return_lse``)
 _SLOTS = (*ARRAYS, "lse")
-_OUT, _LSE = 5, 6
+_OUT, _LSE = 6, 7
 _PREPARED = PreparedCalls("attention")
 #: the compiled launch path's programs (``jit.fastlaunch``): the arrays and lse's slot, then
 #: the options by value
@@ -74,8 +80,8 @@ LOG2E = 1.4426950408889634
 #: every argument but q, k, v, with its default
 DEFAULTS = {"causal": False, "scale": None, "window": None, "softcap": None,
             "cu_seqlens_q": None, "cu_seqlens_k": None, "max_seqlen_q": None,
-            "max_seqlen_k": None, "return_lse": False, "out": None, "layout": None,
-            "config": None}
+            "max_seqlen_k": None, "seq_bounds": None, "return_lse": False, "out": None,
+            "layout": None, "config": None}
 LAYOUTS = ("bshd", "bhsd")
 #: the kernel's lengths are 32-bit (and so are cu_seqlens' entries)
 MAX_LEN = 2**31 - 1
@@ -92,8 +98,8 @@ _DIMS_TEXT = ", ".join(map(str, HEAD_DIMS[:-1])) + f" or {HEAD_DIMS[-1]}"
 @dataclass(frozen=True, eq=False)
 class Call:
     """A checked attention call: the arrays (CuPy views; ``out``, ``cu_seqlens_q``,
-    ``cu_seqlens_k`` None when not given), the problem's sizes, the element strides the
-    kernel takes and the spec it runs.
+    ``cu_seqlens_k``, ``seq_bounds`` None when not given), the problem's sizes, the element
+    strides the kernel takes and the spec it runs.
 
     Sizes: ``batch`` B (varlen: the number of sequences), ``heads`` H, ``kv_heads`` H_kv,
     ``seqlen_q`` S_q and ``seqlen_k`` S_k (varlen: ``max_seqlen_q`` / ``max_seqlen_k``, the
@@ -117,6 +123,7 @@ class Call:
     out: object
     cu_seqlens_q: object
     cu_seqlens_k: object
+    seq_bounds: object
     dtype: DType
     layout: str
     varlen: bool
@@ -158,7 +165,7 @@ class Call:
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-              return_lse=False, out=None, layout=None, config=None):
+              seq_bounds=None, return_lse=False, out=None, layout=None, config=None):
     """Fused attention, ``softmax(q k^T * scale [masked] [soft-capped]) v`` per head, in one
     launch, never holding the (S_q x S_k) scores in memory: float32 scores and softmax
     statistics, 16-bit P and output.
@@ -193,6 +200,13 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
         cu_seqlens_k: with cu_seqlens_q, the same for k and v (``max_seqlen_k``).
         max_seqlen_q: with cu_seqlens, the longest sequence of q.
         max_seqlen_k: with cu_seqlens, the longest sequence of k and v.
+        seq_bounds: several sequences a row of a dense batch (seq_q == seq_k, the same tokens'
+            queries and keys): an int32 array (batch, seq, 2), C-contiguous, of each token's
+            sequence's first token and one past its last within its row (a token of no
+            sequence, padding say, ``(t, t)``: output 0). Query ``i`` then sees only the keys
+            of its sequence, with the masks above within it. Every token of a sequence has
+            the same bounds, and the sequences follow each other along the row. Unread, as
+            cu_seqlens (``ge2jit.torch.sequence_bounds`` makes them from sequence ids).
         return_lse: also return the rows' log-sum-exp of the scaled (and capped) scores, in
             float32: (batch, heads, seq_q), or (heads, total_q) with cu_seqlens (what the
             backward takes). A row that allows no key has ``lse = -inf`` and output 0.
@@ -213,11 +227,11 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
     """
     options = (causal, scale, window, softcap, max_seqlen_q, max_seqlen_k, return_lse, layout,
                config)
-    done = _COMPILED.call(q, k, v, cu_seqlens_q, cu_seqlens_k, out, None, *options)
+    done = _COMPILED.call(q, k, v, cu_seqlens_q, cu_seqlens_k, seq_bounds, out, None, *options)
     if done is not fastlaunch.MISS:
         return done
     arrays = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
-              "cu_seqlens_k": cu_seqlens_k, "out": out}
+              "cu_seqlens_k": cu_seqlens_k, "seq_bounds": seq_bounds, "out": out}
     try:
         hash(options)
     except TypeError:   # a window given as a list, say: checked and run, not kept
@@ -229,7 +243,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
         call = checked({**given, **v_}, device_id)
         result, prepared = _execute(fw, device_id, call, native)
         if prepared is not None and options is not None:
-            _COMPILED.put((q, k, v, cu_seqlens_q, cu_seqlens_k, out, None, *options),
+            _COMPILED.put((q, k, v, cu_seqlens_q, cu_seqlens_k, seq_bounds, out, None,
+                           *options),
                           prepared.program, fw.name)
         return result, prepared if options is not None else None
 
@@ -264,13 +279,14 @@ def _execute(fw, device_id: int, call: Call, native: dict):
     given = native["out"] is not None
     guard = None
     if given:
-        arrays = (call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k, call.out)
+        arrays = (call.q, call.k, call.v, call.cu_seqlens_q, call.cu_seqlens_k,
+                  call.seq_bounds, call.out)
         guard = OverlapGuard(ARRAYS, arrays, (_OUT,)) or None
-    return_lse = call.return_lse
+    return_lse, segments = call.return_lse, call.spec.segments
 
-    def prepared(q, k, v, cu_q, cu_k, out):
+    def prepared(q, k, v, cu_q, cu_k, bounds, out):
         ptrs = (ptr(q), ptr(k), ptr(v), 0 if cu_q is None else ptr(cu_q),
-                0 if cu_k is None else ptr(cu_k))
+                0 if cu_k is None else ptr(cu_k), 0 if bounds is None else ptr(bounds))
         if out is None:
             out = make_out(call.out_shape)
         elif guard is not None:
@@ -278,6 +294,8 @@ def _execute(fw, device_id: int, call: Call, native: dict):
         lse_ = make_lse(call.lse_shape) if return_lse else None
         inputs = (dict(q=ptrs[0], k=ptrs[1], v=ptrs[2]) if geometry is None
                   else tensor_maps(call, geometry, ptrs))
+        if segments:
+            inputs["seq_bounds"] = ptrs[5]
         launch(stream(), **inputs, o=ptr(out), lse=0 if lse_ is None else ptr(lse_),
                cu_seqlens_q=ptrs[3], cu_seqlens_k=ptrs[4])
         return (out, lse_) if return_lse else out
@@ -291,6 +309,8 @@ def _execute(fw, device_id: int, call: Call, native: dict):
         addresses = (call.q.data.ptr, call.k.data.ptr, call.v.data.ptr)
         inputs = {name: Map(geometry[name][0], blob, addresses[geometry[name][0]])
                   for name, blob in maps.items()}
+    if segments:
+        inputs["seq_bounds"] = Ptr(5)
     prepared.program = fastlaunch.program(
         fw.name, [fastlaunch.step(kernel, grid, block, smem, {
             **params, **inputs, "cu_seqlens_q": Ptr(3), "cu_seqlens_k": Ptr(4),
@@ -343,6 +363,9 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     _check_shapes(q, k, v, (b, h, d), (b_k, h_kv, d_k), d_v, varlen)
 
     b, s_q, s_k, total_q, total_k = _lengths(a, varlen, b, s_q, s_k)
+    bounds = a["seq_bounds"]
+    if bounds is not None:
+        _check_seq_bounds(bounds, varlen, b, s_q, s_k)
 
     # the inputs' layouts in memory
     q_strides = _strides(q, "q", q_axes)
@@ -356,8 +379,10 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     else:
         out_strides = _check_output(out, q, q_axes, {"q": q, "k": k, "v": v,
                                                      "cu_seqlens_q": cu_q,
-                                                     "cu_seqlens_k": cu_k})
-    arrays = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "out": out}
+                                                     "cu_seqlens_k": cu_k,
+                                                     "seq_bounds": bounds})
+    arrays = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+              "seq_bounds": bounds, "out": out}
     _check_devices(arrays, device_id)
 
     # the scalars
@@ -372,6 +397,8 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     key = {"dtype": dtype.value, "head_dim": d, "causal": causal, "window": has_window,
            "softcap": softcap > 0, "varlen": varlen, "lse": return_lse,
            "seqlen_q": _bucket(s_q), "seqlen_k": _bucket(s_k), "rows": _bucket(b * h)}
+    if bounds is not None:   # (only then: the keys tuned before seq_bounds stay valid)
+        key["segments"] = True
     lse_shape = (h, total_q) if varlen else (b, h, s_q)
     empty = b == 0 or h == 0 or s_q == 0 or total_q == 0
     no_keys = not empty and (s_k == 0 or total_k == 0)
@@ -380,8 +407,8 @@ def checked(args: dict, device_id: int | None = None) -> Call:
     config, reason = _config(a["config"], d, key, 80 if no_keys or empty else arch, s_k,
                              causal)
     spec = spec_for(config, dtype, d, causal=causal, window=has_window, softcap=softcap > 0,
-                    varlen=varlen, write_lse=return_lse)
-    return Call(q, k, v, out, cu_q, cu_k, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
+                    varlen=varlen, write_lse=return_lse, segments=bounds is not None)
+    return Call(q, k, v, out, cu_q, cu_k, bounds, dtype, layout, varlen, b, h, h_kv, s_q, s_k, d,
                 total_q, total_k, q_strides, k_strides, v_strides, out_strides, causal, window,
                 scale, softcap, return_lse, tuple(q.shape), lse_shape, empty, no_keys, spec,
                 key, reason, arch)
@@ -564,6 +591,28 @@ def _check_cu_seqlens(cu_q, cu_k) -> int:
     return b
 
 
+def _check_seq_bounds(x, varlen: bool, b: int, s_q: int, s_k: int) -> None:
+    """``seq_bounds``: int32 (B, S, 2), C-contiguous and aligned, of a dense call whose queries
+    and keys are the same tokens (S_q == S_k). Its values are not read."""
+    if varlen:
+        raise ArgumentValueError("seq_bounds: expected None with cu_seqlens (packed sequences "
+                                 "are apart already), got an array")
+    if s_q != s_k:
+        raise ArgumentValueError(f"seq_bounds: expected q and k of one length (each token's "
+                                 f"sequence among the same tokens), got seq_q {s_q} and seq_k "
+                                 f"{s_k}")
+    check_array(x, "seq_bounds")
+    if x.dtype.name != "int32":
+        raise ArgumentValueError(f"seq_bounds: expected dtype int32, got {x.dtype}")
+    if tuple(x.shape) != (b, s_q, 2):
+        raise ArgumentValueError(f"seq_bounds: expected shape {(b, s_q, 2)} (batch, seq, 2), "
+                                 f"got {tuple(x.shape)}")
+    if x.size and not x.flags.c_contiguous:
+        raise ArgumentValueError(f"seq_bounds: expected a contiguous array, got strides "
+                                 f"{x.strides} (bytes); pass seq_bounds.contiguous()")
+    check_aligned(x, "seq_bounds")
+
+
 def _max_seqlen(x, name: str) -> int:
     if x is None:
         raise ArgumentValueError(f"{name}: expected an int with cu_seqlens (the longest "
@@ -698,12 +747,15 @@ def pointers(call: Call, o, lse=None) -> dict:
     """The kernel's pointer parameters of a checked call whose output is ``o`` (a CuPy view:
     ``call.out`` or a new array laid out as ``call.out_strides``) and lse ``lse`` (float32
     contiguous of ``call.lse_shape``; None without ``return_lse``): 0 for those absent (the
-    Hopper kernel takes q, k and v by tensor maps instead)."""
+    Hopper kernel takes q, k and v by tensor maps instead); ``seq_bounds`` where the kernel
+    takes them."""
     def p(x):
         return 0 if x is None else x.data.ptr
 
     ptrs = dict(o=p(o), lse=p(lse), cu_seqlens_q=p(call.cu_seqlens_q),
                 cu_seqlens_k=p(call.cu_seqlens_k))
+    if call.spec.segments:
+        ptrs["seq_bounds"] = p(call.seq_bounds)
     if not call.hopper:
         ptrs.update(q=p(call.q), k=p(call.k), v=p(call.v))
     return ptrs

@@ -18,6 +18,10 @@ log of the sum of the exponentials of the allowed scores, of shape (B, H, S_q) (
 (H, total_q) (varlen). A query row with no allowed key (fully masked, or S_k = 0) has output 0,
 lse -inf and zero gradients, without a NaN anywhere.
 
+Several sequences a row of a dense batch (S_q == S_k) take ``seq_bounds``, integers (B, S, 2):
+query i of row b then sees only keys j with ``seq_bounds[b, i, 0] <= j < seq_bounds[b, i, 1]``
+(its sequence), within the masks above.
+
 Inputs of any floating dtype (float16, bfloat16, float32, float64) are upcast to float64; the
 results are float64 arrays.
 """
@@ -94,7 +98,7 @@ class _Problem:
     (total, H, D) varlen), and each sequence's rows in them."""
 
     def __init__(self, q, k, v, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k,
-                 layout):
+                 layout, seq_bounds=None):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         q, k, v = _float64(q), _float64(k), _float64(v)
@@ -137,6 +141,15 @@ class _Problem:
             scale = 1.0 / math.sqrt(q.shape[-1])
         if softcap is not None and (not isinstance(softcap, Real) or softcap < 0):
             raise ValueError(f"softcap must be None or a number >= 0, not {softcap!r}")
+        self.bounds = None
+        if seq_bounds is not None:
+            bounds = np.asarray(seq_bounds)
+            if self.varlen or q.shape[1] != k.shape[1]:
+                raise ValueError("seq_bounds takes dense q, k, v of one length")
+            if bounds.shape != (q.shape[0], q.shape[1], 2) or bounds.dtype.kind not in "iu":
+                raise ValueError(f"seq_bounds must be integers of shape "
+                                 f"{(q.shape[0], q.shape[1], 2)}, not {bounds.shape}")
+            self.bounds = bounds.astype(np.int64)
         self.q, self.k, self.v = q, k, v
         self.causal, self.window = bool(causal), window
         _window(window, causal)  # checks it
@@ -173,8 +186,14 @@ class _Problem:
             raise ValueError(f"lse must have shape {self.lse_shape()}, not {lse.shape}")
         return lse.T if self.varlen else lse.transpose(0, 2, 1)
 
-    def mask(self, s_q: int, s_k: int) -> np.ndarray:
-        return allowed_mask(s_q, s_k, self.causal, self.window)
+    def mask(self, s_q: int, s_k: int, row=None) -> np.ndarray:
+        """The allowed keys of a sequence, within row ``row``'s bounds (with seq_bounds)."""
+        mask = allowed_mask(s_q, s_k, self.causal, self.window)
+        if self.bounds is not None and row is not None:
+            j = np.arange(s_k)[None, :]
+            bounds = self.bounds[row]
+            mask &= (j >= bounds[:, :1]) & (j < bounds[:, 1:])
+        return mask
 
 
 def _scores(p: _Problem, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -188,12 +207,13 @@ def _scores(p: _Problem, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.n
     return x, None
 
 
-def _forward_one(p: _Problem, q, k, v) -> tuple[np.ndarray, np.ndarray]:
-    """(o (S_q, H, Dv), lse (H, S_q)) of one sequence; k and v have H_kv heads."""
+def _forward_one(p: _Problem, q, k, v, row=None) -> tuple[np.ndarray, np.ndarray]:
+    """(o (S_q, H, Dv), lse (H, S_q)) of one sequence (``row`` of a dense batch); k and v
+    have H_kv heads."""
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s, _ = _scores(p, q, k)
-    s = np.where(p.mask(q.shape[0], k.shape[0]), s, -np.inf)
+    s = np.where(p.mask(q.shape[0], k.shape[0], row), s, -np.inf)
     m = np.max(s, axis=-1, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m[..., None])
@@ -205,7 +225,7 @@ def _forward_one(p: _Problem, q, k, v) -> tuple[np.ndarray, np.ndarray]:
     return o, lse
 
 
-def _backward_one(p: _Problem, do, q, k, v, o, lse) -> tuple[np.ndarray, ...]:
+def _backward_one(p: _Problem, do, q, k, v, o, lse, row=None) -> tuple[np.ndarray, ...]:
     """(dq, dk, dv) of one sequence, dk and dv summed over each query-head group; lse is
     (H, S_q), a row whose lse is not finite contributing nothing."""
     s_k, kv_heads, dim = k.shape
@@ -213,7 +233,7 @@ def _backward_one(p: _Problem, do, q, k, v, o, lse) -> tuple[np.ndarray, ...]:
     ke, ve = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s, t = _scores(p, q, ke)
     finite = np.isfinite(lse)
-    live = p.mask(q.shape[0], s_k) & finite[..., None]
+    live = p.mask(q.shape[0], s_k, row) & finite[..., None]
     with np.errstate(over="ignore"):
         prob = np.where(live, np.exp(np.where(live, s, 0.0)
                                      - np.where(finite, lse, 0.0)[..., None]), 0.0)
@@ -231,8 +251,8 @@ def _backward_one(p: _Problem, do, q, k, v, o, lse) -> tuple[np.ndarray, ...]:
 
 
 def attention_ref(q, k, v, *, causal: bool = False, scale=None, window=None, softcap=None,
-                  cu_seqlens_q=None, cu_seqlens_k=None,
-                  layout: str = "bshd") -> tuple[np.ndarray, np.ndarray]:
+                  cu_seqlens_q=None, cu_seqlens_k=None, layout: str = "bshd",
+                  seq_bounds=None) -> tuple[np.ndarray, np.ndarray]:
     """(o, lse) in float64: attention of q over k and v as the module describes.
 
     ``o`` has q's shape with v's head dimension (q's shape when they agree); ``lse`` is
@@ -240,20 +260,24 @@ def attention_ref(q, k, v, *, causal: bool = False, scale=None, window=None, sof
     output is then 0). ``scale``: the scores' factor (None: 1 / sqrt(D)); ``softcap``: None or
     0 for none, else > 0; ``causal`` and ``window``: as :func:`allowed_mask`;
     ``cu_seqlens_q`` and ``cu_seqlens_k``: both for packed inputs (then ``layout`` must be
-    "bshd"), neither for dense ones; ``layout``: "bshd" or "bhsd" of dense q, k, v and o.
+    "bshd"), neither for dense ones; ``layout``: "bshd" or "bhsd" of dense q, k, v and o;
+    ``seq_bounds``: several sequences a row (module docstring).
     """
-    p = _Problem(q, k, v, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k, layout)
+    p = _Problem(q, k, v, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k, layout,
+                 seq_bounds)
     o = np.zeros(p.q.shape[:-1] + p.v.shape[-1:])
     lse = np.full(p.q.shape[:-1], -np.inf)
     for rows_q, rows_k in p.seqs:
-        o[rows_q], lse_b = _forward_one(p, p.q[rows_q], p.k[rows_k], p.v[rows_k])
+        o[rows_q], lse_b = _forward_one(p, p.q[rows_q], p.k[rows_k], p.v[rows_k],
+                                        None if p.varlen else rows_q)
         lse[rows_q] = lse_b.T
     return (o if p.varlen else p.to_caller(o)), p.lse_to_caller(lse)
 
 
 def attention_backward_ref(do, q, k, v, o, lse, *, causal: bool = False, scale=None,
                            window=None, softcap=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                           layout: str = "bshd") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                           layout: str = "bshd", seq_bounds=None
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) in float64, of q's, k's and v's shapes: the gradients of attention's
     inputs given ``do``, the gradient of its output ``o`` (shapes of :func:`attention_ref`'s
     o), and the forward's ``o`` and ``lse``, with the forward's keywords.
@@ -266,14 +290,16 @@ def attention_backward_ref(do, q, k, v, o, lse, *, causal: bool = False, scale=N
     share a key/value head. A row whose lse is -inf (or +inf, FlashAttention 2's value for
     an empty row) contributes nothing.
     """
-    p = _Problem(q, k, v, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k, layout)
+    p = _Problem(q, k, v, causal, scale, window, softcap, cu_seqlens_q, cu_seqlens_k, layout,
+                 seq_bounds)
     do = p.from_caller("do", do, p.out_shape())
     o = p.from_caller("o", o, p.out_shape())
     lse = p.lse_from_caller(lse)
     dq, dk, dv = np.zeros_like(p.q), np.zeros_like(p.k), np.zeros_like(p.v)
     for rows_q, rows_k in p.seqs:
         dq[rows_q], dk[rows_k], dv[rows_k] = _backward_one(
-            p, do[rows_q], p.q[rows_q], p.k[rows_k], p.v[rows_k], o[rows_q], lse[rows_q].T)
+            p, do[rows_q], p.q[rows_q], p.k[rows_k], p.v[rows_k], o[rows_q], lse[rows_q].T,
+            None if p.varlen else rows_q)
     if p.varlen:
         return dq, dk, dv
     return p.to_caller(dq), p.to_caller(dk), p.to_caller(dv)

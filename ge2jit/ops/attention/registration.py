@@ -49,7 +49,8 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
     if spec.kind == "dkvq":
         f = call.fwd
         _, step = fused_step(call.family, f.head_dim, f.seqlen_q, causal=f.causal,
-                             window=f.spec.window, softcap=f.spec.softcap, varlen=f.varlen)
+                             window=f.spec.window, softcap=f.spec.softcap, varlen=f.varlen,
+                             segments=f.spec.segments)
         form = (f"one kernel, dq added up by bulk reductions (deterministic=True: two "
                 f"kernels), {step}")
     return Planned((spec, *others), call.family, "fixed", grid, block, smem,
@@ -91,8 +92,8 @@ ATTENTION = declare(
     layout_cases=cases.forward_cases, clear_plans=clear_plans)
 
 ATTENTION_BACKWARD = declare(
-    "attention_backward", backward.attention_backward, arrays=backward.ARRAYS[:8],
-    parts={"out": (backward.outputs, backward.ARRAYS[8:])},
+    "attention_backward", backward.attention_backward, arrays=backward.ARRAYS[:backward.INPUTS],
+    parts={"out": (backward.outputs, backward.ARRAYS[backward.INPUTS:])},
     check=lambda args: backward.checked_backward(args, args.device), choose=_choose_backward,
     configs=Configs(_backward_specs, _backward_family),
     warmup={"attention_backward": BACKWARD_TABLE},

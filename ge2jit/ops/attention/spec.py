@@ -142,8 +142,32 @@ CONFIGS: dict[int, tuple[AttentionConfig, ...]] = {
 }
 
 
+class _Segments:
+    """What every attention kernel's spec with ``segments`` shares: each row of a dense batch
+    holds several sequences, kept apart by each token's bounds (``seq_bounds``, (B, S, 2)
+    int32: its sequence's first token and one past its last, within the row; masks.cuh's
+    RowMasks)."""
+
+    def _check_segments(self) -> None:
+        if self.segments and self.varlen:
+            raise ArgumentValueError(f"{type(self).__name__}: expected segments (each row's "
+                                     f"sequences apart in a dense batch) without varlen")
+
+    def row_bounds(self, batch: str) -> str:
+        """The kernel's expression of sequence ``batch``'s row of ``seq_bounds`` (two int32 a
+        token: its sequence's first token and one past its last), or nullptr without
+        ``segments``."""
+        if not self.segments:
+            return "nullptr"
+        return f"seq_bounds + 2 * static_cast<long long>({batch}) * S_q"
+
+    def _segment_params(self) -> tuple[Param, ...]:
+        """``seq_bounds`` with ``segments`` (a kernel without them takes no such parameter)."""
+        return (pointer("seq_bounds", "int", const=True),) if self.segments else ()
+
+
 @dataclass(frozen=True)
-class AttentionFwdSpec(KernelSpec):
+class AttentionFwdSpec(_Segments, KernelSpec):
     """One compiled attention forward kernel (sm_80+, mma.sync): inputs and output of
     ``dtype`` (float16 or bfloat16), heads of ``head_dim`` (64, 128 or 256), the masks
     (``causal``, ``window``: sliding window bounds as arguments), ``softcap``, ``varlen``
@@ -157,6 +181,7 @@ class AttentionFwdSpec(KernelSpec):
     softcap: bool = False
     varlen: bool = False
     write_lse: bool = False
+    segments: bool = False
 
     template = "attention/fwd_sm80.cu"
 
@@ -171,8 +196,9 @@ class AttentionFwdSpec(KernelSpec):
             raise ArgumentValueError(f"AttentionFwdSpec.head_dim: expected 64, 128 or 256, "
                                      f"got {self.head_dim!r}")
         check_field(self, "config", AttentionConfig)
-        for name in ("causal", "window", "softcap", "varlen", "write_lse"):
+        for name in ("causal", "window", "softcap", "varlen", "write_lse", "segments"):
             check_field(self, name, bool)
+        self._check_segments()
         if self.smem_bytes > MAX_SMEM_SM80:
             raise ArgumentValueError(f"AttentionFwdSpec.config: {self.config.name} needs "
                                      f"{self.smem_bytes} B of shared memory at head_dim "
@@ -196,7 +222,7 @@ class AttentionFwdSpec(KernelSpec):
     def kernel_name(self) -> str:
         flags = "".join(f"_{name}" for name, on in (
             ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
-            ("varlen", self.varlen), ("lse", self.write_lse)) if on)
+            ("varlen", self.varlen), ("lse", self.write_lse), ("seg", self.segments)) if on)
         return (f"attn_fwd_sm80_{self.dtype.value}_d{self.head_dim}_{self.config.name}"
                 + flags)
 
@@ -207,7 +233,8 @@ class AttentionFwdSpec(KernelSpec):
         along batch, sequence and head (``qb, qs, qh``, ``kb, ks, kh``, ``vb, vs, vh``,
         ``ob, os, oh``); ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k`` (the longest lengths with
         ``varlen``); ``scale`` and ``softcap`` (float64; ``softcap`` unused without it);
-        ``window_left``, ``window_right`` (-1 unbounded; unused without ``window``)."""
+        ``window_left``, ``window_right`` (-1 unbounded; unused without ``window``); with
+        ``segments``, ``seq_bounds`` (B, S, 2) int32 (:meth:`row_bounds`)."""
         t = self.dtype.ctype
         return (pointer("q", t, const=True), pointer("k", t, const=True),
                 pointer("v", t, const=True), pointer("o", t),
@@ -217,7 +244,7 @@ class AttentionFwdSpec(KernelSpec):
                 *int64("qb", "qs", "qh", "kb", "ks", "kh", "vb", "vs", "vh", "ob", "os", "oh",
                        "B", "H", "H_kv", "S_q", "S_k"),
                 *double("scale", "softcap"),
-                *int64("window_left", "window_right"))
+                *int64("window_left", "window_right"), *self._segment_params())
 
     def grid(self, batch: int, heads: int, max_seqlen_q: int,
              sms: int = 0) -> tuple[int, int, int]:
@@ -230,13 +257,14 @@ class AttentionFwdSpec(KernelSpec):
 
 def make_spec(dtype: DType, head_dim: int, *, causal: bool = False, window: bool = False,
               softcap: bool = False, varlen: bool = False, write_lse: bool = False,
-              config: AttentionConfig | None = None) -> AttentionFwdSpec:
+              segments: bool = False, config: AttentionConfig | None = None
+              ) -> AttentionFwdSpec:
     """The forward kernel for these options, with ``config`` (default: the head dimension's
     first candidate)."""
     if head_dim not in CONFIGS:
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     return AttentionFwdSpec(dtype, head_dim, CONFIGS[head_dim][0] if config is None else config,
-                            causal, window, softcap, varlen, write_lse)
+                            causal, window, softcap, varlen, write_lse, segments)
 
 
 # --- the backward -------------------------------------------------------------------------
@@ -295,7 +323,7 @@ BWD_CONFIGS: dict[int, tuple[AttentionBwdConfig, AttentionBwdConfig]] = {
 
 
 @dataclass(frozen=True)
-class AttentionBwdSpec(KernelSpec):
+class AttentionBwdSpec(_Segments, KernelSpec):
     """One kernel of the attention backward (sm_80+, ``bwd_sm80.cu``): ``kind`` "dot" (delta =
     the rows' sums of do * o), "dq" or "dkv", for ``dtype`` (float16 or bfloat16) and
     ``head_dim`` (64, 128 or 256), the forward's masks (``causal``, ``window``), ``softcap``
@@ -310,6 +338,7 @@ class AttentionBwdSpec(KernelSpec):
     window: bool = False
     softcap: bool = False
     varlen: bool = False
+    segments: bool = False
 
     template = "attention/bwd_sm80.cu"
 
@@ -326,8 +355,12 @@ class AttentionBwdSpec(KernelSpec):
             raise ArgumentValueError(f"AttentionBwdSpec.head_dim: expected 64, 128 or 256, "
                                      f"got {self.head_dim!r}")
         check_field(self, "config", AttentionBwdConfig)
-        for name in ("causal", "window", "softcap", "varlen"):
+        for name in ("causal", "window", "softcap", "varlen", "segments"):
             check_field(self, name, bool)
+        self._check_segments()
+        if self.segments and self.kind in ROW_KINDS:
+            raise ArgumentValueError(f"AttentionBwdSpec: expected segments only with kind "
+                                     f"'dq' or 'dkv', got kind {self.kind!r}")
         c = self.config
         if self.kind == "dq" and c.block_m != 16 * c.warps:
             raise ArgumentValueError(f"AttentionBwdSpec.config: the dq kernel takes 16 rows a "
@@ -363,7 +396,7 @@ class AttentionBwdSpec(KernelSpec):
     def kernel_name(self) -> str:
         flags = "".join(f"_{name}" for name, on in (
             ("causal", self.causal), ("win", self.window), ("cap", self.softcap),
-            ("varlen", self.varlen)) if on)
+            ("varlen", self.varlen), ("seg", self.segments)) if on)
         tiling = "" if self.kind in ROW_KINDS else f"_{self.config.name}"
         return (f"attn_bwd_{self.kind}_sm80_{self.dtype.value}_d{self.head_dim}{tiling}"
                 + flags)
@@ -376,7 +409,8 @@ class AttentionBwdSpec(KernelSpec):
         read by "dqout", in tiles of ``dq_pad`` rows), cu_seqlens_q, cu_seqlens_k; the
         element strides along batch, sequence and head of q, k, v, o, dout (``gb, gs, gh``),
         dq, dk, dv; ``B``, ``H``, ``H_kv``, ``S_q``, ``S_k``; ``scale``, ``softcap``;
-        ``window_left``, ``window_right`` (as the forward's). Every kernel takes them all."""
+        ``window_left``, ``window_right`` (as the forward's). Every kernel takes them all; the
+        dq and dkv kernels with ``segments`` also ``seq_bounds`` (B, S, 2) int32."""
         t = self.dtype.ctype
         return (pointer("q", t, const=True), pointer("k", t, const=True),
                 pointer("v", t, const=True), pointer("o", t, const=True),
@@ -389,7 +423,7 @@ class AttentionBwdSpec(KernelSpec):
                        "gb", "gs", "gh", "dqb", "dqs", "dqh", "dkb", "dks", "dkh", "dvb", "dvs",
                        "dvh", "B", "H", "H_kv", "S_q", "S_k", "dq_pad"),
                 *double("scale", "softcap"),
-                *int64("window_left", "window_right"))
+                *int64("window_left", "window_right"), *self._segment_params())
 
     def grid(self, batch: int, heads: int, kv_heads: int, max_seqlen_q: int,
              max_seqlen_k: int) -> tuple[int, int, int]:
@@ -406,7 +440,7 @@ class AttentionBwdSpec(KernelSpec):
 
 
 def make_bwd_specs(dtype: DType, head_dim: int, *, causal: bool = False, window: bool = False,
-                   softcap: bool = False, varlen: bool = False,
+                   softcap: bool = False, varlen: bool = False, segments: bool = False,
                    configs: tuple[AttentionBwdConfig, AttentionBwdConfig] | None = None
                    ) -> tuple[AttentionBwdSpec, AttentionBwdSpec, AttentionBwdSpec]:
     """The backward's three kernels ("dot", "dq", "dkv") for these options, with ``configs``
@@ -414,7 +448,8 @@ def make_bwd_specs(dtype: DType, head_dim: int, *, causal: bool = False, window:
     if head_dim not in BWD_CONFIGS:
         raise ArgumentValueError(f"head_dim: expected 64, 128 or 256, got {head_dim!r}")
     dq_cfg, dkv_cfg = BWD_CONFIGS[head_dim] if configs is None else configs
-    masks = dict(causal=causal, window=window, softcap=softcap, varlen=varlen)
+    masks = dict(causal=causal, window=window, softcap=softcap, varlen=varlen,
+                 segments=segments)
     return (AttentionBwdSpec("dot", dtype, head_dim, dq_cfg, varlen=varlen),
             AttentionBwdSpec("dq", dtype, head_dim, dq_cfg, **masks),
             AttentionBwdSpec("dkv", dtype, head_dim, dkv_cfg, **masks))
@@ -537,7 +572,7 @@ def default_configs(head_dim: int, arch: int, causal: bool = False) -> list:
     return list(dict.fromkeys(default_config(head_dim, arch, n, causal)[0] for n in (None, 1)))
 
 
-class _Hopper:
+class _Hopper(_Segments):
     """What the Hopper attention kernels' specs share: sm_90a, three warpgroups, the checks of
     their types, flags and shared memory, and the flags' part of their names."""
 
@@ -560,23 +595,6 @@ class _Hopper:
             raise ArgumentValueError(f"{owner}: {what} needs {self.smem_bytes} B of shared "
                                      f"memory at head_dim {self.head_dim} ({MAX_SMEM_SM90} B "
                                      f"allowed)")
-
-    def _check_segments(self) -> None:
-        if self.segments and self.varlen:
-            raise ArgumentValueError(f"{type(self).__name__}: expected segments (each row's "
-                                     f"sequences apart in a dense batch) without varlen")
-
-    def row_bounds(self, batch: str) -> str:
-        """The kernel's expression of sequence ``batch``'s row of ``seq_bounds`` (two int32 a
-        token: its sequence's first token and one past its last), or nullptr without
-        ``segments``."""
-        if not self.segments:
-            return "nullptr"
-        return f"seq_bounds + 2 * static_cast<long long>({batch}) * S_q"
-
-    def _segment_params(self) -> tuple[Param, ...]:
-        """``seq_bounds`` with ``segments`` (a kernel without them takes no such parameter)."""
-        return (pointer("seq_bounds", "int", const=True),) if self.segments else ()
 
     def _flags(self) -> str:
         short = {"window": "win", "softcap": "cap", "write_lse": "lse", "defer_dq": "dqd",

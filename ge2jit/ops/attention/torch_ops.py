@@ -20,11 +20,12 @@ from .spec import HEAD_DIMS
 _TYPES = (torch.float16, torch.bfloat16)
 
 
-def _keywords(cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, bhsd) -> dict:
+def _keywords(cu_q, cu_k, bounds, max_q, max_k, causal, scale, left, right, softcap,
+              bhsd) -> dict:
     """The keywords of ``ge2jit.attention`` for the ops' flat arguments."""
     kw = dict(causal=causal, scale=scale, window=None if left == -1 and right == -1
               else (left, right), softcap=softcap or None,
-              layout="bhsd" if bhsd else None)
+              layout="bhsd" if bhsd else None, seq_bounds=bounds)
     if cu_q is not None:
         kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                   max_seqlen_k=max_k)
@@ -32,36 +33,37 @@ def _keywords(cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, bhs
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None,
-             cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-             scale: float, window_left: int, window_right: int, softcap: float,
-             bhsd: bool) -> tuple[Tensor, Tensor]:
+             cu_seqlens_k: Tensor | None, seq_bounds: Tensor | None, max_seqlen_q: int,
+             max_seqlen_k: int, causal: bool, scale: float, window_left: int,
+             window_right: int, softcap: float, bhsd: bool) -> tuple[Tensor, Tensor]:
     """``ge2jit.attention`` with its lse: (o, lse)."""
     return _op.attention(q, k, v, return_lse=True, **_keywords(
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
-        window_right, softcap, bhsd))
+        cu_seqlens_q, cu_seqlens_k, seq_bounds, max_seqlen_q, max_seqlen_k, causal, scale,
+        window_left, window_right, softcap, bhsd))
 
 
 def _inference(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None,
-               cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
-               causal: bool, scale: float, window_left: int, window_right: int, softcap: float,
-               bhsd: bool) -> Tensor:
+               cu_seqlens_k: Tensor | None, seq_bounds: Tensor | None, max_seqlen_q: int,
+               max_seqlen_k: int, causal: bool, scale: float, window_left: int,
+               window_right: int, softcap: float, bhsd: bool) -> Tensor:
     """``ge2jit.attention`` without its lse (which only the backward reads): a call that
     records no gradient."""
     return _op.attention(q, k, v, **_keywords(
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
-        window_right, softcap, bhsd))
+        cu_seqlens_q, cu_seqlens_k, seq_bounds, max_seqlen_q, max_seqlen_k, causal, scale,
+        window_left, window_right, softcap, bhsd))
 
 
 def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                    cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
-                   max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
-                   window_left: int, window_right: int, softcap: float,
-                   bhsd: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   seq_bounds: Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                   causal: bool, scale: float, window_left: int, window_right: int,
+                   softcap: float, bhsd: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``ge2jit.attention_backward``: (dq, dk, dv); its two-kernel form without atomics
     while ``torch.use_deterministic_algorithms`` is on."""
     return _backward.attention_backward(_ready(do), q, k, v, o, lse, **_keywords(
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
-        window_right, softcap, bhsd), deterministic=torch.are_deterministic_algorithms_enabled())
+        cu_seqlens_q, cu_seqlens_k, seq_bounds, max_seqlen_q, max_seqlen_k, causal, scale,
+        window_left, window_right, softcap, bhsd),
+        deterministic=torch.are_deterministic_algorithms_enabled())
 
 
 def _ready(x: Tensor) -> Tensor:
@@ -80,7 +82,8 @@ def _lse_shape(q: Tensor, cu_q: Tensor | None, bhsd: bool) -> tuple[int, ...]:
                                                               q.shape[1])
 
 
-def _fake(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, bhsd):
+def _fake(q, k, v, cu_q, cu_k, bounds, max_q, max_k, causal, scale, left, right, softcap,
+          bhsd):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_q, bhsd), dtype=torch.float32)
 
 
@@ -93,17 +96,17 @@ def _backward_fake(do, q, k, v, o, lse, *args):
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *flags = inputs
+    q, k, v, cu_q, cu_k, bounds, *flags = inputs
     o, lse = output
     ctx.flags = tuple(flags)
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, bounds)
 
 
 def _grads(ctx, do, dlse, *, backward):
     # lse is returned detached by every function here: no gradient reaches it
-    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = backward(do.to(q.dtype), q, k, v, o, lse, cu_q, cu_k, *ctx.flags)
-    return (dq, dk, dv) + (None,) * 10
+    q, k, v, o, lse, cu_q, cu_k, bounds = ctx.saved_tensors
+    dq, dk, dv = backward(do.to(q.dtype), q, k, v, o, lse, cu_q, cu_k, bounds, *ctx.flags)
+    return (dq, dk, dv) + (None,) * 11
 
 
 def _autocast(*tensors):
@@ -123,13 +126,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: float | None = None, window: tuple[int, int] | None = None,
               softcap: float | None = None, cu_seqlens_q: Tensor | None = None,
               cu_seqlens_k: Tensor | None = None, max_seqlen_q: int | None = None,
-              max_seqlen_k: int | None = None, return_lse: bool = False,
-              layout: str | None = None):
+              max_seqlen_k: int | None = None, seq_bounds: Tensor | None = None,
+              return_lse: bool = False, layout: str | None = None):
     """``ge2jit.attention`` on tensors, differentiable in q, k and v (the backward is
     ``ge2jit.attention_backward``; deterministic under ``torch.use_deterministic_algorithms``):
     FlashAttention's interface, q (B, S_q, H, D) and k, v (B, S_k, H_kv, D)
     (``layout="bhsd"``: heads first), or packed (total, H, D)
-    with ``cu_seqlens_q``, ``cu_seqlens_k`` (int32) and the longest lengths. Returns the output
+    with ``cu_seqlens_q``, ``cu_seqlens_k`` (int32) and the longest lengths; several sequences
+    a row of a dense batch with ``seq_bounds`` (int32 (B, S, 2), :func:`sequence_bounds`
+    makes them from sequence ids, on the GPU, with no wait). Returns the output
     (with ``return_lse``, also the log-sum-exp, which carries no gradient; without it, a call
     that records no gradient runs the kernel that writes none). As custom ops
     under ``torch.compile`` (``torch.ops.ge2jit.attention``), an autograd.Function eagerly.
@@ -140,13 +145,43 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0   # (a head_dim of 0 is refused by the op)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0) if varlen else 0,
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seq_bounds,
+            int(max_seqlen_q or 0) if varlen else 0,
             int(max_seqlen_k or 0) if varlen else 0, bool(causal), float(scale), left, right,
             float(softcap or 0.0), layout == "bhsd")
     if not return_lse and not needs_grad(q, k, v):   # no backward: the kernel without lse
         return _ATTENTION.infer(*args)
     o, lse = _ATTENTION(*args)
     return (o, lse.detach()) if return_lse else o
+
+
+def sequence_bounds(ids: Tensor) -> Tensor:
+    """The ``seq_bounds`` of :func:`attention` for a dense batch of B rows of S tokens whose
+    sequences are given by ``ids`` ((B, S) integers: a sequence is a run of equal ids along a
+    row; a new one starts where the id changes, as a data collator that packs documents
+    numbers them) or by a (B, S) bool of the tokens that start one (True: this token starts a
+    sequence; the first of a row always does): int32 (B, S, 2), each token's sequence's
+    first token and one past its last within its row. Made on the ids' device by a scan along
+    the rows, nothing read on the host: traceable by ``torch.compile``, capturable in a CUDA
+    graph."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        raise TypeError(f"ids: expected a (batch, seq) tensor, got "
+                        f"{getattr(ids, 'shape', type(ids).__name__)}")
+    b, s = ids.shape
+    if ids.dtype == torch.bool:
+        starts = ids.clone()
+    else:
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    if s:
+        starts[:, 0] = True
+    at = torch.arange(s, device=ids.device, dtype=torch.int32).expand(b, s)
+    first = torch.where(starts, at, 0).cummax(1).values
+    # one past the last: the next token that starts a sequence (s past the row's last)
+    following = torch.full_like(at, s)
+    following[:, :-1] = torch.where(starts[:, 1:], at[:, 1:], s)
+    end = following.flip(1).cummin(1).values.flip(1)
+    return torch.stack([first, end], 2).to(torch.int32).contiguous()
 
 
 # --- PyTorch's scaled_dot_product_attention -----------------------------------------------

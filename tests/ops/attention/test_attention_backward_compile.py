@@ -255,3 +255,19 @@ def test_the_hopper_backward_compiles_with_segments_without_spills(d, flags, com
         assert spec.kernel_name.endswith("_seg") and spec.params[-1].name == "seq_bounds"
         entry = check_compiled(spec, "sm_90a", compile_cache)
         assert entry.registers <= 168 and spec.smem_bytes <= MAX_SMEM_SM90
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
+def test_the_sm80_backward_compiles_with_segments_without_spills(d, arch, compile_cache):
+    """The mma.sync dq and dkv kernels with each row's sequences kept apart by their bounds
+    (every other option but varlen on): no spill, ``seq_bounds`` their last parameter; the
+    row kernels take no bounds and refuse them."""
+    dot, dq, dkv = make_bwd_specs(DType.BF16, d, causal=True, window=True, softcap=True,
+                                  segments=True)
+    assert not dot.segments and "seq_bounds" not in [p.name for p in dot.params]
+    for spec in (dq, dkv):
+        assert spec.kernel_name.endswith("_seg") and spec.params[-1].name == "seq_bounds"
+        check_compiled(spec, arch, compile_cache)
+    with pytest.raises(ArgumentValueError, match="segments only with kind 'dq' or 'dkv'"):
+        AttentionBwdSpec("dot", DType.BF16, d, BWD_CONFIGS[d][0], segments=True)

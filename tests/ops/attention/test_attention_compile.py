@@ -280,3 +280,17 @@ def test_every_hopper_candidate_compiles_with_segments_without_spills(d, config,
 def test_segments_are_refused_with_packed_sequences():
     with pytest.raises(ArgumentValueError, match="segments .* without varlen"):
         AttentionFwdSm90Spec(DType.BF16, 128, 128, varlen=True, segments=True)
+    with pytest.raises(ArgumentValueError, match="segments .* without varlen"):
+        AttentionFwdSpec(DType.BF16, 64, CONFIGS[64][0], varlen=True, segments=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("d, config", TILINGS, ids=[f"{d}-{c.name}" for d, c in TILINGS])
+def test_the_sm80_kernel_compiles_with_segments_without_spills(d, config, arch, compile_cache):
+    """The mma.sync forward with each row's sequences kept apart by their bounds, every tiling
+    with every other option but varlen on: no spill, ``seq_bounds`` its last parameter."""
+    spec = make_spec(DType.BF16, d, config=config, causal=True, window=True, softcap=True,
+                     write_lse=True, segments=True)
+    assert spec.kernel_name.endswith("_seg") and spec.params[-1].name == "seq_bounds"
+    assert "seq_bounds + 2 * static_cast<long long>(b) * S_q" in render(spec)
+    check_compiled(spec, arch, compile_cache)

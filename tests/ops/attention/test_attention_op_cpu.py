@@ -161,6 +161,20 @@ def test_packed_sequences():
     assert call.seqlen_q == 3
 
 
+def test_several_sequences_a_row_take_their_bounds():
+    """``seq_bounds``: the kernel with segments, the bounds' pointer its parameter, the
+    tuning key marked (a key without them unchanged)."""
+    q, k, v = qkv(sk=SQ)
+    bounds = arr((B, SQ, 2), np.int32)
+    call = check(q, k, v, causal=True, seq_bounds=bounds)
+    assert call.spec.segments and call.seq_bounds is bounds and call.key["segments"]
+    assert call.spec.params[-1].name == "seq_bounds" and not call.varlen
+    assert op.pointers(call, arr(q.shape))["seq_bounds"] == bounds.data.ptr
+    plain = check(q, k, v, causal=True)
+    assert not plain.spec.segments and "segments" not in plain.key
+    assert "seq_bounds" not in op.pointers(plain, arr(q.shape))
+
+
 @pytest.mark.parametrize("window, causal, expected, spec_window", [
     (None, False, (-1, -1), False),
     (None, True, (-1, 0), False),
@@ -460,6 +474,25 @@ REFUSALS = [
     ("max_seqlen_k", ArgumentValueError, "expected None without cu_seqlens_q",
      _dense(max_seqlen_k=7)),
     ("q", ArgumentValueError, "at most 2147483647 packed rows", _varlen(q=arr((2**31, H, D)))),
+    # several sequences a row (seq_bounds)
+    ("seq_bounds", ArgumentValueError, "expected None with cu_seqlens",
+     _varlen(seq_bounds=arr((2, 6, 2), np.int32))),
+    ("seq_bounds", ArgumentValueError, "expected q and k of one length",
+     _dense(seq_bounds=arr((B, SQ, 2), np.int32))),
+    ("seq_bounds", ArgumentTypeError, "expected a GPU array",
+     _dense(k=arr(_q[:2] + _k[2:]), v=arr(_q[:2] + _v[2:]),
+            seq_bounds=np.zeros((B, SQ, 2), np.int32))),
+    ("seq_bounds", ArgumentValueError, "expected dtype int32, got int64",
+     _dense(k=arr(_q[:2] + _k[2:]), v=arr(_q[:2] + _v[2:]),
+            seq_bounds=arr((B, SQ, 2), np.int64))),
+    ("seq_bounds", ArgumentValueError, "expected shape (2, 5, 2) (batch, seq, 2), got (2, 5)",
+     _dense(k=arr(_q[:2] + _k[2:]), v=arr(_q[:2] + _v[2:]), seq_bounds=arr((B, SQ), np.int32))),
+    ("seq_bounds", ArgumentValueError, "expected a contiguous array",
+     _dense(k=arr(_q[:2] + _k[2:]), v=arr(_q[:2] + _v[2:]),
+            seq_bounds=arr((B, SQ, 2), np.int32, strides=(SQ * 16, 16, 4)))),
+    ("seq_bounds", DeviceMismatchError, "GPU 1",
+     _dense(k=arr(_q[:2] + _k[2:]), v=arr(_q[:2] + _v[2:]),
+            seq_bounds=arr((B, SQ, 2), np.int32, device=1))),
 ]
 
 
