@@ -551,8 +551,9 @@ def test_a_padded_batch_runs_the_kernels_on_its_sequences(kind, extra, window, d
 def test_packed_sequences_run_the_kernels_on_their_sequences(kind, extra, window, direct,
                                                              references, monkeypatch):
     """Packed sequences (position ids that start again within a row, no padding mask, no
-    cache: transformers then masks each sequence apart): the kernels' variable lengths over
-    every token, with the untouched model's logits."""
+    cache: transformers then masks each sequence apart): the kernels on the dense batch with
+    each token's sequence bounds (made on the GPU from the sequences' ids, nothing read),
+    with the untouched model's logits."""
     seen = _mask_calls(monkeypatch)
     ours, theirs = _twins(kind, **extra)
     if not direct:
@@ -565,7 +566,7 @@ def test_packed_sequences_run_the_kernels_on_their_sequences(kind, extra, window
         got = ours(input_ids=ids, position_ids=positions, use_cache=False).logits
         want = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    assert seen == [("varlen", [0, 10, 24, 48], None if window is None
+    assert seen == [("bounds", [[0, 10], [0]], None if window is None
                      else (window - 1, 0))] * 2
     assert references == []
 
@@ -634,10 +635,11 @@ def test_which_masks_are_read_as_variable_length_sequences(monkeypatch):
     packed = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(
         torch.tensor([[0, 0, 1, 1, 1, 2, 2, 2]] * 3)))
     got = varlen(None, packed, allow_is_causal_skip=False)
-    assert got.cu_seqlens.tolist() == [0, 2, 5, 8, 10, 13, 16, 18, 21, 24]
-    assert got.max_seqlen == 3 and got.indices is None
+    assert got.bounds.tolist() == [[[0, 2]] * 2 + [[2, 5]] * 3 + [[5, 8]] * 3] * 3
+    assert got.cu_seqlens is None and got.indices is None
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    # (reading the sequences while tracing would break the graph and wait for the GPU)
+    # (reading the padding while tracing would break the graph and wait for the GPU; packed
+    # sequences while tracing: only for the model types whose masks are known)
     assert varlen(padding) is None
     assert varlen(None, packed, allow_is_causal_skip=False) is None
 

@@ -270,7 +270,8 @@ def test_gpt2s_attention_leaves_what_the_direct_path_does_not_serve(monkeypatch)
 def _varlen_batch(how: str):
     """2 x 96 tokens with padding (the first row's last 17, the second's first 9; their labels
     ignored) or packed (the first row sequences of 37 and 59 tokens, no cache): the keywords
-    of the call, the labels' mask, and the cu_seqlens the kernels get."""
+    of the call, the labels' mask, and what the kernels get: the padded batch's cu_seqlens,
+    the packed one's sequences' first tokens a row (each token's bounds)."""
     ids = torch.randint(0, 1000, (2, 96), device="cuda")
     if how == "padded":
         mask = torch.ones_like(ids)
@@ -279,7 +280,7 @@ def _varlen_batch(how: str):
         return ids, ids.masked_fill(mask == 0, -100), {"attention_mask": mask}, [0, 79, 166]
     positions = torch.stack([torch.cat([torch.arange(37), torch.arange(59)]),
                              torch.arange(96)]).cuda()
-    return ids, ids, {"position_ids": positions, "use_cache": False}, [0, 37, 96, 192]
+    return ids, ids, {"position_ids": positions, "use_cache": False}, [[0, 37], [0]]
 
 
 @pytest.mark.parametrize("how", ["padded", "packed"])
@@ -315,13 +316,18 @@ def test_padded_and_packed_batches_run_the_kernels_on_their_sequences(kind, extr
     calls, real = [], hf.attention
 
     def counted(*args, **kw):
-        calls.append((kw["cu_seqlens_q"].tolist(), kw["max_seqlen_q"], kw["window"]))
+        if kw.get("seq_bounds") is not None:   # packed: the dense batch, each token's bounds
+            calls.append(([sorted(set(row[:, 0].tolist())) for row in kw["seq_bounds"]],
+                          None, kw["window"]))
+        else:
+            calls.append((kw["cu_seqlens_q"].tolist(), kw["max_seqlen_q"], kw["window"]))
         return real(*args, **kw)
 
     monkeypatch.setattr(hf, "attention", counted)
     got = relative_errors(loss_and_grads(model), want)
     window = (39, 0) if extra else None
-    assert calls == [(cu, max(b - a for a, b in zip(cu, cu[1:])), window)] * 2
+    longest = max(b - a for a, b in zip(cu, cu[1:])) if how == "padded" else None
+    assert calls == [(cu, longest, window)] * 2
     for g, e in zip(got, eager):
         assert g <= 1.5 * e + 2 ** -8, (got, eager)
 

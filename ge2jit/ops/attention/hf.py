@@ -115,11 +115,12 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     sizes, the config's model type and window, and the mask function (its closures, for the
     window), never tensor values; outside tracing, a mask of a batch with padding or of packed
     sequences whose every sequence is causal (or a causal sliding window) is tagged with the
-    batch as variable-length sequences (``mask_varlen``: that reads the padding mask or the
-    sequences' boundaries). While compiling, the mask of packed sequences without padding
-    (transformers makes it for every batch without a cache, unable to rule them out while
-    tracing) of the model types of ``_PACKED`` is tagged with each token's sequence bounds,
-    made in the graph from the mask function itself (``_traced_varlen``)."""
+    batch as variable-length sequences (``mask_varlen``: that reads the padding mask; packed
+    sequences' bounds are made on the GPU from their ids). While compiling, the mask of
+    packed sequences without padding (transformers makes it for every batch without a cache,
+    unable to rule them out while tracing) of the model types of ``_PACKED`` is tagged with
+    each token's sequence bounds, made in the graph from the mask function itself
+    (``_traced_varlen``)."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     try:
@@ -172,9 +173,9 @@ class Varlen:
     """A batch of B rows of S tokens as the kernels' variable-length sequences: the tokens
     kept (``indices`` into the B · S tokens in order, int64; None: every token, as packed
     sequences keep them), their sequences' ``cu_seqlens`` (int32, FlashAttention's
-    convention) and ``max_seqlen``; or, every token kept, each token's sequence ``bounds``
-    in its row (int32 (B, S, 2), the kernels' ``seq_bounds``: made while compiling, where
-    the sequences' number and lengths cannot be read; then ``cu_seqlens`` is None); each
+    convention) and ``max_seqlen`` (a batch with padding); or, every token kept, each token's
+    sequence ``bounds`` in its row (int32 (B, S, 2), the kernels' ``seq_bounds``, made on the
+    GPU from packed sequences' ids with nothing read: then ``cu_seqlens`` is None); each
     sequence causal, within a sliding ``window`` of W keys (each token sees itself and the
     W - 1 before it) or not (None)."""
 
@@ -224,7 +225,8 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
     transformers' ``function`` and 2-D ``padding`` mask (or None), or None: the mask function
     must be the causal one or its sliding window of ``local`` keys, alone with a padding mask,
     or within transformers' packed sequences (``_packed``) without one. Reads the padding
-    mask's or the packed sequences' values (outside tracing only)."""
+    mask's values (outside tracing only); packed sequences give each token's sequence
+    bounds, made on the GPU from their ids with nothing read."""
     from transformers.masking_utils import causal_mask_function
 
     base, packed = _packed(function)
@@ -233,8 +235,9 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
         window = _sliding_window(base)
         if window is None or window != local:
             return None
-    if packed is not None:
-        return _packed_varlen(packed, window) if padding is None else None
+    if packed is not None:   # each token's sequence bounds, made on the GPU: nothing read
+        return (Varlen(None, length, None, window, sequence_bounds(packed[:, :length]))
+                if padding is None and packed.shape[1] >= length else None)
     if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[1] < length:
         return None
     return _padding_varlen(padding[:, :length].bool(), window)
@@ -301,18 +304,6 @@ def _packed(function) -> tuple:
     if not (isinstance(ids, Tensor) and ids.dim() == 2):
         return function, None
     return base, ids
-
-
-def _packed_varlen(ids: Tensor, window: int | None) -> Varlen:
-    """Packed sequences' ``Varlen``: a sequence starts where a row starts or its (B, S)
-    sequence index ``ids`` changes."""
-    b, s = ids.shape
-    start = torch.ones(b, s, dtype=torch.bool, device=ids.device)
-    start[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    first = start.flatten().nonzero().squeeze(1)
-    cu = torch.cat([first, first.new_full((1,), b * s)])
-    longest = int((cu[1:] - cu[:-1]).max())
-    return Varlen(cu.to(torch.int32), longest, None, window)
 
 
 def _padding_varlen(padding: Tensor, window: int | None) -> Varlen | None:
