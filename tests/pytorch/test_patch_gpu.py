@@ -378,4 +378,7 @@ def test_a_compiled_step_without_a_cache_runs_the_kernels_on_its_sequences(kind,
     explained = torch._dynamo.explain(model)(input_ids=ids, labels=ids, position_ids=positions,
                                              use_cache=False)
     assert explained.graph_break_count == 0, explained.break_reasons
+    report = gt.explain(model, input_ids=ids, labels=ids, position_ids=positions,
+                        use_cache=False)   # (traced on fake tensors: no value read)
+    assert report.fused
     torch._dynamo.reset()

@@ -222,6 +222,53 @@ def test_inside_autocast_float32_inputs_take_the_kernels_as_pytorchs_would(compi
     assert torch.equal(ours[0], direct.double())   # ge2jit's kernels ran
 
 
+def _segment_reference(q, k, v, ids):
+    """(B, H, S, D) causal attention within each row's runs of equal ``ids``, float64."""
+    mask = (ids[:, :, None] == ids[:, None, :]) & torch.ones(
+        ids.shape[1], ids.shape[1], dtype=torch.bool, device=ids.device).tril()
+    group = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1),
+        attn_mask=mask[:, None])
+
+
+def test_opcheck_with_sequence_bounds():
+    q, k, v = _qkv(b=2, s_q=40, s_k=40, grad=True)
+    ids = torch.tensor([[0] * 7 + [1] * 20 + [2] * 13, [3] * 40], device="cuda")
+    bounds = gt.sequence_bounds(ids)
+    args = (q, k, v, None, None, bounds, 0, 0, True, 0.125, -1, -1, 0.0, True)
+    torch.library.opcheck(torch.ops.ge2jit.attention.default, args)
+    o, lse = torch.ops.ge2jit.attention(*args)
+    _close(o, _segment_reference(q.detach(), k.detach(), v.detach(), ids), 2e-2)
+    torch.library.opcheck(torch.ops.ge2jit.attention_backward.default,
+                          (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(),
+                           lse, None, None, bounds, 0, 0, True, 0.125, -1, -1, 0.0, True))
+    torch.library.opcheck(torch.ops.ge2jit.attention_inference.default,
+                          (q.detach(), k.detach(), v.detach(), *args[3:]))
+
+
+def test_capture_and_replay_with_sequence_bounds():
+    """The bounds made inside the captured graph from the ids: a replay on new ids and new
+    values attends within the new sequences."""
+    q, k, v = _qkv(grad=False)
+    ids = torch.zeros(2, 96, dtype=torch.long, device="cuda")
+
+    def step():
+        return gt.attention(q, k, v, causal=True, layout="bhsd",
+                            seq_bounds=gt.sequence_bounds(ids))
+
+    step()   # prepared
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for x, y in zip((q, k, v), _qkv(grad=False, seed=7)):
+        x.copy_(y)
+    ids.copy_(torch.tensor([[0] * 30 + [1] * 66, [0] * 5 + [1] * 5 + [2] * 86], device="cuda"))
+    graph.replay()
+    _close(out, _segment_reference(q, k, v, ids), 2e-2)
+
+
 def test_capture_and_replay():
     q, k, v = _qkv(grad=False)
     gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # prepared

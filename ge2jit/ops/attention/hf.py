@@ -282,22 +282,15 @@ def _packed(function) -> tuple:
     indices) when ``function`` is its ``and_masks`` of that function (remapped to the
     sequences' positions by ``remap_positions_for_packed_sequence`` where transformers has it)
     and ``packed_sequence_mask_function``; else (``function``, None)."""
-    from transformers import masking_utils as mu
-
-    try:
-        probe = mu.packed_sequence_mask_function(torch.zeros(1, 1, dtype=torch.long))
-        joined = mu.and_masks(mu.causal_mask_function, probe)
-    except (AttributeError, TypeError, RuntimeError):   # another transformers
-        return function, None
+    codes = _mask_codes()
     masks = _closure(function).get("mask_functions")
-    if getattr(function, "__code__", None) is not joined.__code__ or not (
+    if codes is None or codes["packed"] is None or \
+            getattr(function, "__code__", None) is not codes["joined"] or not (
             isinstance(masks, tuple) and len(masks) == 2
-            and getattr(masks[1], "__code__", None) is probe.__code__):
+            and getattr(masks[1], "__code__", None) is codes["packed"]):
         return function, None
     ids, base = _closure(masks[1]).get("packed_sequence_mask"), masks[0]
-    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
-    if remap is not None and getattr(base, "__code__", None) is remap(
-            mu.causal_mask_function, ids).__code__:
+    if codes["remap"] is not None and getattr(base, "__code__", None) is codes["remap"]:
         # positions rise by one within a sequence: its causal (window) mask on them is the
         # one on the tokens' indices
         base = _closure(base).get("mask_function")
@@ -346,26 +339,24 @@ def _sliding_window(function) -> int | None:
     """W when ``function`` is transformers' ``sliding_window_causal_mask_function(W)`` (its
     ``and_masks`` of ``sliding_window_overlay(W)`` and ``causal_mask_function``, recognized by
     their code and closures), else None: any other function, combined or not."""
-    from transformers import masking_utils as mu
-
-    try:
-        overlay = mu.sliding_window_overlay(1)
-        joined = mu.and_masks(overlay, mu.causal_mask_function)
-    except (AttributeError, TypeError, RuntimeError):   # another transformers: no window
-        return None
-    if getattr(function, "__code__", None) is not joined.__code__:
+    codes = _mask_codes()
+    if codes is None or codes["overlay"] is None or \
+            getattr(function, "__code__", None) is not codes["joined"]:
         return None
     masks = _closure(function).get("mask_functions")
-    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is mu.causal_mask_function
-            and getattr(masks[0], "__code__", None) is overlay.__code__):
+    if not (isinstance(masks, tuple) and len(masks) == 2 and masks[1] is codes["causal"]
+            and getattr(masks[0], "__code__", None) is codes["overlay"]):
         return None
     window = _closure(masks[0]).get("sliding_window")
     return window if type(window) is int and window > 0 else None
 
 
-#: the code objects of transformers' mask functions that ``_traced_varlen`` recognizes: made
-#: once outside tracing (``_mask_codes``; an import of transformers' lazy module inside a trace
-#: breaks the graph), {} before
+#: transformers' causal mask function and the code objects of its mask functions that
+#: ``_traced_varlen``, ``_packed`` and ``_sliding_window`` recognize (``and_masks``',
+#: ``packed_sequence_mask_function``'s, ``remap_positions_for_packed_sequence``'s,
+#: ``sliding_window_overlay``'s; None where this transformers has no such function): made once,
+#: outside tracing (``_mask_codes``; an import of transformers' lazy module inside a trace
+#: breaks the graph, and a forward need not make them again), {} before
 _codes: dict = {}
 
 
@@ -376,9 +367,20 @@ def _mask_codes() -> dict | None:
 
         causal, and_masks = (getattr(mu, n, None) for n in ("causal_mask_function",
                                                             "and_masks"))
-        try:
-            _codes["joined"] = and_masks(causal, causal).__code__
-        except (AttributeError, TypeError, RuntimeError):   # not in this transformers
+
+        def code(make, *args):
+            try:
+                return make(*args).__code__
+            except (AttributeError, TypeError, RuntimeError):   # not in this transformers
+                return None
+
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        _codes.update(
+            causal=causal, joined=code(and_masks, causal, causal),
+            packed=code(getattr(mu, "packed_sequence_mask_function", None), ids),
+            remap=code(getattr(mu, "remap_positions_for_packed_sequence", None), causal, ids),
+            overlay=code(getattr(mu, "sliding_window_overlay", None), 1))
+        if causal is None or _codes["joined"] is None:
             _codes["none"] = True
     return None if "none" in _codes else _codes
 
