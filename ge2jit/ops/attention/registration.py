@@ -59,12 +59,12 @@ def _choose_backward(call: backward.BackwardCall, device_id: int) -> Planned:
 
 def _backward_specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128,
                     causal: bool = False, window: bool = False, softcap: bool = False,
-                    varlen: bool = False) -> list:
+                    varlen: bool = False, segments: bool = False) -> list:
     """The backward's kernels of ``config`` ("sm90": the Hopper ones; "sm90w", "sm90n",
     "sm90d"; "sm80"; None: the architecture's) for these options, the "dot" kernel first."""
     family = config or ("sm90" if arch_number(arch) == 90 else "sm80")
     return list(bwd_specs_for(family, as_dtype(dtype), head_dim, causal=causal, window=window,
-                              softcap=softcap, varlen=varlen))
+                              softcap=softcap, varlen=varlen, segments=segments))
 
 
 def _backward_family(name):
@@ -74,12 +74,13 @@ def _backward_family(name):
 
 def _specs(config, arch: str, *, dtype="bfloat16", head_dim: int = 128, causal: bool = False,
            window: bool = False, softcap: bool = False, varlen: bool = False,
-           lse: bool = False) -> list:
+           lse: bool = False, segments: bool = False) -> list:
     """The forward kernel of ``config`` (None: the head dimension's defaults for ``arch``: the
     Hopper kernel on sm_90, for long and for short sequences where they differ) for these
     options."""
     return forward_specs(config, as_dtype(dtype), head_dim, arch_number(arch), causal=causal,
-                         window=window, softcap=softcap, varlen=varlen, write_lse=lse)
+                         window=window, softcap=softcap, varlen=varlen, write_lse=lse,
+                         segments=segments)
 
 
 ATTENTION = declare(

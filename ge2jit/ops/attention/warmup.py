@@ -8,13 +8,15 @@
     window = [false]               # sliding-window bounds
     softcap = [false]              # soft-capped scores
     varlen = [false]               # packed sequences (cu_seqlens)
+    segments = [false]             # several sequences a row (seq_bounds; not with varlen)
     lse = [false]                  # the log-sum-exp returned (return_lse; training takes it)
     configs = "heuristic"          # or "all" (every tiling of the head dim), or names
 
 Each combination compiles the forward kernel of the head dimension's default tiling for the
 architecture (on sm_90 the Hopper kernel's; at head_dim 64, causal, also short sequences'
 default), or of each tiling named (a name another head
-dimension or architecture has compiles nothing for this one).
+dimension or architecture has compiles nothing for this one). A combination of ``varlen`` and
+``segments`` (which no call makes) compiles nothing.
 ``[[attention_backward]]`` takes the same keys but ``lse`` and ``configs``, and
 ``deterministic`` (default ``[false]``), and compiles the backward's three kernels of each
 combination: on sm_90 at head_dim 64 and 128 delta, the one-kernel dk, dv and dq and dq's
@@ -47,6 +49,8 @@ KEYS = {
     "window": Key("a list of booleans (sliding-window bounds)", [False], FLAG),
     "softcap": Key("a list of booleans (soft-capped scores)", [False], FLAG),
     "varlen": Key("a list of booleans (packed sequences)", [False], FLAG),
+    "segments": Key("a list of booleans (several sequences a row: seq_bounds)", [False],
+                    FLAG),
     "lse": Key("a list of booleans (the log-sum-exp returned)", [False], FLAG),
 }
 
@@ -85,8 +89,11 @@ def _kernels(v, config, *, arch: str, sms: int) -> list:
     number = arch_number(arch)
     if config is not None and config not in candidates_for(v.head_dims, number):
         return []   # another head dimension's, or Hopper's elsewhere
+    if v.varlen and v.segments:
+        return []   # (no call has both)
     return forward_specs(config, TYPES[v.dtypes], v.head_dims, number, causal=v.causal,
-                         window=v.window, softcap=v.softcap, varlen=v.varlen, write_lse=v.lse)
+                         window=v.window, softcap=v.softcap, varlen=v.varlen, write_lse=v.lse,
+                         segments=v.segments)
 
 
 TABLE = Table(KEYS, _kernels, configs=(parse_config, all_configs),
@@ -100,10 +107,13 @@ def _backward_kernels(v, config, *, arch: str, sms: int) -> list:
     from ...jit.nvrtc import arch_number
 
     family = "sm90" if arch_number(arch) == 90 else "sm80"
+    if v.varlen and v.segments:
+        return []   # (no call has both)
     specs = [spec for seqlen_q in (None, 1)
              for spec in bwd_specs_for(family, TYPES[v.dtypes], v.head_dims, seqlen_q=seqlen_q,
                                        deterministic=v.deterministic, causal=v.causal,
-                                       window=v.window, softcap=v.softcap, varlen=v.varlen)]
+                                       window=v.window, softcap=v.softcap, varlen=v.varlen,
+                                       segments=v.segments)]
     return list(dict.fromkeys(specs))
 
 

@@ -96,3 +96,22 @@ def test_the_backward_table_compiles_the_form_the_call_takes():
     assert [s.kind for s in BACKWARD_TABLE.expand(both, "sm_80")] == ["dot", "dq", "dkv"]
     with pytest.raises(ArgumentValueError, match="^deterministic: expected a list of booleans"):
         BACKWARD_TABLE.validate_entry({"deterministic": [1]})
+
+
+def test_several_sequences_a_row_are_warmed_and_not_with_packed_sequences():
+    """``segments``: the kernels that take seq_bounds, forward and backward (the row kernels
+    without them); a combination with ``varlen`` (no call has both) compiles nothing."""
+    entry = TABLE.validate_entry({"causal": [True], "segments": [False, True],
+                                  "varlen": [False, True]})
+    for arch in ("sm_80", "sm_90"):
+        specs = TABLE.expand(entry, arch)
+        assert sorted((s.varlen, s.segments) for s in specs) == [(False, False), (False, True),
+                                                                 (True, False)]
+    backward = BACKWARD_TABLE.validate_entry({"causal": [True], "segments": [True],
+                                              "varlen": [False, True]})
+    specs = BACKWARD_TABLE.expand(backward, "sm_90")
+    assert [(s.kind, s.segments) for s in specs] == [("dot", False), ("dkvq", True),
+                                                     ("dqout", False)]
+    op = get("attention")
+    assert op.specs_for_config(None, "sm_80", causal=True, segments=True) == [
+        make_spec(DType.BF16, 128, causal=True, segments=True)]
