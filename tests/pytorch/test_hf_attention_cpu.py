@@ -745,3 +745,26 @@ def test_sequence_bounds_of_ids_and_of_starts():
     assert compiled(ids).tolist() == want
     with pytest.raises(TypeError, match="ids: expected a \\(batch, seq\\) tensor"):
         gt.sequence_bounds(ids[0])
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])
+def test_sliding_layers_of_packed_sequences_while_compiling(direct, references, monkeypatch):
+    """Compiled without a cache, packed rows longer than the window: Mistral's layers and
+    Qwen2's sliding one run the kernels with each token's bounds in the window (W - 1, 0),
+    Qwen2's full layer with the bounds and no window; the untouched model's logits."""
+    seen = _mask_calls(monkeypatch)
+    positions = torch.stack([torch.cat([torch.arange(10), torch.arange(14)]), torch.arange(24)])
+    for ours, theirs, windows in _sliding_twins(direct):
+        for model in (ours, theirs):
+            model.loss_type = "ForCausalLM"
+        ids = torch.randint(0, 50, (2, 24))
+        torch._dynamo.reset()
+        compiled = torch.compile(ours, backend="eager")
+        seen.clear()
+        with torch.no_grad():
+            got = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits
+            want = theirs(input_ids=ids, position_ids=positions, use_cache=False).logits
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        assert seen == [("bounds", [[0, 10], [0]], w) for w in windows]
+        assert references == []
+    torch._dynamo.reset()
