@@ -743,8 +743,11 @@ def test_sequence_bounds_of_ids_and_of_starts():
     assert gt.sequence_bounds(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0, 2)
     compiled = torch.compile(gt.sequence_bounds, backend="eager", fullgraph=True)
     assert compiled(ids).tolist() == want
-    with pytest.raises(TypeError, match="ids: expected a \\(batch, seq\\) tensor"):
+    with pytest.raises(ValueError, match="^ids: expected a \\(batch, seq\\) tensor, got shape "
+                       "\\(6,\\)$"):
         gt.sequence_bounds(ids[0])
+    with pytest.raises(TypeError, match="^ids: expected a \\(batch, seq\\) tensor, got list$"):
+        gt.sequence_bounds([[0, 1]])
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "by-name"])

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor
 
+from ...errors import ArgumentTypeError, ArgumentValueError
 from ...runtime.torchlib import Differentiable, autocast_dtype, cast, needs_grad, warn_once
 from . import backward as _backward
 from . import op as _op
@@ -164,9 +165,12 @@ def sequence_bounds(ids: Tensor) -> Tensor:
     first token and one past its last within its row. Made on the ids' device by a scan along
     the rows, nothing read on the host: traceable by ``torch.compile``, capturable in a CUDA
     graph."""
-    if not isinstance(ids, Tensor) or ids.dim() != 2:
-        raise TypeError(f"ids: expected a (batch, seq) tensor, got "
-                        f"{getattr(ids, 'shape', type(ids).__name__)}")
+    if not isinstance(ids, Tensor):
+        raise ArgumentTypeError(f"ids: expected a (batch, seq) tensor, got "
+                                f"{type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ArgumentValueError(f"ids: expected a (batch, seq) tensor, got shape "
+                                 f"{tuple(ids.shape)}")
     b, s = ids.shape
     if ids.dtype == torch.bool:
         starts = ids.clone()
