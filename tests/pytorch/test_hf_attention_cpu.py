@@ -637,6 +637,12 @@ def test_which_masks_are_read_as_variable_length_sequences(monkeypatch):
     got = varlen(None, packed, allow_is_causal_skip=False)
     assert got.bounds.tolist() == [[[0, 2]] * 2 + [[2, 5]] * 3 + [[5, 8]] * 3] * 3
     assert got.cu_seqlens is None and got.indices is None
+    one_row = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(
+        torch.tensor([[0, 0, 1, 1, 1, 2, 2, 2]])))   # ids of one row: every row's
+    assert hf._varlen(one_row, None, 8, None, 3).bounds.tolist() == got.bounds.tolist()
+    two_rows = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(
+        torch.zeros(2, 8, dtype=torch.long)))
+    assert hf._varlen(two_rows, None, 8, None, 3) is None
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     # (reading the padding while tracing would break the graph and wait for the GPU; packed
     # sequences while tracing: only for the model types whose masks are known)

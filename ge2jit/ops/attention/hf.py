@@ -157,7 +157,8 @@ def _causal_or_sdpa_mask(*args, **kwargs):
     if plain and isinstance(local, int) and _sliding_window(function) == local:
         setattr(mask, WINDOW_TAG, local)
     elif q_length == bound.get("kv_length") and all(type(o) is int and o == 0 for o in offsets):
-        varlen = _varlen(function, bound.get("attention_mask"), q_length, local)
+        varlen = _varlen(function, bound.get("attention_mask"), q_length, local,
+                         bound.get("batch_size"))
         if varlen is not None:
             setattr(mask, VARLEN_TAG, varlen)
     return mask
@@ -220,13 +221,14 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, varlen: Varlen, *, scale: 
     return out.view(b, s, *out.shape[1:])
 
 
-def _varlen(function, padding, length: int, local) -> Varlen | None:
-    """The ``Varlen`` of a square mask (``length`` queries and keys, no offsets) made with
-    transformers' ``function`` and 2-D ``padding`` mask (or None), or None: the mask function
-    must be the causal one or its sliding window of ``local`` keys, alone with a padding mask,
-    or within transformers' packed sequences (``_packed``) without one. Reads the padding
-    mask's values (outside tracing only); packed sequences give each token's sequence
-    bounds, made on the GPU from their ids with nothing read."""
+def _varlen(function, padding, length: int, local, batch=None) -> Varlen | None:
+    """The ``Varlen`` of a square mask (``length`` queries and keys, no offsets, ``batch``
+    rows) made with transformers' ``function`` and 2-D ``padding`` mask (or None), or None:
+    the mask function must be the causal one or its sliding window of ``local`` keys, alone
+    with a padding mask, or within transformers' packed sequences (``_packed``; their ids of
+    one row or of ``batch``) without one. Reads the padding mask's values (outside tracing
+    only); packed sequences give each token's sequence bounds, made on the GPU from their ids
+    with nothing read."""
     from transformers.masking_utils import causal_mask_function
 
     base, packed = _packed(function)
@@ -236,8 +238,11 @@ def _varlen(function, padding, length: int, local) -> Varlen | None:
         if window is None or window != local:
             return None
     if packed is not None:   # each token's sequence bounds, made on the GPU: nothing read
-        return (Varlen(None, length, None, window, sequence_bounds(packed[:, :length]))
-                if padding is None and packed.shape[1] >= length else None)
+        rows = packed.shape[0] if batch is None else batch
+        if padding is not None or packed.shape[1] < length or packed.shape[0] not in (1, rows):
+            return None
+        ids = packed[:, :length].expand(rows, length)
+        return Varlen(None, length, None, window, sequence_bounds(ids))
     if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[1] < length:
         return None
     return _padding_varlen(padding[:, :length].bool(), window)
