@@ -41,7 +41,8 @@ def _functions(gt) -> dict:
 def test_the_cpu_calls_cover_every_function(gt):
     layers = {"Linear", "MLP", "GatedMLP", "RMSNorm", "LayerNorm"}
     helpers = {"interleave_gate_up", "split_gate_up", "pair_gate_up_", "precision_for",
-               "FLOAT32_PRECISION", "NAMESPACE", "register_hf_attention"}
+               "FLOAT32_PRECISION", "NAMESPACE", "register_hf_attention",
+               "sequence_bounds"}   # (torch ops on any device: test_hf_attention_cpu.py)
     # PyTorch's signature: PyTorch's function for what the kernels do not take, CPU tensors
     # too (test_attention_fakes_and_the_fallback_to_pytorch); the compiler backend's
     # (tests/pytorch/test_compiler_cpu.py)
