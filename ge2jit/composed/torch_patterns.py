@@ -43,14 +43,33 @@ def _between(node) -> bool:
     return node.op == "call_function" and node.target in _FUNCTIONS
 
 
-def _static_shape_query(node) -> bool:
-    """Whether ``node`` asks a tensor's size (``x.size(-1)``, ``x.shape``) and its answer was
-    recorded as plain ints (static shapes): it can become that constant."""
+def _shape_answer(node):
+    """The answer of a graph node that asks a tensor's size (``x.size()``, ``x.size(-1)``,
+    ``x.shape``) as plain ints (static shapes): as recorded, else from the asked tensor's
+    recorded shape (a shape propagation may record no value for an int); None for any other
+    node, or a shape that is not static."""
     asks = (node.op == "call_method" and node.target == "size") or (
         node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",))
+    if not asks:
+        return None
     value = node.meta.get("example_value", node.meta.get("val"))
-    return asks and (isinstance(value, int) or (isinstance(value, tuple) and all(
-        isinstance(v, int) for v in value)))
+    if value is None and not node.kwargs:
+        t = tensor_of(node.args[0])
+        shape = None if t is None else tuple(t.shape)
+        if shape is not None and len(node.args) == 1:
+            value = shape
+        elif shape is not None and len(node.args) == 2 and type(node.args[1]) is int and \
+                -len(shape) <= node.args[1] < len(shape):
+            value = shape[node.args[1]]
+    static = isinstance(value, int) or (isinstance(value, tuple) and all(
+        isinstance(v, int) for v in value))
+    return value if static else None
+
+
+def _static_shape_query(node) -> bool:
+    """Whether ``node`` asks a tensor's size and the answer is plain ints (``_shape_answer``):
+    it can become that constant."""
+    return _shape_answer(node) is not None
 
 
 def _users(node) -> list:
@@ -62,7 +81,7 @@ def _fold_shape_queries(graph, nodes) -> None:
     """Each static shape query of ``nodes`` replaced by its recorded value, then erased."""
     for n in nodes:
         for q in [u for u in n.users if _static_shape_query(u)]:
-            value = q.meta.get("example_value", q.meta.get("val"))
+            value = _shape_answer(q)
 
             def constant(a, q=q, value=value):
                 return value if a is q else a
