@@ -777,3 +777,32 @@ def test_sliding_layers_of_packed_sequences_while_compiling(direct, references, 
         assert seen == [("bounds", [[0, 10], [0]], w) for w in windows]
         assert references == []
     torch._dynamo.reset()
+
+
+def test_the_bounds_of_a_packed_mask_trace_whole():
+    """transformers' mask function for a packed batch, ge2jit's tagging and the bounds it
+    makes, traced with ``fullgraph=True`` (a graph break would raise): the bounds of the
+    eager call's sequences."""
+    from types import SimpleNamespace
+
+    from transformers import masking_utils as mu
+
+    from ge2jit.ops.attention import hf
+
+    gt.register_hf_attention()
+    config = SimpleNamespace(model_type="llama", sliding_window=None)
+
+    def bounds(positions):
+        ids = mu.find_packed_sequence_indices(positions)
+        function = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids))
+        mask = hf._causal_or_sdpa_mask(
+            batch_size=2, q_length=8, kv_length=8, q_offset=0, kv_offset=0,
+            mask_function=function, attention_mask=None, allow_is_causal_skip=False,
+            local_size=None, dtype=torch.float32, device=torch.device("cpu"), config=config)
+        return hf.mask_varlen(mask).bounds
+
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7]])
+    torch._dynamo.reset()
+    got = torch.compile(bounds, backend="eager", fullgraph=True)(positions)
+    assert got.tolist() == [[[0, 3]] * 3 + [[3, 5]] * 2 + [[5, 8]] * 3, [[0, 8]] * 8]
+    torch._dynamo.reset()
