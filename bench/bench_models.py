@@ -21,7 +21,8 @@ sequences (position ids that start again, ``use_cache=False``: transformers mask
 sequence apart); ``nocache``: the plain batch with ``use_cache=False`` (while tracing,
 transformers then masks for packed sequences, which it cannot rule out). ge2jit's attention
 reads the padded and packed masks as variable-length sequences in eager mode; while
-compiling, these masks go to PyTorch's SDPA.
+compiling, the packed (and nocache) masks run the kernels with each token's sequence bounds
+made in the graph, and the padded mask goes to PyTorch's SDPA.
 
 Models (random init, random tokens): ``llama``: ``LlamaForCausalLM``, 4 layers, d 2048, 16
 heads, 4 KV heads, hidden 5632, vocabulary 32000, 4 x 1024 tokens; ``llama128k``: the same with

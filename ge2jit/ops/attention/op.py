@@ -571,9 +571,7 @@ def _check_cu_seqlens(cu_q, cu_k) -> int:
     """B, the number of sequences, of the two cu_seqlens arrays (int32, 1-D contiguous, of
     equal length B + 1 >= 1, aligned). Their values are not read."""
     for name, x in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        check_array(x, name)
-        if x.dtype.name != "int32":
-            raise ArgumentValueError(f"{name}: expected dtype int32, got {x.dtype}")
+        _check_int32(x, name)
         if x.ndim != 1 or x.shape[0] < 1:
             raise ArgumentValueError(f"{name}: expected a 1-D array of B + 1 >= 1 entries, got "
                                      f"shape {x.shape}")
@@ -591,6 +589,13 @@ def _check_cu_seqlens(cu_q, cu_k) -> int:
     return b
 
 
+def _check_int32(x, name: str) -> None:
+    """``x`` a GPU array of int32 (cu_seqlens, seq_bounds)."""
+    check_array(x, name)
+    if x.dtype.name != "int32":
+        raise ArgumentValueError(f"{name}: expected dtype int32, got {x.dtype}")
+
+
 def _check_seq_bounds(x, varlen: bool, b: int, s_q: int, s_k: int) -> None:
     """``seq_bounds``: int32 (B, S, 2), C-contiguous and aligned, of a dense call whose queries
     and keys are the same tokens (S_q == S_k). Its values are not read."""
@@ -601,9 +606,7 @@ def _check_seq_bounds(x, varlen: bool, b: int, s_q: int, s_k: int) -> None:
         raise ArgumentValueError(f"seq_bounds: expected q and k of one length (each token's "
                                  f"sequence among the same tokens), got seq_q {s_q} and seq_k "
                                  f"{s_k}")
-    check_array(x, "seq_bounds")
-    if x.dtype.name != "int32":
-        raise ArgumentValueError(f"seq_bounds: expected dtype int32, got {x.dtype}")
+    _check_int32(x, "seq_bounds")
     if tuple(x.shape) != (b, s_q, 2):
         raise ArgumentValueError(f"seq_bounds: expected shape {(b, s_q, 2)} (batch, seq, 2), "
                                  f"got {tuple(x.shape)}")

@@ -185,7 +185,7 @@ def sequence_bounds(ids: Tensor) -> Tensor:
     following = torch.full_like(at, s)
     following[:, :-1] = torch.where(starts[:, 1:], at[:, 1:], s)
     end = following.flip(1).cummin(1).values.flip(1)
-    return torch.stack([first, end], 2).to(torch.int32).contiguous()
+    return torch.stack([first, end], 2)   # (int32, as ``at``)
 
 
 # --- PyTorch's scaled_dot_product_attention -----------------------------------------------
